@@ -1,0 +1,304 @@
+"""Public ops: vLLM's names and argument order where vLLM has the op, the seed's names for the seed's operations.
+
+Every op validates shapes, extents, dtypes and contiguity *before* any work, raising ``ValueError``/``TypeError`` that
+name the offending values, never mutates its inputs, and takes ``backend=`` (``"auto"``, ``"numpy"``, ``"numba"``)
+and ``stream=`` keywords; ``workbench.backends`` picks the implementation. Validation here reads only ``.shape``,
+``.dtype`` and contiguity, so it works unchanged for CUDA device arrays.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from workbench import backends
+from workbench.formats import fp8 as _fp8
+from workbench.formats import gptq as _gptq
+from workbench.formats import marlin_tile as _tile
+from workbench.formats import packing as _packing
+from workbench.formats import scales as _scales
+from workbench.formats._checks import (check_bits, require, require_contiguous, require_dtype, require_ndim,
+                                       require_shape)
+from workbench.scalar_types import ScalarType
+from workbench.weight import MarlinWeight
+
+INT_WORDS = (np.int32, np.uint32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shared validation
+# ---------------------------------------------------------------------------------------------------------------
+def _check_nk(size_k: int, size_n: int) -> None:
+    for name, value in (("size_k", size_k), ("size_n", size_n)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    require(size_k > 0 and size_k % _tile.TILE_K == 0,
+            f"size_k = {size_k} is not divisible by tile_k_size = {_tile.TILE_K}")
+    require(size_n > 0 and size_n % _tile.TILE_N == 0,
+            f"size_n = {size_n} is not divisible by tile_n_size = {_tile.TILE_N}")
+
+
+def _check_words(x: Any, shape: tuple[int, ...], name: str, hint: str) -> None:
+    require_dtype(x, INT_WORDS, name)
+    require_ndim(x, len(shape), name)
+    require_shape(x, shape, name, hint)
+    require_contiguous(x, name)
+
+
+def _check_perm(perm: Any, size_k: int) -> Any:
+    if perm is None or getattr(perm, "size", 1) == 0 or (hasattr(perm, "shape") and perm.shape == (0,)):
+        return None
+    require_ndim(perm, 1, "perm")
+    if not np.issubdtype(np.dtype(perm.dtype), np.integer):
+        raise TypeError(f"perm must be an integer array, got dtype {perm.dtype}")
+    require(perm.shape[0] == size_k, f"Unexpected perm.size(-1) = {perm.shape[0]}, where size_k = {size_k}")
+    return perm
+
+
+def _marlin_shape(size_k: int, size_n: int, bits: int) -> tuple[int, int]:
+    return size_k // _tile.TILE_K, size_n * _tile.TILE_K // _packing.pack_factor(bits)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# weights
+# ---------------------------------------------------------------------------------------------------------------
+def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
+                       stream=None):
+    """GPTQ qweight int32 [K/pf, N] -> Marlin int32 [K/16, N*16/pf]; with perm, Marlin row k = checkpoint row perm[k]."""
+    check_bits(num_bits)
+    _check_nk(size_k, size_n)
+    pf = _packing.pack_factor(num_bits)
+    _check_words(b_q_weight, (size_k // pf, size_n), "b_q_weight", f"size_k / pack_factor = {size_k} / {pf}, size_n")
+    perm = _check_perm(perm, size_k)
+
+    def reference(q, p, k, n, bits):
+        return _tile.marlin_repack_codes(_packing.unpack_rows(q, bits), bits, p)
+
+    return backends.dispatch("gptq_marlin_repack", backend, stream, reference, b_q_weight, perm, size_k, size_n,
+                             num_bits)
+
+
+def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
+    """AWQ qweight int32 [K, N/pf] (interleaved along N) -> Marlin int32 [K/16, N*16/pf]."""
+    check_bits(num_bits)
+    _check_nk(size_k, size_n)
+    pf = _packing.pack_factor(num_bits)
+    _check_words(b_q_weight, (size_k, size_n // pf), "b_q_weight", f"size_k, size_n / pack_factor = {size_n} / {pf}")
+
+    def reference(q, k, n, bits):
+        return _tile.marlin_repack_codes(_packing.awq_unpack(q, bits), bits)
+
+    return backends.dispatch("awq_marlin_repack", backend, stream, reference, b_q_weight, size_k, size_n, num_bits)
+
+
+def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
+    """K-major raw E4M3 words [K/4, N] (int32 or uint32) -> Marlin W8A16 tiles int32 [K/16, 4N]."""
+    _check_nk(size_k, size_n)
+    _check_words(raw_bits_k_major, (size_k // 4, size_n), "raw_bits_k_major", "[K/4, N]")
+    return backends.dispatch("fp8_marlin_repack_raw_bits", backend, stream, _fp8.fp8_marlin_repack_raw_bits,
+                             raw_bits_k_major, size_k, size_n)
+
+
+def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
+    """Row-major E4M3 [N, K] (uint8 or float8_e4m3fn) -> Marlin int32 [K/16, 4N], transpose fused into tiling."""
+    _fp8.check_block_fp8_shapes(size_k, size_n)
+    require_dtype(row_major, (np.uint8, _fp8.E4M3), "row_major")
+    require_shape(row_major, (size_n, size_k), "row_major", "[N, K]")
+    require_contiguous(row_major, "row_major")
+    return backends.dispatch("block_fp8_group128_repack", backend, stream, _fp8.block_fp8_group128_repack,
+                             row_major, size_k, size_n)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scales and zero points
+# ---------------------------------------------------------------------------------------------------------------
+def _check_scale_tensor(s, size_k: int, size_n: int, group_size: int, name: str = "s") -> None:
+    _scales.check_group_size(size_k, group_size)
+    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    ng = _scales.num_groups(size_k, group_size)
+    require_ndim(s, 2, name)
+    require_shape(s, (ng, size_n), name, f"[num_groups = {ng}, size_n] for size_k = {size_k}, group_size = {group_size}")
+    require_contiguous(s, name)
+
+
+def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
+    """Scales [ng, N] -> Marlin order: 64-wide permutation when grouped (ng > 1), 32-wide otherwise."""
+    _check_scale_tensor(s, size_k, size_n, group_size)
+    return backends.dispatch("marlin_permute_scales", backend, stream, _scales.permute_scales, s, size_k, size_n,
+                             group_size)
+
+
+def marlin_zero_points(zp, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
+    """Zero-point codes [ng, N] (any integer dtype) -> Marlin zero points int32 [ng, N/pf]."""
+    check_bits(num_bits)
+    require_ndim(zp, 2, "zp")
+    require(np.issubdtype(np.dtype(zp.dtype), np.integer), f"zp must hold integer codes, got dtype {zp.dtype}")
+    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    require(zp.shape[1] == size_n, f"zp has shape {tuple(zp.shape)}, expected {size_n} columns (size_n)")
+    require_contiguous(zp, "zp")
+    return backends.dispatch("marlin_zero_points", backend, stream, _scales.zero_points_to_marlin, zp, size_k, size_n,
+                             num_bits)
+
+
+def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
+                              stream=None):
+    """AWQ qzeros int32 [ng, N/pf] (interleaved) -> Marlin zero points int32 [ng, N/pf]."""
+    check_bits(num_bits)
+    pf = _packing.pack_factor(num_bits)
+    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    require_ndim(q_zp_packed, 2, "q_zp_packed")
+    _check_words(q_zp_packed, (q_zp_packed.shape[0], size_n // pf), "q_zp_packed", f"[num_groups, size_n / {pf}]")
+
+    def reference(q, k, n, bits):
+        return _scales.zero_points_to_marlin(_packing.awq_unpack(q, bits), k, n, bits)
+
+    return backends.dispatch("awq_to_marlin_zero_points", backend, stream, reference, q_zp_packed, size_k, size_n,
+                             num_bits)
+
+
+def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
+                                 backend: str = "auto", stream=None):
+    """GPTQ v1 qzeros [K/G, N/pf] (stored zero - 1) -> Marlin zero points; a stored all-ones field is an error."""
+    check_bits(num_bits)
+    _scales.check_group_size(size_k, group_size)
+    pf = _packing.pack_factor(num_bits)
+    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    ng = _scales.num_groups(size_k, group_size)
+    _check_words(qzeros, (ng, size_n // pf), "qzeros", f"[K/G, N/{pf}] for K = {size_k}, N = {size_n}, "
+                 f"group_size = {group_size}")
+    return backends.dispatch("repack_gptq_qzeros_to_marlin", backend, stream, _gptq.repack_gptq_qzeros_to_marlin,
+                             qzeros, size_k, size_n, group_size, num_bits)
+
+
+def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4) -> bool:
+    """True when every v1 stored zero is 7 (4-bit; 127 for 8-bit): symmetric GPTQ, no zero points needed."""
+    return _gptq.gptq_qzeros_are_symmetric_code7(qzeros, num_bits)
+
+
+def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtype=np.float16, *,
+                              backend: str = "auto", stream=None):
+    """Block-FP8 inverse scales [ceil(N/128), K/128] (bf16 or float32) -> Marlin scales [K/128, N] in act_dtype.
+
+    fp16: ``f16(inv * 256)``; bf16: ``bf16(inv * 2^120)``; 32-wide permutation for K = 128, 64-wide otherwise.
+    """
+    _fp8.check_block_fp8_shapes(size_k, size_n)
+    _fp8.exponent_bias(act_dtype)
+    require_dtype(inverse_scales, (_fp8.BF16, np.float32), "inverse_scales")
+    require_shape(inverse_scales, (-(-size_n // _fp8.BLOCK), size_k // _fp8.BLOCK), "inverse_scales",
+                  f"[ceil(N/128), K/128] for K = {size_k}, N = {size_n}")
+    require_contiguous(inverse_scales, "inverse_scales")
+    return backends.dispatch("block_fp8_group128_scales", backend, stream, _fp8.block_fp8_group128_scales,
+                             inverse_scales, size_k, size_n, np.dtype(act_dtype))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inverses (Marlin -> checkpoint layout), for debugging and verification
+# ---------------------------------------------------------------------------------------------------------------
+def marlin_to_codes(marlin_q, size_k: int, size_n: int, num_bits: int, perm=None):
+    """Marlin tiles -> codes [K, N] in checkpoint row order (undoing perm when given)."""
+    check_bits(num_bits)
+    _check_nk(size_k, size_n)
+    _check_words(marlin_q, _marlin_shape(size_k, size_n, num_bits), "marlin_q", f"[K/16, N*16/pf], {num_bits}-bit")
+    codes = _tile.marlin_unpack_codes(marlin_q, size_k, size_n, num_bits)
+    perm = _tile.check_perm(perm, size_k)
+    if perm is None:
+        return codes
+    out = np.empty_like(codes)
+    out[perm] = codes
+    return out
+
+
+def marlin_to_gptq_qweight(marlin_q, perm, size_k: int, size_n: int, num_bits: int):
+    """Inverse of gptq_marlin_repack."""
+    return _packing.pack_rows(marlin_to_codes(marlin_q, size_k, size_n, num_bits, perm), num_bits)
+
+
+def marlin_to_awq_qweight(marlin_q, size_k: int, size_n: int, num_bits: int):
+    """Inverse of awq_marlin_repack."""
+    return _packing.awq_pack(marlin_to_codes(marlin_q, size_k, size_n, num_bits), num_bits)
+
+
+def marlin_to_fp8_raw_bits(marlin_q, size_k: int, size_n: int):
+    """Inverse of fp8_marlin_repack_raw_bits: Marlin tiles -> K-major raw words int32 [K/4, N]."""
+    return _packing.pack_rows(marlin_to_codes(marlin_q, size_k, size_n, 8), 8)
+
+
+def marlin_to_block_fp8(marlin_q, size_k: int, size_n: int):
+    """Inverse of block_fp8_group128_repack: Marlin tiles -> row-major E4M3 bytes [N, K]."""
+    return np.ascontiguousarray(marlin_to_codes(marlin_q, size_k, size_n, 8).T)
+
+
+def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int):
+    """Inverse of marlin_permute_scales."""
+    return _scales.unpermute_scales(s, size_k, size_n, group_size)
+
+
+def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: int):
+    """Inverse of marlin_zero_points: int32 [ng, N/pf] -> codes [ng, N]."""
+    return _scales.marlin_zero_points_to_codes(zp_packed, size_n, num_bits)
+
+
+def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int):
+    """Inverse of awq_to_marlin_zero_points."""
+    return _packing.awq_pack(marlin_zero_points_to_codes(zp_packed, size_k, size_n, num_bits), num_bits)
+
+
+def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, num_bits: int = 4):
+    """Inverse of repack_gptq_qzeros_to_marlin: Marlin zero points -> v1 qzeros (stored zero - 1)."""
+    zeros = marlin_zero_points_to_codes(zp_packed, size_k, size_n, num_bits)
+    require(zeros.min(initial=1) >= 1, "a zero point of 0 cannot be stored in GPTQ v1 (it would need field -1)")
+    return _packing.pack_cols(zeros - np.uint8(1), num_bits)
+
+
+def marlin_to_block_fp8_scales(marlin_scales, size_k: int, size_n: int, act_dtype=np.float16):
+    """Inverse of block_fp8_group128_scales, as float32 [ceil(N/128), K/128].
+
+    Exact whenever the forward rounding to act_dtype was exact (e.g. bf16 inputs into bf16, or fp16-representable
+    values); otherwise it returns the rounded scale the kernel uses.
+    """
+    _fp8.check_block_fp8_shapes(size_k, size_n)
+    folded = _scales.unpermute_scales(marlin_scales, size_k, size_n, _fp8.BLOCK).astype(np.float32)
+    return np.ascontiguousarray((folded[:, ::_fp8.BLOCK] / np.float32(_fp8.exponent_bias(act_dtype))).T)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# stacked MoE experts (seed: load_stacked_gptq_vllm_marlin)
+# ---------------------------------------------------------------------------------------------------------------
+def stack_gptq_experts_to_marlin(qweights: Sequence[Any], scales: Sequence[Any], qzeros: Sequence[Any], bits: int,
+                                 group_size: int, size_k: int, n_per_expert: int, act_dtype=np.float16, *,
+                                 backend: str = "auto", stream=None) -> MarlinWeight:
+    """E experts' GPTQ tensors -> one stacked MarlinWeight (expert e at offset e·stride of every buffer).
+
+    ``qweights[e]`` int32 [K/pf, N], ``scales[e]`` [K/G, N] (any float dtype, rounded to act_dtype),
+    ``qzeros[e]`` int32 [K/G, N/pf] v1. Zero points are stacked only when some expert is asymmetric
+    (otherwise the weight type is the symmetric ``u4b8``/``u8b128``).
+    """
+    check_bits(bits)
+    _check_nk(size_k, n_per_expert)
+    _scales.check_group_size(size_k, group_size)
+    num_experts = len(qweights)
+    require(num_experts > 0 and len(scales) == num_experts and len(qzeros) == num_experts,
+            f"stacked experts: shape mismatch qweights={len(qweights)} scales={len(scales)} qzeros={len(qzeros)}")
+    pf = _packing.pack_factor(bits)
+    ng = _scales.num_groups(size_k, group_size)
+    for e in range(num_experts):
+        _check_words(qweights[e], (size_k // pf, n_per_expert), f"qweights[{e}]", "[K/pf, N]")
+        _check_scale_tensor(scales[e], size_k, n_per_expert, group_size, f"scales[{e}]")
+        _check_words(qzeros[e], (ng, n_per_expert // pf), f"qzeros[{e}]", f"[K/G, N/{pf}]")
+    act = np.dtype(act_dtype)
+    _fp8.exponent_bias(act)
+
+    qweight = np.empty((num_experts,) + _marlin_shape(size_k, n_per_expert, bits), dtype=np.int32)
+    scale_stack = np.empty((num_experts, ng, n_per_expert), dtype=act)
+    for e in range(num_experts):
+        qweight[e] = gptq_marlin_repack(qweights[e], None, size_k, n_per_expert, bits, backend=backend, stream=stream)
+        scale_stack[e] = _scales.permute_scales(np.asarray(scales[e]).astype(act), size_k, n_per_expert, group_size)
+    asymmetric = any(not _gptq.gptq_qzeros_are_symmetric_code7(qz, bits) for qz in qzeros)
+    zeros = None
+    if asymmetric:
+        zeros = np.stack([_gptq.repack_gptq_qzeros_to_marlin(qz, size_k, n_per_expert, group_size, bits)
+                          for qz in qzeros])
+    wt = {(4, False): ScalarType.U4B8, (4, True): ScalarType.U4, (8, False): ScalarType.U8B128,
+          (8, True): ScalarType.U8}[(bits, asymmetric)]
+    return MarlinWeight(qweight, scale_stack, zeros, None, None, size_k, n_per_expert, group_size, wt, act,
+                        num_experts=num_experts)
