@@ -1,0 +1,462 @@
+"""Weight repacks into and out of the Marlin tile layout (spec §2, §5.1), as Numba-CUDA kernels.
+
+What it computes (the NumPy references are ``workbench.formats.marlin_tile.marlin_repack_codes`` and friends):
+the K×N code matrix is cut into 16×64 tiles, k-tile-major; each tile becomes ``wpt`` consecutive words (128 for
+4-bit, 256 for 8-bit) whose fields follow the closed form of spec §2.3. Four checkpoint layouts feed it:
+
+    GPTQ qweight   [K/pf, N]  word (r, n), field f = code(r*pf + f, n)           (optionally rows gathered by perm)
+    AWQ qweight    [K, N/pf]  word (k, c), field AWQ_ORDER⁻¹ = code(k, c*pf + i)
+    FP8 raw bits   [K/4, N]   = GPTQ 8-bit with the E4M3 bytes as codes
+    block FP8      [N, K]     row-major bytes (transpose fused: 4 consecutive k of row n = one little-endian word)
+
+How a block works (one block = one k-tile × up to 8 n-tiles of one expert)::
+
+    global source ──(phase 1: coalesced loads, any layout)──► shared "GPTQ form"  stage[h][j]
+                                                               h = 0..16/pf-1 (rows of the k-tile, pf per word)
+                                                               j = 0..511     (columns of the chunk)
+    shared stage ──(phase 2: one output word per thread-step)──► Marlin words, consecutive threads → consecutive
+                                                                  words (fully coalesced 4-byte stores)
+
+Phase 2 never loops over fields: in the GPTQ form the 8 codes a 4-bit Marlin word needs sit in 4 staged words
+as 4 byte-pairs (rows k, k+1 of columns n and n+8 in the low k-half, the same in the high half), and an 8-bit word
+takes 2 bytes from each of 2 staged words. The inverse kernel runs the same picture backwards: Marlin words are
+staged, the GPTQ form is rebuilt from them, and then written as GPTQ rows, AWQ words or row-major FP8 bytes.
+
+Every kernel takes a leading expert axis (E, ...) so a stack of experts is one launch (grid z = expert).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, uint32
+
+from kernels_numba._launch import Arrays
+
+# ---------------------------------------------------------------------------------------------------------------
+# Constants
+# ---------------------------------------------------------------------------------------------------------------
+TILE_K = 16  # rows of a Marlin tile (the k extent of mma.m16n8k16)
+TILE_N = 64  # columns of a Marlin tile (four 16-wide sub-blocks)
+TILES_PER_BLOCK = 8  # n-tiles per block: 8 KiB of 8-bit stage, 8 words per thread in flight (memory parallelism)
+CHUNK_N = TILE_N * TILES_PER_BLOCK  # 512 columns per block
+CHUNK_SHIFT = 9  # log2(CHUNK_N)
+STAGE_ROWS = 4  # staged GPTQ-form rows per k-tile: 16/pf, at most 4 (8-bit)
+STAGE_WORDS = STAGE_ROWS * CHUNK_N  # shared-array size must be a module constant (tooling.md)
+MARLIN_STAGE_WORDS = TILES_PER_BLOCK * 256  # staged Marlin words of one block in the inverse (8-bit: 256 per tile)
+THREADS = 256  # 8 warps: enough to cover load latency with 8 independent loads each
+
+SOURCES = ("gptq", "gptq_perm", "awq", "row_major_bytes")
+
+
+def _consts(bits: int):
+    pf = 32 // bits
+    return dict(
+        pf=pf,
+        log_pf=3 if bits == 4 else 2,
+        rows=TILE_K // pf,  # GPTQ-form rows per k-tile
+        mask=(1 << bits) - 1,
+        wpt=TILE_K * TILE_N // pf,  # Marlin words per tile
+        wpt_shift=7 if bits == 4 else 8,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Device helpers: one Marlin word from the staged GPTQ form, and back
+# ---------------------------------------------------------------------------------------------------------------
+@cuda.jit(device=True, inline=True)
+def marlin_word_4bit(stage, t, wit):
+    """Marlin 4-bit word ``wit`` of local tile ``t`` from the GPTQ form (2 staged rows × CHUNK_N columns).
+
+    wit = 4*lane + warp, lane = 4*col + row2; the word holds rows k0+{0,1,8,9} (k0 = 2*row2) of columns n, n+8
+    (n = 16*warp + col). In the GPTQ form rows k0, k0+1 are byte row2 of staged row 0, rows k0+8, k0+9 byte row2 of
+    staged row 1; the field order (dk, dn) = (0,0) (8,0) (0,8) (8,8) (1,0) (9,0) (1,8) (9,8) takes low nibbles first.
+    """
+    lane = wit >> 2
+    warp = wit & 3
+    col = lane >> 2
+    row2 = lane & 3
+    n = (t << 6) + (warp << 4) + col
+    shift = uint32(row2 << 3)
+    a = uint32(stage[n] >> shift) & uint32(0xFF)  # rows k0, k0+1   of column n
+    b = uint32(stage[CHUNK_N + n] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n
+    c = uint32(stage[n + 8] >> shift) & uint32(0xFF)  # rows k0, k0+1   of column n+8
+    d = uint32(stage[CHUNK_N + n + 8] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n+8
+    low = (a & uint32(0xF)) | ((b & uint32(0xF)) << uint32(4)) | ((c & uint32(0xF)) << uint32(8)) | (
+        (d & uint32(0xF)) << uint32(12))
+    high = (a >> uint32(4)) | ((b >> uint32(4)) << uint32(4)) | ((c >> uint32(4)) << uint32(8)) | (
+        (d >> uint32(4)) << uint32(12))
+    return uint32(low | uint32(high << uint32(16)))
+
+
+@cuda.jit(device=True, inline=True)
+def marlin_word_8bit(stage, t, wit):
+    """Marlin 8-bit word ``wit`` of local tile ``t`` from the GPTQ form (4 staged rows × CHUNK_N columns).
+
+    wit = 8*lane + 2*warp + half, lane = 4*col + row2; the word holds rows k0, k0+8, k0+1, k0+9 (k0 = 2*row2) of
+    column n = 16*warp + col + 8*half: bytes row2%2*2 + {0, 1} of staged rows row2//2 (k0, k0+1) and 2 + row2//2.
+    """
+    lane = wit >> 3
+    slot = wit & 7
+    col = lane >> 2
+    row2 = lane & 3
+    n = (t << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
+    p = stage[(row2 >> 1) * CHUNK_N + n]  # rows 4*(row2//2) .. +3: holds k0, k0+1
+    q = stage[(2 + (row2 >> 1)) * CHUNK_N + n]  # 8 rows further: holds k0+8, k0+9
+    s = uint32((row2 & 1) << 4)
+    return uint32(
+        (uint32(p >> s) & uint32(0xFF))
+        | ((uint32(q >> s) & uint32(0xFF)) << uint32(8))
+        | ((uint32(p >> uint32(s + uint32(8))) & uint32(0xFF)) << uint32(16))
+        | ((uint32(q >> uint32(s + uint32(8))) & uint32(0xFF)) << uint32(24))
+    )
+
+
+@cuda.jit(device=True, inline=True)
+def gptq_word_4bit(mstage, h, n):
+    """Inverse of marlin_word_4bit: GPTQ-form word (h = 0/1, local column n) from staged Marlin words."""
+    t = n >> 6
+    nn = n & 63
+    warp = nn >> 4
+    half = (nn >> 3) & 1
+    col = nn & 7
+    sh = uint32((2 * half + h) << 2)  # bit of field 2*half + h (low k-half of the pair)
+    base = (t << 7) + (col << 4) + warp
+    out = uint32(0)
+    for row2 in range(4):
+        m = mstage[base + (row2 << 2)]
+        pair = (uint32(m >> sh) & uint32(0xF)) | ((uint32(m >> uint32(sh + uint32(16))) & uint32(0xF)) << uint32(4))
+        out = out | uint32(pair << uint32(row2 << 3))
+    return out
+
+
+@cuda.jit(device=True, inline=True)
+def gptq_word_8bit(mstage, h, n):
+    """Inverse of marlin_word_8bit: GPTQ-form word (h = 0..3, local column n) from staged Marlin words."""
+    t = n >> 6
+    nn = n & 63
+    warp = nn >> 4
+    half = (nn >> 3) & 1
+    col = nn & 7
+    hk = h >> 1
+    lane = (col << 2) + ((h & 1) << 1)
+    base = (t << 8) + (warp << 1) + half
+    out = uint32(0)
+    for f in range(4):
+        m = mstage[base + ((lane + (f >> 1)) << 3)]
+        byte = uint32(m >> uint32((((f & 1) << 1) + hk) << 3)) & uint32(0xFF)
+        out = out | uint32(byte << uint32(f << 3))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels (built per (bits, source) so pack factors and branches are compile-time constants)
+# ---------------------------------------------------------------------------------------------------------------
+def repack_kernel_source(bits: int, source: str):
+    """The Python function of the forward repack kernel for ``bits`` and ``source`` (not yet compiled)."""
+    if source not in SOURCES:
+        raise ValueError(f"source = {source!r} is not one of {SOURCES}")
+    c = _consts(bits)
+    pf, log_pf, rows, mask, wpt, wpt_shift = c["pf"], c["log_pf"], c["rows"], c["mask"], c["wpt"], c["wpt_shift"]
+    half_pf = pf // 2
+    four_bit = bits == 4
+    src_gptq = source == "gptq"
+    src_perm = source == "gptq_perm"
+    src_awq = source == "awq"
+
+    def repack(src, perm, out, size_n):
+        """src: see SOURCES, with a leading expert axis; perm int32 [E, K] (gptq_perm only);
+        out uint32 [E, K/16, N*16/pf]. Grid (K/16, ceil(N/512), E), THREADS threads."""
+        stage = cuda.shared.array(STAGE_WORDS, dtype=uint32)  # GPTQ form of this k-tile × column chunk
+        kt = cuda.blockIdx.x
+        chunk = cuda.blockIdx.y
+        e = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        n_base = chunk << CHUNK_SHIFT
+        cols = min(CHUNK_N, size_n - n_base)
+
+        # phase 1: source -> GPTQ form, stage[h*CHUNK_N + j] = codes of rows kt*16 + h*pf + (0..pf-1), column j
+        for i in range(tid, rows * CHUNK_N, THREADS):
+            if src_gptq:
+                h = i >> CHUNK_SHIFT
+                j = i & (CHUNK_N - 1)
+                if j < cols:
+                    stage[i] = src[e, kt * rows + h, n_base + j]
+            elif src_perm:
+                h = i >> CHUNK_SHIFT
+                j = i & (CHUNK_N - 1)
+                if j < cols:
+                    word = uint32(0)
+                    for f in range(pf):
+                        k_src = perm[e, kt * TILE_K + h * pf + f]  # Marlin row k holds checkpoint row perm[k]
+                        w = src[e, k_src >> log_pf, n_base + j]
+                        code = uint32(w >> uint32((k_src & (pf - 1)) * bits)) & uint32(mask)
+                        word = word | uint32(code << uint32(f * bits))
+                    stage[i] = word
+            elif src_awq:
+                h = i >> CHUNK_SHIFT
+                j = i & (CHUNK_N - 1)
+                if j < cols:
+                    n = n_base + j
+                    i_col = n & (pf - 1)
+                    field = (i_col >> 1) + half_pf * (i_col & 1)  # AWQ keeps column c*pf + i in field AWQ_UNDO[i]
+                    word = uint32(0)
+                    for f in range(pf):
+                        w = src[e, kt * TILE_K + h * pf + f, n >> log_pf]
+                        code = uint32(w >> uint32(field * bits)) & uint32(mask)
+                        word = word | uint32(code << uint32(f * bits))
+                    stage[i] = word
+            else:  # row-major bytes [N, K] viewed as words [N, K/4]: 4 consecutive threads read one row's 16 bytes
+                j = i >> 2
+                h = i & 3
+                if j < cols:
+                    stage[h * CHUNK_N + j] = src[e, n_base + j, kt * 4 + h]
+        cuda.syncthreads()
+
+        # phase 2: GPTQ form -> Marlin words; the chunk's tiles are consecutive in the output row
+        tiles = cols >> 6
+        out_base = (chunk * TILES_PER_BLOCK) << wpt_shift
+        for o in range(tid, TILES_PER_BLOCK * wpt, THREADS):
+            t = o >> wpt_shift
+            if t < tiles:
+                if four_bit:
+                    out[e, kt, out_base + o] = marlin_word_4bit(stage, t, o & (wpt - 1))
+                else:
+                    out[e, kt, out_base + o] = marlin_word_8bit(stage, t, o & (wpt - 1))
+
+    return repack
+
+
+def unpack_kernel_source(bits: int, target: str):
+    """The Python function of the inverse kernel: Marlin [E, K/16, N*16/pf] -> ``target`` layout."""
+    if target not in ("gptq", "awq", "row_major_bytes"):
+        raise ValueError(f"target = {target!r} is not one of gptq, awq, row_major_bytes")
+    c = _consts(bits)
+    pf, log_pf, rows, mask, wpt, wpt_shift = c["pf"], c["log_pf"], c["rows"], c["mask"], c["wpt"], c["wpt_shift"]
+    half_pf = pf // 2
+    words_per_awq_row = CHUNK_N // pf
+    awq_row_shift = 6 if bits == 4 else 7  # log2(words_per_awq_row)
+    four_bit = bits == 4
+    to_gptq = target == "gptq"
+    to_awq = target == "awq"
+
+    def unpack(marlin, out, size_n):
+        """marlin uint32 [E, K/16, N*16/pf] -> out (gptq [E,K/pf,N] | awq [E,K,N/pf] | row-major words [E,N,K/4])."""
+        mstage = cuda.shared.array(MARLIN_STAGE_WORDS, dtype=uint32)
+        stage = cuda.shared.array(STAGE_WORDS, dtype=uint32)  # GPTQ form (AWQ target only)
+        kt = cuda.blockIdx.x
+        chunk = cuda.blockIdx.y
+        e = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        n_base = chunk << CHUNK_SHIFT
+        cols = min(CHUNK_N, size_n - n_base)
+        tiles = cols >> 6
+        in_base = (chunk * TILES_PER_BLOCK) << wpt_shift
+
+        # phase 1: the chunk's Marlin words (contiguous in row kt) -> shared
+        for o in range(tid, TILES_PER_BLOCK * wpt, THREADS):
+            if (o >> wpt_shift) < tiles:
+                mstage[o] = marlin[e, kt, in_base + o]
+        cuda.syncthreads()
+
+        # phase 2: Marlin -> GPTQ form (written straight out for GPTQ and row-major targets)
+        for i in range(tid, rows * CHUNK_N, THREADS):
+            if to_gptq or to_awq:
+                h = i >> CHUNK_SHIFT
+                j = i & (CHUNK_N - 1)
+            else:
+                j = i >> 2
+                h = i & 3
+            if j < cols:
+                if four_bit:
+                    word = gptq_word_4bit(mstage, h, j)
+                else:
+                    word = gptq_word_8bit(mstage, h, j)
+                if to_gptq:
+                    out[e, kt * rows + h, n_base + j] = word
+                elif to_awq:
+                    stage[i] = word
+                else:
+                    out[e, n_base + j, kt * 4 + h] = word
+
+        # phase 3 (AWQ only): GPTQ form -> AWQ words (k, c): field f holds column c*pf + AWQ_ORDER[f]
+        if to_awq:
+            cuda.syncthreads()
+            for i in range(tid, TILE_K * words_per_awq_row, THREADS):
+                r = i >> awq_row_shift
+                cw = i & (words_per_awq_row - 1)
+                if (cw << log_pf) < cols:
+                    h = r >> log_pf
+                    shift = uint32((r & (pf - 1)) * bits)
+                    word = uint32(0)
+                    for f in range(pf):
+                        order = ((f & (half_pf - 1)) << 1) + (f >> (log_pf - 1))  # AWQ_ORDER[f]
+                        code = uint32(stage[h * CHUNK_N + (cw << log_pf) + order] >> shift) & uint32(mask)
+                        word = word | uint32(code << uint32(f * bits))
+                    out[e, kt * TILE_K + r, (n_base >> log_pf) + cw] = word
+
+    return unpack
+
+
+@functools.lru_cache(maxsize=None)
+def _repack_kernel(bits: int, source: str):
+    return cuda.jit(repack_kernel_source(bits, source))
+
+
+@functools.lru_cache(maxsize=None)
+def _unpack_kernel(bits: int, target: str):
+    return cuda.jit(unpack_kernel_source(bits, target))
+
+
+def compile_targets():
+    """(name, python function, argument types) of every kernel variant here, for the offline compile check."""
+    from numba import types
+
+    u32_3d = types.Array(types.uint32, 3, "C")
+    i32_2d = types.Array(types.int32, 2, "C")
+    for bits in (4, 8):
+        for source in SOURCES:
+            if source == "row_major_bytes" and bits == 4:
+                continue
+            yield (f"repack[{bits}-bit,{source}]", repack_kernel_source(bits, source),
+                   (u32_3d, i32_2d, u32_3d, types.int64))
+        for target in ("gptq", "awq", "row_major_bytes"):
+            if target == "row_major_bytes" and bits == 4:
+                continue
+            yield (f"unpack[{bits}-bit,{target}]", unpack_kernel_source(bits, target),
+                   (u32_3d, u32_3d, types.int64))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host wrappers: check -> allocate -> launch
+# ---------------------------------------------------------------------------------------------------------------
+def _as_3d(d, name: str, rows: int, cols: int):
+    """(R, C) or (E, R, C) device array -> (E, R, C) view, checking R and C (nothing reads out of bounds)."""
+    shape = tuple(d.shape)
+    if len(shape) == 2:
+        shape = (1,) + shape
+    if len(shape) != 3 or shape[1:] != (rows, cols):
+        raise ValueError(f"{name} has shape {tuple(d.shape)}, expected ({rows}, {cols}) or (experts, {rows}, {cols})")
+    return d.reshape(shape), len(d.shape) == 3
+
+
+def _check_sizes(size_k: int, size_n: int, bits: int) -> None:
+    if bits not in (4, 8):
+        raise ValueError(f"num_bits = {bits!r} is not supported; Marlin packs 4- or 8-bit codes")
+    if size_k <= 0 or size_k % TILE_K:
+        raise ValueError(f"size_k = {size_k} is not divisible by tile_k_size = {TILE_K}")
+    if size_n <= 0 or size_n % TILE_N:
+        raise ValueError(f"size_n = {size_n} is not divisible by tile_n_size = {TILE_N}")
+
+
+def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool):
+    experts = src.shape[0]
+    pf = 32 // bits
+    out = arrays.empty((experts, size_k // TILE_K, size_n * TILE_K // pf), np.uint32)
+    if perm is None:
+        perm = arrays.take(np.zeros((1, 1), np.int32), "perm")
+    grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
+    _repack_kernel(bits, source)[grid, THREADS, arrays.stream](src, perm, out, size_n)
+    return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
+
+
+def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None):
+    """GPTQ qweight int32 [K/pf, N] (or [E, K/pf, N]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...]).
+
+    ``perm`` (int32 [K] or [E, K], or None/empty): Marlin row k takes checkpoint row perm[k] (act-order).
+    """
+    _check_sizes(size_k, size_n, num_bits)
+    pf = 32 // num_bits
+    arrays = Arrays(stream)
+    src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k // pf, size_n)
+    has_perm = perm is not None and int(np.prod(perm.shape)) > 0
+    perm_d = None
+    if has_perm:
+        perm_d = arrays.take(perm, "perm", None)
+        if np.dtype(perm_d.dtype) not in (np.dtype(np.int32), np.dtype(np.uint32)):
+            raise TypeError(f"perm must have dtype int32, got {perm_d.dtype}")
+        perm_d = perm_d.view(np.int32)
+        if perm_d.shape not in ((size_k,), (src.shape[0], size_k)):
+            raise ValueError(f"perm has shape {tuple(perm_d.shape)}, expected ({size_k},) or ({src.shape[0]}, {size_k})")
+        if len(perm_d.shape) == 1 and src.shape[0] == 1:
+            perm_d = perm_d.reshape((1, size_k))
+        elif len(perm_d.shape) == 1:
+            raise ValueError(f"a stacked b_q_weight of {src.shape[0]} experts needs perm of shape ({src.shape[0]}, {size_k})")
+    return _launch_repack(arrays, src, perm_d, num_bits, "gptq_perm" if has_perm else "gptq", size_k, size_n, stacked)
+
+
+def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None):
+    """AWQ qweight int32 [K, N/pf] (or [E, K, N/pf]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...])."""
+    _check_sizes(size_k, size_n, num_bits)
+    pf = 32 // num_bits
+    arrays = Arrays(stream)
+    src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k, size_n // pf)
+    return _launch_repack(arrays, src, None, num_bits, "awq", size_k, size_n, stacked)
+
+
+def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, stream=None):
+    """E4M3 bytes packed K-major, int32/uint32 [K/4, N] (or [E, K/4, N]) -> Marlin W8 int32 [K/16, 4N]."""
+    _check_sizes(size_k, size_n, 8)
+    arrays = Arrays(stream)
+    src, stacked = _as_3d(arrays.take(raw_bits_k_major, "raw_bits_k_major", np.uint32), "raw_bits_k_major",
+                          size_k // 4, size_n)
+    return _launch_repack(arrays, src, None, 8, "gptq", size_k, size_n, stacked)
+
+
+def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=None):
+    """Row-major E4M3 bytes uint8 [N, K] (or [E, N, K]) -> Marlin W8 int32 [K/16, 4N], transpose fused."""
+    _check_sizes(size_k, size_n, 8)
+    arrays = Arrays(stream)
+    d = arrays.take(row_major, "row_major", None)
+    if np.dtype(d.dtype).itemsize != 1:
+        raise TypeError(f"row_major must hold raw E4M3 bytes (uint8 or float8_e4m3fn), got {d.dtype}")
+    d = d.view(np.uint8)
+    shape = tuple(d.shape)
+    if shape[-2:] != (size_n, size_k) or len(shape) not in (2, 3):
+        raise ValueError(f"row_major has shape {shape}, expected ({size_n}, {size_k}) = (size_n, size_k)"
+                         f" or (experts, {size_n}, {size_k})")
+    stacked = len(shape) == 3
+    words = d.reshape((shape[0] if stacked else 1, size_n, size_k)).view(np.uint32)  # [E, N, K/4]
+    return _launch_repack(arrays, words, None, 8, "row_major_bytes", size_k, size_n, stacked)
+
+
+def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream):
+    _check_sizes(size_k, size_n, bits)
+    pf = 32 // bits
+    arrays = Arrays(stream)
+    src, stacked = _as_3d(arrays.take(qweight, "qweight", np.uint32), "qweight", size_k // TILE_K,
+                          size_n * TILE_K // pf)
+    experts = src.shape[0]
+    if target == "gptq":
+        shape = (experts, size_k // pf, size_n)
+    elif target == "awq":
+        shape = (experts, size_k, size_n // pf)
+    else:
+        shape = (experts, size_n, size_k // 4)
+    out = arrays.empty(shape, np.uint32)
+    grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
+    _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
+    if target == "row_major_bytes":
+        out = out.view(np.uint8)
+        return arrays.give(out if stacked else out.reshape((size_n, size_k)))
+    return arrays.give(out if stacked else out.reshape(shape[1:]), np.int32)
+
+
+def marlin_to_gptq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None):
+    """Inverse of gptq_marlin_repack without perm: Marlin int32 [K/16, N*16/pf] -> GPTQ int32 [K/pf, N]."""
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream)
+
+
+def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None):
+    """Inverse of awq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> AWQ int32 [K, N/pf]."""
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "awq", stream)
+
+
+def marlin_to_fp8_raw_bits(qweight, size_k: int, size_n: int, *, stream=None):
+    """Inverse of fp8_marlin_repack_raw_bits: Marlin int32 [K/16, 4N] -> K-major words int32 [K/4, N]."""
+    return _launch_unpack(qweight, size_k, size_n, 8, "gptq", stream)
+
+
+def marlin_to_block_fp8_row_major(qweight, size_k: int, size_n: int, *, stream=None):
+    """Inverse of block_fp8_group128_repack: Marlin int32 [K/16, 4N] -> row-major bytes uint8 [N, K]."""
+    return _launch_unpack(qweight, size_k, size_n, 8, "row_major_bytes", stream)
