@@ -41,7 +41,7 @@ def _pack_last_axis(fields: np.ndarray, bits: int) -> np.ndarray:
     """fields: (..., pf) codes -> (...) int32 words, field j at bit j*bits."""
     shifts = (np.arange(fields.shape[-1], dtype=np.uint32) * bits).astype(np.uint32)
     words = np.bitwise_or.reduce(fields.astype(np.uint32) << shifts, axis=-1)
-    return words.astype(np.uint32).view(np.int32)
+    return np.ascontiguousarray(words, dtype=np.uint32).view(np.int32)
 
 
 def _unpack_last_axis(words: np.ndarray, bits: int) -> np.ndarray:

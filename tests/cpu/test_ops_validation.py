@@ -1,0 +1,98 @@
+"""Every op: bad input raises before any work with the offending values named; no op mutates its input; outputs are
+fresh C-contiguous arrays."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from workbench import ops
+from workbench.formats import fp8, packing
+
+
+def q4(k, n, rng):
+    return packing.pack_rows(rng.integers(0, 16, size=(k, n), dtype=np.uint8), 4)
+
+
+BAD_CALLS = [
+    # (description, callable(rng), exception, message regex)
+    ("K not /16", lambda r: ops.gptq_marlin_repack(np.zeros((3, 64), np.int32), None, 24, 64, 4), ValueError,
+     "size_k = 24 is not divisible by tile_k_size = 16"),
+    ("N not /64", lambda r: ops.gptq_marlin_repack(np.zeros((16, 96), np.int32), None, 128, 96, 4), ValueError,
+     "size_n = 96 is not divisible by tile_n_size = 64"),
+    ("qweight rows", lambda r: ops.gptq_marlin_repack(np.zeros((15, 64), np.int32), None, 128, 64, 4), ValueError,
+     r"b_q_weight has shape \(15, 64\), expected \(16, 64\)"),
+    ("qweight dtype", lambda r: ops.gptq_marlin_repack(np.zeros((16, 64), np.int64), None, 128, 64, 4), TypeError,
+     "b_q_weight must have dtype int32 or uint32, got int64"),
+    ("bits", lambda r: ops.gptq_marlin_repack(np.zeros((16, 64), np.int32), None, 128, 64, 2), ValueError,
+     "num_bits = 2"),
+    ("perm length", lambda r: ops.gptq_marlin_repack(q4(128, 64, r), np.arange(64, dtype=np.int32), 128, 64, 4),
+     ValueError, "perm.size\\(-1\\) = 64, where size_k = 128"),
+    ("perm not a permutation", lambda r: ops.gptq_marlin_repack(q4(128, 64, r), np.zeros(128, np.int32), 128, 64, 4),
+     ValueError, r"perm is not a permutation of range\(128\)"),
+    ("non-contiguous", lambda r: ops.gptq_marlin_repack(np.zeros((16, 128), np.int32)[:, ::2], None, 128, 64, 4),
+     ValueError, "b_q_weight is not C-contiguous"),
+    ("awq shape", lambda r: ops.awq_marlin_repack(np.zeros((128, 16), np.int32), 128, 64, 4), ValueError,
+     r"expected \(128, 8\)"),
+    ("scales shape", lambda r: ops.marlin_permute_scales(np.zeros((3, 64), np.float16), 256, 64, 128), ValueError,
+     r"s has shape \(3, 64\), expected \(2, 64\)"),
+    ("group size", lambda r: ops.marlin_permute_scales(np.zeros((3, 64), np.float16), 256, 64, 96), ValueError,
+     "size_k = 256 is not divisible by group_size = 96"),
+    ("zp float", lambda r: ops.marlin_zero_points(np.zeros((1, 64), np.float32), 128, 64, 4), ValueError,
+     "zp must hold integer codes, got dtype float32"),
+    ("zp columns", lambda r: ops.marlin_zero_points(np.zeros((1, 32), np.uint8), 128, 64, 4), ValueError,
+     "expected 64 columns"),
+    ("qzeros shape", lambda r: ops.repack_gptq_qzeros_to_marlin(np.zeros((2, 8), np.int32), 128, 64, 128),
+     ValueError, r"qzeros has shape \(2, 8\), expected \(1, 8\)"),
+    ("fp8 raw shape", lambda r: ops.fp8_marlin_repack_raw_bits(np.zeros((64, 64), np.uint32), 128, 64), ValueError,
+     r"raw_bits_k_major has shape \(64, 64\), expected \(32, 64\)"),
+    ("block fp8 K", lambda r: ops.block_fp8_group128_repack(np.zeros((64, 64), np.uint8), 64, 64), ValueError,
+     "size_k = 64 is not a positive multiple of 128"),
+    ("block fp8 dtype", lambda r: ops.block_fp8_group128_repack(np.zeros((64, 128), np.float16), 128, 64), TypeError,
+     "row_major must have dtype uint8 or float8_e4m3fn"),
+    ("block fp8 shape", lambda r: ops.block_fp8_group128_repack(np.zeros((128, 64), np.uint8), 128, 64), ValueError,
+     r"row_major has shape \(128, 64\), expected \(64, 128\)"),
+    ("block scales shape", lambda r: ops.block_fp8_group128_scales(np.zeros((2, 1), np.float32), 128, 64),
+     ValueError, r"inverse_scales has shape \(2, 1\), expected \(1, 1\)"),
+    ("block scales dtype", lambda r: ops.block_fp8_group128_scales(np.zeros((1, 1), np.float16), 128, 64),
+     TypeError, "inverse_scales must have dtype bfloat16 or float32"),
+    ("backend", lambda r: ops.marlin_permute_scales(np.zeros((1, 64), np.float16), 128, 64, -1, backend="tpu"),
+     ValueError, "backend = 'tpu'"),
+    ("size type", lambda r: ops.gptq_marlin_repack(np.zeros((16, 64), np.int32), None, 128.0, 64, 4), TypeError,
+     "size_k must be an int"),
+    ("experts count", lambda r: ops.stack_gptq_experts_to_marlin([q4(128, 64, r)], [], [], 4, 128, 128, 64),
+     ValueError, "qweights=1 scales=0 qzeros=0"),
+]
+
+
+@pytest.mark.parametrize("desc,call,exc,message", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_bad_input_is_a_clear_error(desc, call, exc, message, rng):
+    with pytest.raises(exc, match=message):
+        call(rng)
+
+
+def _good_calls(rng):
+    k, n = 256, 128
+    codes4 = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
+    zp = rng.integers(1, 15, size=(2, n), dtype=np.uint8)
+    row_major = rng.integers(0, 256, size=(n, k), dtype=np.uint8)
+    return [
+        (ops.gptq_marlin_repack, (packing.pack_rows(codes4, 4), rng.permutation(k).astype(np.int32), k, n, 4)),
+        (ops.awq_marlin_repack, (packing.awq_pack(codes4, 4), k, n, 4)),
+        (ops.marlin_permute_scales, (rng.standard_normal((2, n)).astype(np.float16), k, n, 128)),
+        (ops.marlin_zero_points, (zp, k, n, 4)),
+        (ops.awq_to_marlin_zero_points, (packing.awq_pack(zp, 4), k, n, 4)),
+        (ops.repack_gptq_qzeros_to_marlin, (packing.pack_cols(zp - 1, 4), k, n, 128)),
+        (ops.fp8_marlin_repack_raw_bits, (fp8.pack_fp8_to_int32(row_major), k, n)),
+        (ops.block_fp8_group128_repack, (row_major, k, n)),
+        (ops.block_fp8_group128_scales, (rng.uniform(0, 1, (1, 2)).astype(ml_dtypes.bfloat16), k, n)),
+    ]
+
+
+def test_no_op_mutates_its_inputs_and_outputs_are_contiguous(rng):
+    for op, args in _good_calls(rng):
+        before = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        out = op(*args)
+        for a, b in zip(args, before):
+            if isinstance(a, np.ndarray):
+                assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), op.__name__
+        assert out.flags["C_CONTIGUOUS"], op.__name__
+        assert not any(np.shares_memory(out, a) for a in args if isinstance(a, np.ndarray)), op.__name__
