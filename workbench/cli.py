@@ -11,6 +11,7 @@ import sys
 
 COMMAND_MODULES = (
     "workbench.tour",
+    "workbench.checkpoint.commands",
 )
 
 

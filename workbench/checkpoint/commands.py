@@ -1,0 +1,120 @@
+"""``workbench inspect | repack | verify``. Exit codes: 0 success; 1 the answer is "no" (incompatible layers,
+verification mismatches); 2 bad input or usage (message on stderr, nothing written)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workbench.checkpoint.safetensors_io import CheckpointError
+
+EXIT_OK, EXIT_NO, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "inspect", help="list the quantized layers of a checkpoint and whether Marlin can take them",
+        description="Print a table of every quantized layer of a safetensors checkpoint (GPTQ, AWQ, compressed-tensors"
+                    " pack-quantized, block-FP8; MoE experts as stacks): source format, weight type, bits, group size,"
+                    " act-order, K x N, experts, Marlin compatibility and why not. Exit 0 when every layer is"
+                    " compatible, 1 when some is not, 2 on unreadable or inconsistent input.")
+    p.add_argument("path", help="checkpoint directory (or a single .safetensors file)")
+    p.set_defaults(func=_inspect)
+
+    p = subparsers.add_parser(
+        "repack", help="write a Marlin-format checkpoint",
+        description="Convert every quantized layer to Marlin tensors (qweight tiles, permuted scales, zero points,"
+                    " act-order g_idx/perm) and carry every other tensor over untouched. Streams one layer at a time,"
+                    " writes to OUT.partial-<pid> and renames it to OUT only when complete. Exit 0 on success, 2 on"
+                    " bad input (nothing is written under OUT).")
+    p.add_argument("path", help="source checkpoint directory (or a single .safetensors file)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--backend", choices=("auto", "numpy", "numba"), default="auto",
+                   help="auto: Numba CUDA kernels when a GPU is present, NumPy otherwise (default)")
+    p.add_argument("--max-shard-size", type=_size, default="5GB", help="largest output file, e.g. 5GB, 500MB")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_repack)
+
+    p = subparsers.add_parser(
+        "verify", help="check a Marlin checkpoint against its source, bit for bit",
+        description="Take every Marlin tensor back to the source layout with the inverse ops and compare bit for bit;"
+                    " on a mismatch name the layer and the first differing element with its tile, sub-block, lane,"
+                    " word and field. Exit 0 when everything matches, 1 on mismatches, 2 on bad input.")
+    p.add_argument("out", help="Marlin checkpoint directory written by `workbench repack`")
+    p.add_argument("--against", required=True, help="the source checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_verify)
+
+
+def _size(text: str) -> int:
+    units = {"KB": 1024, "MB": 1024**2, "GB": 1024**3, "B": 1}
+    t = text.strip().upper()
+    for suffix, factor in units.items():
+        if t.endswith(suffix) and t[: -len(suffix)].strip().replace(".", "", 1).isdigit():
+            return int(float(t[: -len(suffix)]) * factor)
+    if t.isdigit():
+        return int(t)
+    raise argparse.ArgumentTypeError(f"{text!r} is not a size like 5GB, 500MB or 1048576")
+
+
+def format_table(plan) -> str:
+    header = ("layer", "format", "type", "bits", "group", "act-order", "K x N", "experts", "Marlin")
+    rows = []
+    for spec in plan.layers:
+        rows.append((spec.name, spec.source_format, spec.weight_type.label, str(spec.bits), str(spec.group_size),
+                     "yes" if spec.act_order else "no", f"{spec.size_k} x {spec.size_n}",
+                     str(spec.num_experts) if spec.num_experts else "-",
+                     "yes" if spec.compatible else "NO: " + "; ".join(spec.problems)))
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header) - 1)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(row[:-1], widths)) + "  " + row[-1] for row in [header] + rows]
+    lines.insert(1, "-" * min(max(len(line) for line in lines), 160))
+    return "\n".join(lines)
+
+
+def _inspect(args) -> int:
+    from workbench.checkpoint import inspect
+
+    try:
+        plan = inspect(args.path)
+    except CheckpointError as exc:
+        print(f"workbench inspect: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not plan.layers:
+        print(f"{args.path}: no quantized layers ({len(plan.passthrough)} unquantized tensors)")
+        return EXIT_OK
+    print(format_table(plan))
+    bad = sum(not s.compatible for s in plan.layers)
+    print(f"\n{len(plan.layers)} quantized layers ({plan.settings.source_format}, settings from"
+          f" {plan.settings.origin}); {len(plan.passthrough)} tensors carried over untouched;"
+          f" {len(plan.layers) - bad} Marlin-compatible, {bad} not")
+    return EXIT_NO if bad else EXIT_OK
+
+
+def _repack(args) -> int:
+    from workbench.checkpoint import repack
+
+    try:
+        repack(args.path, args.out, force=args.force, backend=args.backend, max_shard_bytes=args.max_shard_size,
+               progress=not args.no_progress)
+    except (CheckpointError, FileExistsError, FileNotFoundError) as exc:
+        print(f"workbench repack: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+def _verify(args) -> int:
+    from workbench.checkpoint import verify
+
+    try:
+        report = verify(args.out, args.against, progress=not args.no_progress)
+    except (CheckpointError, FileNotFoundError) as exc:
+        print(f"workbench verify: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if report.ok:
+        print(f"verify: OK: {report.layers_checked} layers, {report.tensors_checked} tensors match the source bit for"
+              " bit")
+        return EXIT_OK
+    for line in report.problems:
+        print(f"MISMATCH {line}")
+    print(f"verify: {len(report.problems)} problem(s)", file=sys.stderr)
+    return EXIT_NO

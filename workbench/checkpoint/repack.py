@@ -1,0 +1,232 @@
+"""``repack``: a source checkpoint -> a Marlin checkpoint, streamed tensor by tensor, written atomically.
+
+Output layout (directory):
+
+* ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``): per quantized
+  layer ``<name>.qweight`` I32 ([E,] K/16, N*16/pf), ``<name>.scales`` F16/BF16 ([E,] ng, N) permuted,
+  ``<name>.zeros`` I32 ([E,] ng, N/pf) for u4/u8, ``<name>.g_idx`` / ``<name>.perm`` I32 ([E,] K) for act-order;
+  every other tensor byte-identical under its own name. Each file's ``__metadata__`` names the workbench format,
+  its version, the source format and the layers it holds (JSON strings).
+* ``marlin_checkpoint.json``: the whole layer table; written last, so a directory without it is not a checkpoint.
+* the source's other files (config.json, tokenizer, ...) copied unchanged.
+
+Memory: one layer (or one expert of a stack) is resident at a time, plus the op's temporaries; pass-through tensors
+are copied in 64 MiB chunks. Atomicity: everything is written under ``<out>.partial-<pid>`` and renamed at the end;
+on any error that directory is removed, and a killed run leaves only the ``.partial-`` name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+import workbench
+from workbench.checkpoint.convert import to_marlin
+from workbench.checkpoint.layers import LayerSpec, Plan, discover
+from workbench.checkpoint.safetensors_io import CheckpointError, PlannedTensor, StreamingWriter, dtype_tag
+from workbench.checkpoint.source import INDEX_NAME, SourceCheckpoint, open_source
+
+MANIFEST = "marlin_checkpoint.json"
+FORMAT_NAME = "marlin-workbench"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+
+def choose_backend(backend: str) -> tuple[str, str]:
+    """(ops backend, sentence saying which path runs)."""
+    from workbench import hardware
+
+    if backend not in ("auto", "numpy", "numba"):
+        raise ValueError(f"backend = {backend!r} is not auto, numpy or numba")
+    if backend == "auto":
+        backend = "numba" if hardware.gpu_available() else "numpy"
+    if backend == "numba":
+        return "numba", f"Numba CUDA kernels on {hardware.describe()}"
+    return "numpy", "NumPy reference path on the CPU" + ("" if hardware.gpu_available() else " (no CUDA GPU found)")
+
+
+def layer_tensors(spec: LayerSpec) -> list[PlannedTensor]:
+    """The Marlin tensors of one layer, in file order."""
+    lead = (spec.num_experts,) if spec.num_experts else ()
+    pf = 32 // spec.bits
+    ng = spec.parts[0][0].num_groups
+    out = [PlannedTensor(f"{spec.name}.qweight", "I32", lead + (spec.size_k // 16, spec.size_n * 16 // pf)),
+           PlannedTensor(f"{spec.name}.scales", dtype_tag(spec.act_dtype), lead + (ng, spec.size_n))]
+    if spec.weight_type.has_zero_points:
+        out.append(PlannedTensor(f"{spec.name}.zeros", "I32", lead + (ng, spec.size_n // pf)))
+    if spec.act_order:
+        out += [PlannedTensor(f"{spec.name}.g_idx", "I32", lead + (spec.size_k,)),
+                PlannedTensor(f"{spec.name}.perm", "I32", lead + (spec.size_k,))]
+    return out
+
+
+def layer_record(spec: LayerSpec) -> dict:
+    """What the manifest and the file metadata say about a layer."""
+    return {
+        "source_format": spec.source_format, "weight_type": spec.weight_type.label, "bits": spec.bits,
+        "group_size": spec.group_size, "act_order": spec.act_order, "size_k": spec.size_k, "size_n": spec.size_n,
+        "num_experts": spec.num_experts, "act_dtype": np.dtype(spec.act_dtype).name,
+        "segments": [[p.prefix, p.size_n] for p in spec.parts[0]],
+        "tensors": [t.name for t in layer_tensors(spec)],
+    }
+
+
+@dataclass
+class _Unit:
+    """A layer or a pass-through tensor: the granularity at which output is assigned to files."""
+
+    layer: LayerSpec | None
+    name: str
+    tensors: list[PlannedTensor]
+    source_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def _units(src: SourceCheckpoint, plan: Plan) -> list[_Unit]:
+    units = []
+    produced: set[str] = set()
+    for spec in plan.layers:
+        tensors = layer_tensors(spec)
+        produced.update(t.name for t in tensors)
+        units.append(_Unit(spec, spec.name, tensors, sum(src.info(n).nbytes for n in spec.source_tensors)))
+    for name in plan.passthrough:
+        if name in produced:
+            raise CheckpointError(f"{src.describe(name)}: its name collides with a Marlin tensor of the output")
+        info = src.info(name)
+        units.append(_Unit(None, name, [PlannedTensor(name, info.dtype, info.shape)], info.nbytes))
+    return units
+
+
+def _shard(units: list[_Unit], max_bytes: int) -> list[list[_Unit]]:
+    shards: list[list[_Unit]] = [[]]
+    size = 0
+    for unit in units:
+        if shards[-1] and size + unit.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(unit)
+        size += unit.nbytes
+    return shards
+
+
+def check_repackable(plan: Plan) -> None:
+    if not plan.layers:
+        raise CheckpointError("no quantized layers found: nothing to repack")
+    bad = [spec for spec in plan.layers if spec.problems]
+    if bad:
+        lines = [f"  {spec.name}: {'; '.join(spec.problems)}" for spec in bad[:20]]
+        more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
+        raise CheckpointError(f"{len(bad)} layer(s) are not Marlin-compatible:\n" + "\n".join(lines) + more)
+
+
+def repack(path, out, *, force: bool = False, backend: str = "auto", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+           progress: bool = True, log=None) -> dict:
+    """Write the Marlin checkpoint of ``path`` to directory ``out``; return the manifest."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    out = os.path.abspath(os.fspath(out))
+    src = open_source(path)
+    if os.path.exists(out) and not force:
+        raise FileExistsError(f"{out} exists; pass --force (force=True) to replace it")
+    if os.path.abspath(src.root) == out:
+        raise CheckpointError(f"{out} is the source checkpoint itself; choose another output directory")
+    plan = discover(src)
+    check_repackable(plan)
+    ops_backend, sentence = choose_backend(backend)
+    log(f"repack: {len(plan.layers)} quantized layers ({plan.settings.source_format}), {len(plan.passthrough)}"
+        f" tensors carried over; {sentence}")
+    units = _units(src, plan)
+    shards = _shard(units, max_shard_bytes)
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    tmp = f"{out}.partial-{os.getpid()}"
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    manifest = {
+        "workbench_format": FORMAT_NAME, "format_version": workbench.FORMAT_VERSION,
+        "workbench_version": workbench.__version__, "source_format": plan.settings.source_format,
+        "source": os.path.abspath(src.root), "quant_config_source": src.quant_config_source,
+        "layers": {spec.name: layer_record(spec) for spec in plan.layers},
+        "passthrough": list(plan.passthrough), "weight_map": {},
+    }
+    try:
+        from tqdm.auto import tqdm
+
+        total = sum(u.source_bytes for u in units)
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"repack ({ops_backend})", disable=not progress,
+                  file=sys.stderr) as bar:
+            for fname, shard in zip(names, shards):
+                _write_shard(src, os.path.join(tmp, fname), shard, plan, ops_backend, bar)
+                for unit in shard:
+                    for t in unit.tensors:
+                        manifest["weight_map"][t.name] = fname
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(u.nbytes for u in units), "workbench_format": FORMAT_NAME},
+                     "weight_map": manifest["weight_map"]}
+            with open(os.path.join(tmp, INDEX_NAME), "w", encoding="utf-8") as f:
+                json.dump(index, f, indent=2)
+        for other in src.other_files:
+            if other != MANIFEST:
+                shutil.copy2(os.path.join(src.root, other), os.path.join(tmp, other))
+        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:  # last: marks the directory complete
+            json.dump(manifest, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _publish(tmp, out, force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"repack: wrote {out} ({len(shards)} file(s))")
+    return manifest
+
+
+def _publish(tmp: str, out: str, force: bool) -> None:
+    """Rename the finished directory into place; with force, the old output is moved aside first."""
+    if os.path.exists(out):
+        if not force:
+            raise FileExistsError(f"{out} appeared while repacking; not replacing it without --force")
+        old = f"{out}.old-{os.getpid()}"
+        os.replace(out, old)
+        os.replace(tmp, out)
+        if os.path.isdir(old):
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.remove(old)
+    else:
+        os.replace(tmp, out)
+
+
+def _write_shard(src: SourceCheckpoint, path: str, shard: list[_Unit], plan: Plan, backend: str, bar) -> None:
+    layers = {u.layer.name: layer_record(u.layer) for u in shard if u.layer is not None}
+    metadata = {"format": "pt", "workbench_format": FORMAT_NAME, "workbench_format_version": workbench.FORMAT_VERSION,
+                "source_format": plan.settings.source_format, "marlin_layers": json.dumps(layers)}
+    writer = StreamingWriter(path, [t for u in shard for t in u.tensors], metadata)
+    try:
+        for unit in shard:
+            if unit.layer is None:
+                src.files[src.where[unit.name]].copy_bytes_to(unit.name, lambda chunk: writer.append(unit.name, chunk))
+                bar.update(unit.source_bytes)
+                continue
+            spec = unit.layer
+            experts = range(spec.num_experts) if spec.num_experts else [None]
+            per_expert = unit.source_bytes // max(spec.num_experts, 1)
+            for e in experts:
+                m = to_marlin(src, spec, e or 0, backend)
+                writer.write(f"{spec.name}.qweight", m.qweight, e)
+                writer.write(f"{spec.name}.scales", m.scales, e)
+                if spec.weight_type.has_zero_points:
+                    writer.write(f"{spec.name}.zeros", m.zeros, e)
+                if spec.act_order:
+                    writer.write(f"{spec.name}.g_idx", m.g_idx, e)
+                    writer.write(f"{spec.name}.perm", m.perm, e)
+                bar.update(per_expert)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise

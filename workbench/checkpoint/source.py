@@ -1,0 +1,142 @@
+"""A checkpoint on disk: its safetensors shards (single file or index json) and its quantization settings.
+
+Layouts understood (what the producing tools write):
+
+* ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``
+  (``{"metadata": {...}, "weight_map": {tensor: file}}``), or a single ``.safetensors`` path;
+* quantization settings from ``config.json["quantization_config"]`` (transformers / Optimum / llm-compressor /
+  DeepSeek-V3), else ``quantize_config.json`` (AutoGPTQ, GPTQModel), else ``quant_config.json`` (AutoAWQ).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+
+from workbench.checkpoint.safetensors_io import CheckpointError, SafetensorsFile, TensorInfo
+
+INDEX_NAME = "model.safetensors.index.json"
+CONFIG_FILES = ("quantize_config.json", "quant_config.json")
+
+
+@dataclass
+class SourceCheckpoint:
+    root: str  # directory holding the files
+    files: dict[str, SafetensorsFile]  # file name -> parsed header
+    where: dict[str, str]  # tensor name -> file name
+    config: dict  # config.json (may be empty)
+    quant_config: dict  # the quantization settings, wherever they came from (may be empty)
+    quant_config_source: str  # file (and key) the settings came from, for messages
+    other_files: list[str] = field(default_factory=list)  # non-safetensors files to carry over (tokenizer, ...)
+
+    def info(self, name: str) -> TensorInfo:
+        return self.files[self.where[name]].tensors[name]
+
+    def read(self, name: str, index: int | None = None):
+        return self.files[self.where[name]].read(name, index)
+
+    def path_of(self, name: str) -> str:
+        return os.path.join(self.root, self.where[name])
+
+    def describe(self, name: str) -> str:
+        """'file: tensor NAME (I32 [64, 256])' for error messages."""
+        info = self.info(name)
+        return f"{self.path_of(name)}: tensor {name!r} ({info.dtype} {list(info.shape)})"
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.where)
+
+
+def _load_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def open_source(path: str | os.PathLike) -> SourceCheckpoint:
+    """Open and validate a checkpoint directory (or one .safetensors file) without reading any tensor data."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    if os.path.isfile(path):
+        root, names = os.path.dirname(path) or ".", [os.path.basename(path)]
+        index = None
+    else:
+        root = path
+        index_path = os.path.join(root, INDEX_NAME)
+        index = _load_json(index_path) if os.path.exists(index_path) else None
+        if index is not None:
+            weight_map = index.get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{index_path}: has no 'weight_map' object")
+            names = sorted(set(weight_map.values()))
+        else:
+            names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(root, "*.safetensors")))
+            if len(names) > 1:
+                raise CheckpointError(
+                    f"{root}: {len(names)} .safetensors files ({', '.join(names[:4])}...) but no {INDEX_NAME}"
+                )
+        if not names:
+            raise CheckpointError(f"{root}: no .safetensors file found")
+    files: dict[str, SafetensorsFile] = {}
+    for name in names:
+        file_path = os.path.join(root, name)
+        if not os.path.isfile(file_path):
+            raise CheckpointError(f"{os.path.join(root, INDEX_NAME)}: lists shard {name!r}, which does not exist")
+        files[name] = SafetensorsFile(file_path)
+    where: dict[str, str] = {}
+    for fname, st in files.items():
+        for tname in st.tensors:
+            if tname in where:
+                raise CheckpointError(f"{root}: tensor {tname!r} appears in both {where[tname]} and {fname}")
+            where[tname] = fname
+    if index is not None:
+        index_path = os.path.join(root, INDEX_NAME)
+        for tname, fname in index["weight_map"].items():
+            if where.get(tname) != fname:
+                found = f"found in {where[tname]}" if tname in where else "found in no shard"
+                raise CheckpointError(f"{index_path}: maps tensor {tname!r} to {fname}, but it is {found}: missing tensor")
+        extra = sorted(set(where) - set(index["weight_map"]))
+        if extra:
+            raise CheckpointError(
+                f"{os.path.join(root, where[extra[0]])}: holds tensor {extra[0]!r} that {INDEX_NAME} does not list"
+                f" ({len(extra)} such tensors): extra tensor"
+            )
+    config_path = os.path.join(root, "config.json")
+    config = _load_json(config_path) if os.path.isfile(config_path) else {}
+    quant_config, source = {}, ""
+    if isinstance(config.get("quantization_config"), dict):
+        quant_config, source = config["quantization_config"], f"{config_path} (quantization_config)"
+    for fname in CONFIG_FILES:
+        fpath = os.path.join(root, fname)
+        if os.path.isfile(fpath):
+            extra_cfg = _load_json(fpath)
+            if not quant_config:
+                quant_config, source = extra_cfg, fpath
+            else:
+                _check_agree(quant_config, source, extra_cfg, fpath)
+    other = []
+    if os.path.isdir(path):
+        for entry in sorted(os.listdir(root)):
+            full = os.path.join(root, entry)
+            if os.path.isfile(full) and not entry.endswith(".safetensors") and entry != INDEX_NAME:
+                other.append(entry)
+    return SourceCheckpoint(root, files, where, config, quant_config, source, other)
+
+
+def _check_agree(a: dict, a_src: str, b: dict, b_src: str) -> None:
+    """Two config files naming the same setting must agree (bits, group size, act order, symmetry)."""
+    aliases = {"bits": ("bits", "w_bit"), "group_size": ("group_size", "q_group_size"), "desc_act": ("desc_act",),
+               "sym": ("sym",)}
+    for key, names in aliases.items():
+        va = next((a[n] for n in names if n in a), None)
+        vb = next((b[n] for n in names if n in b), None)
+        if va is not None and vb is not None and va != vb:
+            raise CheckpointError(f"{a_src} says {key} = {va!r} but {b_src} says {key} = {vb!r}")
