@@ -1,0 +1,515 @@
+"""Scale permutations, zero points and block-FP8 scales (spec §3, §4, §5.3), as Numba-CUDA kernels.
+
+All of these are small (a scale row is N values per group), so each is one element-wise grid-stride launch over
+every expert at once: with a leading expert axis the rows of all experts are just more rows.
+
+Scale permutations act on each row in independent chunks, ``out[d] = in[chunk + P[d % W]]``::
+
+    P64 (W = 64): the transpose of an 8×8 block        P64(i) = i//8 + 8*(i%8)
+    P32 (W = 32): the transpose of a 4×4 block of pairs P32(i) = 2*(i//8) + (i%2) + 8*((i//2)%4)
+
+Both are involutions (a transpose applied twice is the identity), so the inverse kernel is the forward kernel.
+
+Marlin zero points (always P64, then the weights' field interleave, then column packing)::
+
+    word (row, c), field f  ←  zero of column  n = chunk + P64(d % 64),  d = c*pf + INTERLEAVE[f]
+    INTERLEAVE = [0,2,4,6,1,3,5,7] (4-bit) / [0,2,1,3] (8-bit), the same order AWQ uses inside its words
+
+Sources: plain codes (uint8), AWQ words (undo the interleave), GPTQ v1 words (stored zero − 1: add 1; a stored
+all-ones field is an error the host reports by group / packed column / lane, never a silent value).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, int32, uint32
+
+from kernels_numba._launch import Arrays
+from kernels_numba.float_bits import BF16_FORMAT, F16_FORMAT, f32_bits_scaled_to_half_bits
+
+THREADS = 256  # element-wise kernels: one word per thread-step
+MAX_BLOCKS = 132 * 16  # grid-stride cap: 16 blocks per SM of an H100/H200 keeps every SM busy without tail waste
+BLOCK_FP8 = 128  # block-FP8 block edge (weight_block_size = [128, 128])
+NO_ERROR = np.iinfo(np.int64).max  # "no bad field seen" for the atomic-min error slot
+
+
+def _blocks(total: int) -> int:
+    return max(1, min(MAX_BLOCKS, -(-total // THREADS)))
+
+
+@cuda.jit(device=True, inline=True)
+def p64(i):
+    return (i >> 3) + ((i & 7) << 3)
+
+
+@cuda.jit(device=True, inline=True)
+def p32(i):
+    return ((i >> 3) << 1) + (i & 1) + (((i >> 1) & 3) << 3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scale permutation (16- or 32-bit elements, raw bits), optionally rounding float32 into a 16-bit float
+# ---------------------------------------------------------------------------------------------------------------
+def permute_kernel_source(width: int, convert: str):
+    """convert: "none" (move raw bits), "f16" or "bf16" (float32 bits in, rounded 16-bit float bits out)."""
+    grouped = width == 64
+    to_half = convert != "none"
+    mant_bits, bias = BF16_FORMAT if convert == "bf16" else F16_FORMAT
+
+    def permute(src, out):
+        """src, out: flat [rows * N] raw elements; out[d] = src[d - d%W + P(d%W)]."""
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        for d in range(start, out.size, stride):
+            if grouped:
+                s = d - (d & 63) + p64(d & 63)
+            else:
+                s = d - (d & 31) + p32(d & 31)
+            if to_half:
+                out[d] = f32_bits_scaled_to_half_bits(src[s], 0, mant_bits, bias)
+            else:
+                out[d] = src[s]
+
+    return permute
+
+
+@functools.lru_cache(maxsize=None)
+def _permute_kernel(width: int, convert: str):
+    return cuda.jit(permute_kernel_source(width, convert))
+
+
+def _uses_p64(size_k: int, group_size: int) -> bool:
+    return group_size != -1 and group_size < size_k
+
+
+def _num_groups(size_k: int, group_size: int) -> int:
+    return 1 if group_size == -1 else size_k // group_size
+
+
+def _check_rows(d, name: str, rows: int, cols: int):
+    shape = tuple(d.shape)
+    if shape[-2:] != (rows, cols) or len(shape) not in (2, 3):
+        raise ValueError(f"{name} has shape {shape}, expected ({rows}, {cols}) or (experts, {rows}, {cols})")
+
+
+def _raw_view(d):
+    """A device array of 16- or 32-bit floats -> the same bits as unsigned integers."""
+    size = np.dtype(d.dtype).itemsize
+    if size == 2:
+        return d.view(np.uint16)
+    if size == 4:
+        return d.view(np.uint32)
+    raise TypeError(f"scales must be 16- or 32-bit floats, got {d.dtype}")
+
+
+def _permute(s, size_k: int, size_n: int, group_size: int, stream, out_dtype=None):
+    if size_n <= 0 or size_n % 64:
+        raise ValueError(f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    arrays = Arrays(stream)
+    src_dtype = np.dtype(s.dtype) if not hasattr(s, "__cuda_array_interface__") else None
+    d = arrays.take(s, "s")
+    in_dtype = src_dtype or np.dtype(d.dtype)
+    _check_rows(d, "s", _num_groups(size_k, group_size), size_n)
+    raw = _raw_view(d)
+    convert = "none"
+    result_dtype = in_dtype
+    if out_dtype is not None and np.dtype(out_dtype) != in_dtype:
+        import ml_dtypes
+
+        if in_dtype != np.dtype(np.float32) or np.dtype(out_dtype) not in (np.dtype(np.float16),
+                                                                           np.dtype(ml_dtypes.bfloat16)):
+            raise TypeError(f"scales convert only from float32 to float16/bfloat16 here, not {in_dtype} -> {out_dtype}")
+        convert = "f16" if np.dtype(out_dtype) == np.dtype(np.float16) else "bf16"
+        result_dtype = np.dtype(out_dtype)
+    out = arrays.empty(raw.shape, np.uint16 if convert != "none" else raw.dtype)
+    width = 64 if _uses_p64(size_k, group_size) else 32
+    total = int(np.prod(raw.shape))
+    _permute_kernel(width, convert)[_blocks(total), THREADS, arrays.stream](raw.reshape((total,)),
+                                                                             out.reshape((total,)))
+    if arrays.any_device:
+        return arrays.give(out)  # raw bits: CuPy / Numba have no bfloat16 dtype
+    return arrays.give(out).view(result_dtype)
+
+
+def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, stream=None, out_dtype=None):
+    """Scales [ng, N] (or [E, ng, N]) -> Marlin order: P64 when grouped with more than one group, else P32.
+
+    With ``out_dtype`` float16/bfloat16 and float32 input, the values are also rounded (as NumPy's astype).
+    Device results come back as raw 16/32-bit words (CuPy has no bfloat16); NumPy results keep the dtype.
+    """
+    return _permute(s, size_k, size_n, group_size, stream, out_dtype)
+
+
+def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, stream=None):
+    """Inverse of marlin_permute_scales (P64 and P32 are involutions: the same gather)."""
+    return _permute(s, size_k, size_n, group_size, stream)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# zero points
+# ---------------------------------------------------------------------------------------------------------------
+def zero_points_kernel_source(bits: int, source: str):
+    """source: "codes" (uint8 [rows, N]), "awq" or "gptq_v1" (uint32 [rows, N/pf]) -> Marlin uint32 [rows, N/pf]."""
+    pf = 32 // bits
+    log_pf = 3 if bits == 4 else 2
+    half_pf = pf // 2
+    mask = (1 << bits) - 1
+    from_codes = source == "codes"
+    from_awq = source == "awq"
+
+    def zero_points(src, out, size_n, error):
+        """error: int64[2] = (lowest flat index of a stored all-ones field, count) for gptq_v1; unused otherwise."""
+        words_per_row = size_n >> log_pf
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        for w in range(start, out.size, stride):
+            row = w // words_per_row
+            c = w - row * words_per_row
+            word = uint32(0)
+            for f in range(pf):
+                d = (c << log_pf) + ((f & (half_pf - 1)) << 1) + (f >> (log_pf - 1))  # c*pf + INTERLEAVE[f]
+                n = d - (d & 63) + p64(d & 63)
+                if from_codes:
+                    code = uint32(src[row, n]) & uint32(mask)
+                else:
+                    i = n & (pf - 1)
+                    field = ((i >> 1) + half_pf * (i & 1)) if from_awq else i
+                    code = uint32(src[row, n >> log_pf] >> uint32(field * bits)) & uint32(mask)
+                    if not from_awq:  # GPTQ v1 stores zero - 1
+                        if code == uint32(mask):
+                            cuda.atomic.min(error, 0, row * size_n + n)
+                            cuda.atomic.add(error, 1, 1)
+                        code = uint32(code + uint32(1)) & uint32(mask)
+                word = word | uint32(code << uint32(f * bits))
+            out[row, c] = word
+
+    return zero_points
+
+
+def zero_points_inverse_kernel_source(bits: int, target: str):
+    """Marlin uint32 [rows, N/pf] -> target: "codes" (uint8 [rows, N]), "awq" or "gptq_v1" (uint32 [rows, N/pf])."""
+    pf = 32 // bits
+    log_pf = 3 if bits == 4 else 2
+    half_pf = pf // 2
+    mask = (1 << bits) - 1
+    to_codes = target == "codes"
+    to_awq = target == "awq"
+
+    @cuda.jit(device=True, inline=True)
+    def marlin_code(zp, row, n):
+        """Code of column n in row ``row`` of Marlin-packed zero points."""
+        d = n - (n & 63) + p64(n & 63)  # P64 is its own inverse
+        i = d & (pf - 1)
+        field = (i >> 1) + half_pf * (i & 1)  # the interleave's inverse
+        return uint32(zp[row, d >> log_pf] >> uint32(field * bits)) & uint32(mask)
+
+    def zero_points_inverse(zp, out, size_n, error):
+        """error: int64[2] = (lowest flat index of a zero of 0, count) for gptq_v1 (v1 cannot store it)."""
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        if to_codes:
+            for t in range(start, out.size, stride):
+                row = t // size_n
+                n = t - row * size_n
+                out[row, n] = marlin_code(zp, row, n)
+        else:
+            words_per_row = size_n >> log_pf
+            for w in range(start, out.size, stride):
+                row = w // words_per_row
+                c = w - row * words_per_row
+                word = uint32(0)
+                for f in range(pf):
+                    if to_awq:
+                        n = (c << log_pf) + ((f & (half_pf - 1)) << 1) + (f >> (log_pf - 1))
+                        code = marlin_code(zp, row, n)
+                    else:
+                        n = (c << log_pf) + f
+                        code = marlin_code(zp, row, n)
+                        if code == uint32(0):
+                            cuda.atomic.min(error, 0, row * size_n + n)
+                            cuda.atomic.add(error, 1, 1)
+                        code = uint32(code - uint32(1)) & uint32(mask)
+                    word = word | uint32(code << uint32(f * bits))
+                out[row, c] = word
+
+    return zero_points_inverse
+
+
+def symmetric_kernel_source():
+    def not_symmetric(words, flags, symmetric_word):
+        """words uint32 [E, W]; flags int32 [E] (zeroed): flags[e] = 1 when expert e has a word != symmetric_word."""
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        per_expert = words.shape[1]
+        for t in range(start, words.size, stride):
+            e = t // per_expert
+            if words[e, t - e * per_expert] != uint32(symmetric_word):
+                flags[e] = 1
+
+    return not_symmetric
+
+
+@functools.lru_cache(maxsize=None)
+def _zp_kernel(bits: int, source: str):
+    return cuda.jit(zero_points_kernel_source(bits, source))
+
+
+@functools.lru_cache(maxsize=None)
+def _zp_inverse_kernel(bits: int, target: str):
+    return cuda.jit(zero_points_inverse_kernel_source(bits, target))
+
+
+@functools.lru_cache(maxsize=None)
+def _symmetric_kernel():
+    return cuda.jit(symmetric_kernel_source())
+
+
+def _check_bits_n(bits: int, size_n: int) -> int:
+    if bits not in (4, 8):
+        raise ValueError(f"num_bits = {bits!r} is not supported; Marlin packs 4- or 8-bit codes")
+    if size_n <= 0 or size_n % 64:
+        raise ValueError(f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    return 32 // bits
+
+
+def _rows_view(d, name: str, cols: int):
+    """[rows, cols] or [E, rows, cols] -> ([total_rows, cols] view, leading shape)."""
+    shape = tuple(d.shape)
+    if len(shape) not in (2, 3) or shape[-1] != cols:
+        raise ValueError(f"{name} has shape {shape}, expected [..., {cols}] with 2 or 3 dimensions")
+    lead = shape[:-1]
+    return d.reshape((int(np.prod(lead)), cols)), lead
+
+
+def _new_error_slot(arrays: Arrays):
+    return arrays.take(np.array([NO_ERROR, 0], dtype=np.int64), "error")
+
+
+def _raise_v1_error(arrays: Arrays, error, size_n: int, bits: int, ng: int | None, what: str):
+    host = error.copy_to_host(stream=arrays.stream)
+    arrays.stream.synchronize()
+    if host[0] == NO_ERROR:
+        return
+    pf = 32 // bits
+    row, n = divmod(int(host[0]), size_n)
+    where = f"group={row}" if not ng else f"expert={row // ng} group={row % ng}"
+    if what == "all_ones":
+        raise ValueError(f"qzeros {where} packed_col={n // pf} lane={n % pf} has code {(1 << bits) - 1}; "
+                         f"AutoGPTQ zero+1 would exceed the {bits}-bit range ({int(host[1])} such field(s))")
+    raise ValueError(f"zero point at {where} column={n} is 0, which GPTQ v1 cannot store (it would need field -1); "
+                     f"{int(host[1])} such zero point(s)")
+
+
+def _zero_points(src, size_n: int, bits: int, source: str, stream, ng_for_errors: int | None = None):
+    pf = _check_bits_n(bits, size_n)
+    arrays = Arrays(stream)
+    if source == "codes":
+        d = arrays.take(src, "zp")
+        if np.dtype(d.dtype).kind not in "iu":
+            raise TypeError(f"zp must hold integer codes, got dtype {d.dtype}")
+        if np.dtype(d.dtype).itemsize != 1:
+            if arrays.any_device:
+                raise TypeError(f"device zp must be uint8 codes, got {d.dtype}")
+            d = arrays.take(np.asarray(src).astype(np.uint8), "zp")
+        d = d.view(np.uint8)
+        rows, lead = _rows_view(d, "zp", size_n)
+    else:
+        d = arrays.take(src, "qzeros", np.uint32)
+        rows, lead = _rows_view(d, "qzeros", size_n // pf)
+    out = arrays.empty((rows.shape[0], size_n // pf), np.uint32)
+    error = _new_error_slot(arrays)
+    total = rows.shape[0] * (size_n // pf)
+    _zp_kernel(bits, source)[_blocks(total), THREADS, arrays.stream](rows, out, size_n, error)
+    if source == "gptq_v1":
+        ng = ng_for_errors if len(lead) == 2 else None
+        _raise_v1_error(arrays, error, size_n, bits, ng, "all_ones")
+    return arrays.give(out.reshape(lead + (size_n // pf,)), np.int32)
+
+
+def marlin_zero_points(zp, size_k: int, size_n: int, num_bits: int, *, stream=None):
+    """Zero-point codes [ng, N] (or [E, ng, N]) -> Marlin zero points int32 [ng, N/pf]."""
+    return _zero_points(zp, size_n, num_bits, "codes", stream)
+
+
+def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: int, *, stream=None):
+    """AWQ qzeros int32 [ng, N/pf] (or [E, ng, N/pf]) -> Marlin zero points int32 [ng, N/pf]."""
+    return _zero_points(q_zp_packed, size_n, num_bits, "awq", stream)
+
+
+def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
+                                 stream=None):
+    """GPTQ v1 qzeros int32 [K/G, N/pf] (or [E, ...]) -> Marlin zero points (zero = stored + 1).
+
+    A stored all-ones field raises ValueError naming (expert,) group, packed column and lane; the kernel marks it,
+    and the host checks the mark after the launch (one 16-byte copy back).
+    """
+    return _zero_points(qzeros, size_n, num_bits, "gptq_v1", stream, _num_groups(size_k, group_size))
+
+
+def _zero_points_inverse(zp_packed, size_n: int, bits: int, target: str, stream):
+    pf = _check_bits_n(bits, size_n)
+    arrays = Arrays(stream)
+    d = arrays.take(zp_packed, "zp_packed", np.uint32)
+    rows, lead = _rows_view(d, "zp_packed", size_n // pf)
+    cols = size_n if target == "codes" else size_n // pf
+    out = arrays.empty((rows.shape[0], cols), np.uint8 if target == "codes" else np.uint32)
+    error = _new_error_slot(arrays)
+    _zp_inverse_kernel(bits, target)[_blocks(rows.shape[0] * cols), THREADS, arrays.stream](rows, out, size_n, error)
+    if target == "gptq_v1":
+        _raise_v1_error(arrays, error, size_n, bits, None, "zero")
+    out = out.reshape(lead + (cols,))
+    return arrays.give(out) if target == "codes" else arrays.give(out, np.int32)
+
+
+def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: int, *, stream=None):
+    """Inverse of marlin_zero_points: int32 [ng, N/pf] -> uint8 codes [ng, N]."""
+    return _zero_points_inverse(zp_packed, size_n, num_bits, "codes", stream)
+
+
+def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int, *, stream=None):
+    """Inverse of awq_to_marlin_zero_points."""
+    return _zero_points_inverse(zp_packed, size_n, num_bits, "awq", stream)
+
+
+def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *, stream=None):
+    """Inverse of repack_gptq_qzeros_to_marlin (v1: stored = zero - 1; a zero of 0 is an error)."""
+    return _zero_points_inverse(zp_packed, size_n, num_bits, "gptq_v1", stream)
+
+
+def gptq_qzeros_not_symmetric(qzeros_stacked, bits: int = 4, *, stream=None):
+    """int32 [E, ...] v1 qzeros -> bool [E]: expert e has a stored zero other than 2^(b-1) - 1 (host result)."""
+    arrays = Arrays(stream)
+    d = arrays.take(qzeros_stacked, "qzeros", np.uint32)
+    experts = d.shape[0]
+    words = d.reshape((experts, int(np.prod(d.shape[1:]))))
+    field = (1 << (bits - 1)) - 1
+    symmetric_word = sum(field << (bits * j) for j in range(32 // bits))
+    flags = arrays.take(np.zeros(experts, np.int32), "flags")
+    _symmetric_kernel()[_blocks(int(np.prod(words.shape))), THREADS, arrays.stream](words, flags, symmetric_word)
+    host = flags.copy_to_host(stream=arrays.stream)
+    arrays.stream.synchronize()
+    return host.astype(bool)
+
+
+def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4, *, stream=None) -> bool:
+    """True when every v1 stored zero is 2^(b-1) - 1 (symmetric GPTQ); an empty tensor is not symmetric."""
+    if int(np.prod(qzeros.shape)) == 0:
+        return False
+    shape = tuple(qzeros.shape)
+    flat = qzeros.reshape((1, int(np.prod(shape))))
+    return not bool(gptq_qzeros_not_symmetric(flat, num_bits, stream=stream)[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# block-FP8 scales: inverse scales [ceil(N/128), K/128] -> Marlin [K/128, N], ×2^8 (f16) or ×2^120 (bf16)
+# ---------------------------------------------------------------------------------------------------------------
+def block_fp8_scales_kernel_source(src_bf16: bool, act: str):
+    mant_bits, bias = BF16_FORMAT if act == "bf16" else F16_FORMAT
+    scale_log2 = 120 if act == "bf16" else 8  # the exponent-bias factor the kernel's bit move loses (spec §5.2)
+
+    def block_fp8_scales(inv, out, groups, size_n):
+        """inv: raw bits [E, ceil(N/128), K/128] (uint16 bf16 or uint32 f32); out uint16 [E, K/128 * N]."""
+        per_expert = groups * size_n
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        for t in range(start, out.size, stride):
+            e = t // per_expert
+            d = t - e * per_expert
+            if groups == 1:
+                logical = d - (d & 31) + p32(d & 31)
+            else:
+                logical = d - (d & 63) + p64(d & 63)
+            group = logical // size_n
+            column = logical - group * size_n
+            raw = inv[e, column >> 7, group]
+            if src_bf16:
+                bits32 = uint32(uint32(raw) << uint32(16))
+            else:
+                bits32 = uint32(raw)
+            out[e, d] = f32_bits_scaled_to_half_bits(bits32, scale_log2, mant_bits, bias)
+
+    return block_fp8_scales
+
+
+@functools.lru_cache(maxsize=None)
+def _block_fp8_scales_kernel(src_bf16: bool, act: str):
+    return cuda.jit(block_fp8_scales_kernel_source(src_bf16, act))
+
+
+def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtype=np.float16, *, stream=None):
+    """Block-FP8 inverse scales [ceil(N/128), K/128] (bf16 or float32; or [E, ...]) -> Marlin scales [K/128, N].
+
+    f16: ``f16(inv * 2^8)``; bf16: ``bf16(inv * 2^120)``, rounded once, as the reference. NumPy callers get
+    act_dtype; device callers get the raw uint16 bits (CuPy has no bfloat16).
+    """
+    import ml_dtypes
+
+    if size_k <= 0 or size_k % BLOCK_FP8:
+        raise ValueError(f"size_k = {size_k} is not a positive multiple of {BLOCK_FP8} (block-FP8 group size)")
+    if size_n <= 0 or size_n % 64:
+        raise ValueError(f"size_n = {size_n} is not a positive multiple of 64 (Marlin tile width)")
+    act = np.dtype(act_dtype)
+    if act not in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+        raise TypeError(f"activation dtype must be float16 or bfloat16, got {act}")
+    arrays = Arrays(stream)
+    host_dtype = None if hasattr(inverse_scales, "__cuda_array_interface__") else np.dtype(inverse_scales.dtype)
+    d = arrays.take(inverse_scales, "inverse_scales")
+    src_dtype = host_dtype or np.dtype(d.dtype)
+    if src_dtype == np.dtype(ml_dtypes.bfloat16) or src_dtype == np.dtype(np.uint16):
+        src_bf16 = True  # device bf16 arrives as its raw uint16 bits
+        d = d.view(np.uint16)
+    elif src_dtype == np.dtype(np.float32):
+        src_bf16 = False
+        d = d.view(np.uint32)
+    else:
+        raise TypeError(f"inverse_scales must be bfloat16 or float32, got {src_dtype}")
+    groups = size_k // BLOCK_FP8
+    rows = -(-size_n // BLOCK_FP8)
+    shape = tuple(d.shape)
+    if shape[-2:] != (rows, groups) or len(shape) not in (2, 3):
+        raise ValueError(f"inverse_scales has shape {shape}, expected ({rows}, {groups}) = [ceil(N/128), K/128]")
+    stacked = len(shape) == 3
+    inv = d.reshape(((shape[0] if stacked else 1), rows, groups))
+    experts = inv.shape[0]
+    out = arrays.empty((experts, groups * size_n), np.uint16)
+    act_name = "bf16" if act == np.dtype(ml_dtypes.bfloat16) else "f16"
+    _block_fp8_scales_kernel(src_bf16, act_name)[_blocks(experts * groups * size_n), THREADS, arrays.stream](
+        inv, out, groups, size_n)
+    out = out.reshape((experts, groups, size_n) if stacked else (groups, size_n))
+    if arrays.any_device:
+        return arrays.give(out)
+    return arrays.give(out).view(act)
+
+
+def compile_targets():
+    """(name, python function, argument types) of every kernel variant here, for the offline compile check."""
+    from numba import types
+
+    def arr(dt, nd):
+        return types.Array(dt, nd, "C")
+
+    for width in (32, 64):
+        for raw in (types.uint16, types.uint32):
+            yield f"permute[P{width},{raw}]", permute_kernel_source(width, "none"), (arr(raw, 1), arr(raw, 1))
+        for conv in ("f16", "bf16"):
+            yield (f"permute[P{width},f32->{conv}]", permute_kernel_source(width, conv),
+                   (arr(types.uint32, 1), arr(types.uint16, 1)))
+    for bits in (4, 8):
+        yield (f"zero_points[{bits}-bit,codes]", zero_points_kernel_source(bits, "codes"),
+               (arr(types.uint8, 2), arr(types.uint32, 2), types.int64, arr(types.int64, 1)))
+        for source in ("awq", "gptq_v1"):
+            yield (f"zero_points[{bits}-bit,{source}]", zero_points_kernel_source(bits, source),
+                   (arr(types.uint32, 2), arr(types.uint32, 2), types.int64, arr(types.int64, 1)))
+        yield (f"zero_points_inverse[{bits}-bit,codes]", zero_points_inverse_kernel_source(bits, "codes"),
+               (arr(types.uint32, 2), arr(types.uint8, 2), types.int64, arr(types.int64, 1)))
+        for target in ("awq", "gptq_v1"):
+            yield (f"zero_points_inverse[{bits}-bit,{target}]", zero_points_inverse_kernel_source(bits, target),
+                   (arr(types.uint32, 2), arr(types.uint32, 2), types.int64, arr(types.int64, 1)))
+    yield "gptq_qzeros_not_symmetric", symmetric_kernel_source(), (arr(types.uint32, 2), arr(types.int32, 1),
+                                                                   types.int64)
+    for src_bf16, raw in ((True, types.uint16), (False, types.uint32)):
+        for act in ("f16", "bf16"):
+            yield (f"block_fp8_scales[{'bf16' if src_bf16 else 'f32'}->{act}]",
+                   block_fp8_scales_kernel_source(src_bf16, act),
+                   (arr(raw, 3), arr(types.uint16, 2), types.int64, types.int64))
