@@ -45,13 +45,22 @@ def _weight_type(opt: Options) -> ScalarType:
     return ScalarType.U4 if opt.bits == 4 else ScalarType.U8
 
 
+def quantize(w_kn: np.ndarray, opt: Options, seed: int = 0):
+    """The reference RTN quantization a checkpoint of ``opt`` holds for float weight ``w_kn`` (K, N)."""
+    return quantize_weights(w_kn, _weight_type(opt), opt.group_size, act_order=opt.act_order, act_dtype=opt.act_dtype,
+                            seed=seed)
+
+
 def quantized_tensors(prefix: str, w_kn: np.ndarray, opt: Options, seed: int = 0) -> dict[str, np.ndarray]:
     """The tensors a tool writes for one linear layer with float weight ``w_kn`` (K, N)."""
-    k, n = w_kn.shape
     if opt.fmt == FP8:
-        return _block_fp8(prefix, w_kn)
-    q = quantize_weights(w_kn, _weight_type(opt), opt.group_size, act_order=opt.act_order, act_dtype=opt.act_dtype,
-                         seed=seed)
+        return block_fp8_tensors(prefix, w_kn)
+    return encode(prefix, quantize(w_kn, opt, seed), opt, seed)
+
+
+def encode(prefix: str, q, opt: Options, seed: int = 0) -> dict[str, np.ndarray]:
+    """The tensors a tool writes for an already quantized weight ``q`` (a ``QuantizedWeight``)."""
+    k, n = q.codes.shape
     bits, half = opt.bits, 1 << (opt.bits - 1)
     ng = q.scales.shape[0]
     zeros = q.zeros if q.zeros is not None else np.full((ng, n), half, np.uint8)
@@ -80,7 +89,7 @@ def quantized_tensors(prefix: str, w_kn: np.ndarray, opt: Options, seed: int = 0
     return out
 
 
-def _block_fp8(prefix: str, w_kn: np.ndarray) -> dict[str, np.ndarray]:
+def block_fp8_tensors(prefix: str, w_kn: np.ndarray) -> dict[str, np.ndarray]:
     w = np.ascontiguousarray(w_kn.T).astype(np.float32)  # (N, K) as the checkpoint stores it
     n, k = w.shape
     bn = -(-n // 128)
