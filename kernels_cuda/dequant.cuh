@@ -1,0 +1,158 @@
+// Register-level dequantization of Marlin weight words into mma.m16n8k16 B fragments, and the maps that say where
+// a lane finds its scales and zero points. Shared by the dense GEMM and (issue 7) the fused MoE GEMM.
+//
+// One lane, one 16(k) x 16(n) sub-block s of a 16x64 Marlin tile (spec §2.3):
+//
+//            column n0 = 16s + lane/4        column n0 + 8
+//   rows k0, k0+1     b[0][0]                  b[1][0]          k0 = 2 (lane % 4)
+//   rows k0+8, k0+9   b[0][1]                  b[1][1]
+//
+// b[h][r] is one 32-bit register = two activation-typed values (low half = the lower k row), i.e. exactly the B
+// operand registers of two mma.m16n8k16 (columns n0 and n0 + 8).
+//
+//   4-bit: one word per sub-block; field j sits at bits 4j..4j+3 and holds (dk, dn) =
+//          j: 0:(0,0) 1:(8,0) 2:(0,8) 3:(8,8) 4:(1,0) 5:(9,0) 6:(1,8) 7:(9,8)
+//          so (word >> 8h) & 0x000f000f is the pair (rows k0, k0+1) of column n0 + 8h, and >> 4 more gives rows
+//          k0+8, k0+9.
+//   8-bit: two words per sub-block (column n0, then n0+8); byte j holds dk = 0, 8, 1, 9. Bytes (0, 2) are rows
+//          (k0, k0+1), bytes (1, 3) rows (k0+8, k0+9).
+//
+// Integer codes become numbers through the exponent of a "magic" float: OR-ing a code c < 2^m into the mantissa
+// of 2^m gives exactly 2^m + c, and subtracting 2^m + zero leaves the exact small integer c - zero. That needs
+// 10 mantissa bits for 8-bit codes, so 8-bit codes always go through fp16 (2^10 = 1024, 0x6400); 4-bit codes in
+// bf16 use 2^7 = 128 (0x4300). The difference is exact, so the one rounding happens in the scale multiply, as in
+// the reference dequantizer (workbench.quantize.dequantize).
+//
+// FP8 E4M3 bytes become fp16 / bf16 by moving bits: sign to bit 15, the 7 exponent+mantissa bits below it. The
+// exponent field is copied unchanged, so the value is off by 2^(15-7) = 2^8 (fp16) or 2^(127-7) = 2^120 (bf16):
+// the host folds that factor into the scales (spec §5.2), so no extra multiply happens here.
+#pragma once
+
+#include "mma.cuh"
+
+namespace mwb {
+
+// Weight-type codes: the launch ABI's scalar codes (workbench.scalar_types.ScalarType.abi_code).
+enum WeightCode : int { kU4 = 4, kU4B8 = 5, kU8 = 6, kU8B128 = 7, kFE4M3 = 8 };
+
+template <int W> struct Weight {
+  static_assert(W == kU4 || W == kU4B8 || W == kU8 || W == kU8B128 || W == kFE4M3, "unknown weight code");
+  static constexpr int kBits = (W == kU4 || W == kU4B8) ? 4 : 8;
+  static constexpr int kPack = 32 / kBits;          // codes per 32-bit word
+  static constexpr bool kHasZero = (W == kU4 || W == kU8);
+  static constexpr bool kIsFp8 = (W == kFE4M3);
+  static constexpr int kBias = (W == kU4B8) ? 8 : (W == kU8B128 ? 128 : 0);  // symmetric types: code - bias
+  static constexpr int kWordsPerSubblock = kBits / 4;  // 4-bit: one word covers both columns; 8-bit: one each
+};
+
+// (a & b) | c in one instruction (PTX ISA "lop3": immLut = (0xF0 & 0xCC) | 0xAA = 0xEA).
+__device__ __forceinline__ unsigned and_or(unsigned a, unsigned b, unsigned c) {
+  unsigned d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Does the integer path of (T, W) carry codes in bf16 (4-bit, bf16 activations) or in fp16 (everything else)?
+template <typename T, int W>
+struct Carrier {
+  static constexpr bool kBf16 = Act<T>::kIsBf16 && Weight<W>::kBits == 4;
+  static constexpr unsigned kMagicPair = kBf16 ? 0x43004300u : 0x64006400u;  // (2^7, 2^7) bf16 / (2^10, 2^10) fp16
+  static constexpr int kMagic = kBf16 ? 128 : 1024;
+};
+
+// The 16-bit pattern of (magic + zero) in the carrier type: what to subtract from (magic + code).
+// zero is the zero point (u4/u8) or the fixed bias (u4b8/u8b128); both are exact in either carrier.
+template <typename T, int W>
+__device__ __forceinline__ unsigned short offset_bits(int zero) {
+  if constexpr (Carrier<T, W>::kBf16) {
+    return __bfloat16_as_ushort(__int2bfloat16_rn(Carrier<T, W>::kMagic + zero));
+  } else {
+    return __half_as_ushort(__int2half_rn(Carrier<T, W>::kMagic + zero));
+  }
+}
+
+__device__ __forceinline__ unsigned pair_bits(unsigned short lo, unsigned short hi) {
+  return static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
+}
+
+// magic-carried pair minus offset pair -> exact (code - zero) pair, in the activation type.
+template <typename T, int W>
+__device__ __forceinline__ typename Act<T>::Pair int_pair(unsigned raw, unsigned off) {
+  using Pair = typename Act<T>::Pair;
+  if constexpr (Carrier<T, W>::kBf16) {
+    return __hsub2(as_pair<__nv_bfloat162>(raw), as_pair<__nv_bfloat162>(off));
+  } else if constexpr (Act<T>::kIsBf16) {
+    // 8-bit codes in bf16: subtract in fp16 (exact, |code - zero| <= 255), then convert (exact: integers <= 256).
+    const __half2 d = __hsub2(as_pair<__half2>(raw), as_pair<__half2>(off));
+    return __float22bfloat162_rn(__half22float2(d));
+  } else {
+    return static_cast<Pair>(__hsub2(as_pair<__half2>(raw), as_pair<__half2>(off)));
+  }
+}
+
+// Dequantize one lane's share of one 16x16 sub-block: q[] holds kWordsPerSubblock words, off[h][r] the offset pairs
+// (unused for FP8), scale[h][r] the scale pairs. Writes the four B registers b[h][r] (see the picture above).
+template <typename T, int W>
+__device__ __forceinline__ void dequant_subblock(const unsigned* q, const unsigned (&off)[2][2],
+                                                 const typename Act<T>::Pair (&scale)[2][2], unsigned (&b)[2][2]) {
+  using Pair = typename Act<T>::Pair;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    Pair v[2];
+    if constexpr (Weight<W>::kIsFp8) {
+      const unsigned x = q[h];
+      unsigned r0, r1;  // bytes (0, 2) -> rows (k0, k0+1); bytes (1, 3) -> rows (k0+8, k0+9)
+      if constexpr (Act<T>::kIsBf16) {
+        r0 = ((x << 8) & 0x80008000u) | ((x << 4) & 0x07F007F0u);
+        r1 = (x & 0x80008000u) | ((x >> 4) & 0x07F007F0u);
+      } else {
+        r0 = ((x << 8) & 0x80008000u) | ((x << 7) & 0x3F803F80u);
+        r1 = (x & 0x80008000u) | ((x >> 1) & 0x3F803F80u);
+      }
+      v[0] = as_pair<Pair>(r0);
+      v[1] = as_pair<Pair>(r1);
+    } else if constexpr (Weight<W>::kBits == 4) {
+      const unsigned x = q[0] >> (8 * h);
+      constexpr unsigned kMagic = Carrier<T, W>::kMagicPair;
+      v[0] = int_pair<T, W>(and_or(x, 0x000f000fu, kMagic), off[h][0]);
+      v[1] = int_pair<T, W>(and_or(x >> 4, 0x000f000fu, kMagic), off[h][1]);
+    } else {
+      const unsigned x = q[h];
+      // byte_perm picks bytes of {x, 0x64646464}: [x.b0, 0x64, x.b2, 0x64] = fp16 pair (1024 + b0, 1024 + b2)
+      v[0] = int_pair<T, W>(__byte_perm(x, 0x64646464u, 0x4240), off[h][0]);
+      v[1] = int_pair<T, W>(__byte_perm(x, 0x64646464u, 0x4341), off[h][1]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) b[h][r] = as_u32(__hmul2(v[r], scale[h][r]));
+  }
+}
+
+// ---- where a lane finds its scales and zero points ----------------------------------------------------------
+// Within one 64-column tile, lane l's columns are c + 16 s + 8 h with c = l / 4 (sub-block s, column half h).
+//
+// Grouped scales use the 64-wide permutation P64 (spec §3): the 8 values at offset 8c are columns c + 8e, so value
+// e = 2s + h of that 16-byte vector belongs to (s, h).
+__device__ __forceinline__ int grouped_scale_slot(int s, int h) { return 2 * s + h; }
+
+// Channelwise scales (one group) use the 32-wide pair permutation P32: column c + 16 s + 8 h of the tile sits at
+// 32 (s / 2) + 8 (c / 2) + 4 (s % 2) + 2 h + c % 2.
+__device__ __forceinline__ int channelwise_scale_index(int c, int s, int h) {
+  return 32 * (s / 2) + 8 * (c / 2) + 4 * (s % 2) + 2 * h + (c % 2);
+}
+
+// Zero points are P64-permuted, then interleaved inside each word so that dequant pairs line up, then packed
+// (spec §4). For lane column c of a 64-column tile:
+//   4-bit: one word (index c of the tile's 8); (s, h) is field s + 4 h.
+//   8-bit: two words (2c, 2c + 1); e = 2s + h lives in word e / 4, byte [0, 2, 1, 3][e % 4].
+template <int W>
+__device__ __forceinline__ int zero_of(const unsigned* zw, int s, int h) {
+  if constexpr (Weight<W>::kBits == 4) {
+    return (zw[0] >> (4 * (s + 4 * h))) & 0xF;
+  } else {
+    const int e = 2 * s + h;
+    const int byte = (e & 1) * 2 + ((e >> 1) & 1);  // [0, 2, 1, 3][e % 4]
+    return (zw[e >> 2] >> (8 * byte)) & 0xFF;
+  }
+}
+
+}  // namespace mwb

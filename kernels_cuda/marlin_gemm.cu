@@ -1,0 +1,459 @@
+// Marlin mixed-precision GEMM:  C[M, N] = A[M, K] @ dequant(B)[K, N], A and C fp16 or bf16, B in Marlin tiles.
+//
+// NumPy spec:  C = (A.astype(f32) @ workbench.quantize.dequantize(...)).astype(act)   (fp32 accumulation)
+//
+// Work decomposition
+// ------------------
+//   block tile   BM x BN output (BM = 16 M_BLOCKS rows, BN = 64 N_TILES columns), BK = 16 KT rows of K per stage
+//   slice        one block tile's column of the K loop: KI = K / BK iterations; slices are ordered
+//                (m chunk, n column) and iterations (slice, k) form one linear range of T = chunks * cols * KI
+//   blocks       gridDim.x <= #SMs blocks each take a contiguous, equal share of that range ("striped" split-K),
+//                so every SM streams the same number of weight bytes whatever M, N, K are.
+//
+//     iterations:  | slice 0: k0 k1 k2 k3 | slice 1: k0 k1 k2 k3 | slice 2: ...
+//     blocks:      |  block 0    | block 1     | block 2     | ...
+//
+//   A slice touched by several blocks is summed across them in a fixed order (see finish_slice): the block that
+//   holds the end of the slice (it started there, so it is done first) goes first, then downwards. Each block
+//   waits only on blocks that started later in K order, so no block ever waits for work that has not begun.
+//
+// Inside a block: 8 warps; warp w owns 64-column tile nt = w % N_TILES and K_WARP consecutive k16 tiles of each
+// stage (k group kg = w / N_TILES). Warps of the same nt are summed through shared memory when a slice ends.
+//
+// Pipeline: STAGES-deep cp.async ring over the block's iterations, continuing across slice boundaries:
+//   fetch_stage(it + STAGES - 1)  while  compute_stage(it)
+#include "dequant.cuh"
+
+namespace mwb {
+
+constexpr int kThreads = 256;  // 8 warps: enough independent mma chains per SM with one block per SM
+constexpr int kWarps = kThreads / 32;
+
+// How partial sums of a slice shared by several blocks are combined (workbench/gemm.py REDUCE_*).
+enum ReduceMode : int {
+  kReduceInC = 0,     // lock-ordered; partials rounded to the activation type and kept in C
+  kReduceFp32 = 1,    // lock-ordered; partials in an fp32 scratch buffer (C_tmp), one rounding at the end
+  kReduceAtomic = 2,  // atomicAdd of activation-typed pairs into a zeroed C (not bitwise reproducible)
+};
+
+// Compile-time geometry of one kernel instantiation. Python mirrors smem_bytes() in workbench/gemm.py.
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, bool PER_ROW_GROUPS>
+struct Geometry {
+  static_assert(M_BLOCKS >= 1 && M_BLOCKS <= 4, "M_BLOCKS is 1..4 (16..64 rows)");
+  static_assert(N_TILES == 1 || N_TILES == 2 || N_TILES == 4, "N_TILES must divide the 8 warps");
+  static constexpr int kWarpsPerN = kWarps / N_TILES;  // warps that split K inside one 64-column tile
+  static constexpr int KT = K_WARP * kWarpsPerN;       // k16 tiles per stage
+  static constexpr int BM = 16 * M_BLOCKS;
+  static constexpr int BN = 64 * N_TILES;
+  static constexpr int BK = 16 * KT;
+  static_assert(BK >= 64, "the A swizzle needs rows of at least 8 16-byte chunks");
+  static constexpr int kPack = Weight<W>::kPack;
+  static constexpr int kTileI4 = 16 * 64 / kPack / 4;  // int4 per 16x64 weight tile (32 or 64)
+  static constexpr int kScaleRows = (BK / 32 > 1) ? BK / 32 : 1;  // group rows a stage can span (G >= 32)
+
+  static constexpr int kAI4 = BM * BK / 8;                 // A stage
+  static constexpr int kBI4 = KT * N_TILES * kTileI4;      // B stage
+  static constexpr int kSI4 = kScaleRows * BN / 8;         // scale rows of a stage
+  static constexpr int kZI4 = Weight<W>::kHasZero ? kScaleRows * BN / kPack / 4 : 0;
+  static constexpr int kGI4 = PER_ROW_GROUPS ? BK / 4 : 0;  // g_idx of a stage
+  static constexpr int kStageI4 = kAI4 + kBI4 + kSI4 + kZI4 + kGI4;
+  static constexpr int kRedI4 = (kWarpsPerN > 1) ? (kWarpsPerN / 2) * N_TILES * 16 * 64 / 4 : 0;
+  static constexpr int kSmemBytes = 16 * (STAGES * kStageI4 + kRedI4);
+};
+
+// Converts and stores two fp32 values as one activation-typed pair.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* dst, float lo, float hi) {
+  *reinterpret_cast<typename Act<T>::Pair*>(dst) = Act<T>::from_floats(lo, hi);
+}
+
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, bool PER_ROW_GROUPS>
+__global__ void __launch_bounds__(kThreads, 1)
+marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
+            const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
+            T* __restrict__ C,                // (M, N) output
+            float* __restrict__ C_tmp,        // (gridDim.x, BM*BN) fp32 partials (kReduceFp32 only)
+            const int4* __restrict__ scales,  // (num_groups, N) act type, Marlin-permuted
+            const int4* __restrict__ zeros,   // (num_groups, N/pack) int32 Marlin zero points, or null
+            const int* __restrict__ g_idx,    // (K,) sorted group of each Marlin row (PER_ROW_GROUPS only)
+            int* __restrict__ locks,          // (>= gridDim.x,) int32, zero on entry and on exit
+            int prob_m, int prob_n, int prob_k, int lda,
+            int group_size,                   // rows per group in Marlin row order; -1 = channelwise (P32 scales)
+            int reduce_mode) {
+  using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, PER_ROW_GROUPS>;
+  using Pair = typename Act<T>::Pair;
+  constexpr int BM = G::BM, BN = G::BN, BK = G::BK, KT = G::KT;
+  constexpr bool kHasZero = Weight<W>::kHasZero;
+  constexpr int kWordsPerLane = 16 * 64 / Weight<W>::kPack / 32;  // 4 (4-bit) or 8 (8-bit) words of a tile
+
+  extern __shared__ int4 smem[];
+  int4* const sA = smem;
+  int4* const sB = sA + STAGES * G::kAI4;
+  int4* const sS = sB + STAGES * G::kBI4;
+  int4* const sZ = sS + STAGES * G::kSI4;
+  int4* const sG = sZ + STAGES * G::kZI4;
+  float* const sRed = reinterpret_cast<float*>(sG + STAGES * G::kGI4);
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int nt = warp % N_TILES;  // this warp's 64-column tile inside the block tile
+  const int kg = warp / N_TILES;  // this warp's share of K inside a stage
+  const int lane_col = lane / 4;  // the B-fragment column c of this lane
+
+  const int n_tiles_total = prob_n / 64;
+  const int KI = prob_k / BK;
+  const int cols = prob_n / BN;
+  const int chunks = (prob_m + BM - 1) / BM;
+  const long long total = static_cast<long long>(chunks) * cols * KI;
+  const long long grid = gridDim.x;
+  const long long it_begin = blockIdx.x * total / grid;
+  const long long it_end = (blockIdx.x + 1) * total / grid;
+  const bool channelwise = group_size < 0;
+  const unsigned long long weight_policy = evict_first_policy();
+
+  // Block that owns iteration i under the split above: the largest b with b * total / grid <= i.
+  auto owner = [&](long long i) -> int { return static_cast<int>(((i + 1) * grid - 1) / total); };
+
+  // ---- fetch: global -> shared for linear iteration `it` into ring slot `slot` -------------------------------
+  auto fetch_stage = [&](int slot, long long it) {
+    const int slice = static_cast<int>(it / KI);
+    const int kit = static_cast<int>(it % KI);
+    const int chunk = slice / cols, col = slice % cols;
+    const int row0 = chunk * BM, k0 = kit * BK;
+    // A: BM rows x BK columns, 16-byte chunk c of row r stored at c ^ (r % 8) so that ldmatrix's 8 row reads of
+    // one column block hit 8 different bank groups.
+    int4* a_dst = sA + slot * G::kAI4;
+#pragma unroll
+    for (int i = tid; i < G::kAI4; i += kThreads) {
+      const int r = i / (BK / 8), c = i % (BK / 8);
+      const int row = row0 + r;
+      const bool valid = row < prob_m;
+      const int4* src = A + (valid ? static_cast<long long>(row) * (lda / 8) + k0 / 8 + c : 0);
+      cp_async16(a_dst + r * (BK / 8) + (c ^ (r % 8)), src, valid);
+    }
+    // B: KT rows of N_TILES consecutive 16x64 tiles. 8-bit tiles give each lane 32 bytes; storing the two 16-byte
+    // halves of all lanes apart (all first halves, then all second halves) keeps the lane reads conflict-free.
+    int4* b_dst = sB + slot * G::kBI4;
+#pragma unroll
+    for (int i = tid; i < G::kBI4; i += kThreads) {
+      const int kt = i / (N_TILES * G::kTileI4);
+      const int rem = i % (N_TILES * G::kTileI4);
+      const int j = rem % G::kTileI4;
+      const int swz = (G::kTileI4 == 64) ? (j % 2) * 32 + j / 2 : j;
+      const int4* src = B + (static_cast<long long>(kit * KT + kt) * n_tiles_total + col * N_TILES) * G::kTileI4 + rem;
+      cp_async16_stream(b_dst + kt * N_TILES * G::kTileI4 + (rem - j) + swz, src, weight_policy);
+    }
+    if (!channelwise && !PER_ROW_GROUPS) {
+      // The group rows this stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
+      const int g0 = k0 / group_size;
+      const int rows = BK > group_size ? BK / group_size : 1;
+      int4* s_dst = sS + slot * G::kSI4;
+      for (int i = tid; i < rows * (BN / 8); i += kThreads) {
+        const int r = i / (BN / 8), c = i % (BN / 8);
+        cp_async16(s_dst + i, scales + (static_cast<long long>(g0 + r) * prob_n + col * BN) / 8 + c);
+      }
+      if constexpr (kHasZero) {
+        constexpr int kZRowI4 = BN / Weight<W>::kPack / 4;
+        int4* z_dst = sZ + slot * G::kZI4;
+        for (int i = tid; i < rows * kZRowI4; i += kThreads) {
+          const int r = i / kZRowI4, c = i % kZRowI4;
+          cp_async16(z_dst + i, zeros + (static_cast<long long>(g0 + r) * prob_n / Weight<W>::kPack + col * BN /
+                                         Weight<W>::kPack) / 4 + c);
+        }
+      }
+    }
+    if constexpr (PER_ROW_GROUPS) {
+      int4* g_dst = sG + slot * G::kGI4;
+      for (int i = tid; i < BK / 4; i += kThreads) cp_async16(g_dst + i, g_idx + k0 + 4 * i);
+    }
+  };
+
+  // ---- per-slice state: accumulators and channelwise scales/zeros -----------------------------------------
+  float acc[M_BLOCKS][8][4];  // [m16 block][n8 block = 2 s + h][mma C registers]
+  T cw_scale[8];              // channelwise: scale of (s, h) at [2 s + h]
+  int cw_zero[8];             // channelwise zero points (u4/u8)
+
+  auto zero_acc = [&]() {
+#pragma unroll
+    for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mb][nb][r] = 0.f;
+  };
+
+  auto load_channelwise = [&](int col) {
+    const T* s = reinterpret_cast<const T*>(scales) + col * BN + nt * 64;
+    const unsigned* z = reinterpret_cast<const unsigned*>(zeros) + (col * BN + nt * 64) / Weight<W>::kPack;
+#pragma unroll
+    for (int s_ = 0; s_ < 4; ++s_)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        cw_scale[2 * s_ + h] = s[channelwise_scale_index(lane_col, s_, h)];
+        if constexpr (kHasZero) {
+          unsigned zw[2];
+          zw[0] = z[lane_col * (Weight<W>::kBits / 4)];
+          zw[1] = (Weight<W>::kBits == 8) ? z[2 * lane_col + 1] : 0u;
+          cw_zero[2 * s_ + h] = zero_of<W>(zw, s_, h);
+        } else {
+          cw_zero[2 * s_ + h] = Weight<W>::kBias;
+        }
+      }
+  };
+
+  // ---- compute: one stage of this warp's k16 tiles ---------------------------------------------------------
+  auto compute_stage = [&](int slot, long long it) {
+    const int slice = static_cast<int>(it / KI);
+    const int kit = static_cast<int>(it % KI);
+    const int col = slice % cols;
+    const int k0 = kit * BK;
+    const int4* a_src = sA + slot * G::kAI4;
+    const int4* b_src = sB + slot * G::kBI4;
+#pragma unroll
+    for (int i = 0; i < K_WARP; ++i) {
+      const int kt = kg * K_WARP + i;
+
+      // Scale and offset pairs for this k16 tile: [s][h][r], r = rows (k0, k0+1) / (k0+8, k0+9).
+      Pair sc[4][2][2];
+      unsigned off[4][2][2];
+      if (channelwise) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const T v = cw_scale[2 * s + h];
+            const unsigned short o = offset_bits<T, W>(cw_zero[2 * s + h]);
+            sc[s][h][0] = sc[s][h][1] = Act<T>::pair(v, v);
+            off[s][h][0] = off[s][h][1] = pair_bits(o, o);
+          }
+      } else if constexpr (!PER_ROW_GROUPS) {
+        const int g = (k0 + 16 * kt) / group_size - k0 / group_size;  // row inside this stage's scale rows
+        const int4 sv = sS[slot * G::kSI4 + g * (BN / 8) + nt * 8 + lane_col];
+        const T* sv_t = reinterpret_cast<const T*>(&sv);
+        unsigned zw[2] = {0u, 0u};
+        if constexpr (kHasZero) {
+          const unsigned* zrow = reinterpret_cast<const unsigned*>(sZ + slot * G::kZI4) + g * (BN / Weight<W>::kPack) +
+                                 nt * (64 / Weight<W>::kPack);
+          zw[0] = zrow[lane_col * (Weight<W>::kBits / 4)];
+          if (Weight<W>::kBits == 8) zw[1] = zrow[2 * lane_col + 1];
+        }
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const T v = sv_t[grouped_scale_slot(s, h)];
+            const int z = kHasZero ? zero_of<W>(zw, s, h) : Weight<W>::kBias;
+            const unsigned short o = offset_bits<T, W>(z);
+            sc[s][h][0] = sc[s][h][1] = Act<T>::pair(v, v);
+            off[s][h][0] = off[s][h][1] = pair_bits(o, o);
+          }
+      } else {
+        // Act-order on a K shard (is_k_full = false): every row names its own group through g_idx.
+        const int* grp = reinterpret_cast<const int*>(sG + slot * G::kGI4);
+        T rs[4][8];
+        int rz[4][8];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int krow = 16 * kt + 2 * (lane % 4) + (r & 1) + 8 * (r >> 1);  // rows k0, k0+1, k0+8, k0+9
+          const long long g = grp[krow];
+          const int4 sv = __ldg(scales + (g * prob_n + col * BN + nt * 64) / 8 + lane_col);
+          const T* sv_t = reinterpret_cast<const T*>(&sv);
+          unsigned zw[2] = {0u, 0u};
+          if constexpr (kHasZero) {
+            const unsigned* zrow = reinterpret_cast<const unsigned*>(zeros) + (g * prob_n + col * BN + nt * 64) /
+                                                                                 Weight<W>::kPack;
+            zw[0] = __ldg(zrow + lane_col * (Weight<W>::kBits / 4));
+            if (Weight<W>::kBits == 8) zw[1] = __ldg(zrow + 2 * lane_col + 1);
+          }
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              rs[r][2 * s + h] = sv_t[grouped_scale_slot(s, h)];
+              rz[r][2 * s + h] = kHasZero ? zero_of<W>(zw, s, h) : Weight<W>::kBias;
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+              const int e = 2 * s + h;
+              sc[s][h][p] = Act<T>::pair(rs[2 * p][e], rs[2 * p + 1][e]);
+              off[s][h][p] = pair_bits(offset_bits<T, W>(rz[2 * p][e]), offset_bits<T, W>(rz[2 * p + 1][e]));
+            }
+      }
+
+      // This lane's weight words of tile (kt, nt): word s (4-bit) or words 2s, 2s+1 (8-bit) belong to sub-block s.
+      unsigned words[kWordsPerLane];
+      const int4* tile = b_src + (kt * N_TILES + nt) * G::kTileI4;
+      {
+        const int4 w0 = tile[lane];
+        words[0] = w0.x; words[1] = w0.y; words[2] = w0.z; words[3] = w0.w;
+        if constexpr (kWordsPerLane == 8) {
+          const int4 w1 = tile[32 + lane];
+          words[4] = w1.x; words[5] = w1.y; words[6] = w1.z; words[7] = w1.w;
+        }
+      }
+
+      // A fragments of every m16 block for this k16 tile (lane -> row lane % 16, column block lane / 16).
+      unsigned a[M_BLOCKS][4];
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb) {
+        const int r = mb * 16 + lane % 16;
+        const int c = 2 * kt + lane / 16;
+        ldmatrix_x4(a[mb], a_src + r * (BK / 8) + (c ^ (r % 8)));
+      }
+
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        unsigned b[2][2];
+        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off[s], sc[s], b);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int mb = 0; mb < M_BLOCKS; ++mb) mma_m16n8k16<Act<T>::kIsBf16>(a[mb], b[h], acc[mb][2 * s + h]);
+      }
+    }
+  };
+
+  // ---- finish a slice: sum the warps of each tile, then across blocks, then write C -------------------------
+  auto finish_slice = [&](int slice) {
+    // (1) warps sharing a 64-column tile fold their accumulators pairwise through shared memory, one m16 block
+    //     at a time so the buffer stays 16 KiB.
+    if constexpr (G::kWarpsPerN > 1) {
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb) {
+#pragma unroll
+        for (int step = G::kWarpsPerN / 2; step >= 1; step /= 2) {
+          if (kg >= step && kg < 2 * step) {
+            float* dst = sRed + ((kg - step) * N_TILES + nt) * 1024;
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) dst[(nb * 4 + r) * 32 + lane] = acc[mb][nb][r];
+          }
+          __syncthreads();
+          if (kg < step) {
+            const float* src = sRed + (kg * N_TILES + nt) * 1024;
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) acc[mb][nb][r] += src[(nb * 4 + r) * 32 + lane];
+          }
+          __syncthreads();
+        }
+      }
+    }
+
+    // (2) across blocks. Contributors of this slice are blocks first..last; rank 0 = last (see the header).
+    const long long s_begin = static_cast<long long>(slice) * KI;
+    const int first = owner(s_begin), last = owner(s_begin + KI - 1);
+    const int count = last - first + 1;
+    const int rank = last - static_cast<int>(blockIdx.x);
+    const int chunk = slice / cols, col = slice % cols;
+    const bool writer = kg == 0;  // after (1), warps 0..N_TILES-1 hold the block's partial
+    const bool lock_ordered = count > 1 && reduce_mode != kReduceAtomic;
+
+    if (lock_ordered && rank > 0) {
+      if (tid == 0) {
+        while (load_acquire(locks + last) != rank) {
+        }
+      }
+      __syncthreads();
+    }
+    if (writer) {
+      float4* partial = reinterpret_cast<float4*>(C_tmp) + static_cast<long long>(last) * (BM * BN / 4);
+      const bool last_rank = rank == count - 1;
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+          float* v = acc[mb][nb];
+          const int col_g = col * BN + nt * 64 + nb * 8 + 2 * (lane % 4);
+          const int row_g = chunk * BM + mb * 16 + lane / 4;
+          T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
+          T* c_hi = c_lo + 8LL * prob_n;
+          const bool ok_lo = row_g < prob_m, ok_hi = row_g + 8 < prob_m;
+          if (count == 1) {
+            if (ok_lo) store_pair(c_lo, v[0], v[1]);
+            if (ok_hi) store_pair(c_hi, v[2], v[3]);
+          } else if (reduce_mode == kReduceAtomic) {
+            if (ok_lo) atomicAdd(reinterpret_cast<Pair*>(c_lo), Act<T>::from_floats(v[0], v[1]));
+            if (ok_hi) atomicAdd(reinterpret_cast<Pair*>(c_hi), Act<T>::from_floats(v[2], v[3]));
+          } else if (reduce_mode == kReduceFp32) {
+            float4* p = partial + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane;
+            if (rank > 0) {
+              const float4 q = __ldcg(p);
+              v[0] += q.x; v[1] += q.y; v[2] += q.z; v[3] += q.w;
+            }
+            if (!last_rank) {
+              __stcg(p, make_float4(v[0], v[1], v[2], v[3]));
+            } else {
+              if (ok_lo) store_pair(c_lo, v[0], v[1]);
+              if (ok_hi) store_pair(c_hi, v[2], v[3]);
+            }
+          } else {  // kReduceInC
+            if (rank > 0) {
+              if (ok_lo) {
+                const unsigned q = __ldcg(reinterpret_cast<const unsigned*>(c_lo));
+                const float2 f = Act<T>::to_floats(as_pair<Pair>(q));
+                v[0] += f.x; v[1] += f.y;
+              }
+              if (ok_hi) {
+                const unsigned q = __ldcg(reinterpret_cast<const unsigned*>(c_hi));
+                const float2 f = Act<T>::to_floats(as_pair<Pair>(q));
+                v[2] += f.x; v[3] += f.y;
+              }
+            }
+            if (ok_lo) store_pair(c_lo, v[0], v[1]);
+            if (ok_hi) store_pair(c_hi, v[2], v[3]);
+          }
+        }
+    }
+    if (lock_ordered) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) store_release(locks + last, rank == count - 1 ? 0 : rank + 1);
+    }
+  };
+
+  // ---- main loop -------------------------------------------------------------------------------------------
+  zero_acc();
+  long long it_fetch = it_begin;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (it_fetch < it_end) fetch_stage(s, it_fetch);
+    cp_async_commit();
+    ++it_fetch;
+  }
+  int slot = 0;
+  for (long long it = it_begin; it < it_end; ++it) {
+    const int slice = static_cast<int>(it / KI);
+    if (channelwise && (it == it_begin || it % KI == 0)) load_channelwise(slice % cols);
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage `slot` is visible to all warps; the slot fetched below was released by all of them
+    if (it_fetch < it_end) fetch_stage((slot + STAGES - 1) % STAGES, it_fetch);
+    cp_async_commit();
+    ++it_fetch;
+    compute_stage(slot, it);
+    slot = (slot + 1) % STAGES;
+    if ((it + 1) % KI == 0 || it + 1 == it_end) {
+      finish_slice(slice);
+      zero_acc();
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// A'[m, k] = A[m, perm[k]]: act-order activations gathered into Marlin row order (spec §6). One block per row.
+template <typename T>
+__global__ void permute_cols(const T* __restrict__ A, const int* __restrict__ perm, T* __restrict__ out, int prob_m,
+                             int prob_k, int lda) {
+  const long long row = blockIdx.x;
+  for (int k = threadIdx.x; k < prob_k; k += blockDim.x) out[row * prob_k + k] = A[row * lda + perm[k]];
+}
+
+}  // namespace mwb

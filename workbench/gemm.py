@@ -1,0 +1,687 @@
+"""Native Marlin GEMM (``kernels_cuda/marlin_gemm.cu``), compiled at first use through ``cupy.RawModule``.
+
+Three entry points, each one layer on top of the next:
+
+* ``launch_marlin_mm(record)`` — the seed's ABI: a ``MarlinLaunch`` record of raw device pointers
+  (``workbench.gemm_abi``). Checks everything a record can say (types, flags, sizes, alignment) and launches.
+  No allocation and no host synchronisation: capturable in a CUDA graph.
+* ``gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
+  ...)`` — vLLM's op and argument order, on CuPy arrays. Checks every shape, dtype and device rule (spec §7.6)
+  before building the record.
+* ``marlin_gemm(a, weight)`` — the convenience form over a ``MarlinWeight`` whose arrays are on the GPU
+  (``upload_weight``).
+
+Scratch buffers (all int32/fp32 on the GPU): ``workspace`` (≥ ``sms`` lock counters, zero, left zero by every
+launch), ``c_tmp`` (fp32 partial sums, ≥ ``c_tmp_numel(sms)``), ``a_tmp`` (act-order activations, ≥ M·K).
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import math
+import pathlib
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+from workbench.gemm_abi import (
+    ABI_VERSION, ACT_TYPES, FLAG_DETERMINISTIC, FLAG_HAS_ACT_ORDER, FLAG_HAS_ZERO_POINTS, FLAG_IS_K_FULL,
+    FLAG_USE_ATOMIC_ADD, FLAG_USE_FP32_REDUCE, GEMM_WEIGHT_TYPES, KNOWN_FLAGS, MarlinLaunch, MarlinMmBuffers,
+    MarlinMmExecution, MarlinMmProblem, MarlinMmRequest,
+)
+from workbench.scalar_types import ScalarType
+
+KERNEL_DIR = pathlib.Path(__file__).resolve().parent.parent / "kernels_cuda"
+KERNEL_SOURCE = "marlin_gemm.cu"
+
+THREADS = 256
+TILE_N = 64  # Marlin tile width (spec §2.1)
+TILE_K = 16
+MAX_BLOCK_M = 64  # rows of one block tile (4 m16 blocks)
+MAX_BLOCK_N = 256
+GROUP_SIZES = (32, 64, 128)  # grouped scales the kernel stages per pipeline step
+
+REDUCE_IN_C, REDUCE_FP32, REDUCE_ATOMIC = 0, 1, 2  # kernels_cuda/marlin_gemm.cu ReduceMode
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernel configurations
+# ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One instantiation of ``mwb::marlin_gemm`` (its template arguments) and the geometry they imply."""
+
+    act: ScalarType
+    weight: ScalarType
+    m_blocks: int  # 16-row blocks per block tile (1..4)
+    n_tiles: int  # 64-column tiles per block tile (1, 2, 4)
+    k_warp: int  # k16 tiles per warp per pipeline stage
+    stages: int
+    per_row_groups: bool  # act-order on a K shard: scales looked up per row through g_idx
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.m_blocks
+
+    @property
+    def block_n(self) -> int:
+        return 64 * self.n_tiles
+
+    @property
+    def block_k(self) -> int:
+        return 16 * self.k_warp * (8 // self.n_tiles)
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory; mirrors ``Geometry::kSmemBytes`` in marlin_gemm.cu."""
+        pack = 32 // self.weight.bits
+        kt = self.k_warp * (8 // self.n_tiles)
+        a = self.block_m * self.block_k // 8
+        b = kt * self.n_tiles * (16 * 64 // pack // 4)
+        scale_rows = max(1, self.block_k // 32)
+        s = scale_rows * self.block_n // 8
+        z = scale_rows * self.block_n // pack // 4 if self.weight.has_zero_points else 0
+        g = self.block_k // 4 if self.per_row_groups else 0
+        warps_per_n = 8 // self.n_tiles
+        red = (warps_per_n // 2) * self.n_tiles * 16 * 64 // 4 if warps_per_n > 1 else 0
+        return 16 * (self.stages * (a + b + s + z + g) + red)
+
+    @property
+    def name_expression(self) -> str:
+        t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
+        per_row = "true" if self.per_row_groups else "false"
+        return (f"mwb::marlin_gemm<{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, "
+                f"{self.stages}, {per_row}>")
+
+
+# (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n): (2,2)=(128,128) (1,1)=(128,64) (4,2)=(64,256)
+# (2,1)=(64,128). Small M streams weights, so the first choice keeps BK large; large M reuses each A stage over
+# 256 columns.
+_SMALL_M_SHAPES = ((2, 2), (1, 1), (2, 1), (4, 2))
+_LARGE_M_SHAPES = ((4, 2), (2, 2), (2, 1), (1, 1))
+_THREAD_SHAPES = {(2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128)}
+# 8 stages keep ~7 weight stages in flight per SM for small M (HBM needs tens of KiB in flight per SM); 4 else.
+_DEEP_STAGES, _STAGES = 8, 4
+
+
+def thread_shapes() -> dict[tuple[int, int], tuple[int, int]]:
+    return dict(_THREAD_SHAPES)
+
+
+def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int, group_size: int,
+                  per_row_groups: bool, smem_limit: int, thread_k: int = -1, thread_n: int = -1) -> KernelConfig:
+    """The first thread shape that divides (K, N) and fits shared memory; ValueError naming the shape otherwise."""
+    m_blocks = min(4, max(1, math.ceil(size_m / 16)))
+    order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
+    tried = []
+    for n_tiles, k_warp in order:
+        tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
+        if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
+            continue
+        tried.append((tk, tn))
+        if size_k % tk or size_n % tn:
+            continue
+        if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
+            continue
+        for stages in ((_DEEP_STAGES, _STAGES) if m_blocks <= 2 else (_STAGES, 3)):
+            cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, per_row_groups)
+            if cfg.smem_bytes <= smem_limit:
+                return cfg
+    raise ValueError(
+        f"Invalid thread config: no (thread_k, thread_n) in {tried or [(thread_k, thread_n)]} divides "
+        f"(size_k, size_n) = ({size_k}, {size_n}) within {smem_limit} bytes of shared memory; "
+        f"size_k % 128 == 0 and size_n % 64 == 0 always works")
+
+
+def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int) -> int:
+    """Blocks launched: one per SM, fewer when the problem has fewer (slice, k) iterations than SMs."""
+    chunks = math.ceil(size_m / cfg.block_m)
+    iterations = chunks * (size_n // cfg.block_n) * (size_k // cfg.block_k)
+    return max(1, min(sms, iterations))
+
+
+def c_tmp_numel(sms: int) -> int:
+    """fp32 elements of ``c_tmp`` that fit every configuration: one 64 x 256 block tile per block."""
+    return sms * MAX_BLOCK_M * MAX_BLOCK_N
+
+
+def workspace_numel(sms: int) -> int:
+    """int32 lock counters: one per block (a slice shared by blocks locks on the block holding its end)."""
+    return sms
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Compilation (CuPy RawModule, cached per process)
+# ---------------------------------------------------------------------------------------------------------------
+_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_source() -> str:
+    """marlin_gemm.cu with its local headers inlined, so that CuPy's compile cache sees every byte it builds."""
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = (KERNEL_DIR / name).read_text()
+        return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
+
+    return expand(KERNEL_SOURCE).replace("#pragma once", "")
+
+
+_compile_lock = threading.Lock()
+_kernels: dict[tuple[str, int], Any] = {}
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - environment
+        raise RuntimeError("the native Marlin GEMM needs CuPy (pip install cupy-cuda13x)") from exc
+    return cupy
+
+
+def get_kernel(name_expression: str, device: int, smem_bytes: int = 0):
+    """The compiled kernel for one template instantiation on one device (compiled once per process)."""
+    key = (name_expression, device)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        cupy = _cupy()
+        with cupy.cuda.Device(device):
+            module = cupy.RawModule(code=kernel_source(), options=("-std=c++17",),
+                                    name_expressions=[name_expression])
+            kernel = module.get_function(name_expression)
+            if smem_bytes > 48 * 1024:
+                kernel.max_dynamic_shared_size_bytes = smem_bytes
+        with _compile_lock:
+            _kernels.setdefault(key, kernel)
+            kernel = _kernels[key]
+    return kernel
+
+
+def precompile(configs, device: int = 0, workers: int = 8) -> None:
+    """Compile many instantiations in parallel threads (NVRTC runs outside the GIL); used by tests and bench."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = {(c.name_expression, c.smem_bytes) for c in configs}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(lambda nc: get_kernel(nc[0], device, nc[1]), sorted(todo)))
+
+
+@functools.lru_cache(maxsize=None)
+def device_properties(device: int) -> tuple[int, int, int]:
+    """(compute capability as 10*major+minor, SM count, opt-in shared memory per block) of a device."""
+    cupy = _cupy()
+    props = cupy.cuda.runtime.getDeviceProperties(device)
+    return (10 * props["major"] + props["minor"], props["multiProcessorCount"],
+            props["sharedMemPerBlockOptin"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The record-level launch (seed ABI)
+# ---------------------------------------------------------------------------------------------------------------
+def _err(message: str) -> ValueError:
+    return ValueError(message)
+
+
+def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int, smem_limit: int
+                 ) -> tuple[KernelConfig, int, int]:
+    """Every rule a record can be checked against without knowing buffer extents. Returns (config, sms, grid)."""
+    if not isinstance(launch, MarlinLaunch):
+        raise TypeError(f"expected a MarlinLaunch record, got {type(launch).__name__}")
+    if launch.abi_version != ABI_VERSION:
+        raise _err(f"abi_version = {launch.abi_version} is not supported (this build speaks {ABI_VERSION})")
+    if launch.struct_size != ctypes.sizeof(MarlinLaunch):
+        raise _err(f"struct_size = {launch.struct_size} does not match sizeof(MarlinLaunch) = "
+                   f"{ctypes.sizeof(MarlinLaunch)}")
+    if launch.flags & ~KNOWN_FLAGS:
+        raise _err(f"flags = {launch.flags:#x} has unknown bits {launch.flags & ~KNOWN_FLAGS:#x}")
+    codes = {t.abi_code: t for t in ScalarType}
+    act = codes.get(launch.a_type)
+    if act not in ACT_TYPES:
+        raise _err(f"a_type = {launch.a_type} is not an activation type (f16 = 1, bf16 = 2)")
+    if launch.c_type != launch.a_type or launch.scale_type != launch.a_type:
+        raise _err(f"c_type = {launch.c_type} and scale_type = {launch.scale_type} must equal a_type = "
+                   f"{launch.a_type} (16-bit activations)")
+    weight = codes.get(launch.b_type)
+    if weight not in GEMM_WEIGHT_TYPES:
+        raise _err(f"b_type = {launch.b_type} is not a Marlin weight type "
+                   f"({', '.join(f'{t} = {t.abi_code}' for t in GEMM_WEIGHT_TYPES)})")
+    for name in ("a_scales", "b_bias", "global_scale"):
+        if launch.pointer(name):
+            raise _err(f"{name} is not supported with 16-bit activations (pass null)")
+    m, n, k, lda = launch.prob_m, launch.prob_n, launch.prob_k, launch.lda
+    if m < 0 or n <= 0 or k <= 0:
+        raise _err(f"Invalid MNK = [{m}, {n}, {k}]")
+    if k % TILE_K:
+        raise _err(f"size_k = {k} is not divisible by tile_size = {TILE_K}")
+    if n % TILE_N:
+        raise _err(f"size_n = {n} is not divisible by min_thread_n = {TILE_N}")
+    if lda < k or lda % 8:
+        raise _err(f"lda = {lda} must be >= size_k = {k} and a multiple of 8 (16-byte rows)")
+    flags = launch.flags
+    has_zp = bool(flags & FLAG_HAS_ZERO_POINTS)
+    if has_zp != bool(launch.pointer("zero_points")):
+        raise _err(f"HAS_ZERO_POINTS flag = {has_zp} disagrees with zero_points = {launch.pointer('zero_points'):#x}")
+    if has_zp and not weight.has_zero_points:
+        raise _err(f"b_type must be u4 or u8 when has_zp = True. Got = {weight}")
+    if not has_zp and weight.has_zero_points:
+        raise _err(f"b_type must be u4b8, u8b128 or fe4m3fn when has_zp = False. Got = {weight}")
+    act_order = bool(flags & FLAG_HAS_ACT_ORDER)
+    k_full = bool(flags & FLAG_IS_K_FULL)
+    if act_order != bool(launch.pointer("group_index")) or act_order != bool(launch.pointer("permutation")):
+        raise _err(f"HAS_ACT_ORDER flag = {act_order} needs group_index and permutation "
+                   f"(got {launch.pointer('group_index'):#x}, {launch.pointer('permutation'):#x})")
+    if act_order and weight is ScalarType.FE4M3FN:
+        raise _err("act-order is not defined for fe4m3fn weights")
+    if act_order and not launch.pointer("a_tmp"):
+        raise _err("act-order needs a_tmp (an M x K activation buffer for the gathered columns)")
+    ng, gs = launch.num_groups, launch.group_size
+    if ng <= 0 or k % ng:
+        raise _err(f"size_k = {k}, is not divisible by num_groups = {ng}")
+    if act_order and k_full and ng == 1:
+        raise _err("For act_order, num_groups must be > 1")
+    if ng == 1:
+        if gs not in (-1, k):
+            raise _err(f"group_size = {gs} with num_groups = 1 must be -1 (channelwise) or size_k = {k}")
+    elif gs != k // ng:
+        raise _err(f"group_size = {gs} is not size_k / num_groups = {k} / {ng} = {k // ng}")
+    elif not act_order or k_full:
+        if gs not in GROUP_SIZES:
+            raise _err(f"group_size = {gs} is not one of {GROUP_SIZES} (or -1)")
+    if weight is ScalarType.FE4M3FN and ng > 1 and gs != 128:
+        raise _err(f"fe4m3fn weights take channelwise or group-128 scales, got group_size = {gs}")
+    atomic = bool(flags & FLAG_USE_ATOMIC_ADD)
+    if atomic and flags & FLAG_DETERMINISTIC:
+        raise _err("use_atomic_add cannot be deterministic: atomics sum in arrival order")
+    if compute_capability < 80:
+        raise _err(f"the Marlin kernels need sm_80 or newer; device {launch.device} is sm_{compute_capability}")
+    for name in ("a", "b", "c", "b_scales", "workspace"):
+        if not launch.pointer(name):
+            raise _err(f"{name} is null")
+    if flags & FLAG_USE_FP32_REDUCE and not atomic and not launch.pointer("c_tmp"):
+        raise _err("use_fp32_reduce needs c_tmp (fp32 partial sums); pass one or clear the flag")
+    for name in ("a", "b", "c", "c_tmp", "b_scales", "zero_points", "group_index", "permutation", "a_tmp"):
+        ptr = launch.pointer(name)
+        if ptr % 16:
+            raise _err(f"{name} must be aligned to 16 bytes (address {ptr:#x} % 16 = {ptr % 16})")
+    sms = launch.sms if launch.sms > 0 else device_sms
+    if sms > device_sms:
+        raise _err(f"sms = {sms} exceeds the device's {device_sms} SMs (blocks must all be resident)")
+    per_row = act_order and not k_full
+    group_size = -1 if ng == 1 else gs
+    cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
+                        launch.thread_k_init, launch.thread_n_init)
+    return cfg, sms, grid_blocks(cfg, max(m, 1), n, k, sms)
+
+
+def launch_marlin_mm(launch: MarlinLaunch) -> None:
+    """Launch one GEMM described by a seed-ABI record. Raises ValueError/TypeError before touching the GPU."""
+    cupy = _cupy()
+    cc, device_sms, smem_limit = device_properties(launch.device)
+    cfg, sms, grid = check_launch(launch, cc, device_sms, smem_limit)
+    if launch.prob_m == 0:
+        return
+    m, n, k = launch.prob_m, launch.prob_n, launch.prob_k
+    flags = launch.flags
+    act_order = bool(flags & FLAG_HAS_ACT_ORDER)
+    ng = launch.num_groups
+    group_size = -1 if ng == 1 else launch.group_size
+    if flags & FLAG_USE_ATOMIC_ADD:
+        mode = REDUCE_ATOMIC
+    elif flags & FLAG_USE_FP32_REDUCE:
+        mode = REDUCE_FP32
+    else:
+        mode = REDUCE_IN_C
+    with cupy.cuda.Device(launch.device):
+        stream = _stream(launch.pointer("stream"))
+        kernel = get_kernel(cfg.name_expression, launch.device, cfg.smem_bytes)
+        a_ptr, lda = launch.pointer("a"), launch.lda
+        if act_order:
+            permute = get_kernel(f"mwb::permute_cols<{'__half' if cfg.act is ScalarType.F16 else '__nv_bfloat16'}>",
+                                 launch.device)
+            permute((m,), (256,), (_p(a_ptr), _p(launch.pointer("permutation")), _p(launch.pointer("a_tmp")),
+                                   np.int32(m), np.int32(k), np.int32(lda)), stream=stream)
+            a_ptr, lda = launch.pointer("a_tmp"), k
+        if mode == REDUCE_ATOMIC:
+            cupy.cuda.runtime.memsetAsync(launch.pointer("c"), 0, m * n * 2, stream.ptr)
+        kernel((grid,), (THREADS,),
+               (_p(a_ptr), _p(launch.pointer("b")), _p(launch.pointer("c")), _p(launch.pointer("c_tmp")),
+                _p(launch.pointer("b_scales")), _p(launch.pointer("zero_points")),
+                _p(launch.pointer("group_index")), _p(launch.pointer("workspace")),
+                np.int32(m), np.int32(n), np.int32(k), np.int32(lda), np.int32(group_size), np.int32(mode)),
+               shared_mem=cfg.smem_bytes, stream=stream)
+
+
+def _p(ptr: int) -> np.uint64:
+    return np.uint64(ptr)
+
+
+_streams: dict[int, Any] = {}
+
+
+def _stream(ptr: int):
+    """A CuPy stream object for a raw CUstream handle (cached: creating one allocates nothing on the device)."""
+    cupy = _cupy()
+    if ptr == 0:
+        return cupy.cuda.Stream.null
+    s = _streams.get(ptr)
+    if s is None:
+        s = _streams.setdefault(ptr, cupy.cuda.ExternalStream(ptr))
+    return s
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Array-level API (vLLM names and argument order)
+# ---------------------------------------------------------------------------------------------------------------
+def _bf16():
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def act_scalar_type(dtype) -> ScalarType:
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        return ScalarType.F16
+    if dtype == _bf16():
+        return ScalarType.BF16
+    raise TypeError(f"unsupported `a` dtype = {dtype}; the Marlin GEMM takes float16 or bfloat16 activations")
+
+
+def act_numpy_dtype(act: ScalarType) -> np.dtype:
+    return np.dtype(np.float16) if act is ScalarType.F16 else _bf16()
+
+
+def _shape(x) -> tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+def _numel(x) -> int:
+    return int(np.prod(_shape(x))) if x is not None else 0
+
+
+def _is_empty(x) -> bool:
+    return x is None or _numel(x) == 0
+
+
+def _contiguous(x) -> bool:
+    flags = getattr(x, "flags", None)
+    return bool(flags["C_CONTIGUOUS"]) if flags is not None else True
+
+
+def _dtype_is(x, dtype, name: str) -> None:
+    if np.dtype(x.dtype) != np.dtype(dtype):
+        raise TypeError(f"{name} dtype = {np.dtype(x.dtype)} must be {np.dtype(dtype)}")
+
+
+def _device_ptr(x, name: str) -> tuple[int, int]:
+    """(address, device id) of a CUDA array; TypeError naming the array otherwise."""
+    iface = getattr(x, "__cuda_array_interface__", None)
+    if iface is None:
+        raise TypeError(f"{name} is not on GPU (got {type(x).__module__}.{type(x).__name__}; use a CuPy array)")
+    ptr = int(iface["data"][0])
+    device = getattr(getattr(x, "device", None), "id", None)
+    if device is None:
+        device = _cupy().cuda.runtime.pointerGetAttributes(ptr).device
+    return ptr, int(device)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmPlan:
+    """What the shape checks concluded; turned into a request once device pointers are known."""
+
+    act: ScalarType
+    weight: ScalarType
+    m: int
+    n: int
+    k: int
+    lda: int
+    num_groups: int
+    group_size: int
+    has_act_order: bool
+    is_k_full: bool
+
+
+def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m: int, size_n: int,
+                      size_k: int, is_k_full: bool, c=None) -> GemmPlan:
+    """spec §7.6's host checks (adapted), on any array-like with .shape/.dtype/.strides; no GPU needed."""
+    act = act_scalar_type(a.dtype)
+    weight = ScalarType.parse(b_q_type)
+    if weight not in GEMM_WEIGHT_TYPES:
+        raise ValueError(f"b_q_type = {weight} is not a Marlin weight type")
+    for name, v in (("size_m", size_m), ("size_n", size_n), ("size_k", size_k)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if size_m < 0 or size_n <= 0 or size_k <= 0:
+        raise ValueError(f"Invalid MNK = [{size_m}, {size_n}, {size_k}]")
+    if len(_shape(a)) != 2:
+        raise ValueError(f"a must be 2-D (M, K), got shape {_shape(a)}")
+    if _shape(a)[0] != size_m:
+        raise ValueError(f"Shape mismatch: a.size(0) = {_shape(a)[0]}, size_m = {size_m}")
+    if _shape(a)[1] != size_k:
+        raise ValueError(f"Shape mismatch: a.size(1) = {_shape(a)[1]}, size_k = {size_k}")
+    if size_k % TILE_K:
+        raise ValueError(f"size_k = {size_k} is not divisible by tile_size = {TILE_K}")
+    _dtype_is(b_q_weight, np.int32, "b_q_weight")
+    if len(_shape(b_q_weight)) != 2:
+        raise ValueError(f"b_q_weight must be 2-D (K/16, N*16/pack), got shape {_shape(b_q_weight)}")
+    if _shape(b_q_weight)[0] != size_k // TILE_K:
+        raise ValueError(f"Shape mismatch: b_q_weight.size(0) = {_shape(b_q_weight)[0]}, size_k = {size_k}, "
+                         f"tile_size = {TILE_K}")
+    if _shape(b_q_weight)[1] % TILE_K:
+        raise ValueError(f"b_q_weight.size(1) = {_shape(b_q_weight)[1]} is not divisible by tile_size = {TILE_K}")
+    actual_n = _shape(b_q_weight)[1] // TILE_K * weight.pack_factor
+    if size_n != actual_n:
+        raise ValueError(f"size_n = {size_n}, actual_size_n = {actual_n} (b_q_weight.size(1) = "
+                         f"{_shape(b_q_weight)[1]}, pack_factor = {weight.pack_factor})")
+    if size_n % TILE_N:
+        raise ValueError(f"size_n = {size_n}, is not divisible by min_thread_n = {TILE_N}")
+    item = np.dtype(a.dtype).itemsize
+    strides = tuple(int(s) for s in a.strides)
+    if size_m > 0 and strides[1] != item:
+        raise ValueError(f"A.stride(1) is not 1 (strides in elements: {tuple(s // item for s in strides)})")
+    lda = strides[0] // item if size_m > 1 else size_k
+    if size_m > 1 and (lda % 8 or lda < size_k):
+        raise ValueError(f"A.stride(0) = {lda} must be >= size_k = {size_k} and divisible by 8 (16-byte rows)")
+    if not _contiguous(b_q_weight):
+        raise ValueError("b_q_weight is not contiguous")
+    if c is not None:
+        if _shape(c) != (size_m, size_n):
+            raise ValueError(f"Shape mismatch: c.size(0) = {_shape(c)[0] if _shape(c) else '?'}, size_m = {size_m}"
+                             f" (c has shape {_shape(c)}, expected ({size_m}, {size_n}))")
+        if np.dtype(c.dtype) != np.dtype(a.dtype):
+            raise TypeError(f"c dtype = {np.dtype(c.dtype)} must equal a dtype = {np.dtype(a.dtype)}")
+        if not _contiguous(c):
+            raise ValueError("c is not contiguous")
+    if len(_shape(b_scales)) != 2:
+        raise ValueError(f"b_scales rank = {len(_shape(b_scales))} is not 2")
+    if _shape(b_scales)[1] != size_n:
+        raise ValueError(f"b_scales dim 1 = {_shape(b_scales)[1]} is not size_n = {size_n}")
+    if np.dtype(b_scales.dtype) != np.dtype(a.dtype):
+        raise TypeError(f"b_scales dtype = {np.dtype(b_scales.dtype)} must equal a dtype = {np.dtype(a.dtype)}")
+    if not _contiguous(b_scales):
+        raise ValueError("b_scales is not contiguous")
+    num_groups = _shape(b_scales)[0]
+    has_act_order = not (_is_empty(g_idx) and _is_empty(perm))
+    if has_act_order:
+        g_len = _shape(g_idx)[-1] if g_idx is not None and _shape(g_idx) else 0
+        p_len = _shape(perm)[-1] if perm is not None and _shape(perm) else 0
+        if g_len != size_k or p_len != size_k:
+            raise ValueError(f"Unexpected g_idx.size(-1) = {g_len} and perm.size(-1) = {p_len}, "
+                             f"where size_k = {size_k}")
+        _dtype_is(g_idx, np.int32, "g_idx")
+        _dtype_is(perm, np.int32, "perm")
+        if weight is ScalarType.FE4M3FN:
+            raise ValueError("act-order (g_idx, perm) is not defined for fe4m3fn weights")
+        if is_k_full and num_groups == 1:
+            raise ValueError("For act_order, num_groups must be > 1")
+    if num_groups <= 0 or size_k % num_groups:
+        raise ValueError(f"size_k = {size_k}, is not divisible by b_scales.size(0) = {num_groups}")
+    group_size = -1 if num_groups == 1 else size_k // num_groups
+    if num_groups > 1 and not (has_act_order and not is_k_full) and group_size not in GROUP_SIZES:
+        raise ValueError(f"group size = size_k / num_groups = {size_k} / {num_groups} = {group_size} is not one of "
+                         f"{GROUP_SIZES} (or channelwise)")
+    if weight is ScalarType.FE4M3FN and num_groups > 1 and group_size != 128:
+        raise ValueError(f"fe4m3fn weights take channelwise or group-128 scales, got group size {group_size}")
+    has_zp = not _is_empty(b_zeros)
+    if has_zp and not weight.has_zero_points:
+        raise ValueError(f"b_type must be u4 or u8 when has_zp = True. Got = {weight}")
+    if not has_zp and weight.has_zero_points:
+        raise ValueError(f"b_type must be u4b8, u8b128 or fe4m3fn when has_zp = False. Got = {weight}")
+    if has_zp:
+        _dtype_is(b_zeros, np.int32, "b_zeros")
+        if len(_shape(b_zeros)) != 2:
+            raise ValueError(f"b_zeros rank = {len(_shape(b_zeros))} is not 2")
+        if _shape(b_zeros)[0] != num_groups:
+            raise ValueError(f"b_zeros dim 0 = {_shape(b_zeros)[0]} is not num_groups = {num_groups}")
+        if _shape(b_zeros)[1] != size_n // weight.pack_factor:
+            raise ValueError(f"b_zeros dim 1 = {_shape(b_zeros)[1]} is not size_n / pack_factor = "
+                             f"{size_n // weight.pack_factor}")
+        if not _contiguous(b_zeros):
+            raise ValueError("b_zeros is not contiguous")
+    return GemmPlan(act, weight, size_m, size_n, size_k, lda, num_groups,
+                    group_size if num_groups > 1 else -1, has_act_order, bool(is_k_full) or not has_act_order)
+
+
+def _check_scratch(plan: GemmPlan, workspace, c_tmp, a_tmp, sms: int, use_fp32_reduce: bool,
+                   use_atomic_add: bool) -> None:
+    if workspace is None:
+        raise ValueError("workspace is required: a zeroed int32 buffer of at least workspace_numel(sms) elements")
+    _dtype_is(workspace, np.int32, "workspace")
+    if _numel(workspace) < workspace_numel(sms):
+        raise ValueError(f"workspace.numel = {_numel(workspace)} is below min_workspace_size = "
+                         f"{workspace_numel(sms)}")
+    if use_fp32_reduce and not use_atomic_add:
+        if c_tmp is None:
+            raise ValueError("use_fp32_reduce needs c_tmp (fp32, at least c_tmp_numel(sms) elements)")
+        _dtype_is(c_tmp, np.float32, "c_tmp")
+        if _numel(c_tmp) < c_tmp_numel(sms):
+            raise ValueError(f"c_tmp.numel = {_numel(c_tmp)} is below c_tmp_numel(sms = {sms}) = {c_tmp_numel(sms)}")
+    if plan.has_act_order:
+        if a_tmp is None:
+            raise ValueError("act-order needs a_tmp (an M x K buffer in the activation dtype)")
+        if np.dtype(a_tmp.dtype) != act_numpy_dtype(plan.act):
+            raise TypeError(f"a_tmp dtype = {np.dtype(a_tmp.dtype)} must equal the activation dtype")
+        if _numel(a_tmp) < plan.m * plan.k:
+            raise ValueError(f"a_tmp.numel = {_numel(a_tmp)} is below size_m * size_k = {plan.m * plan.k}")
+
+
+def _stream_ptr(stream) -> int:
+    if stream is None:
+        return _cupy().cuda.get_current_stream().ptr
+    if isinstance(stream, (int, np.integer)):
+        return int(stream)
+    return int(stream.ptr)
+
+
+def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m: int, size_n: int,
+                     size_k: int, is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = True,
+                     *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, stream=None, sms: int = -1):
+    """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays.
+
+    ``b_zeros``/``g_idx``/``perm`` may be None or empty. ``c`` (M, N) is allocated when None, as are ``c_tmp`` and
+    ``a_tmp`` — pass them (and ``workspace``) to keep allocation out of the call (CUDA-graph capture).
+    """
+    if use_atomic_add and deterministic:
+        raise ValueError("use_atomic_add cannot be deterministic: atomics sum in arrival order")
+    plan = check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
+                             is_k_full, c)
+    if isinstance(sms, bool) or not isinstance(sms, (int, np.integer)):
+        raise TypeError(f"sms must be an int, got {type(sms).__name__}")
+    a_ptr, device = _device_ptr(a, "A")
+    cc, device_sms, smem_limit = device_properties(device)
+    sms = device_sms if sms <= 0 else int(sms)
+    cupy = _cupy()
+    with cupy.cuda.Device(device):
+        if c is None:
+            c = cupy.empty((size_m, size_n), dtype=a.dtype)
+        if c_tmp is None and use_fp32_reduce and not use_atomic_add:
+            c_tmp = cupy.empty(c_tmp_numel(sms), dtype=np.float32)
+        if a_tmp is None and plan.has_act_order:
+            a_tmp = cupy.empty((max(size_m, 1), size_k), dtype=a.dtype)
+    _check_scratch(plan, workspace, c_tmp, a_tmp, sms, use_fp32_reduce, use_atomic_add)
+    pointers = {}
+    for name, x in (("b_q_weight", b_q_weight), ("b_scales", b_scales), ("c", c), ("workspace", workspace),
+                    ("b_zeros", None if _is_empty(b_zeros) else b_zeros),
+                    ("g_idx", g_idx if plan.has_act_order else None), ("perm", perm if plan.has_act_order else None),
+                    ("c_tmp", c_tmp if use_fp32_reduce and not use_atomic_add else None),
+                    ("a_tmp", a_tmp if plan.has_act_order else None)):
+        if x is None:
+            pointers[name] = 0
+            continue
+        ptr, dev = _device_ptr(x, name)
+        if dev != device:
+            raise ValueError(f"{name} is on device {dev} but A is on device {device}")
+        pointers[name] = ptr
+    if size_m == 0:
+        return c
+    request = MarlinMmRequest(
+        weight_type=plan.weight, act_type=plan.act,
+        buffers=MarlinMmBuffers(a=a_ptr, b=pointers["b_q_weight"], c=pointers["c"], c_tmp=pointers["c_tmp"],
+                                b_scales=pointers["b_scales"], zero_points=pointers["b_zeros"],
+                                group_index=pointers["g_idx"], permutation=pointers["perm"],
+                                a_tmp=pointers["a_tmp"], workspace=pointers["workspace"]),
+        problem=MarlinMmProblem(m=size_m, n=size_n, k=size_k, lda=plan.lda, num_groups=plan.num_groups,
+                                group_size=plan.group_size if plan.num_groups > 1 else -1),
+        execution=MarlinMmExecution(device=device, stream=_stream_ptr(stream), sms=sms,
+                                    has_act_order=plan.has_act_order, is_k_full=plan.is_k_full,
+                                    use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce,
+                                    deterministic=deterministic),
+    )
+    launch_marlin_mm(request.into_launch())
+    return c
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MarlinWeight convenience
+# ---------------------------------------------------------------------------------------------------------------
+def upload_weight(weight):
+    """A copy of a ``MarlinWeight`` whose arrays live on the current CuPy device."""
+    cupy = _cupy()
+    up = (lambda x: None if x is None else cupy.asarray(np.ascontiguousarray(x)))
+    return dataclasses.replace(weight, qweight=up(weight.qweight), scales=up(weight.scales), zeros=up(weight.zeros),
+                               g_idx=up(weight.g_idx), perm=up(weight.perm))
+
+
+_scratch: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+
+
+def scratch_buffers(device: int, stream_ptr: int, sms: int):
+    """(workspace, c_tmp) kept per (device, stream, sms): launches on one stream run in order, so they can share
+    the lock counters (left zero) and the partial-sum buffer; concurrent streams get their own."""
+    key = (device, stream_ptr, sms)
+    if key not in _scratch:
+        cupy = _cupy()
+        with cupy.cuda.Device(device):
+            _scratch[key] = (cupy.zeros(workspace_numel(sms), dtype=np.int32),
+                             cupy.empty(c_tmp_numel(sms), dtype=np.float32))
+    return _scratch[key]
+
+
+def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_add: bool = False,
+                use_fp32_reduce: bool = True, deterministic: bool = False, workspace=None, c_tmp=None, a_tmp=None,
+                stream=None, sms: int = -1):
+    """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array."""
+    if getattr(weight, "num_experts", None) is not None:
+        raise ValueError("weight is a stack of experts; pick one with weight.expert(e) (the fused MoE GEMM is issue 7)")
+    for field in ("qweight", "scales"):
+        if getattr(getattr(weight, field), "__cuda_array_interface__", None) is None:
+            raise TypeError(f"weight.{field} is not on GPU; call workbench.gemm.upload_weight(weight) once first")
+    a_ptr, device = _device_ptr(a, "A")
+    if workspace is None or (c_tmp is None and use_fp32_reduce and not use_atomic_add):
+        n_sms = device_properties(device)[1] if sms <= 0 else sms
+        ws, ct = scratch_buffers(device, _stream_ptr(stream), n_sms)
+        workspace = ws if workspace is None else workspace
+        c_tmp = ct if c_tmp is None else c_tmp
+    k_full = weight.is_k_full if is_k_full is None else is_k_full
+    size_m = int(a.shape[0]) if len(a.shape) == 2 else -1
+    return gptq_marlin_gemm(a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm, workspace,
+                            weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
+                            use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
+                            a_tmp=a_tmp, deterministic=deterministic, stream=stream, sms=sms)
