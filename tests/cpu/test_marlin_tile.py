@@ -143,3 +143,16 @@ def test_describe_position_names_every_coordinate():
     k, n = mt.marlin_word_field_to_kn(d["word"], d["field"], 128, 4)
     assert (int(k), int(n)) == (25, 83)
     assert d["lane"] == 4 * (83 % 8) + (25 % 8) // 2
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_fast_repack_puts_every_tile_element_where_the_maps_say(bits):
+    # Tag every tile element with its index dk*64 + dn, written in base 2^bits digit planes; repack each plane;
+    # the digits found at packed position p must spell tile_permutation[p]. Exhaustive over the 1024 elements.
+    index = np.arange(1024)
+    found = np.zeros(1024, dtype=np.int64)
+    for d in range(3 if bits == 4 else 2):
+        plane = ((index >> (bits * d)) & ((1 << bits) - 1)).astype(np.uint8).reshape(16, 64)
+        fields = packing.unpack_rows(mt.marlin_repack_codes(plane, bits).reshape(-1, 1), bits).ravel()
+        found |= fields.astype(np.int64) << (bits * d)
+    assert np.array_equal(found, mt.tile_permutation(bits))

@@ -188,6 +188,23 @@ def _check_tile_shape(size_k: int, size_n: int) -> None:
     require(size_n > 0 and size_n % TILE_N == 0, f"size_n = {size_n} is not divisible by tile_n_size = {TILE_N}")
 
 
+# The four maps as array axes. Split k and n of a tile the way the maps split them:
+#     k = 16*k_tile + 8*e_hi + 2*row2 + e_lo      (fragment element e = 2*e_hi + e_lo; lane = 4*col + row2)
+#     n = 64*n_tile + 16*warp + 8*half + col
+# Marlin order is then (k_tile, n_tile, col, row2, warp, half, e_hi, e_lo): one transpose. For 4-bit a word is the
+# last three axes (natural element 4*half + e), for 8-bit the last two (natural element e); the field interleave is
+# applied while packing. test_marlin_tile checks this equals the map-derived tile_permutation for every element.
+_SPLIT_AXES = ("k_tile", "e_hi", "row2", "e_lo", "n_tile", "warp", "half", "col")
+_MARLIN_AXES = ("k_tile", "n_tile", "col", "row2", "warp", "half", "e_hi", "e_lo")
+_TO_MARLIN = tuple(_SPLIT_AXES.index(a) for a in _MARLIN_AXES)
+_FROM_MARLIN = tuple(int(i) for i in np.argsort(_TO_MARLIN))
+_ELEMENT_AXES = {4: 3, 8: 2}  # trailing Marlin axes that index the elements of one word
+
+
+def _split_shape(size_k: int, size_n: int) -> tuple[int, ...]:
+    return (size_k // TILE_K, 2, 4, 2, size_n // TILE_N, 4, 2, 8)
+
+
 def marlin_repack_codes(codes: np.ndarray, bits: int, perm=None) -> np.ndarray:
     """codes (K, N) -> Marlin qweight int32 (K/16, N*16/pf). With ``perm``, Marlin row k is checkpoint row perm[k]."""
     pf = pack_factor(bits)
@@ -197,10 +214,13 @@ def marlin_repack_codes(codes: np.ndarray, bits: int, perm=None) -> np.ndarray:
     perm = check_perm(perm, size_k)
     if perm is not None:
         codes = codes[perm]
-    tiles = codes.reshape(size_k // TILE_K, TILE_K, size_n // TILE_N, TILE_N).transpose(0, 2, 1, 3)
-    tiles = tiles.reshape(size_k // TILE_K, size_n // TILE_N, TILE_ELEMS)
-    packed = tiles[:, :, tile_permutation(bits)].reshape(size_k // TILE_K, -1, pf)
-    return _pack_last_axis(packed, bits).reshape(size_k // TILE_K, size_n * TILE_K // pf)
+    split = codes.reshape(_split_shape(size_k, size_n)).transpose(_TO_MARLIN)  # a view, Marlin axis order
+    words = np.zeros(split.shape[:8 - _ELEMENT_AXES[bits]], dtype=np.uint32)
+    for field, element in enumerate(FIELD_INTERLEAVE[bits]):
+        # natural element -> its index on the trailing element axes ((half, e_hi, e_lo) or (e_hi, e_lo))
+        index = np.unravel_index(element, split.shape[8 - _ELEMENT_AXES[bits]:])
+        words |= split[(Ellipsis,) + tuple(int(i) for i in index)].astype(np.uint32) << np.uint32(field * bits)
+    return words.view(np.int32).reshape(size_k // TILE_K, size_n * TILE_K // pf)
 
 
 def marlin_unpack_codes(qweight: np.ndarray, size_k: int, size_n: int, bits: int) -> np.ndarray:
@@ -209,9 +229,8 @@ def marlin_unpack_codes(qweight: np.ndarray, size_k: int, size_n: int, bits: int
     _check_tile_shape(size_k, size_n)
     require_dtype(qweight, (np.int32, np.uint32), "qweight")
     require_shape(qweight, (size_k // TILE_K, size_n * TILE_K // pf), "qweight", f"K/16, N*16/pf for {bits}-bit")
-    fields = _unpack_last_axis(np.asarray(qweight), bits).reshape(size_k // TILE_K, size_n // TILE_N, TILE_ELEMS)
-    tiles = np.empty_like(fields)
-    tiles[:, :, tile_permutation(bits)] = fields
-    return tiles.reshape(size_k // TILE_K, size_n // TILE_N, TILE_K, TILE_N).transpose(0, 2, 1, 3).reshape(
-        size_k, size_n
-    )
+    fields = _unpack_last_axis(np.asarray(qweight).reshape(-1), bits)
+    natural = np.empty_like(fields)
+    natural[:, FIELD_INTERLEAVE[bits]] = fields
+    split = natural.reshape(tuple(_split_shape(size_k, size_n)[i] for i in _TO_MARLIN))
+    return np.ascontiguousarray(split.transpose(_FROM_MARLIN)).reshape(size_k, size_n)

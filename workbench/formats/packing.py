@@ -38,18 +38,21 @@ def _check_codes(codes: np.ndarray, bits: int, name: str) -> np.ndarray:
 
 
 def _pack_last_axis(fields: np.ndarray, bits: int) -> np.ndarray:
-    """fields: (..., pf) codes -> (...) int32 words, field j at bit j*bits."""
-    shifts = (np.arange(fields.shape[-1], dtype=np.uint32) * bits).astype(np.uint32)
-    words = np.bitwise_or.reduce(fields.astype(np.uint32) << shifts, axis=-1)
-    return np.ascontiguousarray(words, dtype=np.uint32).view(np.int32)
+    """fields: (..., pf) codes -> (...) int32 words, field j at bit j*bits. One pass per field (fast for any strides)."""
+    words = np.zeros(fields.shape[:-1], dtype=np.uint32)
+    for j in range(fields.shape[-1]):
+        words |= fields[..., j].astype(np.uint32) << np.uint32(j * bits)
+    return words.view(np.int32)
 
 
 def _unpack_last_axis(words: np.ndarray, bits: int) -> np.ndarray:
     """(...) words -> (..., pf) uint8 codes."""
     pf = 32 // bits
-    shifts = (np.arange(pf, dtype=np.uint32) * bits).astype(np.uint32)
-    u = np.ascontiguousarray(words).view(np.uint32)[..., None]
-    return ((u >> shifts) & np.uint32((1 << bits) - 1)).astype(np.uint8)
+    u = np.asarray(words).view(np.uint32)
+    fields = np.empty(u.shape + (pf,), dtype=np.uint8)
+    for j in range(pf):
+        fields[..., j] = (u >> np.uint32(j * bits)) & np.uint32((1 << bits) - 1)
+    return fields
 
 
 def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -69,7 +72,11 @@ def unpack_rows(q: np.ndarray, bits: int) -> np.ndarray:
     require_ndim(q, 2, "qweight")
     require_dtype(q, (np.int32, np.uint32), "qweight")
     r, n = q.shape
-    return _unpack_last_axis(q, bits).transpose(0, 2, 1).reshape(r * pf, n)
+    codes = np.empty((r, pf, n), dtype=np.uint8)
+    words = np.ascontiguousarray(q).view(np.uint32)
+    for j in range(pf):  # field j of every word is row r*pf + j: write whole contiguous rows at a time
+        np.bitwise_and(words >> np.uint32(j * bits), np.uint32((1 << bits) - 1), out=codes[:, j, :], casting="unsafe")
+    return codes.reshape(r * pf, n)
 
 
 def pack_cols(codes: np.ndarray, bits: int) -> np.ndarray:
