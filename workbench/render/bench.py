@@ -130,3 +130,12 @@ def render_bandwidth_chart(results: list[dict]):
     for ax in axes[len(keys):]:
         ax.axis("off")
     return fig
+
+
+def repo_results_dir(start=None) -> pathlib.Path:
+    """``bench/results`` of the checkout that contains ``start`` (default: the working directory)."""
+    here = pathlib.Path(start or pathlib.Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file():
+            return folder / "bench" / "results"
+    return here / "bench" / "results"
