@@ -1,0 +1,285 @@
+"""The native Marlin GEMM on a real GPU, against the fp32 NumPy reference ``a.astype(f32) @ q.w_ref``.
+
+Order: identity activations (the output *is* the dequantized weight: exact), arange-coded weights (every output
+names its code: exact), then random data over a vLLM-like grid, every reduction mode, determinism, streams, graphs.
+Outputs are poisoned (NaN) before every launch so an unwritten element fails.
+"""
+import dataclasses
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from workbench import gemm, hardware
+from workbench.quantize import QuantizedWeight, dequantize
+from workbench.scalar_types import ScalarType as S
+from workbench.weight import make_marlin_weight, random_marlin_weight
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not hardware.cupy_available(), reason="no CUDA GPU visible to CuPy")]
+
+cp = pytest.importorskip("cupy")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ACTS = (np.dtype(np.float16), BF16)
+INT_TYPES = (S.U4B8, S.U4, S.U8B128, S.U8)
+MODES = {  # name -> keyword arguments of marlin_gemm
+    "fp32": dict(use_fp32_reduce=True),
+    "in_c": dict(use_fp32_reduce=False),
+    "atomic": dict(use_atomic_add=True, use_fp32_reduce=False),
+    "deterministic": dict(use_fp32_reduce=True, deterministic=True),
+}
+UNIT_ROUNDOFF = {np.dtype(np.float16): 2.0 ** -11, BF16: 2.0 ** -8}
+
+
+def group_sizes(wt):
+    return (-1, 128) if wt is S.FE4M3FN else (-1, 32, 64, 128)
+
+
+def poisoned(m, n, dtype):
+    return cp.full((m, n), np.nan, dtype=dtype)
+
+
+def run(a_host, w_dev, mode="fp32", sms=-1, **kw):
+    """Upload a, launch into a poisoned C, return C on the host as float32 (and check the locks are left zero)."""
+    a = cp.asarray(a_host)
+    c = poisoned(a.shape[0], w_dev.size_n, a.dtype)
+    out = gemm.marlin_gemm(a, w_dev, c=c, sms=sms, **MODES[mode], **kw)
+    assert out is c
+    device = a.device.id
+    n_sms = gemm.device_properties(device)[1] if sms <= 0 else sms
+    ws, _ = gemm.scratch_buffers(device, cp.cuda.get_current_stream().ptr, n_sms)
+    assert int(cp.count_nonzero(ws)) == 0, "lock counters must be left zero for the next launch"
+    return cp.asnumpy(out).astype(np.float32)
+
+
+def error_bound(a, w_ref, act, mode, k):
+    """Per-element bound for |C - ref|, ref = a @ w_ref in fp32 with exact fp32 products (fp16/bf16 x fp16/bf16):
+    * one rounding of the output to the activation type: u * S, S = |a| @ |w| bounds every partial sum;
+    * in-C / atomic reductions round each block's partial to the activation type before adding: up to one more
+      rounding per contributing block — at most K/64 of them (a block holds >= 64 rows of K): (K/64) u S;
+    * fp32 accumulation in the tensor cores (Hopper aligns products before adding, losing low bits): K 2^-22 S."""
+    s = np.abs(a.astype(np.float32)) @ np.abs(w_ref)
+    u = UNIT_ROUNDOFF[np.dtype(act)]
+    roundings = 1 + (k // 64 if mode in ("in_c", "atomic") else 0)
+    return (roundings * u + k * 2.0 ** -22) * s + 1e-30
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# structured inputs: exact
+# ------------------------------------------------------------------------------------------------------------------
+IDENTITY_CASES = [(wt, gs, act_order, act) for act in ACTS for wt in INT_TYPES + (S.FE4M3FN,)
+                  for gs in group_sizes(wt) for act_order in ((False, True) if gs > 0 and wt is not S.FE4M3FN
+                                                              else (False,))]
+
+
+@pytest.mark.parametrize("wt,gs,act_order,act", IDENTITY_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("mode", ["fp32", "in_c", "atomic"])
+def test_identity_activations_give_the_dequantized_weight_exactly(wt, gs, act_order, act, mode):
+    k, n = 256, 256
+    mw, q = random_marlin_weight(k, n, wt, gs, act_order=act_order, act_dtype=act, seed=k + n + gs)
+    w_dev = gemm.upload_weight(mw)
+    a = np.eye(k, dtype=np.float32).astype(act)  # (K, K): C[i] = row i of the dequantized weight
+    for k_full in ((True, False) if act_order else (True,)):
+        out = run(a, w_dev, mode, is_k_full=k_full)
+        # exact: each output is one product 1 * w (exact in fp32), the other partial sums are exact zeros, and w is
+        # representable in the activation type
+        np.testing.assert_array_equal(out, q.w_ref)
+
+
+def arange_coded_weight(k, n, wt, gs, act):
+    """Codes walk through every value (FP8: every finite byte), scales 1, zero points a second walk."""
+    levels = 1 << wt.bits
+    codes = (np.arange(k * n, dtype=np.int64).reshape(k, n) * 7 + np.arange(n)) % levels
+    ng = 1 if gs == -1 else k // gs
+    if wt is S.FE4M3FN:
+        codes[(codes & 0x7F) == 0x7F] = 0  # E4M3 has no infinities; 0x7F / 0xFF are NaN
+        scales = np.ones((ng, n), dtype=np.float32)
+    else:
+        scales = np.ones((ng, n), dtype=act)
+    codes = codes.astype(np.uint8)
+    zeros = ((np.arange(ng * n).reshape(ng, n) * 5) % levels).astype(np.uint8) if wt.has_zero_points else None
+    w_ref = dequantize(codes, scales, zeros, wt, gs, None, act)
+    return QuantizedWeight(codes, scales, zeros, None, gs, wt, np.dtype(act), w_ref)
+
+
+@pytest.mark.parametrize("wt", INT_TYPES + (S.FE4M3FN,), ids=str)
+@pytest.mark.parametrize("act", ACTS, ids=str)
+def test_arange_coded_weights_land_where_the_spec_says(wt, act):
+    k, n = 128, 192
+    for gs in group_sizes(wt):
+        q = arange_coded_weight(k, n, wt, gs, act)
+        w_dev = gemm.upload_weight(make_marlin_weight(q))
+        out = run(np.eye(k, dtype=np.float32).astype(act), w_dev)
+        np.testing.assert_array_equal(out, q.w_ref, err_msg=f"group_size={gs}")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# random data over a vLLM-like grid
+# ------------------------------------------------------------------------------------------------------------------
+K_VALUES = [128 * f for f in (1, 5, 8, 11)]
+N_VALUES = [64 * f for f in (1, 4, 7, 13)]
+M_VALUES = [1, 7, 16, 33, 64, 257]
+
+
+def grid_variants():
+    """Every (type, group size, act-order variant, dtype); K and N rotate across variants so that each value meets
+    every type, and inside a variant every M runs with the reduction modes rotating (a full cross product would be
+    ~30k launches)."""
+    variants = []
+    for act in ACTS:
+        for wt in INT_TYPES + (S.FE4M3FN,):
+            for gs in group_sizes(wt):
+                orders = [(False, True)]
+                if gs > 0 and wt is not S.FE4M3FN:
+                    orders += [(True, True), (True, False)]  # (act_order, is_k_full)
+                for ao, k_full in orders:
+                    variants.append((wt, gs, ao, k_full, act))
+    cases = []
+    for i, (wt, gs, ao, k_full, act) in enumerate(variants):
+        k = K_VALUES[i % len(K_VALUES)]
+        n = N_VALUES[(i // len(K_VALUES)) % len(N_VALUES)]
+        cases.append((i, wt, gs, ao, k_full, act, k, n))
+    return cases
+
+
+GRID = grid_variants()
+SHARED_CASES = [(16, 128 * 11, 64), (33, 128 * 8, 256), (7, 128 * 11, 64), (32, 128 * 11, 64), (2, 128 * 11, 64)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_everything_once():
+    """Compile every instantiation the module needs up front, in parallel (each takes seconds in NVRTC)."""
+    device = cp.cuda.Device().id
+    smem = gemm.device_properties(device)[2]
+    wanted = []  # (act, weight, m, n, k, group size, per-row groups)
+    for _, wt, gs, ao, k_full, act, k, n in GRID:
+        wanted += [(act, wt, m, n, k, gs, ao and not k_full) for m in M_VALUES]
+    for wt, gs, ao, act in IDENTITY_CASES:
+        wanted += [(act, wt, 256, 256, 256, gs, ao and not kf) for kf in (False, True)]
+    for act in ACTS:
+        for wt in INT_TYPES + (S.FE4M3FN,):
+            wanted += [(act, wt, 128, 192, 128, gs, False) for gs in group_sizes(wt)]
+    wanted += [(np.float16, wt, m, n, k, 128, False) for m, k, n in SHARED_CASES for wt in (S.U4B8, S.U4)]
+    configs = [gemm.choose_config(gemm.act_scalar_type(act), wt, m, n, k, gs, per_row, smem)
+               for act, wt, m, n, k, gs, per_row in wanted]
+    gemm.precompile(configs, device, workers=16)
+
+
+@pytest.mark.parametrize("i,wt,gs,act_order,k_full,act,k,n", GRID, ids=lambda v: str(v))
+def test_random_grid_matches_fp32_reference(i, wt, gs, act_order, k_full, act, k, n, rng):
+    mw, q = random_marlin_weight(k, n, wt, gs, act_order=act_order, act_dtype=act,
+                                 seed=int(rng.integers(1 << 30)))
+    w_dev = gemm.upload_weight(dataclasses.replace(mw, is_k_full=k_full))
+    modes = list(MODES)
+    for j, m in enumerate(M_VALUES):
+        mode = modes[(i + j) % len(modes)]
+        a = rng.standard_normal((m, k), dtype=np.float32).astype(act)
+        out = run(a, w_dev, mode)
+        ref = a.astype(np.float32) @ q.w_ref
+        bound = error_bound(a, q.w_ref, act, mode, k)
+        excess = np.abs(out - ref) - bound
+        where = f"M={m}, mode={mode}"
+        assert np.all(np.isfinite(out)), f"{where}: unwritten (poisoned) or overflowing outputs"
+        assert excess.max() <= 0, (f"{where}: worst excess {excess.max():.3g} at "
+                                   f"{np.unravel_index(excess.argmax(), excess.shape)}")
+        # vLLM's own criterion, for comparison with its tests (spec §9.1)
+        assert np.mean(np.abs(out - ref)) / np.mean(np.abs(ref)) < 0.04, where
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# reduction modes, determinism, streams, graphs, M edge cases
+# ------------------------------------------------------------------------------------------------------------------
+def shared_slices_case(act=np.float16, wt=S.U4B8, m=16, k=128 * 11, n=64, seed=0):
+    """N = 64 and a long K: one output slice shared by every block (K/128 = 11 of them) — the reduction path."""
+    mw, q = random_marlin_weight(k, n, wt, 128, act_dtype=act, seed=seed)
+    a = np.random.default_rng(seed).standard_normal((m, k), dtype=np.float32).astype(act)
+    return a, gemm.upload_weight(mw), q
+
+
+@pytest.mark.parametrize("mode", ["fp32", "in_c", "deterministic"])
+def test_lock_ordered_reductions_are_bitwise_reproducible(mode):
+    a, w_dev, q = shared_slices_case()
+    first = run(a, w_dev, mode)
+    for _ in range(3):
+        np.testing.assert_array_equal(run(a, w_dev, mode), first)
+
+
+def test_deterministic_refuses_atomic_add():
+    a, w_dev, _ = shared_slices_case()
+    with pytest.raises(ValueError, match="deterministic"):
+        gemm.marlin_gemm(cp.asarray(a), w_dev, use_atomic_add=True, deterministic=True)
+
+
+@pytest.mark.parametrize("sms", [1, 3, 7, 64])
+def test_every_partition_gives_the_same_answer_within_rounding(sms):
+    a, w_dev, q = shared_slices_case(m=33, k=128 * 8, n=256)
+    out = run(a, w_dev, "fp32", sms=sms)
+    ref = a.astype(np.float32) @ q.w_ref
+    assert np.all(np.abs(out - ref) <= error_bound(a, q.w_ref, np.float16, "fp32", a.shape[1]))
+
+
+def test_explicit_stream_and_cuda_graph_capture():
+    a_host, w_dev, q = shared_slices_case(m=7)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cp.asarray(a_host)
+        c = poisoned(a.shape[0], w_dev.size_n, a.dtype)
+        sms = gemm.device_properties(a.device.id)[1]
+        ws = cp.zeros(gemm.workspace_numel(sms), dtype=np.int32)
+        ct = cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32)
+        gemm.marlin_gemm(a, w_dev, c=c, workspace=ws, c_tmp=ct, stream=stream)  # warm: compile outside capture
+        c.fill(np.nan)
+        stream.begin_capture()
+        gemm.marlin_gemm(a, w_dev, c=c, workspace=ws, c_tmp=ct, stream=stream)
+        graph = stream.end_capture()
+        for _ in range(2):
+            graph.launch(stream)
+        stream.synchronize()
+    out = cp.asnumpy(c).astype(np.float32)
+    ref = a_host.astype(np.float32) @ q.w_ref
+    assert np.all(np.abs(out - ref) <= error_bound(a_host, q.w_ref, np.float16, "fp32", a_host.shape[1]))
+    assert int(cp.count_nonzero(ws)) == 0
+
+
+def test_m_zero_returns_empty_output_without_launch():
+    _, w_dev, _ = shared_slices_case()
+    out = gemm.marlin_gemm(cp.empty((0, w_dev.size_k), dtype=np.float16), w_dev)
+    assert out.shape == (0, w_dev.size_n)
+
+
+def test_strided_activation_rows():
+    """A row stride larger than K (a column slice of a wider buffer), as vLLM's subset test does."""
+    a_wide, w_dev, q = shared_slices_case(m=32)
+    k = a_wide.shape[1]
+    wide = cp.asarray(np.concatenate([a_wide, a_wide[:, :64]], axis=1))
+    view = wide[:, :k]
+    c = poisoned(32, w_dev.size_n, np.float16)
+    out = cp.asnumpy(gemm.marlin_gemm(view, w_dev, c=c)).astype(np.float32)
+    ref = a_wide.astype(np.float32) @ q.w_ref
+    assert np.all(np.abs(out - ref) <= error_bound(a_wide, q.w_ref, np.float16, "fp32", k))
+
+
+def test_misaligned_activation_pointer_is_refused():
+    a, w_dev, _ = shared_slices_case(m=2)
+    buf = cp.asarray(np.concatenate([a.ravel(), a.ravel()[:8]]))
+    shifted = buf[1:1 + a.size].reshape(a.shape)  # 2 bytes off a 16-byte boundary
+    with pytest.raises(ValueError, match="aligned to 16 bytes"):
+        gemm.marlin_gemm(shifted, w_dev)
+
+
+def test_host_weight_is_refused_with_a_hint():
+    mw, _ = random_marlin_weight(128, 64, S.U4B8, 128)
+    with pytest.raises(TypeError, match="upload_weight"):
+        gemm.marlin_gemm(cp.zeros((1, 128), dtype=np.float16), mw)
+
+
+def test_gptq_marlin_gemm_matches_marlin_gemm():
+    a_host, w_dev, q = shared_slices_case(m=7, wt=S.U4, seed=3)
+    a = cp.asarray(a_host)
+    sms = gemm.device_properties(a.device.id)[1]
+    ws = cp.zeros(gemm.workspace_numel(sms), dtype=np.int32)
+    c1 = gemm.gptq_marlin_gemm(a, w_dev.qweight, w_dev.scales, w_dev.zeros, None, None, ws, "u4", 7,
+                               w_dev.size_n, w_dev.size_k)
+    c2 = gemm.marlin_gemm(a, w_dev)
+    np.testing.assert_array_equal(cp.asnumpy(c1), cp.asnumpy(c2))
