@@ -260,3 +260,46 @@ def test_reader_agrees_with_safetensors_library(tmp_path):
     with safe_open(str(tmp_path / "x.safetensors"), "numpy") as ref:
         for name in tensors:
             assert _bits_equal(st.read(name), ref.get_tensor(name))
+
+
+@pytest.mark.parametrize("case", ["gptq-u4-g64", "gptq-u4b8-g128-actorder", "awq-u4-g64-quant_config",
+                                  "ct-u4-g64", "ct-u8b128-g32-actorder", "block-fp8"])
+def test_column_blocks_give_the_same_tensors(case, tmp_path):
+    """Converting 64 (FP8: 128) columns at a time must equal the one-shot reference repack."""
+    from workbench.checkpoint.convert import to_marlin
+    from workbench.checkpoint.source import open_source
+
+    opt = CASES.get(case, sy.Options(fmt="block-fp8"))
+    src = sy.random_model(str(tmp_path / "src"), opt, {PREFIX: (256, 448)}, seed=9)
+    s = open_source(src)
+    spec = inspect(src).layers[0]
+    whole = to_marlin(s, spec, 0, "numpy", column_block=512)
+    blocked = to_marlin(s, spec, 0, "numpy", column_block=64)
+    for field in ("qweight", "scales", "zeros", "g_idx", "perm"):
+        a, b = getattr(whole, field), getattr(blocked, field)
+        assert (a is None) == (b is None) and (a is None or _bits_equal(a, b)), field
+    if opt.fmt != "block-fp8":
+        from workbench.checkpoint.convert import _source_codes
+
+        codes = marlin_unpack_codes(blocked.qweight, 256, 448, spec.bits)
+        if blocked.perm is not None:
+            restored = np.empty_like(codes)
+            restored[blocked.perm] = codes
+            codes = restored
+        assert np.array_equal(codes, _source_codes(s, spec, spec.parts[0][0]))
+
+
+def test_inspect_a_marlin_checkpoint_and_top_level_load(tmp_path, capsys):
+    import workbench
+
+    opt = sy.Options(fmt="compressed-tensors", bits=4, group_size=64, sym=False)
+    src = sy.random_model(str(tmp_path / "src"), opt, {PREFIX: (256, 128)}, seed=6)
+    out = tmp_path / "out"
+    repack(src, out, **QUIET)
+    assert cli.main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert PREFIX in text and "u4" in text and "compressed-tensors" in text
+    weights = workbench.load(out, layers=[PREFIX])
+    assert list(weights) == [PREFIX] and weights[PREFIX].zeros is not None
+    with pytest.raises(ValueError, match="no quantized layer named"):
+        workbench.load(out, layers=["nope"])

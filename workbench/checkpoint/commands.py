@@ -71,9 +71,32 @@ def format_table(plan) -> str:
     return "\n".join(lines)
 
 
+def format_marlin_table(manifest: dict) -> str:
+    header = ("layer", "type", "bits", "group", "act-order", "K x N", "experts", "from")
+    rows = [(name, r["weight_type"], str(r["bits"]), str(r["group_size"]), "yes" if r["act_order"] else "no",
+             f"{r['size_k']} x {r['size_n']}", str(r["num_experts"] or "-"), r["source_format"])
+            for name, r in manifest["layers"].items()]
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header] + rows]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)
+
+
 def _inspect(args) -> int:
     from workbench.checkpoint import inspect
+    from workbench.checkpoint.marlin_ckpt import is_marlin_checkpoint, open_marlin
 
+    if is_marlin_checkpoint(args.path):
+        try:
+            ckpt = open_marlin(args.path)
+        except CheckpointError as exc:
+            print(f"workbench inspect: error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(format_marlin_table(ckpt.manifest))
+        print(f"\nMarlin checkpoint (workbench format {ckpt.manifest['format_version']}, from"
+              f" {ckpt.manifest['source_format']}): {len(ckpt.layers)} layers,"
+              f" {len(ckpt.manifest['passthrough'])} tensors carried over")
+        return EXIT_OK
     try:
         plan = inspect(args.path)
     except CheckpointError as exc:
@@ -96,7 +119,7 @@ def _repack(args) -> int:
     try:
         repack(args.path, args.out, force=args.force, backend=args.backend, max_shard_bytes=args.max_shard_size,
                progress=not args.no_progress)
-    except (CheckpointError, FileExistsError, FileNotFoundError) as exc:
+    except (CheckpointError, FileExistsError, FileNotFoundError, NotImplementedError) as exc:
         print(f"workbench repack: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return EXIT_OK

@@ -123,30 +123,64 @@ def _source_codes(src: SourceCheckpoint, spec: LayerSpec, part: Part) -> np.ndar
 # ---------------------------------------------------------------------------------------------------------------
 # source -> Marlin
 # ---------------------------------------------------------------------------------------------------------------
-def _part_to_marlin(src: SourceCheckpoint, spec: LayerSpec, part: Part, perm, backend: str):
+# Columns converted per op call. Marlin row r holds k-tile r's N/64 tiles in column order and the scale / zero-point
+# permutations act within 64-column chunks, so a block of columns (a multiple of 64, and of 128 for block-FP8 scale
+# rows) converts independently into the matching column block of every Marlin tensor. Converting in blocks bounds the
+# ops' temporaries (the NumPy references expand codes to uint32 fields, 8x a 4-bit qweight) by the block size instead
+# of the layer size, so peak memory stays near source tensor + output tensor.
+COLUMN_BLOCK = 1024
+
+
+def _part_to_marlin(src: SourceCheckpoint, spec: LayerSpec, part: Part, perm, backend: str,
+                    column_block: int | None = None):
     k, n, g, bits, fmt = part.size_k, part.size_n, spec.group_size, spec.bits, spec.source_format
+    pf = 32 // bits
     p = NO_PERM if perm is None else perm
+    block = column_block or COLUMN_BLOCK
+    if block % 64:
+        raise ValueError(f"column_block = {block} is not a multiple of 64 (Marlin tile width)")
     if fmt == FP8:
-        row_major = np.ascontiguousarray(src.read(part.tensors["weight"]).view(np.uint8))  # (N, K) E4M3 bytes
-        qweight = ops.block_fp8_group128_repack(row_major, k, n, backend=backend)
-        inv = src.read(part.tensors["weight_scale_inv"])  # (ceil(N/128), K/128)
-        scales = ops.block_fp8_group128_scales(inv, k, n, spec.act_dtype, backend=backend)
-        return qweight, scales, None
-    if fmt == AWQ:
-        qweight = ops.awq_marlin_repack(src.read(part.tensors["qweight"]), k, n, bits, backend=backend)
-        zeros = ops.awq_to_marlin_zero_points(src.read(part.tensors["qzeros"]), k, n, bits, backend=backend)
-        scales = ops.marlin_permute_scales(src.read(part.tensors["scales"]), k, n, g, backend=backend)
-        return qweight, scales, zeros
-    if fmt == CT:
-        gptq_layout = np.ascontiguousarray(src.read(part.tensors["weight_packed"]).T)  # (K/pf, N)
-        scales_src = np.ascontiguousarray(src.read(part.tensors["weight_scale"]).T)  # (ng, N)
+        block = -(-block // 128) * 128  # block-FP8 scale rows cover 128 columns each
+    t = part.tensors
+    if fmt == FP8:
+        row_major = src.read(t["weight"]).view(np.uint8)  # (N, K) E4M3 bytes
+        inv = src.read(t["weight_scale_inv"])  # (ceil(N/128), K/128)
+    elif fmt == AWQ:
+        awq_q, awq_z = src.read(t["qweight"]), src.read(t["qzeros"])  # (K, N/pf), (ng, N/pf)
+        scales_src = src.read(t["scales"])
     else:
-        gptq_layout = src.read(part.tensors["qweight"])
-        scales_src = src.read(part.tensors["scales"])
-    qweight = ops.gptq_marlin_repack(gptq_layout, p, k, n, bits, backend=backend)
-    scales = ops.marlin_permute_scales(scales_src, k, n, g, backend=backend)
-    zero_codes = _zero_codes(src, spec, part)
-    zeros = None if zero_codes is None else ops.marlin_zero_points(zero_codes, k, n, bits, backend=backend)
+        if fmt == CT:
+            packed_nk = src.read(t["weight_packed"])  # (N, K/pf): GPTQ's layout transposed
+            scales_src = np.ascontiguousarray(src.read(t["weight_scale"]).T)  # (ng, N)
+        else:
+            gptq_q = src.read(t["qweight"])  # (K/pf, N)
+            scales_src = src.read(t["scales"])
+        zero_codes = _zero_codes(src, spec, part)  # (ng, N) or None
+    qweight = np.empty((k // 16, n * 16 // pf), np.int32)  # (K/16, N*16/pf)
+    scales = np.empty((part.num_groups, n), spec.act_dtype)  # (ng, N)
+    zeros = np.empty((part.num_groups, n // pf), np.int32) if spec.weight_type.has_zero_points else None
+    for n0 in range(0, n, block):
+        n1 = min(n, n0 + block)
+        w, q_cols, z_cols = n1 - n0, slice(n0 * 16 // pf, n1 * 16 // pf), slice(n0 // pf, n1 // pf)
+        if fmt == FP8:
+            qweight[:, q_cols] = ops.block_fp8_group128_repack(np.ascontiguousarray(row_major[n0:n1]), k, w,
+                                                               backend=backend)
+            inv_rows = np.ascontiguousarray(inv[n0 // 128: -(-n1 // 128)])
+            scales[:, n0:n1] = ops.block_fp8_group128_scales(inv_rows, k, w, spec.act_dtype, backend=backend)
+            continue
+        scales[:, n0:n1] = ops.marlin_permute_scales(np.ascontiguousarray(scales_src[:, n0:n1]), k, w, g,
+                                                     backend=backend)
+        if fmt == AWQ:
+            qweight[:, q_cols] = ops.awq_marlin_repack(np.ascontiguousarray(awq_q[:, z_cols]), k, w, bits,
+                                                       backend=backend)
+            zeros[:, z_cols] = ops.awq_to_marlin_zero_points(np.ascontiguousarray(awq_z[:, z_cols]), k, w, bits,
+                                                             backend=backend)
+            continue
+        cols = np.ascontiguousarray(packed_nk[n0:n1].T if fmt == CT else gptq_q[:, n0:n1])  # (K/pf, w)
+        qweight[:, q_cols] = ops.gptq_marlin_repack(cols, p, k, w, bits, backend=backend)
+        if zeros is not None:
+            zeros[:, z_cols] = ops.marlin_zero_points(np.ascontiguousarray(zero_codes[:, n0:n1]), k, w, bits,
+                                                      backend=backend)
     return qweight, scales, zeros
 
 
@@ -167,14 +201,15 @@ def _layer_g_idx(src: SourceCheckpoint, spec: LayerSpec, segments: list[Part]) -
     return None if first is None else first[1]
 
 
-def to_marlin(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str) -> MarlinTensors:
+def to_marlin(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str,
+              column_block: int | None = None) -> MarlinTensors:
     """Marlin tensors of dense layer ``spec`` (expert = 0) or of one expert of a stack; segments fused along N."""
     segments = spec.parts[expert]
     g_idx_ckpt = _layer_g_idx(src, spec, segments) if spec.source_format != FP8 else None
     g_idx = perm = None
     if spec.act_order:
         g_idx, perm = sort_g_idx(g_idx_ckpt)
-    pieces = [_part_to_marlin(src, spec, part, perm, backend) for part in segments]
+    pieces = [_part_to_marlin(src, spec, part, perm, backend, column_block) for part in segments]
     if len(pieces) == 1:
         qweight, scales, zeros = pieces[0]
     else:

@@ -42,10 +42,21 @@ def choose_backend(backend: str) -> tuple[str, str]:
     if backend not in ("auto", "numpy", "numba"):
         raise ValueError(f"backend = {backend!r} is not auto, numpy or numba")
     if backend == "auto":
-        backend = "numba" if hardware.gpu_available() else "numpy"
+        backend = "numba" if hardware.gpu_available() and _numba_backend_built() else "numpy"
     if backend == "numba":
         return "numba", f"Numba CUDA kernels on {hardware.describe()}"
     return "numpy", "NumPy reference path on the CPU" + ("" if hardware.gpu_available() else " (no CUDA GPU found)")
+
+
+def _numba_backend_built() -> bool:
+    """True when workbench.ops dispatches to the Numba kernels (a tiny probe; the dispatcher may not have them yet)."""
+    from workbench import ops
+
+    try:
+        ops.marlin_permute_scales(np.ones((1, 64), np.float16), 16, 64, -1, backend="numba")
+        return True
+    except NotImplementedError:
+        return False
 
 
 def layer_tensors(spec: LayerSpec) -> list[PlannedTensor]:

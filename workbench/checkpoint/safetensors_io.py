@@ -150,6 +150,19 @@ class SafetensorsFile:
             raise CheckpointError(f"{self.path}: tensor {name!r}: read {got} of {raw.nbytes} bytes: truncated file")
         return raw.view(info.np_dtype).reshape(shape)
 
+    def iter_bytes(self, name: str, chunk_bytes: int = COPY_CHUNK_BYTES):
+        """A tensor's raw bytes in bounded chunks (each a fresh ``bytes``)."""
+        info = self.tensors[name]
+        with open(self.path, "rb") as f:
+            f.seek(info.begin)
+            left = info.nbytes
+            while left:
+                data = f.read(min(left, chunk_bytes))
+                if not data:
+                    raise CheckpointError(f"{self.path}: tensor {name!r}: file ended {left} bytes early: truncated file")
+                yield data
+                left -= len(data)
+
     def copy_bytes_to(self, name: str, sink) -> None:
         """Stream a tensor's raw bytes into ``sink(bytes_chunk)`` in bounded chunks (pass-through tensors)."""
         info = self.tensors[name]
