@@ -130,11 +130,13 @@ class LayoutExplorer:
 
     def refresh(self) -> None:
         fmt, size_k, size_n = self.fmt.value, self.size_k.value, self.size_n.value
-        self.path.value = rtile.position_path_html(fmt, size_k, size_n, self.k.value, self.n.value,
-                                                   self.group_size.value)
-        self.word_table.value = rtile.word_sources_html(fmt, size_k, size_n, self.word.value)
+        path = rtile.position_path_html(fmt, size_k, size_n, self.k.value, self.n.value, self.group_size.value)
+        word_table = rtile.word_sources_html(fmt, size_k, size_n, self.word.value)
         fig = rtile.render_layout(fmt, size_k, size_n, self.color_by.value, self.k.value, self.n.value)
+        # picture first, so that by the time the highlighted word's text changes the picture already shows it
         self.image.value = figure_png(fig, self.dpi)
+        self.word_table.value = word_table
+        self.path.value = path
 
     def _ipython_display_(self):
         from IPython.display import display

@@ -1,0 +1,60 @@
+"""The layout explorer in a real browser: JupyterLab + headless Chromium, driven by Playwright.
+
+Opens a copy of notebooks/explorer.ipynb (autosave would rewrite the original), runs every cell, checks that the
+widgets rendered (no "Loading widget..."), moves the k slider with the keyboard and checks that the highlighted word
+changes, and saves a screenshot under artifacts/ (git-ignored; CI keeps it).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from workbench.formats.marlin_tile import marlin_kn_to_word_field
+
+ARTIFACTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "artifacts")
+
+
+def _word_text(page) -> str:
+    return page.locator(".wb-layout-explorer .wb-word").first.inner_text()
+
+
+def test_layout_explorer_renders_and_reacts(jupyter_lab, copy_notebook, chromium):
+    from playwright.sync_api import sync_playwright
+
+    base, token, root = jupyter_lab
+    executable, args = chromium
+    name = copy_notebook("explorer.ipynb", root)
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=args, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(f"{base}/lab/tree/{name}?token={token}")
+            page.wait_for_function("window.jupyterapp !== undefined", timeout=60_000)
+            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
+            # wait for the kernel, then run every cell
+            page.wait_for_function(
+                "() => { const w = window.jupyterapp.shell.currentWidget;"
+                " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+                " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=60_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_selector(".wb-layout-explorer .wb-word", timeout=90_000)
+            page.wait_for_selector(".wb-index-inspector .wb-inspector", timeout=90_000)
+            assert page.get_by_text("Loading widget...").count() == 0
+            before = _word_text(page)
+            assert re.fullmatch(r"word \d+, field \d+", before), before
+            assert before == "word 232, field 4"  # (k=5, n=70), as the notebook asserts in the kernel
+
+            # move the k slider one step with the keyboard, as a person would
+            handle = page.locator(".wb-layout-explorer .widget-slider .noUi-handle").first
+            handle.click()
+            handle.press("ArrowRight")
+            page.wait_for_function(
+                "(old) => { const e = document.querySelector('.wb-layout-explorer .wb-word');"
+                " return e && e.innerText !== old; }", arg=before, timeout=30_000)
+            after = _word_text(page)
+            word, field = marlin_kn_to_word_field(6, 70, 128, 4)  # k 5 -> 6 at n = 70: a different lane's word
+            assert after == f"word {int(word)}, field {int(field)}", after
+            page.screenshot(path=os.path.join(ARTIFACTS, "layout_explorer.png"), full_page=True)
+        finally:
+            browser.close()
