@@ -232,3 +232,15 @@ def test_killed_repack_leaves_no_complete_looking_output(tmp_path):
     assert not out.exists()  # the output name never appears
     with pytest.raises(CheckpointError, match="not a complete Marlin checkpoint"):
         open_marlin(partial)
+
+
+def test_ct_symmetric_layer_with_zero_points(tmp_path, capsys):
+    from workbench.checkpoint import inspect
+
+    opt = sy.Options(fmt="compressed-tensors", bits=4, group_size=64)
+    src = _source(tmp_path, opt=opt)
+    # older compressed-tensors saved all-zero int8 zero points for symmetric layers: accepted
+    _edit_tensors(src, lambda t: t.update({f"{PREFIX}.weight_zero_point": np.zeros((128, 4), np.int8)}))
+    assert inspect(src).layers[0].compatible
+    _edit_tensors(src, lambda t: t.update({f"{PREFIX}.weight_zero_point": np.ones((128, 4), np.int8)}))
+    _fails(src, tmp_path, capsys, f"{PREFIX}.weight_zero_point", "symmetric")

@@ -238,9 +238,12 @@ def _shape_part(src: SourceCheckpoint, part: Part, fmt: str, args: WeightArgs) -
         _require(src.info(ws).shape == (n, part.num_groups), src, ws,
                  f"expected [{n}, {part.num_groups}] (N, groups) for K = {k}, group_size = {args.group_size}")
         if args.symmetric:
-            if "weight_zero_point" in part.tensors:
-                raise CheckpointError(f"{src.describe(part.tensors['weight_zero_point'])}: the config says"
-                                      " symmetric, but the layer stores zero points")
+            zp = part.tensors.get("weight_zero_point")
+            # older compressed-tensors releases also saved the (all-zero, unpacked int8) zero points of symmetric
+            # layers; accept those, refuse anything that would change the values
+            if zp is not None and not (src.info(zp).dtype == "I8" and not np.any(src.read(zp))):
+                raise CheckpointError(f"{src.describe(zp)}: the config says symmetric, but the layer stores non-zero"
+                                      " or packed zero points")
         else:
             zp = _need(src, part, "weight_zero_point", fmt)
             _dtype(src, zp, ("I32",), "packed zero points")
