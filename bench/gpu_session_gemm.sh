@@ -19,11 +19,11 @@ x = cupy.arange(4, dtype=numpy.float32).astype(ml_dtypes.bfloat16)
 print("cupy bf16 ok:", x.dtype, cupy.asnumpy(x))
 PY
 start=$(date +%s)
-timeout 330 python3 -m pytest -p no:cacheprovider -q -rs --maxfail=30 tests/gpu/test_gemm.py ${KEXPR:+-k "$KEXPR"} \
+timeout 280 python3 -m pytest -p no:cacheprovider -q -rs --maxfail=30 tests/gpu/test_gemm.py ${KEXPR:+-k "$KEXPR"} \
   > "$OUT/gpu_tests.log" 2>&1
 echo "pytest rc=$? in $(( $(date +%s) - start ))s" | tee -a "$OUT/gpu_tests.log"
 tail -40 "$OUT/gpu_tests.log"
 start=$(date +%s)
-timeout 200 python3 bench/bench_gemm.py --out "$OUT/bench" $QUICK > "$OUT/bench.log" 2>&1
+timeout 270 python3 bench/bench_gemm.py --out "$OUT/bench" $QUICK > "$OUT/bench.log" 2>&1
 echo "bench rc=$? in $(( $(date +%s) - start ))s" | tee -a "$OUT/bench.log"
 tail -60 "$OUT/bench.log"

@@ -61,14 +61,11 @@ struct Carrier {
 };
 
 // The 16-bit pattern of (magic + zero) in the carrier type: what to subtract from (magic + code).
-// zero is the zero point (u4/u8) or the fixed bias (u4b8/u8b128); both are exact in either carrier.
+// zero is the zero point (u4/u8) or the fixed bias (u4b8/u8b128). Both magics have an ulp of exactly 1 over the
+// codes' range (fp16 1024..2047, bf16 128..255), so magic + zero is the magic's bit pattern OR zero: no conversion.
 template <typename T, int W>
 __device__ __forceinline__ unsigned short offset_bits(int zero) {
-  if constexpr (Carrier<T, W>::kBf16) {
-    return __bfloat16_as_ushort(__int2bfloat16_rn(Carrier<T, W>::kMagic + zero));
-  } else {
-    return __half_as_ushort(__int2half_rn(Carrier<T, W>::kMagic + zero));
-  }
+  return static_cast<unsigned short>((Carrier<T, W>::kMagicPair & 0xFFFFu) | static_cast<unsigned>(zero));
 }
 
 __device__ __forceinline__ unsigned pair_bits(unsigned short lo, unsigned short hi) {

@@ -13,9 +13,13 @@
 //     iterations:  | slice 0: k0 k1 k2 k3 | slice 1: k0 k1 k2 k3 | slice 2: ...
 //     blocks:      |  block 0    | block 1     | block 2     | ...
 //
-//   A slice touched by several blocks is summed across them in a fixed order (see finish_slice): the block that
-//   holds the end of the slice (it started there, so it is done first) goes first, then downwards. Each block
-//   waits only on blocks that started later in K order, so no block ever waits for work that has not begun.
+//   A slice touched by several blocks is summed across them in a fixed order (see finish_slice), so the result
+//   does not depend on which block finishes first:
+//   * fp32 (default): every contributor stores its fp32 partial in its own C_tmp slot and counts itself in; the
+//     last to arrive adds all slots in block order and writes C. Nobody waits.
+//   * in C: partials are rounded to the activation type and passed along in C, block by block, under a lock:
+//     the block holding the end of the slice (it started there, so it is done first) goes first, then downwards;
+//     each block waits only on blocks that started later in K order, never on work that has not begun.
 //
 // Inside a block: 8 warps; warp w owns 64-column tile nt = w % N_TILES and K_WARP consecutive k16 tiles of each
 // stage (k group kg = w / N_TILES). Warps of the same nt are summed through shared memory when a slice ends.
@@ -32,7 +36,7 @@ constexpr int kWarps = kThreads / 32;
 // How partial sums of a slice shared by several blocks are combined (workbench/gemm.py REDUCE_*).
 enum ReduceMode : int {
   kReduceInC = 0,     // lock-ordered; partials rounded to the activation type and kept in C
-  kReduceFp32 = 1,    // lock-ordered; partials in an fp32 scratch buffer (C_tmp), one rounding at the end
+  kReduceFp32 = 1,    // per-block fp32 slots in C_tmp, summed in block order by the last block to arrive
   kReduceAtomic = 2,  // atomicAdd of activation-typed pairs into a zeroed C (not bitwise reproducible)
 };
 
@@ -72,13 +76,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
             const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
             T* __restrict__ C,                // (M, N) output
-            float* __restrict__ C_tmp,        // (gridDim.x, BM*BN) fp32 partials (kReduceFp32 only)
+            float* __restrict__ C_tmp,        // (2 gridDim.x, BM*BN) fp32 partial slots (kReduceFp32 only)
             const int4* __restrict__ scales,  // (num_groups, N) act type, Marlin-permuted
             const int4* __restrict__ zeros,   // (num_groups, N/pack) int32 Marlin zero points, or null
             const int* __restrict__ g_idx,    // (K,) sorted group of each Marlin row (PER_ROW_GROUPS only)
             int* __restrict__ locks,          // (>= gridDim.x,) int32, zero on entry and on exit
             int prob_m, int prob_n, int prob_k, int lda,
-            int group_size,                   // rows per group in Marlin row order; -1 = channelwise (P32 scales)
+            int group_size,                   // rows per group (a power of two), Marlin row order; -1 = channelwise
             int reduce_mode) {
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, PER_ROW_GROUPS>;
   using Pair = typename Act<T>::Pair;
@@ -105,20 +109,20 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   const int KI = prob_k / BK;
   const int cols = prob_n / BN;
   const int chunks = (prob_m + BM - 1) / BM;
-  const long long total = static_cast<long long>(chunks) * cols * KI;
+  const long long total = static_cast<long long>(chunks) * cols * KI;  // < 2^31: the host checks
   const long long grid = gridDim.x;
-  const long long it_begin = blockIdx.x * total / grid;
-  const long long it_end = (blockIdx.x + 1) * total / grid;
+  const int it_begin = static_cast<int>(blockIdx.x * total / grid);
+  const int it_end = static_cast<int>((blockIdx.x + 1) * total / grid);
   const bool channelwise = group_size < 0;
+  const int group_shift = channelwise ? 0 : __ffs(group_size) - 1;  // group of row k = k >> group_shift
   const unsigned long long weight_policy = evict_first_policy();
 
   // Block that owns iteration i under the split above: the largest b with b * total / grid <= i.
   auto owner = [&](long long i) -> int { return static_cast<int>(((i + 1) * grid - 1) / total); };
+  auto first_slice_of = [&](int b) -> int { return static_cast<int>(b * total / grid) / KI; };
 
   // ---- fetch: global -> shared for linear iteration `it` into ring slot `slot` -------------------------------
-  auto fetch_stage = [&](int slot, long long it) {
-    const int slice = static_cast<int>(it / KI);
-    const int kit = static_cast<int>(it % KI);
+  auto fetch_stage = [&](int slot, int slice, int kit) {
     const int chunk = slice / cols, col = slice % cols;
     const int row0 = chunk * BM, k0 = kit * BK;
     // A: BM rows x BK columns, 16-byte chunk c of row r stored at c ^ (r % 8) so that ldmatrix's 8 row reads of
@@ -146,8 +150,8 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
     }
     if (!channelwise && !PER_ROW_GROUPS) {
       // The group rows this stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
-      const int g0 = k0 / group_size;
-      const int rows = BK > group_size ? BK / group_size : 1;
+      const int g0 = k0 >> group_shift;
+      const int rows = BK > group_size ? BK >> group_shift : 1;
       int4* s_dst = sS + slot * G::kSI4;
       for (int i = tid; i < rows * (BN / 8); i += kThreads) {
         const int r = i / (BN / 8), c = i % (BN / 8);
@@ -203,9 +207,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   };
 
   // ---- compute: one stage of this warp's k16 tiles ---------------------------------------------------------
-  auto compute_stage = [&](int slot, long long it) {
-    const int slice = static_cast<int>(it / KI);
-    const int kit = static_cast<int>(it % KI);
+  auto compute_stage = [&](int slot, int slice, int kit) {
     const int col = slice % cols;
     const int k0 = kit * BK;
     const int4* a_src = sA + slot * G::kAI4;
@@ -214,77 +216,68 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
     for (int i = 0; i < K_WARP; ++i) {
       const int kt = kg * K_WARP + i;
 
-      // Scale and offset pairs for this k16 tile: [s][h][r], r = rows (k0, k0+1) / (k0+8, k0+9).
-      Pair sc[4][2][2];
-      unsigned off[4][2][2];
-      if (channelwise) {
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const T v = cw_scale[2 * s + h];
-            const unsigned short o = offset_bits<T, W>(cw_zero[2 * s + h]);
-            sc[s][h][0] = sc[s][h][1] = Act<T>::pair(v, v);
-            off[s][h][0] = off[s][h][1] = pair_bits(o, o);
+      // Raw scale vectors and zero-point words for this k16 tile; the per-sub-block pairs are built inside the s
+      // loop below so that only one sub-block's worth is live at a time (keeps M_BLOCKS = 4 free of spills).
+      // Grouped: row 0 only. Per-row groups: rows k0, k0+1, k0+8, k0+9 of this lane (act-order on a K shard).
+      int4 sv[PER_ROW_GROUPS ? 4 : 1];
+      unsigned zw[PER_ROW_GROUPS ? 4 : 1][2];
+      if constexpr (!PER_ROW_GROUPS) {
+        if (!channelwise) {
+          const int g = ((k0 + 16 * kt) >> group_shift) - (k0 >> group_shift);  // row among this stage's rows
+          sv[0] = sS[slot * G::kSI4 + g * (BN / 8) + nt * 8 + lane_col];
+          if constexpr (kHasZero) {
+            const unsigned* zrow = reinterpret_cast<const unsigned*>(sZ + slot * G::kZI4) +
+                                   g * (BN / Weight<W>::kPack) + nt * (64 / Weight<W>::kPack);
+            zw[0][0] = zrow[lane_col * (Weight<W>::kBits / 4)];
+            zw[0][1] = (Weight<W>::kBits == 8) ? zrow[2 * lane_col + 1] : 0u;
           }
-      } else if constexpr (!PER_ROW_GROUPS) {
-        const int g = (k0 + 16 * kt) / group_size - k0 / group_size;  // row inside this stage's scale rows
-        const int4 sv = sS[slot * G::kSI4 + g * (BN / 8) + nt * 8 + lane_col];
-        const T* sv_t = reinterpret_cast<const T*>(&sv);
-        unsigned zw[2] = {0u, 0u};
-        if constexpr (kHasZero) {
-          const unsigned* zrow = reinterpret_cast<const unsigned*>(sZ + slot * G::kZI4) + g * (BN / Weight<W>::kPack) +
-                                 nt * (64 / Weight<W>::kPack);
-          zw[0] = zrow[lane_col * (Weight<W>::kBits / 4)];
-          if (Weight<W>::kBits == 8) zw[1] = zrow[2 * lane_col + 1];
         }
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const T v = sv_t[grouped_scale_slot(s, h)];
-            const int z = kHasZero ? zero_of<W>(zw, s, h) : Weight<W>::kBias;
-            const unsigned short o = offset_bits<T, W>(z);
-            sc[s][h][0] = sc[s][h][1] = Act<T>::pair(v, v);
-            off[s][h][0] = off[s][h][1] = pair_bits(o, o);
-          }
       } else {
-        // Act-order on a K shard (is_k_full = false): every row names its own group through g_idx.
         const int* grp = reinterpret_cast<const int*>(sG + slot * G::kGI4);
-        T rs[4][8];
-        int rz[4][8];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int krow = 16 * kt + 2 * (lane % 4) + (r & 1) + 8 * (r >> 1);  // rows k0, k0+1, k0+8, k0+9
+          const int krow = 16 * kt + 2 * (lane % 4) + (r & 1) + 8 * (r >> 1);
           const long long g = grp[krow];
-          const int4 sv = __ldg(scales + (g * prob_n + col * BN + nt * 64) / 8 + lane_col);
-          const T* sv_t = reinterpret_cast<const T*>(&sv);
-          unsigned zw[2] = {0u, 0u};
+          sv[r] = __ldg(scales + (g * prob_n + col * BN + nt * 64) / 8 + lane_col);
           if constexpr (kHasZero) {
-            const unsigned* zrow = reinterpret_cast<const unsigned*>(zeros) + (g * prob_n + col * BN + nt * 64) /
-                                                                                 Weight<W>::kPack;
-            zw[0] = __ldg(zrow + lane_col * (Weight<W>::kBits / 4));
-            if (Weight<W>::kBits == 8) zw[1] = __ldg(zrow + 2 * lane_col + 1);
+            const unsigned* zrow = reinterpret_cast<const unsigned*>(zeros) +
+                                   (g * prob_n + col * BN + nt * 64) / Weight<W>::kPack;
+            zw[r][0] = __ldg(zrow + lane_col * (Weight<W>::kBits / 4));
+            zw[r][1] = (Weight<W>::kBits == 8) ? __ldg(zrow + 2 * lane_col + 1) : 0u;
           }
-#pragma unroll
-          for (int s = 0; s < 4; ++s)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              rs[r][2 * s + h] = sv_t[grouped_scale_slot(s, h)];
-              rz[r][2 * s + h] = kHasZero ? zero_of<W>(zw, s, h) : Weight<W>::kBias;
-            }
         }
+      }
+      // Scale and offset pairs of sub-block s: [h][r], r = rows (k0, k0+1) / (k0+8, k0+9).
+      auto group_params = [&](int s, Pair (&sc)[2][2], unsigned (&off)[2][2]) {
 #pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h) {
+          const int e = 2 * s + h;
+          if constexpr (!PER_ROW_GROUPS) {
+            T v;
+            int z;
+            if (channelwise) {
+              v = cw_scale[e];
+              z = cw_zero[e];
+            } else {
+              v = reinterpret_cast<const T*>(&sv[0])[grouped_scale_slot(s, h)];
+              z = kHasZero ? zero_of<W>(zw[0], s, h) : Weight<W>::kBias;
+            }
+            const unsigned short o = offset_bits<T, W>(z);
+            sc[h][0] = sc[h][1] = Act<T>::pair(v, v);
+            off[h][0] = off[h][1] = pair_bits(o, o);
+          } else {
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
-              const int e = 2 * s + h;
-              sc[s][h][p] = Act<T>::pair(rs[2 * p][e], rs[2 * p + 1][e]);
-              off[s][h][p] = pair_bits(offset_bits<T, W>(rz[2 * p][e]), offset_bits<T, W>(rz[2 * p + 1][e]));
+              const T lo = reinterpret_cast<const T*>(&sv[2 * p])[grouped_scale_slot(s, h)];
+              const T hi = reinterpret_cast<const T*>(&sv[2 * p + 1])[grouped_scale_slot(s, h)];
+              const int zlo = kHasZero ? zero_of<W>(zw[2 * p], s, h) : Weight<W>::kBias;
+              const int zhi = kHasZero ? zero_of<W>(zw[2 * p + 1], s, h) : Weight<W>::kBias;
+              sc[h][p] = Act<T>::pair(lo, hi);
+              off[h][p] = pair_bits(offset_bits<T, W>(zlo), offset_bits<T, W>(zhi));
             }
-      }
+          }
+        }
+      };
 
       // This lane's weight words of tile (kt, nt): word s (4-bit) or words 2s, 2s+1 (8-bit) belong to sub-block s.
       unsigned words[kWordsPerLane];
@@ -309,8 +302,11 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
 
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
+        Pair sc[2][2];
+        unsigned off[2][2];
+        group_params(s, sc, off);
         unsigned b[2][2];
-        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off[s], sc[s], b);
+        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off, sc, b);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -348,72 +344,129 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
       }
     }
 
-    // (2) across blocks. Contributors of this slice are blocks first..last; rank 0 = last (see the header).
+    // (2) across blocks. Contributors of this slice are blocks first..last (rank = last - block).
     const long long s_begin = static_cast<long long>(slice) * KI;
     const int first = owner(s_begin), last = owner(s_begin + KI - 1);
     const int count = last - first + 1;
-    const int rank = last - static_cast<int>(blockIdx.x);
     const int chunk = slice / cols, col = slice % cols;
     const bool writer = kg == 0;  // after (1), warps 0..N_TILES-1 hold the block's partial
-    const bool lock_ordered = count > 1 && reduce_mode != kReduceAtomic;
+    __shared__ int s_last_arrival;
 
-    if (lock_ordered && rank > 0) {
-      if (tid == 0) {
-        while (load_acquire(locks + last) != rank) {
-        }
-      }
-      __syncthreads();
-    }
-    if (writer) {
-      float4* partial = reinterpret_cast<float4*>(C_tmp) + static_cast<long long>(last) * (BM * BN / 4);
-      const bool last_rank = rank == count - 1;
+    // Stores the block's accumulators into C (rows below M only), converted to the activation type.
+    auto write_c = [&]() {
 #pragma unroll
       for (int mb = 0; mb < M_BLOCKS; ++mb)
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb) {
-          float* v = acc[mb][nb];
           const int col_g = col * BN + nt * 64 + nb * 8 + 2 * (lane % 4);
           const int row_g = chunk * BM + mb * 16 + lane / 4;
           T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
-          T* c_hi = c_lo + 8LL * prob_n;
-          const bool ok_lo = row_g < prob_m, ok_hi = row_g + 8 < prob_m;
-          if (count == 1) {
-            if (ok_lo) store_pair(c_lo, v[0], v[1]);
-            if (ok_hi) store_pair(c_hi, v[2], v[3]);
-          } else if (reduce_mode == kReduceAtomic) {
-            if (ok_lo) atomicAdd(reinterpret_cast<Pair*>(c_lo), Act<T>::from_floats(v[0], v[1]));
-            if (ok_hi) atomicAdd(reinterpret_cast<Pair*>(c_hi), Act<T>::from_floats(v[2], v[3]));
-          } else if (reduce_mode == kReduceFp32) {
-            float4* p = partial + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane;
-            if (rank > 0) {
-              const float4 q = __ldcg(p);
-              v[0] += q.x; v[1] += q.y; v[2] += q.z; v[3] += q.w;
-            }
-            if (!last_rank) {
-              __stcg(p, make_float4(v[0], v[1], v[2], v[3]));
-            } else {
-              if (ok_lo) store_pair(c_lo, v[0], v[1]);
-              if (ok_hi) store_pair(c_hi, v[2], v[3]);
-            }
-          } else {  // kReduceInC
-            if (rank > 0) {
-              if (ok_lo) {
-                const unsigned q = __ldcg(reinterpret_cast<const unsigned*>(c_lo));
-                const float2 f = Act<T>::to_floats(as_pair<Pair>(q));
-                v[0] += f.x; v[1] += f.y;
+          if (row_g < prob_m) store_pair(c_lo, acc[mb][nb][0], acc[mb][nb][1]);
+          if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, acc[mb][nb][2], acc[mb][nb][3]);
+        }
+    };
+
+    if (count == 1) {
+      if (writer) write_c();
+    } else if (reduce_mode == kReduceAtomic) {
+      if (writer) {
+#pragma unroll
+        for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+          for (int nb = 0; nb < 8; ++nb) {
+            const int col_g = col * BN + nt * 64 + nb * 8 + 2 * (lane % 4);
+            const int row_g = chunk * BM + mb * 16 + lane / 4;
+            T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
+            if (row_g < prob_m)
+              atomicAdd(reinterpret_cast<Pair*>(c_lo), Act<T>::from_floats(acc[mb][nb][0], acc[mb][nb][1]));
+            if (row_g + 8 < prob_m)
+              atomicAdd(reinterpret_cast<Pair*>(c_lo + 8LL * prob_n),
+                        Act<T>::from_floats(acc[mb][nb][2], acc[mb][nb][3]));
+          }
+      }
+    } else if (reduce_mode == kReduceFp32) {
+      // A block writes partials for at most two slices (its first and its last), hence two slots per block.
+      auto slot_of = [&](int b) -> float4* {
+        const int which = (slice == first_slice_of(b)) ? 0 : 1;
+        return reinterpret_cast<float4*>(C_tmp) + static_cast<long long>(2 * b + which) * (BM * BN / 4);
+      };
+      const int frag = lane;  // fragment-ordered slots: lane-contiguous float4s, one per (nt, mb, nb)
+      if (writer) {
+        float4* mine = slot_of(blockIdx.x);
+#pragma unroll
+        for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+          for (int nb = 0; nb < 8; ++nb)
+            __stcg(mine + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + frag,
+                   make_float4(acc[mb][nb][0], acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]));
+      }
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) s_last_arrival = (atomicAdd(locks + last, 1) == count - 1);
+      __syncthreads();
+      if (s_last_arrival) {
+        __threadfence();
+        if (writer) {
+          // Sum every contributor's slot in block order (its own included): independent of arrival order.
+#pragma unroll
+          for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) acc[mb][nb][r] = 0.f;
+          for (int b = first; b <= last; ++b) {
+            const float4* theirs = slot_of(b);
+#pragma unroll
+            for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {  // loads in batches of 4: one L2 round trip each, no spills
+                float4 q[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                  q[j] = __ldcg(theirs + ((nt * M_BLOCKS + mb) * 8 + 4 * half + j) * 32 + frag);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                  float* v = acc[mb][4 * half + j];
+                  v[0] += q[j].x; v[1] += q[j].y; v[2] += q[j].z; v[3] += q[j].w;
+                }
               }
-              if (ok_hi) {
-                const unsigned q = __ldcg(reinterpret_cast<const unsigned*>(c_hi));
-                const float2 f = Act<T>::to_floats(as_pair<Pair>(q));
-                v[2] += f.x; v[3] += f.y;
-              }
-            }
-            if (ok_lo) store_pair(c_lo, v[0], v[1]);
-            if (ok_hi) store_pair(c_hi, v[2], v[3]);
+          }
+          write_c();
+        }
+        if (tid == 0) locks[last] = 0;  // leave the counter zero for the next launch
+      }
+    } else {  // kReduceInC: pass the partial along in C under the lock, highest block first
+      const int rank = last - static_cast<int>(blockIdx.x);
+      if (rank > 0) {
+        if (tid == 0) {
+          while (load_acquire(locks + last) != rank) {
           }
         }
-    }
-    if (lock_ordered) {
+        __syncthreads();
+        if (writer) {
+#pragma unroll
+          for (int mb = 0; mb < M_BLOCKS; ++mb) {
+            const int row_g = chunk * BM + mb * 16 + lane / 4;
+            unsigned q[8][2];
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb) {  // all loads of this m16 block first: one L2 round trip, not eight
+              const int col_g = col * BN + nt * 64 + nb * 8 + 2 * (lane % 4);
+              const unsigned* c_lo = reinterpret_cast<const unsigned*>(C + static_cast<long long>(row_g) * prob_n +
+                                                                       col_g);
+              q[nb][0] = row_g < prob_m ? __ldcg(c_lo) : 0u;
+              q[nb][1] = row_g + 8 < prob_m ? __ldcg(c_lo + 4LL * prob_n) : 0u;
+            }
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb) {
+              const float2 lo = Act<T>::to_floats(as_pair<Pair>(q[nb][0]));
+              const float2 hi = Act<T>::to_floats(as_pair<Pair>(q[nb][1]));
+              acc[mb][nb][0] += lo.x; acc[mb][nb][1] += lo.y;
+              acc[mb][nb][2] += hi.x; acc[mb][nb][3] += hi.y;
+            }
+          }
+        }
+      }
+      if (writer) write_c();
       __threadfence();
       __syncthreads();
       if (tid == 0) store_release(locks + last, rank == count - 1 ? 0 : rank + 1);
@@ -422,28 +475,38 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
 
   // ---- main loop -------------------------------------------------------------------------------------------
   zero_acc();
-  long long it_fetch = it_begin;
+  int f_slice = it_begin / KI, f_kit = it_begin % KI;  // next iteration to fetch
+  auto advance = [&](int& sl, int& kk) {
+    if (++kk == KI) {
+      kk = 0;
+      ++sl;
+    }
+  };
+  int it_fetch = it_begin;
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (it_fetch < it_end) fetch_stage(s, it_fetch);
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (it_fetch < it_end) fetch_stage(st, f_slice, f_kit);
     cp_async_commit();
     ++it_fetch;
+    advance(f_slice, f_kit);
   }
   int slot = 0;
-  for (long long it = it_begin; it < it_end; ++it) {
-    const int slice = static_cast<int>(it / KI);
-    if (channelwise && (it == it_begin || it % KI == 0)) load_channelwise(slice % cols);
+  int slice = it_begin / KI, kit = it_begin % KI;
+  for (int it = it_begin; it < it_end; ++it) {
+    if (channelwise && (it == it_begin || kit == 0)) load_channelwise(slice % cols);
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage `slot` is visible to all warps; the slot fetched below was released by all of them
-    if (it_fetch < it_end) fetch_stage((slot + STAGES - 1) % STAGES, it_fetch);
+    if (it_fetch < it_end) fetch_stage((slot + STAGES - 1) % STAGES, f_slice, f_kit);
     cp_async_commit();
     ++it_fetch;
-    compute_stage(slot, it);
-    slot = (slot + 1) % STAGES;
-    if ((it + 1) % KI == 0 || it + 1 == it_end) {
+    advance(f_slice, f_kit);
+    compute_stage(slot, slice, kit);
+    slot = (slot + 1 == STAGES) ? 0 : slot + 1;
+    if (kit + 1 == KI || it + 1 == it_end) {
       finish_slice(slice);
       zero_acc();
     }
+    advance(slice, kit);
   }
   cp_async_wait<0>();
 }

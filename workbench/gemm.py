@@ -97,12 +97,12 @@ class KernelConfig:
                 f"{self.stages}, {per_row}>")
 
 
-# (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n): (2,2)=(128,128) (1,1)=(128,64) (4,2)=(64,256)
-# (2,1)=(64,128). Small M streams weights, so the first choice keeps BK large; large M reuses each A stage over
-# 256 columns.
-_SMALL_M_SHAPES = ((2, 2), (1, 1), (2, 1), (4, 2))
+# (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n). Small M streams weights: the first choices keep
+# BK large so that the fixed cost of a pipeline step (barrier, address math, fetch issue) is spread over more
+# tiles; large M reuses each A stage over 256 columns.
+_SMALL_M_SHAPES = ((2, 4), (2, 2), (1, 1), (2, 1), (4, 2))
 _LARGE_M_SHAPES = ((4, 2), (2, 2), (2, 1), (1, 1))
-_THREAD_SHAPES = {(2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128)}
+_THREAD_SHAPES = {(2, 4): (256, 128), (2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128)}
 # 8 stages keep ~7 weight stages in flight per SM for small M (HBM needs tens of KiB in flight per SM); 4 else.
 _DEEP_STAGES, _STAGES = 8, 4
 
@@ -126,7 +126,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             continue
         if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
             continue
-        for stages in ((_DEEP_STAGES, _STAGES) if m_blocks <= 2 else (_STAGES, 3)):
+        for stages in ((_DEEP_STAGES, 6, _STAGES) if m_blocks <= 2 else (_STAGES, 3)):
             cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, per_row_groups)
             if cfg.smem_bytes <= smem_limit:
                 return cfg
@@ -144,8 +144,9 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
 
 
 def c_tmp_numel(sms: int) -> int:
-    """fp32 elements of ``c_tmp`` that fit every configuration: one 64 x 256 block tile per block."""
-    return sms * MAX_BLOCK_M * MAX_BLOCK_N
+    """fp32 elements of ``c_tmp`` that fit every configuration: two 64 x 256 partial slots per block (a block
+    shares at most two slices: the one it starts in and the one it ends in)."""
+    return 2 * sms * MAX_BLOCK_M * MAX_BLOCK_N
 
 
 def workspace_numel(sms: int) -> int:
@@ -317,6 +318,9 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     group_size = -1 if ng == 1 else gs
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
                         launch.thread_k_init, launch.thread_n_init)
+    iterations = math.ceil(max(m, 1) / cfg.block_m) * (n // cfg.block_n) * (k // cfg.block_k)
+    if iterations >= 2**31:
+        raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
     return cfg, sms, grid_blocks(cfg, max(m, 1), n, k, sms)
 
 

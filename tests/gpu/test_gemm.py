@@ -139,6 +139,8 @@ def grid_variants():
     for i, (wt, gs, ao, k_full, act) in enumerate(variants):
         k = K_VALUES[i % len(K_VALUES)]
         n = N_VALUES[(i // len(K_VALUES)) % len(N_VALUES)]
+        if ao and k <= gs:
+            k = 128 * 5  # act-order needs more than one group (vLLM's tests drop G == K too)
         cases.append((i, wt, gs, ao, k_full, act, k, n))
     return cases
 
