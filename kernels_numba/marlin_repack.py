@@ -31,7 +31,7 @@ import functools
 import numpy as np
 from numba import cuda, uint32
 
-from kernels_numba._launch import Arrays
+from kernels_numba._launch import Arrays, is_device_array
 
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
@@ -298,6 +298,57 @@ def unpack_kernel_source(bits: int, target: str):
     return unpack
 
 
+def gather_rows_kernel_source(bits: int):
+    """GPTQ rows in Marlin row order -> checkpoint row order: out row k = in row inverse_perm[k] (act-order inverse)."""
+    c = _consts(bits)
+    pf, log_pf, mask = c["pf"], c["log_pf"], c["mask"]
+
+    def gather_rows(src, inverse_perm, out):
+        """src, out uint32 [E, K/pf, N]; inverse_perm int32 [E, K]. Grid-stride over out's words."""
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        rows = out.shape[1]
+        size_n = out.shape[2]
+        for t in range(start, out.size, stride):
+            e = t // (rows * size_n)
+            rest = t - e * rows * size_n
+            r = rest // size_n
+            n = rest - r * size_n
+            word = uint32(0)
+            for f in range(pf):
+                k_src = inverse_perm[e, r * pf + f]
+                w = src[e, k_src >> log_pf, n]
+                code = uint32(w >> uint32((k_src & (pf - 1)) * bits)) & uint32(mask)
+                word = word | uint32(code << uint32(f * bits))
+            out[e, r, n] = word
+
+    return gather_rows
+
+
+def invert_perm_kernel_source():
+    def invert_perm(perm, inverse_perm):
+        """inverse_perm[e, perm[e, k]] = k; perm int32 [E, K]."""
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        size_k = perm.shape[1]
+        for t in range(start, perm.size, stride):
+            e = t // size_k
+            k = t - e * size_k
+            inverse_perm[e, perm[e, k]] = k
+
+    return invert_perm
+
+
+@functools.lru_cache(maxsize=None)
+def _gather_rows_kernel(bits: int):
+    return cuda.jit(gather_rows_kernel_source(bits))
+
+
+@functools.lru_cache(maxsize=None)
+def _invert_perm_kernel():
+    return cuda.jit(invert_perm_kernel_source())
+
+
 @functools.lru_cache(maxsize=None)
 def _repack_kernel(bits: int, source: str):
     return cuda.jit(repack_kernel_source(bits, source))
@@ -325,6 +376,8 @@ def compile_targets():
                 continue
             yield (f"unpack[{bits}-bit,{target}]", unpack_kernel_source(bits, target),
                    (u32_3d, u32_3d, types.int64))
+        yield f"gather_rows[{bits}-bit]", gather_rows_kernel_source(bits), (u32_3d, i32_2d, u32_3d)
+    yield "invert_perm", invert_perm_kernel_source(), (i32_2d, i32_2d)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -360,6 +413,24 @@ def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: in
     return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
 
 
+def _take_perm(arrays: Arrays, perm, size_k: int, experts: int):
+    """None / empty -> None; else an int32 device array [E, K]. Values are the caller's promise (ops checks them
+    on NumPy input); a device perm is not read back, so an out-of-range entry is the caller's bug."""
+    if perm is None or int(np.prod(perm.shape)) == 0:
+        return None
+    if perm.dtype.kind not in "iu" or perm.dtype.itemsize != 4:
+        if arrays.any_device or is_device_array(perm):
+            raise TypeError(f"perm must have dtype int32, got {perm.dtype}")
+        perm = np.asarray(perm).astype(np.int32)
+    perm_d = arrays.take(perm, "perm").view(np.int32)
+    if tuple(perm_d.shape) == (size_k,) and experts == 1:
+        return perm_d.reshape((1, size_k))
+    if tuple(perm_d.shape) != (experts, size_k):
+        raise ValueError(f"perm has shape {tuple(perm_d.shape)}, expected ({size_k},) for one matrix or "
+                         f"({experts}, {size_k}) for {experts} stacked experts")
+    return perm_d
+
+
 def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None):
     """GPTQ qweight int32 [K/pf, N] (or [E, K/pf, N]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...]).
 
@@ -369,19 +440,8 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
     pf = 32 // num_bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k // pf, size_n)
-    has_perm = perm is not None and int(np.prod(perm.shape)) > 0
-    perm_d = None
-    if has_perm:
-        perm_d = arrays.take(perm, "perm", None)
-        if np.dtype(perm_d.dtype) not in (np.dtype(np.int32), np.dtype(np.uint32)):
-            raise TypeError(f"perm must have dtype int32, got {perm_d.dtype}")
-        perm_d = perm_d.view(np.int32)
-        if perm_d.shape not in ((size_k,), (src.shape[0], size_k)):
-            raise ValueError(f"perm has shape {tuple(perm_d.shape)}, expected ({size_k},) or ({src.shape[0]}, {size_k})")
-        if len(perm_d.shape) == 1 and src.shape[0] == 1:
-            perm_d = perm_d.reshape((1, size_k))
-        elif len(perm_d.shape) == 1:
-            raise ValueError(f"a stacked b_q_weight of {src.shape[0]} experts needs perm of shape ({src.shape[0]}, {size_k})")
+    perm_d = _take_perm(arrays, perm, size_k, src.shape[0])
+    has_perm = perm_d is not None
     return _launch_repack(arrays, src, perm_d, num_bits, "gptq_perm" if has_perm else "gptq", size_k, size_n, stacked)
 
 
@@ -420,7 +480,11 @@ def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=Non
     return _launch_repack(arrays, words, None, 8, "row_major_bytes", size_k, size_n, stacked)
 
 
-def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream):
+def _grid_stride(total: int) -> int:
+    return max(1, min(132 * 16, -(-total // THREADS)))
+
+
+def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream, perm=None):
     _check_sizes(size_k, size_n, bits)
     pf = 32 // bits
     arrays = Arrays(stream)
@@ -436,15 +500,23 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
     out = arrays.empty(shape, np.uint32)
     grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
     _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
+    perm_d = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else None
+    if perm_d is not None:  # rows come out in Marlin order; put row perm[k] back at checkpoint row perm[k]
+        inverse_perm = arrays.empty(perm_d.shape, np.int32)
+        _invert_perm_kernel()[_grid_stride(experts * size_k), THREADS, arrays.stream](perm_d, inverse_perm)
+        ordered = arrays.empty(shape, np.uint32)
+        _gather_rows_kernel(bits)[_grid_stride(int(np.prod(shape))), THREADS, arrays.stream](out, inverse_perm,
+                                                                                              ordered)
+        out = ordered
     if target == "row_major_bytes":
         out = out.view(np.uint8)
         return arrays.give(out if stacked else out.reshape((size_n, size_k)))
     return arrays.give(out if stacked else out.reshape(shape[1:]), np.int32)
 
 
-def marlin_to_gptq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None):
-    """Inverse of gptq_marlin_repack without perm: Marlin int32 [K/16, N*16/pf] -> GPTQ int32 [K/pf, N]."""
-    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream)
+def marlin_to_gptq_qweight(qweight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None):
+    """Inverse of gptq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> GPTQ int32 [K/pf, N] (perm undone if given)."""
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm)
 
 
 def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None):

@@ -229,7 +229,7 @@ def zero_points_inverse_kernel_source(bits: int, target: str):
                         if code == uint32(0):
                             cuda.atomic.min(error, 0, row * size_n + n)
                             cuda.atomic.add(error, 1, 1)
-                        code = uint32(code - uint32(1)) & uint32(mask)
+                        code = uint32(code + uint32(mask)) & uint32(mask)  # code - 1 mod 2^b, no wrap warning
                     word = word | uint32(code << uint32(f * bits))
                 out[row, c] = word
 

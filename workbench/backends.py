@@ -1,27 +1,136 @@
 """Backend dispatch for ``workbench.ops``: which implementation runs an already-validated op.
 
-* ``"numpy"`` — the NumPy reference in ``workbench.formats`` (the spec).
-* ``"numba"`` — the Numba-CUDA kernel in ``kernels_numba`` (a real GPU, or the CUDA simulator).
-* ``"auto"``  — NumPy for NumPy input.
+* ``"numpy"`` — the NumPy reference in ``workbench.formats`` (the spec). Refuses device arrays.
+* ``"numba"`` — the Numba-CUDA kernel in ``kernels_numba``: on a real GPU when there is one, else in the CUDA
+  simulator. NumPy in -> NumPy out; device arrays in -> device arrays out (CuPy where CuPy can talk to the GPU,
+  otherwise Numba device arrays).
+* ``"auto"``  — the kernel when any argument is a CUDA device array (anything with ``__cuda_array_interface__``:
+  CuPy, PyTorch, Numba; or a simulator device array), NumPy otherwise.
+
+The simulator has to be chosen before ``numba.cuda`` is first imported. ``backend="numba"`` on a machine without a
+CUDA driver therefore switches this process to the simulator on first use if nothing has imported ``numba.cuda``
+yet, and otherwise raises a RuntimeError that says how to get it (``NUMBA_ENABLE_CUDASIM=1``).
+
+``normalize(x)`` turns a device array into a Numba device array so that validation sees NumPy dtypes (PyTorch
+tensors otherwise report torch dtypes); NumPy arrays and non-arrays pass through.
 """
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 from typing import Any, Callable
 
 BACKENDS = ("auto", "numpy", "numba")
 
+# op name -> (module in kernels_numba, function name); each kernel wrapper takes the op's positional args + stream=
+KERNELS = {
+    "gptq_marlin_repack": ("marlin_repack", "gptq_marlin_repack"),
+    "awq_marlin_repack": ("marlin_repack", "awq_marlin_repack"),
+    "fp8_marlin_repack_raw_bits": ("marlin_repack", "fp8_marlin_repack_raw_bits"),
+    "block_fp8_group128_repack": ("marlin_repack", "block_fp8_group128_repack"),
+    "marlin_to_gptq_qweight": ("marlin_repack", "marlin_to_gptq_qweight"),
+    "marlin_to_awq_qweight": ("marlin_repack", "marlin_to_awq_qweight"),
+    "marlin_to_fp8_raw_bits": ("marlin_repack", "marlin_to_fp8_raw_bits"),
+    "marlin_to_block_fp8": ("marlin_repack", "marlin_to_block_fp8_row_major"),
+    "marlin_permute_scales": ("scales", "marlin_permute_scales"),
+    "marlin_unpermute_scales": ("scales", "marlin_unpermute_scales"),
+    "marlin_zero_points": ("scales", "marlin_zero_points"),
+    "awq_to_marlin_zero_points": ("scales", "awq_to_marlin_zero_points"),
+    "repack_gptq_qzeros_to_marlin": ("scales", "repack_gptq_qzeros_to_marlin"),
+    "gptq_qzeros_are_symmetric_code7": ("scales", "gptq_qzeros_are_symmetric_code7"),
+    "marlin_zero_points_to_codes": ("scales", "marlin_zero_points_to_codes"),
+    "marlin_to_awq_zero_points": ("scales", "marlin_to_awq_zero_points"),
+    "marlin_to_gptq_qzeros": ("scales", "marlin_to_gptq_qzeros"),
+    "block_fp8_group128_scales": ("scales", "block_fp8_group128_scales"),
+    "stack_gptq_experts_to_marlin": ("moe", "stack_gptq_experts_to_marlin"),
+}
+
 
 def is_device_array(x: Any) -> bool:
-    return hasattr(x, "__cuda_array_interface__")
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    return type(x).__name__ == "FakeCUDAArray"  # the CUDA simulator's device array
+
+
+def _cuda_driver_has_device() -> bool:
+    """True when libcuda loads and reports at least one device (probed without importing numba.cuda)."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+    return False
+
+
+def ensure_numba_target() -> str:
+    """Make sure Numba kernels can run here; returns "gpu" or "simulator" (raises RuntimeError if neither)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1":
+        return "simulator"
+    if "numba.cuda" not in sys.modules and not _cuda_driver_has_device():
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # no GPU: take the simulator while it can still be chosen
+        try:
+            import numba
+
+            numba.config.ENABLE_CUDASIM = 1
+        except ImportError as exc:  # pragma: no cover - numba is a dependency
+            raise RuntimeError("backend='numba' needs numba and numba-cuda installed") from exc
+        return "simulator"
+    from workbench import hardware
+
+    if hardware.gpu_available():
+        return "gpu"
+    raise RuntimeError("backend='numba': no CUDA GPU is usable and numba.cuda was already imported in GPU mode, so "
+                       "the CUDA simulator can no longer be chosen; set NUMBA_ENABLE_CUDASIM=1 before starting Python")
+
+
+def kernel_for(op_name: str) -> Callable[..., Any]:
+    if op_name not in KERNELS:
+        raise NotImplementedError(f"{op_name}: there is no Numba kernel for this op; use backend='numpy'")
+    ensure_numba_target()
+    import importlib
+
+    module, name = KERNELS[op_name]
+    return getattr(importlib.import_module(f"kernels_numba.{module}"), name)
+
+
+def normalize(x: Any) -> Any:
+    """Device array (CuPy, PyTorch, ...) -> Numba device array with a NumPy dtype; everything else unchanged."""
+    if not hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("numba"):
+        return x
+    ensure_numba_target()
+    from numba import cuda
+
+    return cuda.as_cuda_array(x)
 
 
 def dispatch(op_name: str, backend: str, stream: Any, reference: Callable[..., Any], *args: Any) -> Any:
     """Run ``op_name`` on ``args`` with the chosen backend. ``reference`` is the NumPy implementation."""
     if backend not in BACKENDS:
         raise ValueError(f"backend = {backend!r} is not one of {BACKENDS}")
-    on_device = any(is_device_array(a) for a in args)
+    on_device = any(is_device_array(a) for a in args) or any(
+        isinstance(a, (list, tuple)) and any(is_device_array(b) for b in a) for a in args)
     if backend == "numpy" or (backend == "auto" and not on_device):
         if on_device:
             raise TypeError(f"{op_name}: backend='numpy' was given a CUDA device array; pass NumPy arrays")
         return reference(*args)
-    raise NotImplementedError(f"{op_name}: the Numba backend is not built yet (issue 3)")
+    return kernel_for(op_name)(*args, stream=stream)
+
+
+def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size: int, size_k: int,
+                                 n_per_expert: int, act_dtype, *, stream=None):
+    """The Numba path of ``ops.stack_gptq_experts_to_marlin`` (inputs already validated) -> MarlinWeight."""
+    import numpy as np
+
+    from workbench.scalar_types import ScalarType
+    from workbench.weight import MarlinWeight
+
+    qweight, scale_stack, zeros, asymmetric = kernel_for("stack_gptq_experts_to_marlin")(
+        qweights, scales, qzeros, bits, group_size, size_k, n_per_expert, act_dtype, stream=stream)
+    wt = {(4, False): ScalarType.U4B8, (4, True): ScalarType.U4, (8, False): ScalarType.U8B128,
+          (8, True): ScalarType.U8}[(bits, asymmetric)]
+    return MarlinWeight(qweight, scale_stack, zeros, None, None, size_k, n_per_expert, group_size, wt,
+                        np.dtype(act_dtype), num_experts=len(qweights) if isinstance(qweights, (list, tuple))
+                        else int(qweights.shape[0]))

@@ -1,0 +1,52 @@
+"""The Numba backend's contract: validation before any launch, clear errors, device arrays stay on the device."""
+import numpy as np
+import pytest
+from numba import cuda
+
+from kernels_numba import marlin_repack as kr
+from workbench import backends, ops
+from workbench.formats import packing
+
+
+def test_every_dispatched_op_has_a_kernel():
+    import importlib
+
+    for op_name, (module, name) in backends.KERNELS.items():
+        assert callable(getattr(importlib.import_module(f"kernels_numba.{module}"), name)), op_name
+
+
+def test_unknown_backend_and_numpy_backend_with_device_array(rng):
+    q = packing.pack_rows(rng.integers(0, 16, (16, 64), dtype=np.uint8), 4)
+    with pytest.raises(ValueError, match="backend = 'cuda'"):
+        ops.gptq_marlin_repack(q, None, 16, 64, 4, backend="cuda")
+    with pytest.raises(TypeError, match="backend='numpy' was given a CUDA device array"):
+        ops.gptq_marlin_repack(cuda.to_device(q), None, 16, 64, 4, backend="numpy")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q: ops.gptq_marlin_repack(q, None, 16, 96, 4, backend="numba"), "size_n = 96"),
+    (lambda q: ops.gptq_marlin_repack(q, None, 24, 64, 4, backend="numba"), "size_k = 24"),
+    (lambda q: ops.gptq_marlin_repack(q, None, 16, 64, 3, backend="numba"), "num_bits = 3"),
+    (lambda q: ops.gptq_marlin_repack(q, None, 32, 64, 4, backend="numba"), "b_q_weight has shape"),
+    (lambda q: ops.gptq_marlin_repack(q.astype(np.int64), None, 16, 64, 4, backend="numba"), "dtype"),
+])
+def test_bad_input_is_rejected_before_launch(call, message, rng):
+    q = packing.pack_rows(rng.integers(0, 16, (16, 64), dtype=np.uint8), 4)
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(q)
+
+
+def test_kernel_wrapper_checks_shapes_itself(rng):
+    """Called directly (no ops validation), a wrong shape is still an error, never an out-of-bounds read."""
+    q = packing.pack_rows(rng.integers(0, 16, (32, 64), dtype=np.uint8), 4)
+    with pytest.raises(ValueError, match=r"b_q_weight has shape \(4, 64\), expected \(2, 64\)"):
+        kr.gptq_marlin_repack(q, None, 16, 64, 4)
+    with pytest.raises(ValueError, match="perm has shape"):
+        kr.gptq_marlin_repack(q, np.arange(16, dtype=np.int32), 32, 64, 4)
+
+
+def test_non_contiguous_device_array_is_a_clear_error(rng):
+    q = packing.pack_rows(rng.integers(0, 16, (16, 128), dtype=np.uint8), 4)
+    strided = cuda.to_device(q)[:, ::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        kr.gptq_marlin_repack(strided, None, 16, 64, 4)

@@ -1,0 +1,134 @@
+"""Weight repacks: every Numba kernel equals its NumPy reference bit for bit (simulator, or a GPU if present).
+
+Shapes: one to four 16×64 tiles, plus a column chunk that is not a multiple of the kernel's 512-column block, and
+stacked experts. Fresh random codes every run; every output buffer starts as the poison pattern 0xA5A5A5A5.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from kernels_numba import marlin_repack as kr
+from kernels_numba._launch import POISON_BYTE, poison_outputs
+from workbench import ops
+from workbench.formats import fp8 as fp8_fmt
+from workbench.formats import marlin_tile, packing
+
+# (K, N): 1 tile, 4 tiles (2×2), and 576 = 9 n-tiles, which crosses the kernels' 512-column block edge.
+# The simulator runs one Python thread per CUDA thread (256 per block), so shapes stay this small on CI.
+SHAPES = [(16, 64), (32, 128), (16, 576)]
+SMALL_SHAPES = [(16, 64), (32, 128)]
+POISON_WORD = np.uint32(int.from_bytes(bytes([POISON_BYTE] * 4), "little"))
+
+
+def _codes(rng, k, n, bits):
+    return rng.integers(0, 1 << bits, size=(k, n), dtype=np.uint8)
+
+
+def test_poison_pattern_is_visible(rng):
+    """The poison must actually land in an unwritten output (else the comparisons below prove less)."""
+    with poison_outputs():
+        from kernels_numba._launch import Arrays
+
+        arrays = Arrays(None)
+        out = arrays.give(arrays.empty((4, 8), np.uint32))
+    assert np.all(out == POISON_WORD)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k,n", SHAPES)
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_marlin_repack_matches_reference(bits, k, n, act_order, rng):
+    codes = _codes(rng, k, n, bits)
+    qweight = packing.pack_rows(codes, bits)
+    perm = rng.permutation(k).astype(np.int32) if act_order else None
+    expected = marlin_tile.marlin_repack_codes(codes, bits, perm)
+    with poison_outputs():
+        got = ops.gptq_marlin_repack(qweight, perm, k, n, bits, backend="numba")
+    assert isinstance(got, np.ndarray) and got.dtype == np.int32
+    assert np.array_equal(got, expected)
+    assert np.array_equal(got, ops.gptq_marlin_repack(qweight, perm, k, n, bits, backend="numpy"))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_awq_marlin_repack_matches_reference(bits, k, n, rng):
+    codes = _codes(rng, k, n, bits)
+    with poison_outputs():
+        got = ops.awq_marlin_repack(packing.awq_pack(codes, bits), k, n, bits, backend="numba")
+    assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
+
+
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_fp8_raw_bits_and_block_fp8_repacks_match_reference(k, n, rng):
+    raw = rng.integers(0, 256, size=(n, k), dtype=np.uint8)  # row-major [N, K] E4M3 bytes, every code possible
+    k_major = fp8_fmt.pack_fp8_to_int32(raw)
+    expected = marlin_tile.marlin_repack_codes(np.ascontiguousarray(raw.T), 8)
+    with poison_outputs():
+        got_raw = ops.fp8_marlin_repack_raw_bits(k_major, k, n, backend="numba")
+    assert np.array_equal(got_raw, expected)
+    if k % fp8_fmt.BLOCK == 0:
+        with poison_outputs():
+            got_block = ops.block_fp8_group128_repack(raw.view(fp8_fmt.E4M3), k, n, backend="numba")
+        assert np.array_equal(got_block, expected)
+    with poison_outputs():  # the kernel itself has no K % 128 rule: the direct gather is the 8-bit tiling
+        assert np.array_equal(kr.block_fp8_group128_repack(raw, k, n), expected)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k,n", SMALL_SHAPES)
+def test_inverse_repacks_round_trip(bits, k, n, rng):
+    codes = _codes(rng, k, n, bits)
+    perm = rng.permutation(k).astype(np.int32)
+    marlin = marlin_tile.marlin_repack_codes(codes, bits)
+    marlin_perm = marlin_tile.marlin_repack_codes(codes, bits, perm)
+    with poison_outputs():
+        gptq = kr.marlin_to_gptq_qweight(marlin, None, k, n, bits)
+        gptq_perm = kr.marlin_to_gptq_qweight(marlin_perm, perm, k, n, bits)
+        awq = kr.marlin_to_awq_qweight(marlin, k, n, bits)
+    assert np.array_equal(gptq, ops.marlin_to_gptq_qweight(marlin, None, k, n, bits))
+    assert np.array_equal(gptq_perm, packing.pack_rows(codes, bits))
+    assert np.array_equal(awq, ops.marlin_to_awq_qweight(marlin, k, n, bits))
+    if bits == 8:
+        with poison_outputs():
+            raw_bits = kr.marlin_to_fp8_raw_bits(marlin, k, n)
+            row_major = kr.marlin_to_block_fp8_row_major(marlin, k, n)
+        assert np.array_equal(raw_bits, ops.marlin_to_fp8_raw_bits(marlin, k, n))
+        assert np.array_equal(row_major, np.ascontiguousarray(codes.T))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_stacked_experts_repack_in_one_launch(bits, rng):
+    experts, k, n = 3, 16, 64
+    codes = [_codes(rng, k, n, bits) for _ in range(experts)]
+    perms = np.stack([rng.permutation(k) for _ in range(experts)]).astype(np.int32)
+    stacked = np.stack([packing.pack_rows(c, bits) for c in codes])
+    with poison_outputs():
+        got = kr.gptq_marlin_repack(stacked, None, k, n, bits)
+        got_perm = kr.gptq_marlin_repack(stacked, perms, k, n, bits)
+        back = kr.marlin_to_gptq_qweight(got_perm, perms, k, n, bits)
+    for e in range(experts):
+        assert np.array_equal(got[e], marlin_tile.marlin_repack_codes(codes[e], bits))
+        assert np.array_equal(got_perm[e], marlin_tile.marlin_repack_codes(codes[e], bits, perms[e]))
+    assert np.array_equal(back, stacked)
+
+
+def test_device_arrays_in_give_device_arrays_out(rng):
+    """backend='auto' with a device array runs the kernel and hands back a device array (no host round trip)."""
+    k, n, bits = 16, 64, 4
+    codes = _codes(rng, k, n, bits)
+    qweight = packing.pack_rows(codes, bits)
+    d_in = cuda.to_device(qweight)
+    got = ops.gptq_marlin_repack(d_in, None, k, n, bits, backend="auto")
+    assert not isinstance(got, np.ndarray)
+    host = got.get() if hasattr(got, "get") else got.copy_to_host()
+    assert np.array_equal(host, marlin_tile.marlin_repack_codes(codes, bits))
+    assert np.array_equal(d_in.copy_to_host(), qweight)  # input untouched
+
+
+def test_kernels_never_mutate_their_inputs(rng):
+    k, n, bits = 32, 128, 8
+    qweight = packing.pack_rows(_codes(rng, k, n, bits), bits)
+    perm = rng.permutation(k).astype(np.int32)
+    before = (qweight.copy(), perm.copy())
+    ops.gptq_marlin_repack(qweight, perm, k, n, bits, backend="numba")
+    assert np.array_equal(qweight, before[0]) and np.array_equal(perm, before[1])
