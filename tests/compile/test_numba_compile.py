@@ -1,0 +1,124 @@
+"""Offline compile check of every Numba kernel, and the compiled integer semantics of their bit twiddling.
+
+1. Every kernel variant in ``kernels_numba`` compiles for sm_80 and sm_90 with the real Numba CUDA compiler
+   (``cuda.compile_ptx``) and the PTX assembles with ``ptxas``: typing errors the simulator accepts (a shared-array
+   shape that is not a constant, a missing intrinsic) fail here. Needs no GPU.
+2. The device helpers that twiddle bits run under ``numba.njit`` — compiled integer semantics, where ``uintN op
+   literal`` widens to 64 bits instead of wrapping as in the simulator — and must still equal the NumPy
+   reference maps exhaustively over a tile, and over every float32 bit pattern class for the float rounding.
+
+This file must run in a process *without* NUMBA_ENABLE_CUDASIM (CI's second pytest process).
+"""
+import os
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1":
+    pytest.skip("NUMBA_ENABLE_CUDASIM=1: the offline compile check needs the real Numba CUDA compiler; it runs in "
+                "the tests/compile process", allow_module_level=True)
+
+import numba  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from kernels_numba import float_bits, marlin_repack, scales  # noqa: E402
+from workbench.formats import marlin_tile, packing  # noqa: E402
+
+ARCHS = ((8, 0), (9, 0))
+TARGETS = list(marlin_repack.compile_targets()) + list(scales.compile_targets())
+
+
+def test_every_kernel_variant_is_listed():
+    names = [t[0] for t in TARGETS]
+    assert len(names) == len(set(names))
+    # 7 forward repacks (4-bit: 3 sources, 8-bit: 4), 5 inverses, 2 row gathers, perm inversion
+    assert sum(n.startswith(("repack[", "unpack[", "gather_rows[", "invert_perm")) for n in names) == 15
+    assert any(n.startswith("block_fp8_scales") for n in names) and any(n.startswith("zero_points") for n in names)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) is not on PATH")
+@pytest.mark.parametrize("cc", ARCHS, ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
+@pytest.mark.parametrize("name,pyfunc,argtypes", TARGETS, ids=[t[0] for t in TARGETS])
+def test_kernel_compiles_and_assembles(name, pyfunc, argtypes, cc, tmp_path):
+    ptx, _ = cuda.compile_ptx(pyfunc, argtypes, cc=cc)
+    ptx_file = tmp_path / "kernel.ptx"
+    ptx_file.write_text(ptx)
+    result = subprocess.run(["ptxas", f"-arch=sm_{cc[0]}{cc[1]}", "-v", str(ptx_file), "-o",
+                             str(tmp_path / "kernel.cubin")], capture_output=True, text=True)
+    assert result.returncode == 0, f"{name} for sm_{cc[0]}{cc[1]}: ptxas failed\n{result.stderr}"
+    assert "spill" not in result.stderr or "0 bytes spill stores" in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compiled integer semantics of the bit-twiddling helpers (njit = the compiled widening rules, on the CPU)
+# ---------------------------------------------------------------------------------------------------------------
+def _njit(device_function):
+    return numba.njit(device_function.py_func)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_marlin_word_helpers_under_compiled_integer_semantics(bits, rng):
+    """Stage a GPTQ-form chunk, build every Marlin word of its 8 tiles with the njit-compiled helper, compare with
+    the reference repack; then the inverse helper rebuilds every staged word."""
+    pf = 32 // bits
+    k, n = 16, marlin_repack.CHUNK_N
+    codes = rng.integers(0, 1 << bits, (k, n), dtype=np.uint8)
+    stage = np.ascontiguousarray(packing.pack_rows(codes, bits).view(np.uint32).ravel())  # (16/pf) × 512 words
+    forward = _njit(marlin_repack.marlin_word_4bit if bits == 4 else marlin_repack.marlin_word_8bit)
+    inverse = _njit(marlin_repack.gptq_word_4bit if bits == 4 else marlin_repack.gptq_word_8bit)
+    wpt = 1024 // pf
+
+    @numba.njit
+    def build(stage, tiles, wpt):
+        out = np.empty(tiles * wpt, np.uint32)
+        for t in range(tiles):
+            for wit in range(wpt):
+                out[t * wpt + wit] = forward(stage, t, wit)
+        return out
+
+    @numba.njit
+    def rebuild(mstage, rows, cols):
+        out = np.empty(rows * cols, np.uint32)
+        for h in range(rows):
+            for j in range(cols):
+                out[h * cols + j] = inverse(mstage, h, j)
+        return out
+
+    marlin = build(stage, n // 64, wpt)
+    expected = marlin_tile.marlin_repack_codes(codes, bits).view(np.uint32).ravel()
+    assert np.array_equal(marlin, expected)
+    assert np.array_equal(rebuild(marlin, 16 // pf, n), stage)
+
+
+def test_float_rounding_under_compiled_integer_semantics(rng):
+    """f32 bits × 2^s -> f16 / bf16 bits equals NumPy / ml_dtypes for random patterns and every exponent × edge
+    mantissa (ties, carries into the exponent, subnormal results, overflow, inf and NaN)."""
+    convert = _njit(float_bits.f32_bits_scaled_to_half_bits)
+
+    @numba.njit
+    def run(xs, scale_log2, mant_bits, bias):
+        out = np.empty(xs.size, np.uint16)
+        for i in range(xs.size):
+            out[i] = convert(xs[i], scale_log2, mant_bits, bias)
+        return out
+
+    exponents = np.arange(256, dtype=np.uint32) << np.uint32(23)
+    mantissas = np.array([0, 1, 2, 0xFFF, 0x1000, 0x1001, 0x1FFF, 0x2000, 0x3000, 0x7F, 0x80, 0x81, 0xFFFF, 0x8000,
+                          0x10000, 0x18000, 0x400000, 0x7FFFFF], np.uint32)
+    edges = (exponents[:, None] | mantissas[None, :]).ravel()
+    xs = np.concatenate([rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32), edges,
+                         edges | np.uint32(0x80000000)])
+    values = xs.view(np.float32)
+    for scale_log2, target, fmt in ((8, np.float16, float_bits.F16_FORMAT), (0, np.float16, float_bits.F16_FORMAT),
+                                    (120, ml_dtypes.bfloat16, float_bits.BF16_FORMAT),
+                                    (0, ml_dtypes.bfloat16, float_bits.BF16_FORMAT)):
+        with np.errstate(all="ignore"):
+            expected = (values * np.float32(2.0**scale_log2)).astype(target).view(np.uint16)
+        got = run(xs, scale_log2, *fmt)
+        mismatch = np.flatnonzero(got != expected)
+        assert mismatch.size == 0, (f"2^{scale_log2} -> {np.dtype(target)}: {mismatch.size} mismatches, first "
+                                    f"{hex(int(xs[mismatch[0]]))}: got {hex(int(got[mismatch[0]]))}, "
+                                    f"expected {hex(int(expected[mismatch[0]]))}")
