@@ -59,6 +59,9 @@ def bandwidth_gbps(record: dict) -> float | None:
     if isinstance(gb, (int, float)):
         return float(gb)
     mb = _first(record, MB_KEYS)
+    if not isinstance(mb, (int, float)):  # e.g. "repack_MB_per_s": the first field named in MB/s
+        mb = next((v for k, v in sorted(record.items()) if k.endswith("MB_per_s") and isinstance(v, (int, float))),
+                  None)
     return float(mb) / 1000.0 if isinstance(mb, (int, float)) else None
 
 
@@ -66,17 +69,29 @@ def chartable(record: dict) -> bool:
     return bandwidth_gbps(record) is not None
 
 
-def bench_summary_html(results: list[dict], directory: str = "bench/results") -> HTML:
+# result files the notebooks look for: file-name prefix -> who writes them
+EXPECTED = {"gemm": "the native GEMM benchmark (bench/bench_gemm.py, on a GPU)",
+            "repack": "the Numba repack benchmark (bench/bench_repack.py, on a GPU)"}
+
+
+def missing_results(results: list[dict], expected=EXPECTED) -> list[str]:
+    """One sentence per expected result family with no ``<prefix>_*.json`` file."""
+    return [f"No {prefix}_*.json yet: {who} has not committed results." for prefix, who in expected.items()
+            if not any(r["file"].startswith(prefix) for r in results)]
+
+
+def bench_summary_html(results: list[dict], directory: str = "bench/results", expected=EXPECTED) -> HTML:
+    missing = "".join(f"<p class='wb-bench-missing'>{m}</p>" for m in missing_results(results, expected))
     if not results:
         return HTML(f"<p class='wb-bench-missing'>No benchmark results under <code>{directory}</code> yet: the GEMM and "
-                    "repack benchmarks (run on a GPU) write their JSON there.</p>")
+                    f"repack benchmarks (run on a GPU) write their JSON there.</p>{missing}")
     rows = []
     for entry in results:
         n_chart = sum(chartable(r) for r in entry["records"])
         keys = sorted({k for r in entry["records"] for k in r})
         rows.append((entry["file"], len(entry["records"]), n_chart, entry["error"] or ", ".join(keys[:12])))
     return HTML(html_table(["file", "records", "chartable", "fields (or error)"], rows,
-                           caption=f"benchmark data under {directory}"))
+                           caption=f"benchmark data under {directory}") + missing)
 
 
 def render_bandwidth_chart(results: list[dict]):

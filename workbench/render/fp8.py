@@ -57,18 +57,34 @@ def render_block_fp8_word(size_k: int, size_n: int, word: int):
     tile = int(word) // words_per_tile(8)
     k_tile, n_tile = divmod(tile, size_n // TILE_N)
     block = (np.arange(size_n)[:, None] // f8.BLOCK) * (size_k // f8.BLOCK) + np.arange(size_k)[None, :] // f8.BLOCK
-    fig, (ax,) = new_figure(2 + 7 * size_k / 256, 1.5 + 6 * size_n / 256)
+    fig, (ax, ax_zoom) = new_figure(12, 5.2, ncols=2, width_ratios=[2, 1])
     draw_grid(ax, block, count=int(block.max()) + 1, cmap="Pastel1")
+    ax.set_aspect("auto")
     separators(ax, f8.BLOCK, f8.BLOCK, block.shape, color="black", linewidth=1.5)
     outline(ax, n_tile * TILE_N, k_tile * TILE_K, TILE_N, TILE_K, color="#1f77b4", linewidth=1.5)
-    for byte, (n, k) in enumerate(zip(n_of, k_of)):
+    for n, k in zip(n_of, k_of):
         outline(ax, int(n), int(k), fill=True)
-        ax.annotate(f"byte {byte}", (int(k), int(n)), xytext=(int(k) + 6, int(n) + 4 + 6 * byte), fontsize=7,
-                    arrowprops={"arrowstyle": "-", "linewidth": 0.6})
-    ax.set_title(f"word {word}: bytes from row-major [n, k] = {[(int(n), int(k)) for n, k in zip(n_of, k_of)]}; "
-                 "blue: its Marlin tile (transposed); colours: 128×128 scale blocks", fontsize=8)
+    ax.set_title("row-major [N, K] E4M3; colours: 128×128 scale blocks; blue: the word's Marlin tile", fontsize=9)
     ax.set_xlabel("k (row-major column)")
     ax.set_ylabel("n (row-major row)")
+    # zoom: the 8 rows n of the word's 16×8 fragment, all 16 k of its tile, as the checkpoint stores them
+    n_first = int(n_of[0]) - int(n_of[0]) % 8
+    k0 = k_tile * TILE_K
+    zoom = np.zeros((8, TILE_K), dtype=np.int64)
+    labels = np.full((8, TILE_K), "", dtype=object)
+    for byte, (n, k) in enumerate(zip(n_of, k_of)):
+        zoom[int(n) - n_first, int(k) - k0] = 1
+        labels[int(n) - n_first, int(k) - k0] = f"b{byte}"
+    draw_grid(ax_zoom, zoom, count=2, cmap="Paired", labels=labels, fontsize=8)
+    ax_zoom.set_xticks(range(0, TILE_K, 2))
+    ax_zoom.set_xticklabels([str(k0 + t) for t in range(0, TILE_K, 2)])
+    ax_zoom.set_yticks(range(8))
+    ax_zoom.set_yticklabels([str(n_first + t) for t in range(8)])
+    ax_zoom.set_title(f"zoom: rows n {n_first}..{n_first + 7}, k {k0}..{k0 + 15}\n(tile k_tile {k_tile}, "
+                      f"n_tile {n_tile}); bytes b0..b3, low byte first", fontsize=8)
+    ax_zoom.set_xlabel("k")
+    ax_zoom.set_ylabel("n")
+    fig.suptitle(f"Marlin word {word} gathers [n, k] = {[(int(n), int(k)) for n, k in zip(n_of, k_of)]}", fontsize=10)
     return fig
 
 
