@@ -42,7 +42,7 @@ TILES_PER_BLOCK = 8  # n-tiles per block: 8 KiB of 8-bit stage, 8 words per thre
 CHUNK_N = TILE_N * TILES_PER_BLOCK  # 512 columns per block
 CHUNK_SHIFT = 9  # log2(CHUNK_N)
 STAGE_ROWS = 4  # staged GPTQ-form rows per k-tile: 16/pf, at most 4 (8-bit)
-STAGE_WORDS = STAGE_ROWS * CHUNK_N  # shared-array size must be a module constant (tooling.md)
+STAGE_WORDS = STAGE_ROWS * CHUNK_N  # shared-array sizes must be compile-time constants (tooling.md)
 MARLIN_STAGE_WORDS = TILES_PER_BLOCK * 256  # staged Marlin words of one block in the inverse (8-bit: 256 per tile)
 THREADS = 256  # 8 warps: enough to cover load latency with 8 independent loads each
 
@@ -65,8 +65,8 @@ def _consts(bits: int):
 # Device helpers: one Marlin word from the staged GPTQ form, and back
 # ---------------------------------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
-def marlin_word_4bit(stage, t, wit):
-    """Marlin 4-bit word ``wit`` of local tile ``t`` from the GPTQ form (2 staged rows × CHUNK_N columns).
+def marlin_word_4bit(stage, t, wit, row_stride):
+    """Marlin 4-bit word ``wit`` of local tile ``t`` from the GPTQ form (2 staged rows of ``row_stride`` columns).
 
     wit = 4*lane + warp, lane = 4*col + row2; the word holds rows k0+{0,1,8,9} (k0 = 2*row2) of columns n, n+8
     (n = 16*warp + col). In the GPTQ form rows k0, k0+1 are byte row2 of staged row 0, rows k0+8, k0+9 byte row2 of
@@ -79,9 +79,9 @@ def marlin_word_4bit(stage, t, wit):
     n = (t << 6) + (warp << 4) + col
     shift = uint32(row2 << 3)
     a = uint32(stage[n] >> shift) & uint32(0xFF)  # rows k0, k0+1   of column n
-    b = uint32(stage[CHUNK_N + n] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n
+    b = uint32(stage[row_stride + n] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n
     c = uint32(stage[n + 8] >> shift) & uint32(0xFF)  # rows k0, k0+1   of column n+8
-    d = uint32(stage[CHUNK_N + n + 8] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n+8
+    d = uint32(stage[row_stride + n + 8] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n+8
     low = (a & uint32(0xF)) | ((b & uint32(0xF)) << uint32(4)) | ((c & uint32(0xF)) << uint32(8)) | (
         (d & uint32(0xF)) << uint32(12))
     high = (a >> uint32(4)) | ((b >> uint32(4)) << uint32(4)) | ((c >> uint32(4)) << uint32(8)) | (
@@ -90,8 +90,8 @@ def marlin_word_4bit(stage, t, wit):
 
 
 @cuda.jit(device=True, inline=True)
-def marlin_word_8bit(stage, t, wit):
-    """Marlin 8-bit word ``wit`` of local tile ``t`` from the GPTQ form (4 staged rows × CHUNK_N columns).
+def marlin_word_8bit(stage, t, wit, row_stride):
+    """Marlin 8-bit word ``wit`` of local tile ``t`` from the GPTQ form (4 staged rows of ``row_stride`` columns).
 
     wit = 8*lane + 2*warp + half, lane = 4*col + row2; the word holds rows k0, k0+8, k0+1, k0+9 (k0 = 2*row2) of
     column n = 16*warp + col + 8*half: bytes row2%2*2 + {0, 1} of staged rows row2//2 (k0, k0+1) and 2 + row2//2.
@@ -101,8 +101,8 @@ def marlin_word_8bit(stage, t, wit):
     col = lane >> 2
     row2 = lane & 3
     n = (t << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
-    p = stage[(row2 >> 1) * CHUNK_N + n]  # rows 4*(row2//2) .. +3: holds k0, k0+1
-    q = stage[(2 + (row2 >> 1)) * CHUNK_N + n]  # 8 rows further: holds k0+8, k0+9
+    p = stage[(row2 >> 1) * row_stride + n]  # rows 4*(row2//2) .. +3: holds k0, k0+1
+    q = stage[(2 + (row2 >> 1)) * row_stride + n]  # 8 rows further: holds k0+8, k0+9
     s = uint32((row2 & 1) << 4)
     return uint32(
         (uint32(p >> s) & uint32(0xFF))
@@ -152,39 +152,45 @@ def gptq_word_8bit(mstage, h, n):
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels (built per (bits, source) so pack factors and branches are compile-time constants)
 # ---------------------------------------------------------------------------------------------------------------
-def repack_kernel_source(bits: int, source: str):
-    """The Python function of the forward repack kernel for ``bits`` and ``source`` (not yet compiled)."""
+def repack_kernel_source(bits: int, source: str, tiles_per_block: int = TILES_PER_BLOCK, threads: int = THREADS):
+    """The Python function of the forward repack kernel for ``bits`` and ``source`` (not yet compiled).
+
+    ``tiles_per_block``/``threads`` exist for the benchmark's launch-shape sweep; the wrappers use the constants.
+    """
     if source not in SOURCES:
         raise ValueError(f"source = {source!r} is not one of {SOURCES}")
     c = _consts(bits)
     pf, log_pf, rows, mask, wpt, wpt_shift = c["pf"], c["log_pf"], c["rows"], c["mask"], c["wpt"], c["wpt_shift"]
     half_pf = pf // 2
     four_bit = bits == 4
+    chunk_n = TILE_N * tiles_per_block  # columns per block
+    chunk_shift = chunk_n.bit_length() - 1
+    stage_words = STAGE_ROWS * chunk_n  # a closure constant: a valid shared-array size for the real compiler
     src_gptq = source == "gptq"
     src_perm = source == "gptq_perm"
     src_awq = source == "awq"
 
     def repack(src, perm, out, size_n):
         """src: see SOURCES, with a leading expert axis; perm int32 [E, K] (gptq_perm only);
-        out uint32 [E, K/16, N*16/pf]. Grid (K/16, ceil(N/512), E), THREADS threads."""
-        stage = cuda.shared.array(STAGE_WORDS, dtype=uint32)  # GPTQ form of this k-tile × column chunk
+        out uint32 [E, K/16, N*16/pf]. Grid (K/16, ceil(N/chunk_n), E), ``threads`` threads."""
+        stage = cuda.shared.array(stage_words, dtype=uint32)  # GPTQ form of this k-tile × column chunk
         kt = cuda.blockIdx.x
         chunk = cuda.blockIdx.y
         e = cuda.blockIdx.z
         tid = cuda.threadIdx.x
-        n_base = chunk << CHUNK_SHIFT
-        cols = min(CHUNK_N, size_n - n_base)
+        n_base = chunk << chunk_shift
+        cols = min(chunk_n, size_n - n_base)
 
-        # phase 1: source -> GPTQ form, stage[h*CHUNK_N + j] = codes of rows kt*16 + h*pf + (0..pf-1), column j
-        for i in range(tid, rows * CHUNK_N, THREADS):
+        # phase 1: source -> GPTQ form, stage[h*chunk_n + j] = codes of rows kt*16 + h*pf + (0..pf-1), column j
+        for i in range(tid, rows * chunk_n, threads):
             if src_gptq:
-                h = i >> CHUNK_SHIFT
-                j = i & (CHUNK_N - 1)
+                h = i >> chunk_shift
+                j = i & (chunk_n - 1)
                 if j < cols:
                     stage[i] = src[e, kt * rows + h, n_base + j]
             elif src_perm:
-                h = i >> CHUNK_SHIFT
-                j = i & (CHUNK_N - 1)
+                h = i >> chunk_shift
+                j = i & (chunk_n - 1)
                 if j < cols:
                     word = uint32(0)
                     for f in range(pf):
@@ -194,8 +200,8 @@ def repack_kernel_source(bits: int, source: str):
                         word = word | uint32(code << uint32(f * bits))
                     stage[i] = word
             elif src_awq:
-                h = i >> CHUNK_SHIFT
-                j = i & (CHUNK_N - 1)
+                h = i >> chunk_shift
+                j = i & (chunk_n - 1)
                 if j < cols:
                     n = n_base + j
                     i_col = n & (pf - 1)
@@ -210,19 +216,19 @@ def repack_kernel_source(bits: int, source: str):
                 j = i >> 2
                 h = i & 3
                 if j < cols:
-                    stage[h * CHUNK_N + j] = src[e, n_base + j, kt * 4 + h]
+                    stage[h * chunk_n + j] = src[e, n_base + j, kt * 4 + h]
         cuda.syncthreads()
 
         # phase 2: GPTQ form -> Marlin words; the chunk's tiles are consecutive in the output row
         tiles = cols >> 6
-        out_base = (chunk * TILES_PER_BLOCK) << wpt_shift
-        for o in range(tid, TILES_PER_BLOCK * wpt, THREADS):
+        out_base = (chunk * tiles_per_block) << wpt_shift
+        for o in range(tid, tiles_per_block * wpt, threads):
             t = o >> wpt_shift
             if t < tiles:
                 if four_bit:
-                    out[e, kt, out_base + o] = marlin_word_4bit(stage, t, o & (wpt - 1))
+                    out[e, kt, out_base + o] = marlin_word_4bit(stage, t, o & (wpt - 1), chunk_n)
                 else:
-                    out[e, kt, out_base + o] = marlin_word_8bit(stage, t, o & (wpt - 1))
+                    out[e, kt, out_base + o] = marlin_word_8bit(stage, t, o & (wpt - 1), chunk_n)
 
     return repack
 
@@ -350,8 +356,8 @@ def _invert_perm_kernel():
 
 
 @functools.lru_cache(maxsize=None)
-def _repack_kernel(bits: int, source: str):
-    return cuda.jit(repack_kernel_source(bits, source))
+def _repack_kernel(bits: int, source: str, tiles_per_block: int = TILES_PER_BLOCK, threads: int = THREADS):
+    return cuda.jit(repack_kernel_source(bits, source, tiles_per_block, threads))
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,6 +21,7 @@ from numba import cuda, int32
 from kernels_numba._launch import Arrays
 
 MAX_EXPERTS = 1024  # shared counters per expert (spec §8.1: the padded expert count stays below 1024)
+CURSOR_SLOTS = MAX_EXPERTS + 1  # segment starts plus the end; a global, as shared shapes must be constants
 THREADS = 256  # one block; every phase is a block-stride loop, so any power of two works (tests use 32)
 
 
@@ -28,7 +29,7 @@ THREADS = 256  # one block; every phase is a block-stride loop, so any power of 
 def _moe_align_kernel(topk_flat, numel, num_experts, block_size, expert_map, has_map, sorted_ids, expert_ids,
                       num_post_padded):
     counts = cuda.shared.array(MAX_EXPERTS, int32)
-    cursors = cuda.shared.array(MAX_EXPERTS + 1, int32)  # phase 2: segment starts; phase 4: next free slot
+    cursors = cuda.shared.array(CURSOR_SLOTS, int32)  # phase 2: segment starts; phase 4: next free slot
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
     for e in range(tid, num_experts, nthreads):

@@ -76,7 +76,7 @@ def test_marlin_word_helpers_under_compiled_integer_semantics(bits, rng):
         out = np.empty(tiles * wpt, np.uint32)
         for t in range(tiles):
             for wit in range(wpt):
-                out[t * wpt + wit] = forward(stage, t, wit)
+                out[t * wpt + wit] = forward(stage, t, wit, tiles * 64)
         return out
 
     @numba.njit
