@@ -1,0 +1,672 @@
+"""MoE expert stacks on the native Marlin GEMM: ``MarlinExpertStack``, ``fused_moe`` and the NumPy MoE reference.
+
+A stack holds E experts' Marlin tiles for one matmul role (gate_up = w13, or down = w2) in one buffer with a
+leading expert axis (``workbench.weight.MarlinWeight`` with ``num_experts``; spec §8.2). Three ways to run it:
+
+* ``gemm_phase_batched(input, dispatches, output)`` — one dense Marlin GEMM per dispatch
+  ``(expert, in_row_offset, out_row_offset, m)`` on row views of input/output, spread round-robin over a few CuPy
+  streams (each with its own lock counters and partial-sum buffer), joined back to the caller's stream by events.
+* ``gemm_phase_fused(input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m,
+  moe_block_size, top_k)`` — one launch of ``kernels_cuda/marlin_moe.cu``: every block of ``moe_block_size``
+  routed rows reads its expert from ``expert_ids`` inside the kernel, gathers its A rows by sorted id, scatters
+  its C rows, optionally scales them by the router weight; ``-1`` experts and sentinel rows are skipped.
+* ``make_expert_linear(offset, n, bias)`` — one expert's column slice as a plain layer for the dense GEMM.
+
+``fused_moe(hidden, w13, w2, topk_weights, topk_ids, path=...)`` is an inference engine's MoE layer on top:
+gate_up -> SiLU(gate) * up -> down -> router-weighted sum over top_k.
+
+``moe_reference`` is the NumPy spec of that layer (fp32 math on the exact dequantized weights, rounded to the
+activation type where the kernels write activations) and ``moe_error_bound`` the per-element tolerance derived
+from those roundings.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from workbench import gemm
+from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
+from workbench.weight import MarlinWeight
+
+MOE_KERNEL_SOURCE = "marlin_moe.cu"
+DEFAULT_STREAMS = 4  # concurrent dense GEMMs in the batched path: enough to fill the SMs when each is small
+PATHS = ("fused", "batched", "dense_loop")
+
+
+class UnsupportedError(NotImplementedError):
+    """This backend/build cannot run the requested path (the seed's ``unsupported`` error)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NumPy reference
+# ---------------------------------------------------------------------------------------------------------------
+def _round(x: np.ndarray, act: np.dtype) -> np.ndarray:
+    """fp32 -> activation type -> fp32: where a kernel writes an activation-typed value."""
+    return np.asarray(x, dtype=np.float32).astype(act).astype(np.float32)
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def _check_routing(hidden: np.ndarray, w13_ref: np.ndarray, w2_ref: np.ndarray, topk_weights, topk_ids,
+                   expert_map=None):
+    hidden = np.asarray(hidden)
+    topk_ids = np.asarray(topk_ids)
+    topk_weights = np.asarray(topk_weights, dtype=np.float32)
+    if hidden.ndim != 2:
+        raise ValueError(f"hidden must be 2-D (M, K), got shape {hidden.shape}")
+    m, k = hidden.shape
+    if w13_ref.ndim != 3 or w13_ref.shape[1] != k or w13_ref.shape[2] % 2:
+        raise ValueError(f"w13_ref has shape {w13_ref.shape}, expected (E, K = {k}, 2N)")
+    e, _, n2 = w13_ref.shape
+    if w2_ref.shape != (e, n2 // 2, k):
+        raise ValueError(f"w2_ref has shape {w2_ref.shape}, expected (E, N, K) = {(e, n2 // 2, k)}")
+    if topk_ids.ndim != 2 or topk_ids.shape[0] != m or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_ids {topk_ids.shape} and topk_weights {topk_weights.shape} must both be "
+                         f"(M = {m}, top_k)")
+    local = topk_ids.astype(np.int64)
+    if expert_map is not None:
+        emap = np.asarray(expert_map)
+        valid = (local >= 0) & (local < emap.shape[0])
+        local = np.where(valid, emap[np.clip(local, 0, emap.shape[0] - 1)], -1)
+    local = np.where((local >= 0) & (local < e), local, -1)
+    return hidden, topk_weights, local
+
+
+def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=None, expert_map=None) -> np.ndarray:
+    """The MoE layer in NumPy: ``out[t] = Σ_j w[t, j] · (silu(g) · u)(hidden[t] @ W13[e]) @ W2[e]``, e = ids[t, j].
+
+    hidden [M, K] (fp16/bf16), w13_ref [E, K, 2N] and w2_ref [E, N, K] float32 exact dequantized weights
+    (``QuantizedWeight.w_ref``; gate = the first N columns of W13, up = the last N), topk_weights [M, top_k]
+    float32, topk_ids [M, top_k] int. Entries whose expert is not local (``expert_map`` gives -1, or the id is out
+    of range) contribute nothing. Rounded to the activation type where the kernels write activations:
+
+      g = rnd(hidden @ W13[e])            GEMM 1 writes its C
+      h = rnd(silu(g_gate) · g_up)        the activation kernel writes its output (fp32 math inside)
+      y = rnd(w · (h @ W2[e]))            GEMM 2 multiplies by the router weight in fp32, then writes C
+      out = rnd(Σ_j y_j)                  the top-k sum adds in fp32, then writes
+    """
+    hidden, weights, local = _check_routing(hidden, np.asarray(w13_ref), np.asarray(w2_ref), topk_weights,
+                                            topk_ids, expert_map)
+    act = np.dtype(act_dtype or hidden.dtype)
+    a = hidden.astype(np.float32)
+    m, top_k = local.shape
+    n = w2_ref.shape[1]
+    total = np.zeros((m, hidden.shape[1]), np.float32)
+    for e in np.unique(local[local >= 0]):
+        rows, slots = np.nonzero(local == e)
+        g = _round(a[rows] @ w13_ref[e], act)
+        h = _round(_silu(g[:, :n]) * g[:, n:], act)
+        y = _round(weights[rows, slots, None] * (h @ w2_ref[e]), act)
+        np.add.at(total, rows, y)
+    return total.astype(act)
+
+
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=None, expert_map=None) -> np.ndarray:
+    """Per-element bound on |kernel - moe_reference| (float32 [M, K]), derived from where each side rounds.
+
+    With u the activation type's unit roundoff and a GEMM's error <= (u + K·2^-22)·(|A| @ |W|) (one output rounding
+    plus fp32 tensor-core accumulation that drops low bits when aligning products):
+      δg  <= e1 = (u + K·2^-22)·(|a| @ |W13|)
+      δh  <= |silu'(g_gate)|·δg_gate·|g_up| + |silu(g_gate)|·δg_up + u·|h|        (SiLU-and-mul, one rounding)
+      δy  <= |w|·(δh @ |W2| + (u + N·2^-22)·(|h| @ |W2|))                      (GEMM 2, router weight in fp32)
+      δout <= Σ_j δy_j + 2u·Σ_j |y_j|                    (a path that rounds y before weighting adds one more u)
+    Both the kernel and the reference carry such an error, so the bound is doubled.
+    """
+    hidden, weights, local = _check_routing(hidden, np.asarray(w13_ref), np.asarray(w2_ref), topk_weights,
+                                            topk_ids, expert_map)
+    act = np.dtype(act_dtype or hidden.dtype)
+    u = UNIT_ROUNDOFF[act.name]
+    a = np.abs(hidden.astype(np.float32))
+    k = hidden.shape[1]
+    n = w2_ref.shape[1]
+    bound = np.zeros((hidden.shape[0], k), np.float32)
+    for e in np.unique(local[local >= 0]):
+        rows, slots = np.nonzero(local == e)
+        g = hidden[rows].astype(np.float32) @ w13_ref[e]
+        e1 = (u + k * 2.0 ** -22) * (a[rows] @ np.abs(w13_ref[e]))
+        gate, up = g[:, :n], g[:, n:]
+        sig = 1.0 / (1.0 + np.exp(-gate))
+        dsilu = np.abs(sig * (1.0 + gate * (1.0 - sig)))
+        h = np.abs(_silu(gate) * up)
+        dh = dsilu * e1[:, :n] * (np.abs(up) + e1[:, n:]) + np.abs(_silu(gate)) * e1[:, n:] + u * h
+        w2 = np.abs(w2_ref[e])
+        w = np.abs(weights[rows, slots, None])
+        dy = w * ((dh @ w2) + (u + n * 2.0 ** -22) * (h @ w2))
+        y = w * (h @ w2)
+        np.add.at(bound, rows, dy + 2 * u * y)
+    return 2 * bound + np.float32(1e-30)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building stacks (tests, notebooks, benchmarks)
+# ---------------------------------------------------------------------------------------------------------------
+def stack_marlin_weights(experts: Sequence[MarlinWeight]) -> MarlinWeight:
+    """E single-layer MarlinWeights of one shape and format -> one stack (host arrays, expert e at index e)."""
+    experts = list(experts)
+    if not experts:
+        raise ValueError("at least one expert is needed")
+    first = experts[0]
+    for i, w in enumerate(experts):
+        if w.num_experts is not None:
+            raise ValueError(f"experts[{i}] is already a stack")
+        same = (w.size_k, w.size_n, w.group_size, w.weight_type, np.dtype(w.act_dtype), w.has_act_order,
+                w.zeros is None)
+        want = (first.size_k, first.size_n, first.group_size, first.weight_type, np.dtype(first.act_dtype),
+                first.has_act_order, first.zeros is None)
+        if same != want:
+            raise ValueError(f"experts[{i}] is (K, N, group, type, act, act_order, no zeros) = {same}, "
+                             f"experts[0] is {want}")
+    stack = (lambda f: None if getattr(first, f) is None else np.stack([np.asarray(getattr(w, f)) for w in experts]))
+    return dataclasses.replace(first, qweight=stack("qweight"), scales=stack("scales"), zeros=stack("zeros"),
+                               g_idx=stack("g_idx"), perm=stack("perm"), num_experts=len(experts))
+
+
+def random_expert_stack(num_experts: int, size_k: int, size_n: int, weight_type, group_size: int,
+                        act_dtype=np.float16, seed: int = 0) -> tuple[MarlinWeight, np.ndarray]:
+    """Fresh randn experts quantized by the reference quantizer. Returns (stack on the host, w_ref [E, K, N] f32)."""
+    from workbench.weight import random_marlin_weight
+
+    experts, refs = [], []
+    for e in range(num_experts):
+        mw, q = random_marlin_weight(size_k, size_n, weight_type, group_size, act_dtype=act_dtype,
+                                     seed=seed * 1009 + e)
+        experts.append(mw)
+        refs.append(q.w_ref)
+    return stack_marlin_weights(experts), np.stack(refs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Native kernels of marlin_moe.cu (compiled at first use)
+# ---------------------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def moe_kernel_source() -> str:
+    """marlin_moe.cu with its local headers (the dense kernel's dequant.cuh / mma.cuh) inlined."""
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = (gemm.KERNEL_DIR / name).read_text()
+        return gemm._INCLUDE.sub(lambda m: expand(m.group(1)), text)
+
+    return expand(MOE_KERNEL_SOURCE).replace("#pragma once", "")
+
+
+_lock = threading.Lock()
+_kernels: dict[tuple[str, int], Any] = {}
+
+
+def get_moe_kernel(name_expression: str, device: int, smem_bytes: int = 0):
+    key = (name_expression, device)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        cupy = gemm._cupy()
+        with cupy.cuda.Device(device):
+            module = cupy.RawModule(code=moe_kernel_source(), options=("-std=c++17",),
+                                    name_expressions=[name_expression])
+            kernel = module.get_function(name_expression)
+            if smem_bytes > 48 * 1024:
+                kernel.max_dynamic_shared_size_bytes = smem_bytes
+        with _lock:
+            kernel = _kernels.setdefault(key, kernel)
+    return kernel
+
+
+def _ctype(dtype) -> str:
+    return "__half" if np.dtype(dtype) == np.dtype(np.float16) else "__nv_bfloat16"
+
+
+def silu_and_mul(x, out=None, *, stream=None):
+    """out[r, j] = rnd(silu(x[r, j]) · x[r, N + j]) for x [R, 2N] fp16/bf16 on the GPU (fp32 math inside)."""
+    cupy = gemm._cupy()
+    gemm.act_scalar_type(x.dtype)
+    if len(x.shape) != 2 or x.shape[1] % 2 or not x.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"silu_and_mul takes a contiguous (R, 2N) array, got shape {tuple(x.shape)}")
+    rows, n = int(x.shape[0]), int(x.shape[1]) // 2
+    if out is None:
+        out = cupy.empty((rows, n), dtype=x.dtype)
+    if tuple(out.shape) != (rows, n) or out.dtype != x.dtype or not out.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"out must be a contiguous ({rows}, {n}) {x.dtype} array, got {tuple(out.shape)} {out.dtype}")
+    if rows:
+        _, device = gemm._device_ptr(x, "x")
+        kernel = get_moe_kernel(f"mwb::silu_and_mul<{_ctype(x.dtype)}>", device)
+        total = rows * n
+        blocks = min(65535, -(-total // 256))
+        kernel((blocks,), (256,), (x, out, np.int32(rows), np.int32(n)),
+               stream=gemm._stream(gemm._stream_ptr(stream)))
+    return out
+
+
+def moe_sum(y, top_k: int, out=None, *, weights=None, row_of=None, stream=None):
+    """out[t, :] = rnd(Σ_j w[t, j] · y[r(t·top_k + j), :]) in fp32 for y [R, K] fp16/bf16 on the GPU.
+
+    w = 1 when ``weights`` ([M, top_k] float32) is None; r = identity (R = M·top_k) when ``row_of`` is None, else
+    ``row_of`` ([M·top_k] int32) names the row of y holding each entry, -1 for an entry that contributes nothing.
+    """
+    cupy = gemm._cupy()
+    gemm.act_scalar_type(y.dtype)
+    if len(y.shape) != 2 or not y.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"y must be a contiguous 2-D array, got shape {tuple(y.shape)}")
+    top_k = _int(top_k, "top_k")
+    if top_k < 1:
+        raise ValueError(f"top_k = {top_k} must be >= 1")
+    rows, k = (int(s) for s in y.shape)
+    if row_of is None:
+        if rows % top_k:
+            raise ValueError(f"y has {rows} rows, not a multiple of top_k = {top_k}")
+        entries = rows
+    else:
+        if np.dtype(row_of.dtype) != np.int32 or len(row_of.shape) != 1:
+            raise TypeError(f"row_of must be 1-D int32, got {np.dtype(row_of.dtype)} {tuple(row_of.shape)}")
+        entries = int(row_of.shape[0])
+        if entries % top_k:
+            raise ValueError(f"row_of has {entries} entries, not a multiple of top_k = {top_k}")
+    m = entries // top_k
+    if out is None:
+        out = cupy.empty((m, k), dtype=y.dtype)
+    if tuple(out.shape) != (m, k) or out.dtype != y.dtype or not out.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"out must be contiguous ({m}, {k}) {y.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if weights is not None and (np.dtype(weights.dtype) != np.float32 or int(weights.size) != entries):
+        raise ValueError(f"weights must be float32 with {entries} elements, got {weights.dtype} "
+                         f"{tuple(weights.shape)}")
+    if m:
+        _, device = gemm._device_ptr(y, "y")
+        kernel = get_moe_kernel(f"mwb::moe_sum<{_ctype(y.dtype)}>", device)
+        blocks = min(65535, -(-(m * k) // 256))
+        null = np.uint64(0)
+        kernel((blocks,), (256,), (y, null if weights is None else weights, null if row_of is None else row_of,
+                                   out, np.int32(m), np.int32(top_k), np.int32(k), np.int32(rows)),
+               stream=gemm._stream(gemm._stream_ptr(stream)))
+    return out
+
+
+def gather_rows(x, rows, *, stream=None):
+    """out[i, :] = x[rows[i], :] for x [R, K] fp16/bf16 (K % 8 == 0) and rows [n] int32 on the GPU."""
+    cupy = gemm._cupy()
+    gemm.act_scalar_type(x.dtype)
+    if len(x.shape) != 2 or not x.flags["C_CONTIGUOUS"] or int(x.shape[1]) % 8:
+        raise ValueError(f"x must be contiguous (R, K) with K % 8 == 0, got shape {tuple(x.shape)}")
+    if np.dtype(rows.dtype) != np.int32 or len(rows.shape) != 1:
+        raise TypeError(f"rows must be 1-D int32, got {np.dtype(rows.dtype)} {tuple(rows.shape)}")
+    n, k = int(rows.shape[0]), int(x.shape[1])
+    out = cupy.empty((n, k), dtype=x.dtype)
+    if n:
+        _, device = gemm._device_ptr(x, "x")
+        kernel = get_moe_kernel("mwb::gather_rows", device)
+        blocks = min(65535, -(-(n * k // 8) // 256))
+        kernel((blocks,), (256,), (x, rows, out, np.int32(n), np.int32(k // 8), np.int32(int(x.shape[0]))),
+               stream=gemm._stream(gemm._stream_ptr(stream)))
+    return out
+
+
+def add_bias(y, bias, *, stream=None):
+    """y[r, :] = rnd(y[r, :] + bias) in fp32, in place; y [R, N], bias [N], same fp16/bf16 dtype, on the GPU."""
+    if np.dtype(bias.dtype) != np.dtype(y.dtype) or tuple(bias.shape) != (int(y.shape[1]),):
+        raise ValueError(f"bias must be ({int(y.shape[1])},) {y.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    rows, n = (int(s) for s in y.shape)
+    if rows:
+        _, device = gemm._device_ptr(y, "y")
+        kernel = get_moe_kernel(f"mwb::add_bias<{_ctype(y.dtype)}>", device)
+        blocks = min(65535, -(-(rows * n) // 256))
+        kernel((blocks,), (256,), (y, bias, np.int32(rows), np.int32(n)),
+               stream=gemm._stream(gemm._stream_ptr(stream)))
+    return y
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The expert stack
+# ---------------------------------------------------------------------------------------------------------------
+def _on_gpu(x) -> bool:
+    return getattr(x, "__cuda_array_interface__", None) is not None
+
+
+def _xp(x):
+    if _on_gpu(x):
+        return gemm._cupy()
+    return np
+
+
+def _int(v, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
+@dataclasses.dataclass
+class ExpertLinear:
+    """One expert's column slice of a stack as a dense Marlin layer: ``y = x @ W[:, offset : offset + n] + bias``.
+
+    ``weight`` is a single-layer ``MarlinWeight`` holding contiguous copies of the slice (the dense GEMM reads
+    contiguous tiles; a column slice of a Marlin buffer is strided), ``bias`` ([n], act dtype) is added after the
+    GEMM (the dense kernel has no bias epilogue), rounding once more to the activation type.
+    """
+
+    weight: MarlinWeight
+    bias: Any | None
+    expert: int
+    column_offset: int  # inside the expert
+
+    def __call__(self, x, *, out=None, stream=None):
+        y = gemm.marlin_gemm(x, self.weight, c=out, stream=stream)
+        if self.bias is not None:
+            add_bias(y, self.bias, stream=stream)
+        return y
+
+
+class MarlinExpertStack:
+    """E experts' Marlin tiles for one matmul role (seed ``MarlinExpertStack``); arrays on the GPU for the GEMMs.
+
+    ``weight``: a stacked ``MarlinWeight`` (``num_experts`` set; see ``ops.stack_gptq_experts_to_marlin`` and
+    ``gemm.upload_weight``). Act-order stacks are not supported by the fused kernel (spec §8.2's newer kernels
+    dropped it); the batched path runs them through the dense GEMM.
+    """
+
+    def __init__(self, weight: MarlinWeight, *, num_streams: int = DEFAULT_STREAMS, sms: int = -1):
+        if not isinstance(weight, MarlinWeight):
+            raise TypeError(f"weight must be a MarlinWeight, got {type(weight).__name__}")
+        if weight.num_experts is None:
+            raise ValueError("weight is a single layer; an expert stack needs num_experts (a leading expert axis)")
+        e = weight.num_experts
+        if tuple(weight.qweight.shape[:1]) != (e,) or tuple(weight.scales.shape[:1]) != (e,):
+            raise ValueError(f"weight arrays do not lead with num_experts = {e}: qweight {tuple(weight.qweight.shape)}"
+                             f", scales {tuple(weight.scales.shape)}")
+        num_streams = _int(num_streams, "num_streams")
+        if num_streams < 1:
+            raise ValueError(f"num_streams = {num_streams} must be >= 1")
+        self.weight = weight
+        self.num_streams = num_streams
+        self._sms = _int(sms, "sms")
+        self._scratch: dict[int, tuple[Any, Any, list]] = {}
+
+    # ---- the seed's surface -----------------------------------------------------------------------------------
+    @property
+    def n_per_expert(self) -> int:
+        return self.weight.size_n
+
+    @property
+    def k(self) -> int:
+        return self.weight.size_k
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.weight.num_experts)
+
+    @property
+    def act_dtype(self) -> np.dtype:
+        return np.dtype(self.weight.act_dtype)
+
+    def _device(self) -> int:
+        if not _on_gpu(self.weight.qweight):
+            raise TypeError("the stack's arrays are not on GPU; build it from gemm.upload_weight(weight)")
+        return gemm._device_ptr(self.weight.qweight, "weight.qweight")[1]
+
+    def _scratch_for(self, device: int):
+        """(workspace [S·sms] int32 zero, c_tmp [S, c_tmp_numel] fp32, streams [S]), made once per device."""
+        if device not in self._scratch:
+            cupy = gemm._cupy()
+            sms = gemm.device_properties(device)[1] if self._sms <= 0 else self._sms
+            with cupy.cuda.Device(device):
+                ws = cupy.zeros(self.num_streams * gemm.workspace_numel(sms), dtype=np.int32)
+                c_tmp = cupy.empty((self.num_streams, gemm.c_tmp_numel(sms)), dtype=np.float32)
+                streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(self.num_streams)]
+            self._scratch[device] = (ws, c_tmp, streams, sms)
+        return self._scratch[device]
+
+    def zero_workspace(self, *, stream=None) -> None:
+        """Zero every lock counter once before a batch of launches (the kernels leave them zero; this recovers
+        from an interrupted launch and is the seed's once-per-batch call)."""
+        ws = self._scratch_for(self._device())[0]
+        gemm._cupy().cuda.runtime.memsetAsync(ws.data.ptr, 0, ws.nbytes, gemm._stream_ptr(stream))
+
+    def check_dispatches(self, input_shape, output_shape, dispatches) -> list[tuple[int, int, int, int]]:
+        """Validated dispatches (pure: no GPU). Output row ranges of different dispatches must not overlap: they
+        may run at the same time."""
+        rows_in, rows_out = int(input_shape[0]), int(output_shape[0])
+        out: list[tuple[int, int, int, int]] = []
+        for i, d in enumerate(dispatches):
+            if len(d) != 4:
+                raise ValueError(f"dispatches[{i}] = {d!r} is not (expert_idx, in_row_offset, out_row_offset, m)")
+            e, r_in, r_out, m = (_int(v, f"dispatches[{i}][{j}]") for j, v in enumerate(d))
+            if not 0 <= e < self.num_experts:
+                raise ValueError(f"dispatches[{i}]: expert_idx = {e} is outside [0, {self.num_experts})")
+            if m < 0 or r_in < 0 or r_out < 0:
+                raise ValueError(f"dispatches[{i}] = {tuple(d)} has a negative offset or m")
+            if r_in + m > rows_in:
+                raise ValueError(f"dispatches[{i}]: input rows [{r_in}, {r_in + m}) exceed input rows = {rows_in}")
+            if r_out + m > rows_out:
+                raise ValueError(f"dispatches[{i}]: output rows [{r_out}, {r_out + m}) exceed output rows = "
+                                 f"{rows_out}")
+            if m:
+                out.append((e, r_in, r_out, m))
+        spans = sorted((r_out, r_out + m, i) for i, (_, _, r_out, m) in enumerate(out))
+        for (a0, a1, ia), (b0, b1, ib) in zip(spans, spans[1:]):
+            if b0 < a1:
+                raise ValueError(f"dispatches write overlapping output rows [{a0}, {a1}) and [{b0}, {b1})")
+        return out
+
+    def _check_io(self, input, output, out_rows_name: str):
+        for name, x in (("input", input), ("output", output)):
+            if not _on_gpu(x):
+                raise TypeError(f"{name} is not on GPU (got {type(x).__module__}.{type(x).__name__})")
+            if len(x.shape) != 2:
+                raise ValueError(f"{name} must be 2-D, got shape {tuple(x.shape)}")
+            if np.dtype(x.dtype) != self.act_dtype:
+                raise TypeError(f"{name} dtype = {np.dtype(x.dtype)} must be the stack's act dtype {self.act_dtype}")
+        if int(input.shape[1]) != self.k:
+            raise ValueError(f"input has {int(input.shape[1])} columns, the stack's K = {self.k}")
+        if int(output.shape[1]) != self.n_per_expert:
+            raise ValueError(f"output has {int(output.shape[1])} columns, the stack's n_per_expert = "
+                             f"{self.n_per_expert}")
+        if not output.flags["C_CONTIGUOUS"]:
+            raise ValueError("output is not contiguous")
+
+    def gemm_phase_batched(self, input, dispatches: Sequence[tuple[int, int, int, int]], output, *, stream=None):
+        """For each ``(e, in_off, out_off, m)``: ``output[out_off:out_off+m] = input[in_off:in_off+m] @ W[e]``.
+
+        input [R_in, K], output [R_out, n_per_expert] (act dtype, on the GPU). Dispatches go round-robin onto
+        ``num_streams`` streams that first wait for the caller's stream; the caller's stream then waits for all.
+        """
+        self._check_io(input, output, "output")
+        work = self.check_dispatches(input.shape, output.shape, dispatches)
+        device = self._device()
+        ws, c_tmp, streams, sms = self._scratch_for(device)
+        cupy = gemm._cupy()
+        caller = gemm._stream(gemm._stream_ptr(stream))
+        per_ws = gemm.workspace_numel(sms)
+        experts = [self.weight.expert(e) for e in range(self.num_experts)] if work else []
+        if len(work) == 1:  # nothing to overlap: stay on the caller's stream
+            lanes = [caller]
+        else:
+            lanes = streams[:min(len(work), len(streams))]
+            ready = caller.record()
+            for s in lanes:
+                s.wait_event(ready)
+        with cupy.cuda.Device(device):
+            for i, (e, r_in, r_out, m) in enumerate(work):
+                lane = i % len(lanes)
+                gemm.marlin_gemm(input[r_in:r_in + m], experts[e], c=output[r_out:r_out + m],
+                                 workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
+                                 stream=lanes[lane], sms=sms)
+        if len(lanes) > 1 or lanes[0] is not caller:
+            for s in lanes:
+                caller.wait_event(s.record())
+        return output
+
+    def gemm_phase_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m: int,
+                         moe_block_size: int, top_k: int, *, topk_weights=None, stream=None):
+        """One launch: ``output[id] = input[id // top_k] @ W[expert_ids[b]]`` (× ``topk_weights.flat[id]`` when
+        given) for every id < prob_m·top_k of every block b < num_tokens_post_padded / moe_block_size with an
+        expert id >= 0. Rows of ``output`` no block names are left untouched. Inputs come from
+        ``moe_align_block_size``; input [prob_m, K], output [prob_m·top_k, n_per_expert]."""
+        return _launch_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
+                             prob_m, moe_block_size, top_k, topk_weights, stream)
+
+    def make_expert_linear(self, expert_offset: int, expert_n: int, bias=None) -> ExpertLinear:
+        """Columns ``[expert_offset, expert_offset + expert_n)`` of the stack's concatenated output space
+        (expert e owns ``[e·n_per_expert, (e+1)·n_per_expert)``) as a dense layer. Both must be multiples of 64
+        (Marlin tiles are 64 columns wide, and every permutation of scales and zero points stays inside one tile,
+        so a 64-aligned column slice of each buffer is itself a valid Marlin layer) and stay within one expert.
+        The slice is copied to contiguous buffers (the dense GEMM needs contiguous tiles)."""
+        off, n = _int(expert_offset, "expert_offset"), _int(expert_n, "expert_n")
+        tile = gemm.TILE_N
+        if off < 0 or n <= 0 or off % tile or n % tile:
+            raise ValueError(f"expert_offset = {off} and expert_n = {n} must be non-negative / positive multiples "
+                             f"of {tile} (Marlin tile width)")
+        total = self.num_experts * self.n_per_expert
+        if off + n > total:
+            raise ValueError(f"columns [{off}, {off + n}) exceed the stack's {self.num_experts} x "
+                             f"{self.n_per_expert} = {total} columns")
+        e, col = divmod(off, self.n_per_expert)
+        if col + n > self.n_per_expert:
+            raise ValueError(f"columns [{off}, {off + n}) cross the boundary of expert {e} (its columns are "
+                             f"[{e * self.n_per_expert}, {(e + 1) * self.n_per_expert}))")
+        w = self.weight.expert(e)
+        xp = _xp(w.qweight)
+        pf = w.weight_type.pack_factor
+        qweight = xp.ascontiguousarray(w.qweight[:, col * 16 // pf:(col + n) * 16 // pf])
+        scales = xp.ascontiguousarray(w.scales[:, col:col + n])
+        zeros = None if w.zeros is None else xp.ascontiguousarray(w.zeros[:, col // pf:(col + n) // pf])
+        one = dataclasses.replace(w, qweight=qweight, scales=scales, zeros=zeros, size_n=n)
+        if bias is not None:
+            bias_arr = xp.asarray(bias)
+            if tuple(bias_arr.shape) != (n,):
+                raise ValueError(f"bias has shape {tuple(bias_arr.shape)}, expected ({n},)")
+            bias = bias_arr.astype(self.act_dtype)
+        return ExpertLinear(one, bias, e, col)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The MoE layer
+# ---------------------------------------------------------------------------------------------------------------
+def choose_block_size(m: int, top_k: int, num_experts: int) -> int:
+    """Smallest moe_block_size whose expected rows per expert fill at least ~90% of one block (spec §8.2)."""
+    for b in SUPPORTED_BLOCK_SIZES:
+        if m * top_k / num_experts / b < 0.9:
+            return b
+    return SUPPORTED_BLOCK_SIZES[-1]
+
+
+def _check_layer(hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, topk_weights, topk_ids):
+    if not isinstance(w13, MarlinExpertStack) or not isinstance(w2, MarlinExpertStack):
+        raise TypeError("w13_stack and w2_stack must be MarlinExpertStack objects")
+    if w13.num_experts != w2.num_experts:
+        raise ValueError(f"w13 has {w13.num_experts} experts but w2 has {w2.num_experts}")
+    if w13.n_per_expert != 2 * w2.k:
+        raise ValueError(f"w13 n_per_expert = {w13.n_per_expert} must be 2 x w2's K = {w2.k} (gate and up)")
+    if w2.n_per_expert != w13.k:
+        raise ValueError(f"w2 n_per_expert = {w2.n_per_expert} must equal the hidden size w13 K = {w13.k}")
+    for name, x in (("hidden", hidden), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
+        if not _on_gpu(x):
+            raise TypeError(f"{name} is not on GPU (got {type(x).__module__}.{type(x).__name__})")
+    if len(hidden.shape) != 2 or int(hidden.shape[1]) != w13.k:
+        raise ValueError(f"hidden has shape {tuple(hidden.shape)}, expected (M, {w13.k})")
+    if np.dtype(hidden.dtype) != w13.act_dtype or w13.act_dtype != w2.act_dtype:
+        raise TypeError(f"hidden dtype = {np.dtype(hidden.dtype)}, stacks {w13.act_dtype} / {w2.act_dtype}: "
+                        f"all must match")
+    m = int(hidden.shape[0])
+    if len(topk_ids.shape) != 2 or int(topk_ids.shape[0]) != m or tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both "
+                         f"be (M = {m}, top_k)")
+    if np.dtype(topk_ids.dtype) != np.int32:
+        raise TypeError(f"topk_ids dtype = {np.dtype(topk_ids.dtype)} must be int32")
+    if np.dtype(topk_weights.dtype) != np.float32:
+        raise TypeError(f"topk_weights dtype = {np.dtype(topk_weights.dtype)} must be float32")
+    return m, int(topk_ids.shape[1])
+
+
+def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack, topk_weights, topk_ids, *,
+              path: str = "fused", block_size: int | None = None, expert_map=None, stream=None):
+    """An MoE layer: ``out[t] = Σ_j w[t, j] · (silu(gate) · up)(hidden[t] @ W13[e]) @ W2[e]``, e = topk_ids[t, j].
+
+    hidden [M, K] fp16/bf16, topk_weights [M, top_k] float32, topk_ids [M, top_k] int32, all CuPy arrays;
+    w13_stack: n_per_expert = 2N (gate columns first), K; w2_stack: n_per_expert = K, k = N. ``expert_map``
+    ([E_global] int32, -1 = not on this device) makes topk_ids global ids. Paths:
+
+    * ``"fused"``: moe_align_block_size (Numba kernel) + two fused Marlin MoE launches + SiLU + top-k sum;
+    * ``"batched"``: rows gathered per expert on the host's orders, one dense GEMM per expert over streams;
+    * ``"dense_loop"``: the same, one dense GEMM after another on one stream (the baseline).
+    """
+    if path not in PATHS:
+        raise ValueError(f"path = {path!r} is not one of {PATHS}")
+    m, top_k = _check_layer(hidden, w13_stack, w2_stack, topk_weights, topk_ids)
+    cupy = gemm._cupy()
+    caller = gemm._stream(gemm._stream_ptr(stream))
+    if m == 0:
+        return cupy.empty((0, w13_stack.k), dtype=hidden.dtype)
+    with caller:
+        if path == "fused":
+            return _fused_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, block_size,
+                               expert_map, caller)
+        return _grouped_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, expert_map, caller,
+                             batched=(path == "batched"))
+
+
+def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, expert_map, caller):
+    from kernels_numba.moe_align import moe_align_block_size
+
+    cupy = gemm._cupy()
+    num_global = w13.num_experts if expert_map is None else int(expert_map.shape[0])
+    block = block_size or choose_block_size(m, top_k, num_global)
+    sorted_ids, expert_ids, post = moe_align_block_size(topk_ids, block, num_global, expert_map, stream=caller)
+    g1 = cupy.empty((m * top_k, w13.n_per_expert), dtype=hidden.dtype)
+    w13.gemm_phase_fused(hidden, sorted_ids, expert_ids, post, g1, m, block, top_k, stream=caller)
+    h = silu_and_mul(g1, stream=caller)
+    y = cupy.zeros((m * top_k, w2.n_per_expert), dtype=hidden.dtype)  # rows of non-local entries stay 0
+    w2.gemm_phase_fused(h, sorted_ids, expert_ids, post, y, m * top_k, block, 1, topk_weights=topk_weights,
+                        stream=caller)
+    return moe_sum(y, top_k, stream=caller)
+
+
+def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map, caller, batched):
+    """Sort the (token, slot) entries by expert on the host, gather rows, one dense GEMM per expert."""
+    cupy = gemm._cupy()
+    ids = cupy.asnumpy(topk_ids).reshape(-1).astype(np.int64)  # synchronises: the host builds the dispatches
+    if expert_map is not None:
+        emap = cupy.asnumpy(expert_map)
+        ok = (ids >= 0) & (ids < emap.shape[0])
+        ids = np.where(ok, emap[np.clip(ids, 0, emap.shape[0] - 1)], -1)
+    ids = np.where((ids >= 0) & (ids < w13.num_experts), ids, -1)
+    order = np.argsort(ids, kind="stable")
+    order = order[ids[order] >= 0]  # flat entries of local experts, grouped by expert
+    experts, counts = np.unique(ids[order], return_counts=True)
+    rows = len(order)
+    row_of = np.full(m * top_k, -1, np.int32)  # flat entry -> its row in the expert-grouped buffers
+    row_of[order] = np.arange(rows, dtype=np.int32)
+    if not rows:
+        y = cupy.empty((1, w2.n_per_expert), dtype=hidden.dtype)  # never read: every entry has row -1
+    else:
+        dispatches = []
+        start = 0
+        for e, c in zip(experts.tolist(), counts.tolist()):
+            dispatches.append((e, start, start, c))
+            start += c
+        a = gather_rows(hidden, cupy.asarray((order // top_k).astype(np.int32)), stream=caller)  # [rows, K]
+        g1 = cupy.empty((rows, w13.n_per_expert), dtype=hidden.dtype)
+        y = cupy.empty((rows, w2.n_per_expert), dtype=hidden.dtype)
+        if batched:
+            w13.gemm_phase_batched(a, dispatches, g1, stream=caller)
+            h = silu_and_mul(g1, stream=caller)
+            w2.gemm_phase_batched(h, dispatches, y, stream=caller)
+        else:
+            for e, r0, _, c in dispatches:
+                gemm.marlin_gemm(a[r0:r0 + c], w13.weight.expert(e), c=g1[r0:r0 + c], stream=caller)
+            h = silu_and_mul(g1, stream=caller)
+            for e, r0, _, c in dispatches:
+                gemm.marlin_gemm(h[r0:r0 + c], w2.weight.expert(e), c=y[r0:r0 + c], stream=caller)
+    return moe_sum(y, top_k, weights=topk_weights, row_of=cupy.asarray(row_of), stream=caller)
+
+
+def _launch_fused(stack, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m, moe_block_size,
+                  top_k, topk_weights, stream):
+    raise UnsupportedError("MarlinExpertStack.gemm_phase_fused is unsupported in this build: the fused Marlin MoE "
+                           "kernel (kernels_cuda/marlin_moe.cu) is not built yet; use gemm_phase_batched")
