@@ -56,6 +56,11 @@ def test_layout_explorer_renders_and_reacts(jupyter_lab, copy_notebook, chromium
             after = _word_text(page)
             word, field = marlin_kn_to_word_field(6, 70, 128, 4)  # k 5 -> 6 at n = 70: a different lane's word
             assert after == f"word {int(word)}, field {int(field)}", after
+            news = page.get_by_role("button", name="No", exact=True)  # JupyterLab's news opt-in toast
+            if news.count():
+                news.first.click()
             page.screenshot(path=os.path.join(ARTIFACTS, "layout_explorer.png"), full_page=True)
+            page.locator(".wb-layout-explorer").first.screenshot(
+                path=os.path.join(ARTIFACTS, "layout_explorer_widget.png"))
         finally:
             browser.close()
