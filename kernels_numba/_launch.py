@@ -55,14 +55,16 @@ def resolve_stream(stream: Any):
         return cuda.default_stream()
     if SIMULATOR:
         return cuda.default_stream()  # the simulator runs kernels synchronously; streams carry no meaning
+    from numba.cuda.cudadrv.driver import Stream
+
+    if isinstance(stream, Stream):
+        return stream
     if isinstance(stream, int):
         return cuda.external_stream(stream)
-    for attr in ("ptr", "cuda_stream", "handle"):  # CuPy, PyTorch, Numba
-        if hasattr(stream, attr) and not callable(getattr(stream, attr)):
-            handle = getattr(stream, attr)
-            if hasattr(handle, "value"):  # Numba stream handles are ctypes pointers
-                return stream
-            return cuda.external_stream(int(handle))
+    for attr in ("ptr", "cuda_stream"):  # CuPy, PyTorch
+        handle = getattr(stream, attr, None)
+        if isinstance(handle, int):
+            return cuda.external_stream(handle)
     raise TypeError(f"stream = {stream!r} is not a CUDA stream (Numba, CuPy or PyTorch stream, or an int handle)")
 
 

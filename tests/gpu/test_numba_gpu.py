@@ -1,0 +1,197 @@
+"""GPU tier: the compiled Numba kernels equal the NumPy references bit for bit at real shapes.
+
+Shapes: Llama-3 8B (K×N = 4096×14336 gate/up, 14336×4096 down), Llama-3 70B (8192×28672, 28672×8192), the smallest
+legal K and N, and 64 stacked experts of 2048×1408. Inputs arrive as NumPy, CuPy and PyTorch arrays; device inputs
+must come back as device arrays. Outputs are poisoned before the launch. Skipped with a reason without a GPU.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from workbench import hardware
+
+pytestmark = pytest.mark.gpu
+if hardware.gpu_skip_reason():
+    pytest.skip(hardware.gpu_skip_reason(), allow_module_level=True)
+
+from numba import cuda  # noqa: E402
+
+from kernels_numba import marlin_repack as kr  # noqa: E402
+from kernels_numba import moe as kmoe  # noqa: E402
+from kernels_numba import scales as ks  # noqa: E402
+from kernels_numba._launch import poison_outputs  # noqa: E402
+from workbench import backends, ops  # noqa: E402
+from workbench.formats import fp8 as fp8_fmt  # noqa: E402
+from workbench.formats import gptq, marlin_tile, packing  # noqa: E402
+from workbench.formats import scales as sc  # noqa: E402
+
+cupy = pytest.importorskip("cupy", reason="CuPy is needed for the device-array half of the GPU tier")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+LLAMA3_8B = [(4096, 14336), (14336, 4096)]
+LLAMA3_70B = [(8192, 28672), (28672, 8192)]
+SMALLEST = [(16, 64)]
+
+
+def _host(a):
+    if a is None:
+        return None
+    if hasattr(a, "get"):
+        return a.get()
+    if hasattr(a, "copy_to_host"):
+        return a.copy_to_host()
+    return np.asarray(a)
+
+
+def _codes(rng, k, n, bits):
+    return rng.integers(0, 1 << bits, size=(k, n), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("k,n", LLAMA3_8B + LLAMA3_70B[:1] + SMALLEST)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gptq_repack_real_shapes_cupy_in_cupy_out(k, n, bits, rng):
+    codes = _codes(rng, k, n, bits)
+    perm = rng.permutation(k).astype(np.int32)
+    qweight = packing.pack_rows(codes, bits)
+    d_q, d_perm = cupy.asarray(qweight), cupy.asarray(perm)
+    with poison_outputs():
+        plain = ops.gptq_marlin_repack(d_q, None, k, n, bits, backend="auto")
+        act_order = ops.gptq_marlin_repack(d_q, d_perm, k, n, bits, backend="auto")
+    assert isinstance(plain, cupy.ndarray) and plain.dtype == np.int32
+    assert np.array_equal(plain.get(), marlin_tile.marlin_repack_codes(codes, bits))
+    assert np.array_equal(act_order.get(), marlin_tile.marlin_repack_codes(codes, bits, perm))
+    with poison_outputs():
+        back = kr.marlin_to_gptq_qweight(act_order, d_perm, k, n, bits)
+    assert isinstance(back, cupy.ndarray) and np.array_equal(back.get(), qweight)
+    assert np.array_equal(d_q.get(), qweight)  # input untouched
+
+
+@pytest.mark.parametrize("k,n", LLAMA3_8B + SMALLEST)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_awq_repack_and_inverse_real_shapes(k, n, bits, rng):
+    codes = _codes(rng, k, n, bits)
+    awq = packing.awq_pack(codes, bits)
+    with poison_outputs():
+        got = ops.awq_marlin_repack(awq, k, n, bits, backend="numba")
+        back = kr.marlin_to_awq_qweight(got, k, n, bits)
+    assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
+    assert np.array_equal(back, awq)
+
+
+@pytest.mark.parametrize("k,n", LLAMA3_8B + [(128, 64)])
+def test_fp8_repacks_real_shapes_torch_in(k, n, rng):
+    torch = pytest.importorskip("torch", reason="PyTorch is needed for the torch-tensor inputs")
+    raw = rng.integers(0, 256, size=(n, k), dtype=np.uint8)
+    expected = marlin_tile.marlin_repack_codes(np.ascontiguousarray(raw.T), 8)
+    t_raw = torch.from_numpy(raw).cuda()
+    t_kmajor = torch.from_numpy(fp8_fmt.pack_fp8_to_int32(raw)).cuda()
+    with poison_outputs():
+        direct = ops.block_fp8_group128_repack(backends.normalize(t_raw), k, n, backend="auto")
+        via_words = ops.fp8_marlin_repack_raw_bits(backends.normalize(t_kmajor), k, n, backend="auto")
+        kernel_direct = kr.block_fp8_group128_repack(t_raw, k, n)  # the wrapper takes torch tensors itself
+        back = kr.marlin_to_block_fp8_row_major(direct, k, n)
+    for got in (direct, via_words, kernel_direct):
+        assert np.array_equal(_host(got), expected)
+    assert np.array_equal(_host(back), raw)
+
+
+@pytest.mark.parametrize("k,n,group_size", [(4096, 14336, 128), (14336, 4096, -1), (8192, 28672, 128),
+                                            (128, 64, 128), (128, 64, 32)])
+def test_scales_and_zero_points_real_shapes(k, n, group_size, rng):
+    ng = sc.num_groups(k, group_size)
+    for dtype in (np.float16, BF16):
+        s = rng.standard_normal((ng, n)).astype(dtype)
+        with poison_outputs():
+            got = ops.marlin_permute_scales(s, k, n, group_size, backend="numba")
+        assert np.array_equal(got.view(np.uint16), np.ascontiguousarray(sc.permute_scales(s, k, n, group_size))
+                              .view(np.uint16))
+    for bits in (4, 8):
+        zeros = rng.integers(1, 1 << bits, (ng, n), dtype=np.uint8)
+        expected = sc.zero_points_to_marlin(zeros, k, n, bits)
+        v1 = packing.pack_cols(zeros - np.uint8(1), bits)
+        with poison_outputs():
+            assert np.array_equal(ops.marlin_zero_points(cupy.asarray(zeros), k, n, bits).get(), expected)
+            assert np.array_equal(ops.awq_to_marlin_zero_points(packing.awq_pack(zeros, bits), k, n, bits,
+                                                                backend="numba"), expected)
+            assert np.array_equal(ops.repack_gptq_qzeros_to_marlin(v1, k, n, group_size, bits, backend="numba"),
+                                  gptq.repack_gptq_qzeros_to_marlin(v1, k, n, group_size, bits))
+            assert np.array_equal(ks.marlin_zero_points_to_codes(expected, k, n, bits), zeros)
+
+
+def test_code15_is_an_exception_on_the_gpu(rng):
+    k, n, g = 4096, 14336, 128
+    v1 = packing.pack_cols(rng.integers(0, 15, (k // g, n), dtype=np.uint8), 4)
+    v1.view(np.uint32)[17, 1000] |= np.uint32(0xF << 12)
+    with pytest.raises(ValueError, match="group=17 packed_col=1000 lane=3 has code 15"):
+        ops.repack_gptq_qzeros_to_marlin(cupy.asarray(v1), k, n, g, 4)
+
+
+@pytest.mark.parametrize("k,n", LLAMA3_8B + LLAMA3_70B + [(128, 64)])
+@pytest.mark.parametrize("src", [BF16, np.float32])
+@pytest.mark.parametrize("act", [np.float16, BF16])
+def test_block_fp8_scales_real_shapes(k, n, src, act, rng):
+    shape = (-(-n // 128), k // 128)
+    inv = (rng.random(shape) * 2.0 ** rng.integers(-30, 10, shape)).astype(src)
+    with poison_outputs():
+        got = ops.block_fp8_group128_scales(inv, k, n, act, backend="numba")
+    assert np.array_equal(got.view(np.uint16),
+                          np.ascontiguousarray(fp8_fmt.block_fp8_group128_scales(inv, k, n, act)).view(np.uint16))
+
+
+def test_64_stacked_experts_one_launch_and_staged(rng):
+    experts, k, n, g, bits = 64, 2048, 1408, 128, 4
+    codes = rng.integers(0, 16, (experts, k, n), dtype=np.uint8)
+    qws = np.stack([packing.pack_rows(codes[e], bits) for e in range(experts)])
+    scs = rng.standard_normal((experts, k // g, n)).astype(np.float32)
+    qzs = np.stack([packing.pack_cols(rng.integers(0, 15, (k // g, n), dtype=np.uint8), bits)
+                    for _ in range(experts)])
+    ref = ops.stack_gptq_experts_to_marlin(list(qws), list(scs), list(qzs), bits, g, k, n, np.float16,
+                                           backend="numpy")
+    with poison_outputs():
+        on_device = kmoe.stack_gptq_experts_to_marlin(cupy.asarray(qws), cupy.asarray(scs), cupy.asarray(qzs), bits,
+                                                      g, k, n, np.float16)
+        staged = kmoe.stack_gptq_experts_to_marlin(list(qws), list(scs), list(qzs), bits, g, k, n, np.float16)
+    for qw, s, z, asym in (tuple(_host(a) for a in on_device[:3]) + (on_device[3],), staged):
+        assert asym is True
+        assert np.array_equal(qw, ref.qweight)
+        assert np.array_equal(s.view(np.uint16), ref.scales.view(np.uint16))
+        assert np.array_equal(z, ref.zeros)
+
+
+def test_stream_argument_is_honoured(rng):
+    k, n, bits = 4096, 14336, 4
+    codes = _codes(rng, k, n, bits)
+    q = cupy.asarray(packing.pack_rows(codes, bits))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with poison_outputs():
+        got = ops.gptq_marlin_repack(q, None, k, n, bits, stream=stream)
+    stream.synchronize()
+    assert np.array_equal(got.get(), marlin_tile.marlin_repack_codes(codes, bits))
+    numba_stream = cuda.stream()
+    got2 = kr.gptq_marlin_repack(q, None, k, n, bits, stream=numba_stream)
+    numba_stream.synchronize()
+    assert np.array_equal(got2.get(), marlin_tile.marlin_repack_codes(codes, bits))
+
+
+def test_array_on_another_device_is_a_clear_error(rng):
+    """An array that says it lives on cuda:1 is refused before any launch (a stand-in object keeps this testable on
+    a one-GPU machine: it shares a real buffer's interface but reports device 1, as a PyTorch tensor would)."""
+    import types
+
+    q = cupy.asarray(packing.pack_rows(_codes(rng, 16, 64, 4), 4))
+
+    class OnDeviceOne:
+        device = types.SimpleNamespace(type="cuda", index=1)
+
+        @property
+        def __cuda_array_interface__(self):
+            return q.__cuda_array_interface__
+
+    with pytest.raises(ValueError, match="b_q_weight is on cuda:1 but the kernels run on cuda:0"):
+        kr.gptq_marlin_repack(OnDeviceOne(), None, 16, 64, 4)
+
+
+def test_non_contiguous_cupy_array_is_a_clear_error(rng):
+    q = cupy.asarray(packing.pack_rows(_codes(rng, 16, 128, 4), 4))[:, ::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.gptq_marlin_repack(q, None, 16, 64, 4)
