@@ -14,6 +14,10 @@ run() {  # run pytest on the given paths; a tier that collects no test (exit 5) 
 
 existing() { for p in "$@"; do [ -e "$p" ] && printf '%s\n' "$p"; done; }
 
+# matplotlib builds its font cache on first import and says so on stderr; do it here, not inside a notebook that
+# strict nbval compares.
+python3 -c "import matplotlib.pyplot" >/dev/null 2>&1
+
 # 1. CPU tier, simulator tier and the notebooks (strict nbval), in one simulator process.
 mapfile -t sim_paths < <(existing tests/cpu tests/sim notebooks)
 NUMBA_ENABLE_CUDASIM=1 run "${sim_paths[@]}" --nbval --nbval-current-env \
