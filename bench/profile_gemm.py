@@ -28,7 +28,7 @@ def forced(config_fields):
     def choose(act, weight, size_m, size_n, size_k, group_size, per_row, smem_limit, thread_k=-1, thread_n=-1):
         base = original(act, weight, size_m, size_n, size_k, group_size, per_row, smem_limit)
         n_tiles, k_warp, stages = config_fields
-        return gemm.KernelConfig(act, weight, base.m_blocks, n_tiles, k_warp, stages, per_row)
+        return gemm.KernelConfig(act, weight, base.m_blocks, n_tiles, k_warp, stages, base.group_mode)
 
     return original, choose
 

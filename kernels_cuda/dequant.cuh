@@ -72,6 +72,16 @@ __device__ __forceinline__ unsigned pair_bits(unsigned short lo, unsigned short 
   return static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
 }
 
+// fp16 pattern of -(64 + zero): the high-nibble path below carries 1024 + 16 code, and (1024 + 16 code) / 16 -
+// (64 + zero) = code - zero exactly (64 + zero < 128 has an ulp of 2^-4, and 1/16 is a power of two), so one hfma2
+// replaces a shift, a mask and a subtraction.
+__device__ __forceinline__ unsigned short neg_offset16_bits(int zero) {
+  return static_cast<unsigned short>(0xD400u | (static_cast<unsigned>(zero) << 4));
+}
+
+// Both halves of a 32-bit pair set to the same 16-bit pattern.
+__device__ __forceinline__ unsigned splat_bits(unsigned short v) { return static_cast<unsigned>(v) * 0x10001u; }
+
 // magic-carried pair minus offset pair -> exact (code - zero) pair, in the activation type.
 template <typename T, int W>
 __device__ __forceinline__ typename Act<T>::Pair int_pair(unsigned raw, unsigned off) {
@@ -88,9 +98,11 @@ __device__ __forceinline__ typename Act<T>::Pair int_pair(unsigned raw, unsigned
 }
 
 // Dequantize one lane's share of one 16x16 sub-block: q[] holds kWordsPerSubblock words, off[h][r] the offset pairs
-// (unused for FP8), scale[h][r] the scale pairs. Writes the four B registers b[h][r] (see the picture above).
+// (magic + zero), off16[h][r] the fp16 pairs -(64 + zero) (fp16 4-bit only), scale[h][r] the scale pairs (all unused
+// where the type has no zero / no offset). Writes the four B registers b[h][r] (see the picture above).
 template <typename T, int W>
 __device__ __forceinline__ void dequant_subblock(const unsigned* q, const unsigned (&off)[2][2],
+                                                 const unsigned (&off16)[2][2],
                                                  const typename Act<T>::Pair (&scale)[2][2], unsigned (&b)[2][2]) {
   using Pair = typename Act<T>::Pair;
 #pragma unroll
@@ -108,8 +120,16 @@ __device__ __forceinline__ void dequant_subblock(const unsigned* q, const unsign
       }
       v[0] = as_pair<Pair>(r0);
       v[1] = as_pair<Pair>(r1);
+    } else if constexpr (Weight<W>::kBits == 4 && !Carrier<T, W>::kBf16) {
+      const unsigned x = h ? q[0] >> 8 : q[0];
+      // low nibbles (fields 0, 4): 1024 + code; high nibbles (fields 1, 5): 1024 + 16 code
+      const __half2 lo = as_pair<__half2>(and_or(x, 0x000f000fu, 0x64006400u));
+      const __half2 hi = as_pair<__half2>(and_or(x, 0x00f000f0u, 0x64006400u));
+      v[0] = static_cast<Pair>(__hsub2(lo, as_pair<__half2>(off[h][0])));
+      v[1] = static_cast<Pair>(__hfma2(hi, __half2(__ushort_as_half(0x2C00), __ushort_as_half(0x2C00)),  // 1/16
+                                       as_pair<__half2>(off16[h][1])));
     } else if constexpr (Weight<W>::kBits == 4) {
-      const unsigned x = q[0] >> (8 * h);
+      const unsigned x = h ? q[0] >> 8 : q[0];
       constexpr unsigned kMagic = Carrier<T, W>::kMagicPair;
       v[0] = int_pair<T, W>(and_or(x, 0x000f000fu, kMagic), off[h][0]);
       v[1] = int_pair<T, W>(and_or(x >> 4, 0x000f000fu, kMagic), off[h][1]);

@@ -40,8 +40,15 @@ enum ReduceMode : int {
   kReduceAtomic = 2,  // atomicAdd of activation-typed pairs into a zeroed C (not bitwise reproducible)
 };
 
+// How scales are indexed (workbench/gemm.py GROUP_*). A template parameter, so the hot loop has no branch on it.
+enum GroupMode : int {
+  kChannelwise = 0,  // one scale row (P32 layout), applied per element
+  kGrouped = 1,      // group of Marlin row k = k >> log2(group_size) (P64 layout), staged per pipeline step
+  kPerRow = 2,       // act-order on a K shard (is_k_full = false): group of row k = g_idx[k]
+};
+
 // Compile-time geometry of one kernel instantiation. Python mirrors smem_bytes() in workbench/gemm.py.
-template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, bool PER_ROW_GROUPS>
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE>
 struct Geometry {
   static_assert(M_BLOCKS >= 1 && M_BLOCKS <= 4, "M_BLOCKS is 1..4 (16..64 rows)");
   static_assert(N_TILES == 1 || N_TILES == 2 || N_TILES == 4, "N_TILES must divide the 8 warps");
@@ -59,7 +66,7 @@ struct Geometry {
   static constexpr int kBI4 = KT * N_TILES * kTileI4;      // B stage
   static constexpr int kSI4 = kScaleRows * BN / 8;         // scale rows of a stage
   static constexpr int kZI4 = Weight<W>::kHasZero ? kScaleRows * BN / kPack / 4 : 0;
-  static constexpr int kGI4 = PER_ROW_GROUPS ? BK / 4 : 0;  // g_idx of a stage
+  static constexpr int kGI4 = GROUP_MODE == kPerRow ? BK / 4 : 0;  // g_idx of a stage
   static constexpr int kStageI4 = kAI4 + kBI4 + kSI4 + kZI4 + kGI4;
   static constexpr int kRedI4 = (kWarpsPerN > 1) ? (kWarpsPerN / 2) * N_TILES * 16 * 64 / 4 : 0;
   static constexpr int kSmemBytes = 16 * (STAGES * kStageI4 + kRedI4);
@@ -71,7 +78,7 @@ __device__ __forceinline__ void store_pair(T* dst, float lo, float hi) {
   *reinterpret_cast<typename Act<T>::Pair*>(dst) = Act<T>::from_floats(lo, hi);
 }
 
-template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, bool PER_ROW_GROUPS>
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE>
 __global__ void __launch_bounds__(kThreads, 1)
 marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
             const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
@@ -79,12 +86,12 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
             float* __restrict__ C_tmp,        // (2 gridDim.x, BM*BN) fp32 partial slots (kReduceFp32 only)
             const int4* __restrict__ scales,  // (num_groups, N) act type, Marlin-permuted
             const int4* __restrict__ zeros,   // (num_groups, N/pack) int32 Marlin zero points, or null
-            const int* __restrict__ g_idx,    // (K,) sorted group of each Marlin row (PER_ROW_GROUPS only)
+            const int* __restrict__ g_idx,    // (K,) sorted group of each Marlin row (kPerRow only)
             int* __restrict__ locks,          // (>= gridDim.x,) int32, zero on entry and on exit
             int prob_m, int prob_n, int prob_k, int lda,
             int group_size,                   // rows per group (a power of two), Marlin row order; -1 = channelwise
             int reduce_mode) {
-  using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, PER_ROW_GROUPS>;
+  using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   using Pair = typename Act<T>::Pair;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK, KT = G::KT;
   constexpr bool kHasZero = Weight<W>::kHasZero;
@@ -113,8 +120,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   const long long grid = gridDim.x;
   const int it_begin = static_cast<int>(blockIdx.x * total / grid);
   const int it_end = static_cast<int>((blockIdx.x + 1) * total / grid);
-  const bool channelwise = group_size < 0;
-  const int group_shift = channelwise ? 0 : __ffs(group_size) - 1;  // group of row k = k >> group_shift
+  const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;  // group of row k = k >> shift
   const unsigned long long weight_policy = evict_first_policy();
 
   // Block that owns iteration i under the split above: the largest b with b * total / grid <= i.
@@ -148,7 +154,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
       const int4* src = B + (static_cast<long long>(kit * KT + kt) * n_tiles_total + col * N_TILES) * G::kTileI4 + rem;
       cp_async16_stream(b_dst + kt * N_TILES * G::kTileI4 + (rem - j) + swz, src, weight_policy);
     }
-    if (!channelwise && !PER_ROW_GROUPS) {
+    if constexpr (GROUP_MODE == kGrouped) {
       // The group rows this stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
       const int g0 = k0 >> group_shift;
       const int rows = BK > group_size ? BK >> group_shift : 1;
@@ -167,16 +173,19 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
         }
       }
     }
-    if constexpr (PER_ROW_GROUPS) {
+    if constexpr (GROUP_MODE == kPerRow) {
       int4* g_dst = sG + slot * G::kGI4;
       for (int i = tid; i < BK / 4; i += kThreads) cp_async16(g_dst + i, g_idx + k0 + 4 * i);
     }
   };
 
-  // ---- per-slice state: accumulators and channelwise scales/zeros -----------------------------------------
+  // ---- per-slice state: accumulators and the current group's scale / offset pairs ---------------------------
   float acc[M_BLOCKS][8][4];  // [m16 block][n8 block = 2 s + h][mma C registers]
-  T cw_scale[8];              // channelwise: scale of (s, h) at [2 s + h]
-  int cw_zero[8];             // channelwise zero points (u4/u8)
+  // Pairs for sub-block s, column half h, valid for every row of the current group (channelwise: the whole
+  // slice). Rebuilt only when the group changes, so the per-tile work is dequant + mma.
+  Pair g_sc[4][2];
+  unsigned g_off[4][2];    // (magic + zero) pairs
+  unsigned g_off16[4][2];  // -(64 + zero) fp16 pairs (fp16 4-bit high nibbles)
 
   auto zero_acc = [&]() {
 #pragma unroll
@@ -187,23 +196,54 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
         for (int r = 0; r < 4; ++r) acc[mb][nb][r] = 0.f;
   };
 
-  auto load_channelwise = [&](int col) {
-    const T* s = reinterpret_cast<const T*>(scales) + col * BN + nt * 64;
-    const unsigned* z = reinterpret_cast<const unsigned*>(zeros) + (col * BN + nt * 64) / Weight<W>::kPack;
+  // Offsets of (s, h) from this lane's zero-point words (or the fixed bias).
+  auto set_offsets = [&](const unsigned* zw) {
 #pragma unroll
     for (int s_ = 0; s_ < 4; ++s_)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        cw_scale[2 * s_ + h] = s[channelwise_scale_index(lane_col, s_, h)];
-        if constexpr (kHasZero) {
-          unsigned zw[2];
-          zw[0] = z[lane_col * (Weight<W>::kBits / 4)];
-          zw[1] = (Weight<W>::kBits == 8) ? z[2 * lane_col + 1] : 0u;
-          cw_zero[2 * s_ + h] = zero_of<W>(zw, s_, h);
-        } else {
-          cw_zero[2 * s_ + h] = Weight<W>::kBias;
-        }
+        const int z = kHasZero ? zero_of<W>(zw, s_, h) : Weight<W>::kBias;
+        g_off[s_][h] = splat_bits(offset_bits<T, W>(z));
+        g_off16[s_][h] = splat_bits(neg_offset16_bits(z));
       }
+  };
+
+  auto load_channelwise = [&](int col) {
+    const T* sp = reinterpret_cast<const T*>(scales) + col * BN + nt * 64;
+#pragma unroll
+    for (int s_ = 0; s_ < 4; ++s_)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const T v = sp[channelwise_scale_index(lane_col, s_, h)];
+        g_sc[s_][h] = Act<T>::pair(v, v);
+      }
+    unsigned zw[2] = {0u, 0u};
+    if constexpr (kHasZero) {
+      const unsigned* z = reinterpret_cast<const unsigned*>(zeros) + (col * BN + nt * 64) / Weight<W>::kPack;
+      zw[0] = z[lane_col * (Weight<W>::kBits / 4)];
+      if (Weight<W>::kBits == 8) zw[1] = z[2 * lane_col + 1];
+    }
+    set_offsets(zw);
+  };
+
+  // Grouped: the pairs of group row g of stage `slot` (a P64 16-byte vector: word s = (scale(s,0), scale(s,1))).
+  auto load_group = [&](int slot, int g) {
+    const int4 sv = sS[slot * G::kSI4 + g * (BN / 8) + nt * 8 + lane_col];
+    const unsigned w[4] = {static_cast<unsigned>(sv.x), static_cast<unsigned>(sv.y), static_cast<unsigned>(sv.z),
+                           static_cast<unsigned>(sv.w)};
+#pragma unroll
+    for (int s_ = 0; s_ < 4; ++s_) {
+      g_sc[s_][0] = as_pair<Pair>(__byte_perm(w[s_], 0, 0x1010));  // low half twice
+      g_sc[s_][1] = as_pair<Pair>(__byte_perm(w[s_], 0, 0x3232));  // high half twice
+    }
+    unsigned zw[2] = {0u, 0u};
+    if constexpr (kHasZero) {
+      const unsigned* zrow = reinterpret_cast<const unsigned*>(sZ + slot * G::kZI4) + g * (BN / Weight<W>::kPack) +
+                             nt * (64 / Weight<W>::kPack);
+      zw[0] = zrow[lane_col * (Weight<W>::kBits / 4)];
+      if (Weight<W>::kBits == 8) zw[1] = zrow[2 * lane_col + 1];
+    }
+    set_offsets(zw);
   };
 
   // ---- compute: one stage of this warp's k16 tiles ---------------------------------------------------------
@@ -216,23 +256,14 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
     for (int i = 0; i < K_WARP; ++i) {
       const int kt = kg * K_WARP + i;
 
-      // Raw scale vectors and zero-point words for this k16 tile; the per-sub-block pairs are built inside the s
-      // loop below so that only one sub-block's worth is live at a time (keeps M_BLOCKS = 4 free of spills).
-      // Grouped: row 0 only. Per-row groups: rows k0, k0+1, k0+8, k0+9 of this lane (act-order on a K shard).
-      int4 sv[PER_ROW_GROUPS ? 4 : 1];
-      unsigned zw[PER_ROW_GROUPS ? 4 : 1][2];
-      if constexpr (!PER_ROW_GROUPS) {
-        if (!channelwise) {
-          const int g = ((k0 + 16 * kt) >> group_shift) - (k0 >> group_shift);  // row among this stage's rows
-          sv[0] = sS[slot * G::kSI4 + g * (BN / 8) + nt * 8 + lane_col];
-          if constexpr (kHasZero) {
-            const unsigned* zrow = reinterpret_cast<const unsigned*>(sZ + slot * G::kZI4) +
-                                   g * (BN / Weight<W>::kPack) + nt * (64 / Weight<W>::kPack);
-            zw[0][0] = zrow[lane_col * (Weight<W>::kBits / 4)];
-            zw[0][1] = (Weight<W>::kBits == 8) ? zrow[2 * lane_col + 1] : 0u;
-          }
-        }
-      } else {
+      if constexpr (GROUP_MODE == kGrouped) {
+        // A warp's K_WARP tiles lie in one group when G >= 16 K_WARP (both powers of two, aligned): load once.
+        if (i == 0 || group_size < 16 * K_WARP) load_group(slot, ((k0 + 16 * kt) >> group_shift) - (k0 >> group_shift));
+      }
+      // Per-row groups: the scale vectors and zero words of this lane's rows k0, k0+1, k0+8, k0+9.
+      int4 sv[GROUP_MODE == kPerRow ? 4 : 1];
+      unsigned zw[GROUP_MODE == kPerRow ? 4 : 1][2];
+      if constexpr (GROUP_MODE == kPerRow) {
         const int* grp = reinterpret_cast<const int*>(sG + slot * G::kGI4);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -248,23 +279,13 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
         }
       }
       // Scale and offset pairs of sub-block s: [h][r], r = rows (k0, k0+1) / (k0+8, k0+9).
-      auto group_params = [&](int s, Pair (&sc)[2][2], unsigned (&off)[2][2]) {
+      auto group_params = [&](int s, Pair (&sc)[2][2], unsigned (&off)[2][2], unsigned (&off16)[2][2]) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int e = 2 * s + h;
-          if constexpr (!PER_ROW_GROUPS) {
-            T v;
-            int z;
-            if (channelwise) {
-              v = cw_scale[e];
-              z = cw_zero[e];
-            } else {
-              v = reinterpret_cast<const T*>(&sv[0])[grouped_scale_slot(s, h)];
-              z = kHasZero ? zero_of<W>(zw[0], s, h) : Weight<W>::kBias;
-            }
-            const unsigned short o = offset_bits<T, W>(z);
-            sc[h][0] = sc[h][1] = Act<T>::pair(v, v);
-            off[h][0] = off[h][1] = pair_bits(o, o);
+          if constexpr (GROUP_MODE != kPerRow) {
+            sc[h][0] = sc[h][1] = g_sc[s][h];
+            off[h][0] = off[h][1] = g_off[s][h];
+            off16[h][0] = off16[h][1] = g_off16[s][h];
           } else {
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
@@ -274,6 +295,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
               const int zhi = kHasZero ? zero_of<W>(zw[2 * p + 1], s, h) : Weight<W>::kBias;
               sc[h][p] = Act<T>::pair(lo, hi);
               off[h][p] = pair_bits(offset_bits<T, W>(zlo), offset_bits<T, W>(zhi));
+              off16[h][p] = pair_bits(neg_offset16_bits(zlo), neg_offset16_bits(zhi));
             }
           }
         }
@@ -303,10 +325,10 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         Pair sc[2][2];
-        unsigned off[2][2];
-        group_params(s, sc, off);
+        unsigned off[2][2], off16[2][2];
+        group_params(s, sc, off, off16);
         unsigned b[2][2];
-        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off, sc, b);
+        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off, off16, sc, b);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -493,7 +515,9 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   int slot = 0;
   int slice = it_begin / KI, kit = it_begin % KI;
   for (int it = it_begin; it < it_end; ++it) {
-    if (channelwise && (it == it_begin || kit == 0)) load_channelwise(slice % cols);
+    if constexpr (GROUP_MODE == kChannelwise) {
+      if (it == it_begin || kit == 0) load_channelwise(slice % cols);
+    }
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage `slot` is visible to all warps; the slot fetched below was released by all of them
     if (it_fetch < it_end) fetch_stage((slot + STAGES - 1) % STAGES, f_slice, f_kit);

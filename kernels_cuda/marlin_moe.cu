@@ -1,4 +1,21 @@
-// MoE pieces around the Marlin GEMM (workbench/moe.py): the elementwise steps of an MoE layer.
+// Fused Marlin MoE GEMM and the elementwise steps of an MoE layer (workbench/moe.py).
+//
+// NumPy spec of marlin_moe (one GEMM phase, spec §8.2):
+//   for every block b < num_tokens_post_padded / BS with e = expert_ids[b] >= 0, every id in
+//   sorted_ids[b*BS : (b+1)*BS] with id < numel:   C[id] = rnd(w[id] * (A[id / top_k] @ dequant(B[e])))
+//   (w = 1 unless topk_weights is given; rows no block names are not written)
+//
+// Work decomposition: an item is (block b of BS routed rows, column tile of BN columns), solved over the whole K by
+// one CTA, so every output element has exactly one writer (no cross-CTA reduction, bitwise reproducible). A grid of
+// at most #SMs CTAs walks the items with a grid stride, skipping blocks whose expert is -1, and its cp.async ring
+// runs on across item boundaries, so a CTA never drains its pipeline between items:
+//
+//     items (b, col):   (0,0) (0,1) ... (0,C-1) (1,0) ...          CTA j takes items j, j + grid, j + 2 grid, ...
+//     per item:         A rows gathered by sorted id  x  B[e] tiles (cols) streamed k-stage by k-stage
+//
+// The register-level work is the dense kernel's: dequant.cuh (dequant_subblock, scale/zero-point maps) feeding
+// mma.cuh (ldmatrix_x4, mma_m16n8k16), with the same shared-memory layouts (A rows swizzled by r % 8, 8-bit weight
+// halves split) so that the fetch and compute phases read exactly like kernels_cuda/marlin_gemm.cu's.
 //
 //   silu_and_mul   h[r, j]  = rnd(silu(x[r, j]) * x[r, N + j])          gate = first N columns, up = last N
 //   moe_sum        out[t, :] = rnd(sum_j w[t, j] * y[row(t, j), :])      the router-weighted sum over top_k
@@ -6,7 +23,7 @@
 //   add_bias       y[r, :]   = rnd(y[r, :] + bias)                       bias of a single-expert view
 //
 // All math in fp32, one rounding to the activation type at the end (workbench.moe.moe_reference rounds there too).
-#include "mma.cuh"
+#include "dequant.cuh"
 
 namespace mwb {
 
@@ -16,6 +33,12 @@ template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Converts and stores two fp32 values as one activation-typed pair.
+template <typename T>
+__device__ __forceinline__ void store_moe_pair(T* dst, float lo, float hi) {
+  *reinterpret_cast<typename Act<T>::Pair*>(dst) = Act<T>::from_floats(lo, hi);
+}
 
 template <typename T>
 __global__ void silu_and_mul(const T* __restrict__ x,  // (rows, 2n)
@@ -72,6 +95,330 @@ __global__ void add_bias(T* __restrict__ y, const T* __restrict__ bias, int rows
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     y[i] = from_f32<T>(to_f32(y[i]) + to_f32(bias[i % n]));
   }
+}
+
+
+constexpr int kMoeThreads = 256;  // 8 warps, as the dense kernel
+constexpr int kMoeWarps = kMoeThreads / 32;
+
+// Compile-time geometry; workbench/moe.py MoeConfig.smem_bytes mirrors kSmemBytes.
+template <int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES>
+struct MoeGeometry {
+  static_assert(M_BLOCKS >= 1 && M_BLOCKS <= 4, "M_BLOCKS is 1..4 (moe_block_size 8..64)");
+  static_assert(N_TILES == 1 || N_TILES == 2 || N_TILES == 4, "N_TILES must divide the 8 warps");
+  static constexpr int kWarpsPerN = kMoeWarps / N_TILES;
+  static constexpr int KT = K_WARP * kWarpsPerN;
+  static constexpr int BM = 16 * M_BLOCKS;
+  static constexpr int BN = 64 * N_TILES;
+  static constexpr int BK = 16 * KT;
+  static_assert(BK >= 64, "the A swizzle needs rows of at least 8 16-byte chunks");
+  static constexpr int kTileI4 = 16 * 64 / Weight<W>::kPack / 4;
+  static constexpr int kScaleRows = (BK / 32 > 1) ? BK / 32 : 1;
+  static constexpr int kAI4 = BM * BK / 8;
+  static constexpr int kBI4 = KT * N_TILES * kTileI4;
+  static constexpr int kSI4 = kScaleRows * BN / 8;
+  static constexpr int kZI4 = Weight<W>::kHasZero ? kScaleRows * BN / Weight<W>::kPack / 4 : 0;
+  static constexpr int kStageI4 = kAI4 + kBI4 + kSI4 + kZI4;
+  static constexpr int kRedI4 = (kWarpsPerN > 1) ? (kWarpsPerN / 2) * N_TILES * 16 * 64 / 4 : 0;
+  static constexpr int kSmemBytes = 16 * (STAGES * kStageI4 + kRedI4);
+  static constexpr int kARowsPerThread = (kAI4 + kMoeThreads - 1) / kMoeThreads;  // A chunks one thread fetches
+};
+
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES>
+__global__ void __launch_bounds__(kMoeThreads, 1)
+marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations, lda % 8 == 0
+           const int4* __restrict__ B,              // (E, K/16, N*16/pack) int32 Marlin tiles
+           T* __restrict__ C,                       // (numel, N) output rows, one per routed entry
+           const int4* __restrict__ scales,         // (E, num_groups, N) act type, Marlin-permuted
+           const int4* __restrict__ zeros,          // (E, num_groups, N/pack) int32 or null
+           const int* __restrict__ sorted_ids,      // (n_blocks * block_size,) flat entry ids, >= numel = padding
+           const int* __restrict__ expert_ids,      // (n_blocks,) expert of each block, -1 = not on this device
+           const int* __restrict__ num_post_padded, // (1,) rows of sorted_ids in use
+           const float* __restrict__ topk_weights,  // (numel,) router weight per entry, or null
+           int n_blocks, int block_size, int numel, int top_k, int prob_n, int prob_k, int lda, int group_size) {
+  using G = MoeGeometry<W, M_BLOCKS, N_TILES, K_WARP, STAGES>;
+  using Pair = typename Act<T>::Pair;
+  constexpr int BN = G::BN, BK = G::BK, KT = G::KT;
+  constexpr bool kHasZero = Weight<W>::kHasZero;
+  constexpr int kPack = Weight<W>::kPack;
+  constexpr int kWordsPerLane = 16 * 64 / kPack / 32;
+
+  extern __shared__ int4 smem[];
+  int4* const sA = smem;
+  int4* const sB = sA + STAGES * G::kAI4;
+  int4* const sS = sB + STAGES * G::kBI4;
+  int4* const sZ = sS + STAGES * G::kSI4;
+  float* const sRed = reinterpret_cast<float*>(sZ + STAGES * G::kZI4);
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int nt = warp % N_TILES;
+  const int kg = warp / N_TILES;
+  const int lane_col = lane / 4;
+
+  const int n_tiles_total = prob_n / 64;
+  const int KI = prob_k / BK;
+  const int cols = prob_n / BN;
+  const int used_blocks = min(num_post_padded[0] / block_size, n_blocks);  // never past the arrays' end
+  const int total_items = max(used_blocks, 0) * cols;
+  const bool channelwise = group_size < 0;
+  const int group_shift = channelwise ? 0 : __ffs(group_size) - 1;
+  const int num_groups = channelwise ? 1 : prob_k >> group_shift;
+  const long long b_expert_i4 = static_cast<long long>(prob_k / 16) * (prob_n * 16 / kPack) / 4;
+  const long long s_expert_i4 = static_cast<long long>(num_groups) * prob_n / 8;
+  const long long z_expert_i4 = static_cast<long long>(num_groups) * prob_n / kPack / 4;
+  const unsigned long long weight_policy = evict_first_policy();
+
+  // The next item at or after w on this CTA's stride whose block has a local expert.
+  auto next_item = [&](int w) -> int {
+    while (w < total_items && expert_ids[w / cols] < 0) w += gridDim.x;
+    return w;
+  };
+
+  // ---- fetch: global -> shared of k-stage kit of item w into ring slot `slot` ---------------------------------
+  long long a_row[G::kARowsPerThread];  // int4 offset of each A row this thread fetches, -1 = padding
+  auto gather_rows_of = [&](int w) {
+    const int b = w / cols;
+#pragma unroll
+    for (int j = 0; j < G::kARowsPerThread; ++j) {
+      const int i = tid + j * kMoeThreads;
+      const int r = i / (BK / 8);
+      a_row[j] = -1;
+      if (i < G::kAI4 && r < block_size) {
+        const unsigned id = static_cast<unsigned>(sorted_ids[static_cast<long long>(b) * block_size + r]);
+        if (id < static_cast<unsigned>(numel)) a_row[j] = static_cast<long long>(id / top_k) * (lda / 8);
+      }
+    }
+  };
+  auto fetch_stage = [&](int slot, int w, int kit) {
+    const int b = w / cols, col = w % cols;
+    const int e = expert_ids[b];
+    const int k0 = kit * BK;
+    if (kit == 0) gather_rows_of(w);
+    int4* a_dst = sA + slot * G::kAI4;
+#pragma unroll
+    for (int j = 0; j < G::kARowsPerThread; ++j) {
+      const int i = tid + j * kMoeThreads;
+      if (i < G::kAI4) {
+        const int r = i / (BK / 8), c = i % (BK / 8);
+        const bool valid = a_row[j] >= 0;
+        cp_async16(a_dst + r * (BK / 8) + (c ^ (r % 8)), A + (valid ? a_row[j] + k0 / 8 + c : 0), valid);
+      }
+    }
+    const int4* B_e = B + e * b_expert_i4;
+    int4* b_dst = sB + slot * G::kBI4;
+#pragma unroll
+    for (int i = tid; i < G::kBI4; i += kMoeThreads) {
+      const int kt = i / (N_TILES * G::kTileI4);
+      const int rem = i % (N_TILES * G::kTileI4);
+      const int j = rem % G::kTileI4;
+      const int swz = (G::kTileI4 == 64) ? (j % 2) * 32 + j / 2 : j;
+      const int4* src = B_e + (static_cast<long long>(kit * KT + kt) * n_tiles_total + col * N_TILES) * G::kTileI4 +
+                        rem;
+      cp_async16_stream(b_dst + kt * N_TILES * G::kTileI4 + (rem - j) + swz, src, weight_policy);
+    }
+    if (!channelwise) {
+      const int g0 = k0 >> group_shift;
+      const int rows = BK > group_size ? BK >> group_shift : 1;
+      const int4* s_e = scales + e * s_expert_i4;
+      int4* s_dst = sS + slot * G::kSI4;
+      for (int i = tid; i < rows * (BN / 8); i += kMoeThreads) {
+        const int r = i / (BN / 8), c = i % (BN / 8);
+        cp_async16(s_dst + i, s_e + (static_cast<long long>(g0 + r) * prob_n + col * BN) / 8 + c);
+      }
+      if constexpr (kHasZero) {
+        constexpr int kZRowI4 = BN / kPack / 4;
+        const int4* z_e = zeros + e * z_expert_i4;
+        int4* z_dst = sZ + slot * G::kZI4;
+        for (int i = tid; i < rows * kZRowI4; i += kMoeThreads) {
+          const int r = i / kZRowI4, c = i % kZRowI4;
+          cp_async16(z_dst + i, z_e + (static_cast<long long>(g0 + r) * prob_n / kPack + col * BN / kPack) / 4 + c);
+        }
+      }
+    }
+  };
+
+  // ---- per-item state -------------------------------------------------------------------------------------
+  float acc[M_BLOCKS][8][4];
+  T cw_scale[8];
+  int cw_zero[8];
+  auto zero_acc = [&]() {
+#pragma unroll
+    for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mb][nb][r] = 0.f;
+  };
+  auto load_channelwise = [&](int w) {
+    const int e = expert_ids[w / cols], col = w % cols;
+    const T* s = reinterpret_cast<const T*>(scales + e * s_expert_i4) + col * BN + nt * 64;
+    const unsigned* z = reinterpret_cast<const unsigned*>(zeros + (kHasZero ? e * z_expert_i4 : 0)) +
+                        (col * BN + nt * 64) / kPack;
+#pragma unroll
+    for (int s_ = 0; s_ < 4; ++s_)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        cw_scale[2 * s_ + h] = s[channelwise_scale_index(lane_col, s_, h)];
+        if constexpr (kHasZero) {
+          unsigned zw[2];
+          zw[0] = z[lane_col * (Weight<W>::kBits / 4)];
+          zw[1] = (Weight<W>::kBits == 8) ? z[2 * lane_col + 1] : 0u;
+          cw_zero[2 * s_ + h] = zero_of<W>(zw, s_, h);
+        } else {
+          cw_zero[2 * s_ + h] = Weight<W>::kBias;
+        }
+      }
+  };
+
+  // ---- compute: one stage of this warp's k16 tiles (the dense kernel's inner loop) ------------------------
+  auto compute_stage = [&](int slot, int kit) {
+    const int k0 = kit * BK;
+    const int4* a_src = sA + slot * G::kAI4;
+    const int4* b_src = sB + slot * G::kBI4;
+#pragma unroll
+    for (int i = 0; i < K_WARP; ++i) {
+      const int kt = kg * K_WARP + i;
+      int4 sv = make_int4(0, 0, 0, 0);
+      unsigned zw[2] = {0u, 0u};
+      if (!channelwise) {
+        const int g = ((k0 + 16 * kt) >> group_shift) - (k0 >> group_shift);
+        sv = sS[slot * G::kSI4 + g * (BN / 8) + nt * 8 + lane_col];
+        if constexpr (kHasZero) {
+          const unsigned* zrow = reinterpret_cast<const unsigned*>(sZ + slot * G::kZI4) + g * (BN / kPack) +
+                                 nt * (64 / kPack);
+          zw[0] = zrow[lane_col * (Weight<W>::kBits / 4)];
+          zw[1] = (Weight<W>::kBits == 8) ? zrow[2 * lane_col + 1] : 0u;
+        }
+      }
+      unsigned words[kWordsPerLane];
+      const int4* tile = b_src + (kt * N_TILES + nt) * G::kTileI4;
+      {
+        const int4 w0 = tile[lane];
+        words[0] = w0.x; words[1] = w0.y; words[2] = w0.z; words[3] = w0.w;
+        if constexpr (kWordsPerLane == 8) {
+          const int4 w1 = tile[32 + lane];
+          words[4] = w1.x; words[5] = w1.y; words[6] = w1.z; words[7] = w1.w;
+        }
+      }
+      unsigned a[M_BLOCKS][4];
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb) {
+        const int r = mb * 16 + lane % 16;
+        const int c = 2 * kt + lane / 16;
+        ldmatrix_x4(a[mb], a_src + r * (BK / 8) + (c ^ (r % 8)));
+      }
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        Pair sc[2][2];
+        unsigned off[2][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          T v;
+          int z;
+          if (channelwise) {
+            v = cw_scale[2 * s + h];
+            z = cw_zero[2 * s + h];
+          } else {
+            v = reinterpret_cast<const T*>(&sv)[grouped_scale_slot(s, h)];
+            z = kHasZero ? zero_of<W>(zw, s, h) : Weight<W>::kBias;
+          }
+          const unsigned short o = offset_bits<T, W>(z);
+          sc[h][0] = sc[h][1] = Act<T>::pair(v, v);
+          off[h][0] = off[h][1] = pair_bits(o, o);
+        }
+        unsigned bfrag[2][2];
+        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off, sc, bfrag);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int mb = 0; mb < M_BLOCKS; ++mb) mma_m16n8k16<Act<T>::kIsBf16>(a[mb], bfrag[h], acc[mb][2 * s + h]);
+      }
+    }
+  };
+
+  // ---- finish an item: fold the warps of each 64-column tile, then scatter rows to C --------------------------
+  auto finish_item = [&](int w) {
+    if constexpr (G::kWarpsPerN > 1) {
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb) {
+#pragma unroll
+        for (int step = G::kWarpsPerN / 2; step >= 1; step /= 2) {
+          if (kg >= step && kg < 2 * step) {
+            float* dst = sRed + ((kg - step) * N_TILES + nt) * 1024;
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) dst[(nb * 4 + r) * 32 + lane] = acc[mb][nb][r];
+          }
+          __syncthreads();
+          if (kg < step) {
+            const float* src = sRed + (kg * N_TILES + nt) * 1024;
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) acc[mb][nb][r] += src[(nb * 4 + r) * 32 + lane];
+          }
+          __syncthreads();
+        }
+      }
+    }
+    if (kg != 0) return;  // warps 0..N_TILES-1 hold the item's sums
+    const int b = w / cols, col = w % cols;
+#pragma unroll
+    for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mb * 16 + lane / 4 + 8 * half;
+        if (r >= block_size) continue;
+        const unsigned id = static_cast<unsigned>(sorted_ids[static_cast<long long>(b) * block_size + r]);
+        if (id >= static_cast<unsigned>(numel)) continue;
+        const float scale = topk_weights ? topk_weights[id] : 1.f;
+        T* c_row = C + static_cast<long long>(id) * prob_n + col * BN + nt * 64 + 2 * (lane % 4);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+          store_moe_pair(c_row + nb * 8, scale * acc[mb][nb][2 * half], scale * acc[mb][nb][2 * half + 1]);
+      }
+  };
+
+  // ---- main loop: one ring over this CTA's (item, k-stage) sequence -------------------------------------------
+  int f_item = next_item(blockIdx.x), f_kit = 0;  // next stage to fetch
+  int c_item = f_item, c_kit = 0;                 // next stage to compute
+  auto advance = [&](int& w, int& kit) {
+    if (++kit == KI) {
+      kit = 0;
+      w = next_item(w + gridDim.x);
+    }
+  };
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (f_item < total_items) {
+      fetch_stage(st, f_item, f_kit);
+      advance(f_item, f_kit);
+    }
+    cp_async_commit();
+  }
+  zero_acc();
+  int slot = 0;
+  while (c_item < total_items) {
+    if (channelwise && c_kit == 0) load_channelwise(c_item);
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage `slot` is visible; the slot refilled below was released by every warp
+    if (f_item < total_items) {
+      fetch_stage((slot + STAGES - 1) % STAGES, f_item, f_kit);
+      advance(f_item, f_kit);
+    }
+    cp_async_commit();
+    compute_stage(slot, c_kit);
+    slot = (slot + 1 == STAGES) ? 0 : slot + 1;
+    if (c_kit + 1 == KI) {
+      finish_item(c_item);
+      zero_acc();
+    }
+    advance(c_item, c_kit);
+  }
+  cp_async_wait<0>();
 }
 
 }  // namespace mwb

@@ -45,6 +45,7 @@ MAX_BLOCK_N = 256
 GROUP_SIZES = (32, 64, 128)  # grouped scales the kernel stages per pipeline step
 
 REDUCE_IN_C, REDUCE_FP32, REDUCE_ATOMIC = 0, 1, 2  # kernels_cuda/marlin_gemm.cu ReduceMode
+GROUP_CHANNELWISE, GROUP_GROUPED, GROUP_PER_ROW = 0, 1, 2  # kernels_cuda/marlin_gemm.cu GroupMode
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -60,7 +61,11 @@ class KernelConfig:
     n_tiles: int  # 64-column tiles per block tile (1, 2, 4)
     k_warp: int  # k16 tiles per warp per pipeline stage
     stages: int
-    per_row_groups: bool  # act-order on a K shard: scales looked up per row through g_idx
+    group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
+
+    @property
+    def per_row_groups(self) -> bool:
+        return self.group_mode == GROUP_PER_ROW
 
     @property
     def block_m(self) -> int:
@@ -84,7 +89,7 @@ class KernelConfig:
         scale_rows = max(1, self.block_k // 32)
         s = scale_rows * self.block_n // 8
         z = scale_rows * self.block_n // pack // 4 if self.weight.has_zero_points else 0
-        g = self.block_k // 4 if self.per_row_groups else 0
+        g = self.block_k // 4 if self.group_mode == GROUP_PER_ROW else 0
         warps_per_n = 8 // self.n_tiles
         red = (warps_per_n // 2) * self.n_tiles * 16 * 64 // 4 if warps_per_n > 1 else 0
         return 16 * (self.stages * (a + b + s + z + g) + red)
@@ -92,9 +97,8 @@ class KernelConfig:
     @property
     def name_expression(self) -> str:
         t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
-        per_row = "true" if self.per_row_groups else "false"
         return (f"mwb::marlin_gemm<{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, "
-                f"{self.stages}, {per_row}>")
+                f"{self.stages}, {self.group_mode}>")
 
 
 # (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n). Small M streams weights: the first choices keep
@@ -115,6 +119,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                   per_row_groups: bool, smem_limit: int, thread_k: int = -1, thread_n: int = -1) -> KernelConfig:
     """The first thread shape that divides (K, N) and fits shared memory; ValueError naming the shape otherwise."""
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
+    group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
     tried = []
     for n_tiles, k_warp in order:
@@ -127,7 +132,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
         if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
             continue
         for stages in ((_DEEP_STAGES, 6, _STAGES) if m_blocks <= 2 else (_STAGES, 3)):
-            cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, per_row_groups)
+            cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode)
             if cfg.smem_bytes <= smem_limit:
                 return cfg
     raise ValueError(

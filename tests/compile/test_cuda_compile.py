@@ -2,7 +2,7 @@
 uses, driven here through cuda.core), with no warnings. Needs no GPU: both compilers only generate code.
 
 The instantiations cover every weight type, both activation types, every N_TILES / K_WARP shape, M_BLOCKS 1..4,
-both stage depths and the per-row (act-order shard) path; the template is the same for the rest.
+several stage depths and every group mode (channelwise, grouped, per-row act-order shard); the template is the same for the rest.
 """
 import io
 import pathlib
@@ -16,12 +16,13 @@ from workbench.scalar_types import ScalarType as S
 
 ARCHS = (80, 90)
 CONFIGS = (
-    gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 2, 8, False),
-    gemm.KernelConfig(S.BF16, S.U4, 4, 4, 2, 4, False),
-    gemm.KernelConfig(S.F16, S.U8B128, 3, 1, 1, 4, True),
-    gemm.KernelConfig(S.BF16, S.U8, 2, 2, 1, 8, True),
-    gemm.KernelConfig(S.F16, S.FE4M3FN, 1, 1, 1, 4, False),
-    gemm.KernelConfig(S.BF16, S.FE4M3FN, 4, 2, 2, 4, False),
+    gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 8, gemm.GROUP_GROUPED),
+    gemm.KernelConfig(S.BF16, S.U4, 4, 4, 2, 4, gemm.GROUP_GROUPED),
+    gemm.KernelConfig(S.F16, S.U8B128, 3, 1, 1, 4, gemm.GROUP_PER_ROW),
+    gemm.KernelConfig(S.BF16, S.U8, 2, 2, 1, 8, gemm.GROUP_PER_ROW),
+    gemm.KernelConfig(S.F16, S.U4, 1, 1, 1, 4, gemm.GROUP_CHANNELWISE),
+    gemm.KernelConfig(S.F16, S.FE4M3FN, 1, 2, 2, 6, gemm.GROUP_CHANNELWISE),
+    gemm.KernelConfig(S.BF16, S.FE4M3FN, 4, 2, 2, 4, gemm.GROUP_GROUPED),
 )
 EXTRA_KERNELS = ("mwb::permute_cols<__half>", "mwb::permute_cols<__nv_bfloat16>")
 NAMES = [c.name_expression for c in CONFIGS] + list(EXTRA_KERNELS)
