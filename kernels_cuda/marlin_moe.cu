@@ -312,7 +312,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         Pair sc[2][2];
-        unsigned off[2][2];
+        unsigned off[2][2], off16[2][2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           T v;
@@ -327,9 +327,10 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
           const unsigned short o = offset_bits<T, W>(z);
           sc[h][0] = sc[h][1] = Act<T>::pair(v, v);
           off[h][0] = off[h][1] = pair_bits(o, o);
+          off16[h][0] = off16[h][1] = splat_bits(neg_offset16_bits(z));
         }
         unsigned bfrag[2][2];
-        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off, sc, bfrag);
+        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off, off16, sc, bfrag);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
