@@ -111,13 +111,18 @@ def main() -> int:
     dummy_perm = cuda.to_device(np.zeros((1, 1), np.int32), stream=stream)
 
     def weight_repack(name, bits, source, k, n, src, perm=None, experts=1, tiles=kr.TILES_PER_BLOCK,
-                      threads=kr.THREADS, note=""):
+                      threads=kr.THREADS, note="", staged=False):
         pf = 32 // bits
         out = cuda.device_array((experts, k // 16, n * 16 // pf), np.uint32, stream=stream)
-        kernel = kr._repack_kernel(bits, source, tiles, threads)
-        grid = (k // 16, -(-n // (64 * tiles)), experts)
-        p = perm if perm is not None else dummy_perm
-        launch = lambda: kernel[grid, threads, stream](src, p, out, n)  # noqa: E731
+        if source in ("gptq", "row_major_bytes") and not staged:  # what the wrappers run
+            kernel = kr._direct_repack_kernel(bits, source)
+            grid = kr.direct_grid(k, n, bits, experts)
+            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](src, out, n)  # noqa: E731
+        else:
+            kernel = kr._repack_kernel(bits, source, tiles, threads)
+            grid = (k // 16, -(-n // (64 * tiles)), experts)
+            p = perm if perm is not None else dummy_perm
+            launch = lambda: kernel[grid, threads, stream](src, p, out, n)  # noqa: E731
         launch()
         stream.synchronize()
         nbytes = experts * k * n // pf * 4
@@ -131,9 +136,14 @@ def main() -> int:
         shape_out = {"gptq": (experts, k // pf, n), "awq": (experts, k, n // pf),
                      "row_major_bytes": (experts, n, k // 4)}[target]
         out = cuda.device_array(shape_out, np.uint32, stream=stream)
-        kernel = kr._unpack_kernel(bits, target)
-        grid = (k // 16, -(-n // kr.CHUNK_N), experts)
-        launch = lambda: kernel[grid, kr.THREADS, stream](marlin, out, n)  # noqa: E731
+        if target == "awq":
+            kernel = kr._unpack_kernel(bits, target)
+            grid = (k // 16, -(-n // kr.CHUNK_N), experts)
+            launch = lambda: kernel[grid, kr.THREADS, stream](marlin, out, n)  # noqa: E731
+        else:
+            kernel = kr._direct_unpack_kernel(bits, target)
+            grid = kr.direct_grid(k, n, bits, experts)
+            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, out, n)  # noqa: E731
         launch()
         stream.synchronize()
         nbytes = experts * k * n // pf * 4
@@ -184,15 +194,11 @@ def main() -> int:
         checks[f"block-fp8 round trip {k}x{n}"] = bool(cp.array_equal(cp.asarray(back).view(cp.uint8),
                                                                         cp.asarray(rm)))
         del rm, m8, back
-        if args.sweep and (k, n) == SHAPES[0]:
+        if args.sweep and (k, n) == SHAPES[0]:  # the shared-memory (staged) kernel on the same paths
             q4 = rand_words((1, k // 8, n))
             q8 = rand_words((1, k // 4, n))
-            for tiles in (4, 8, 16):
-                for threads in (128, 256, 512):
-                    weight_repack(f"sweep u4 tiles={tiles} threads={threads}", 4, "gptq", k, n, q4, tiles=tiles,
-                                  threads=threads, note="launch-shape sweep")
-                    weight_repack(f"sweep u8 tiles={tiles} threads={threads}", 8, "gptq", k, n, q8, tiles=tiles,
-                                  threads=threads, note="launch-shape sweep")
+            weight_repack("staged gptq_marlin_repack u4", 4, "gptq", k, n, q4, staged=True, note="staged kernel")
+            weight_repack("staged gptq_marlin_repack u8", 8, "gptq", k, n, q8, staged=True, note="staged kernel")
             del q4, q8
 
         # small transforms for this layer (group 128)

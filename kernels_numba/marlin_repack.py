@@ -9,7 +9,13 @@ the K×N code matrix is cut into 16×64 tiles, k-tile-major; each tile becomes `
     FP8 raw bits   [K/4, N]   = GPTQ 8-bit with the E4M3 bytes as codes
     block FP8      [N, K]     row-major bytes (transpose fused: 4 consecutive k of row n = one little-endian word)
 
-How a block works (one block = one k-tile × up to 8 n-tiles of one expert)::
+Two kernel shapes:
+
+* **direct** (GPTQ rows, FP8 raw bits, row-major FP8, and their inverses): one thread reads the 4 source words
+  that hold everything for 4 output words (see "Direct kernels" below) and writes them; no shared memory, no
+  barrier. Every input word is read once and every output word written once.
+* **staged** (act-order perm, AWQ, and the AWQ inverse, whose sources are scattered): one block = one k-tile ×
+  up to 8 n-tiles of one expert::
 
     global source ──(phase 1: coalesced loads, any layout)──► shared "GPTQ form"  stage[h][j]
                                                                h = 0..16/pf-1 (rows of the k-tile, pf per word)
@@ -17,10 +23,12 @@ How a block works (one block = one k-tile × up to 8 n-tiles of one expert)::
     shared stage ──(phase 2: one output word per thread-step)──► Marlin words, consecutive threads → consecutive
                                                                   words (fully coalesced 4-byte stores)
 
-Phase 2 never loops over fields: in the GPTQ form the 8 codes a 4-bit Marlin word needs sit in 4 staged words
+In the staged kernel phase 2 never loops over fields: in the GPTQ form the 8 codes a 4-bit Marlin word needs sit in 4 staged words
 as 4 byte-pairs (rows k, k+1 of columns n and n+8 in the low k-half, the same in the high half), and an 8-bit word
-takes 2 bytes from each of 2 staged words. The inverse kernel runs the same picture backwards: Marlin words are
-staged, the GPTQ form is rebuilt from them, and then written as GPTQ rows, AWQ words or row-major FP8 bytes.
+takes 2 bytes from each of 2 staged words. The staged inverse runs the same picture backwards: Marlin words are
+staged, the GPTQ form is rebuilt from them, and then written as AWQ words. The staged kernel also has GPTQ-row and
+row-major sources/targets (``staged=True``): the benchmark compares them with the direct kernel (first H200 run:
+the staged GPTQ u4 repack reached 29% of the copy bandwidth), and the tests keep them correct.
 
 Every kernel takes a leading expert axis (E, ...) so a stack of experts is one launch (grid z = expert).
 """
@@ -147,6 +155,194 @@ def gptq_word_8bit(mstage, h, n):
         byte = uint32(m >> uint32((((f & 1) << 1) + hk) << 3)) & uint32(0xFF)
         out = out | uint32(byte << uint32(f << 3))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Direct kernels (no shared memory): GPTQ rows / FP8 raw bits / row-major FP8 bytes <-> Marlin
+# ---------------------------------------------------------------------------------------------------------------
+# One thread owns the pieces of one tile that belong together: 4-bit, lane (col, warp) reads the 4 GPTQ words
+# A, B (rows 0-7 / 8-15 of column n = 16*warp + col) and C, D (column n + 8) and writes the 4 Marlin words
+# 16*col + 4*row2 + warp, row2 = 0..3, which are exactly the byte pairs of those 4 words. 8-bit, lane (col, warp,
+# half) reads the 4 words of column n = 16*warp + col + 8*half (rows 4r..4r+3, r = 0..3) and writes words
+# 32*col + 8*row2 + 2*warp + half. Every input word is read once, by one thread, and every output word written once:
+# no staging, no barrier, 4 independent loads in flight per thread.
+DIRECT_THREADS = 128  # 4 tiles (4-bit, 32 lanes each) or 2 tiles (8-bit, 64 lanes each) per block
+
+
+@cuda.jit(device=True, inline=True)
+def marlin_words_4bit(a, b, c, d, row2):
+    """Marlin 4-bit word ``16*col + 4*row2 + warp`` from the GPTQ words a, b (column n, rows 0-7 / 8-15 of the
+    k-tile) and c, d (column n + 8): field order (dk, dn) = (0,0) (8,0) (0,8) (8,8) (1,0) (9,0) (1,8) (9,8)."""
+    shift = uint32(row2 << 3)
+    pa = uint32(a >> shift) & uint32(0xFF)
+    pb = uint32(b >> shift) & uint32(0xFF)
+    pc = uint32(c >> shift) & uint32(0xFF)
+    pd = uint32(d >> shift) & uint32(0xFF)
+    low = (pa & uint32(0xF)) | ((pb & uint32(0xF)) << uint32(4)) | ((pc & uint32(0xF)) << uint32(8)) | (
+        (pd & uint32(0xF)) << uint32(12))
+    high = (pa >> uint32(4)) | ((pb >> uint32(4)) << uint32(4)) | ((pc >> uint32(4)) << uint32(8)) | (
+        (pd >> uint32(4)) << uint32(12))
+    return uint32(low | uint32(high << uint32(16)))
+
+
+@cuda.jit(device=True, inline=True)
+def marlin_words_8bit(p, q, row2):
+    """Marlin 8-bit word ``32*col + 8*row2 + 2*warp + half``: rows k0, k0+8, k0+1, k0+9 (k0 = 2*row2) of column n,
+    from p = GPTQ word of rows 4*(row2//2).. (holds k0, k0+1) and q = the word 8 rows further (k0+8, k0+9)."""
+    s = uint32((row2 & 1) << 4)
+    return uint32(
+        (uint32(p >> s) & uint32(0xFF))
+        | ((uint32(q >> s) & uint32(0xFF)) << uint32(8))
+        | ((uint32(p >> uint32(s + uint32(8))) & uint32(0xFF)) << uint32(16))
+        | ((uint32(q >> uint32(s + uint32(8))) & uint32(0xFF)) << uint32(24))
+    )
+
+
+@cuda.jit(device=True, inline=True)
+def gptq_byte_from_marlin_4bit(w, which):
+    """Inverse of marlin_words_4bit: byte ``row2`` of GPTQ word a/b/c/d (which = 0..3) from Marlin word w."""
+    return (uint32(w >> uint32(which << 2)) & uint32(0xF)) | (
+        (uint32(w >> uint32(16 + (which << 2))) & uint32(0xF)) << uint32(4))
+
+
+@cuda.jit(device=True, inline=True)
+def gptq_half_from_marlin_8bit(w, from_q):
+    """Inverse of marlin_words_8bit: the 2 bytes (16 bits) that word w took from p (from_q = 0) or q (1)."""
+    sh = uint32(from_q << 3)
+    return (uint32(w >> sh) & uint32(0xFF)) | ((uint32(w >> uint32(sh + uint32(16))) & uint32(0xFF)) << uint32(8))
+
+
+def direct_repack_kernel_source(bits: int, source: str):
+    """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .]."""
+    if source not in ("gptq", "row_major_bytes") or (source == "row_major_bytes" and bits != 8):
+        raise ValueError(f"direct repack has no {bits}-bit source {source!r}")
+    four_bit = bits == 4
+    lanes_per_tile = 32 if four_bit else 64
+    tiles_per_block = DIRECT_THREADS // lanes_per_tile
+    lane_shift = 5 if four_bit else 6
+    wpt = 128 if four_bit else 256
+    row_major = source == "row_major_bytes"
+
+    def repack_direct(src, out, size_n):
+        """Grid (K/16, ceil(N/64 / tiles_per_block), E), DIRECT_THREADS threads."""
+        kt = cuda.blockIdx.x
+        e = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        if nt < (size_n >> 6):
+            lane = tid & (lanes_per_tile - 1)
+            base = nt * wpt
+            if four_bit:
+                col = lane & 7
+                warp = lane >> 3
+                n = (nt << 6) + (warp << 4) + col
+                a = src[e, 2 * kt, n]
+                b = src[e, 2 * kt + 1, n]
+                c = src[e, 2 * kt, n + 8]
+                d = src[e, 2 * kt + 1, n + 8]
+                for row2 in range(4):
+                    out[e, kt, base + (col << 4) + (row2 << 2) + warp] = marlin_words_4bit(a, b, c, d, row2)
+            else:
+                col = lane >> 3  # lanes (warp, half) fastest: each col's 8 output words are consecutive
+                slot = lane & 7  # 2*warp + half
+                n = (nt << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
+                if row_major:  # the 16 bytes of row n for this k-tile: 4 consecutive words
+                    p0 = src[e, n, 4 * kt]
+                    p1 = src[e, n, 4 * kt + 1]
+                    p2 = src[e, n, 4 * kt + 2]
+                    p3 = src[e, n, 4 * kt + 3]
+                else:
+                    p0 = src[e, 4 * kt, n]
+                    p1 = src[e, 4 * kt + 1, n]
+                    p2 = src[e, 4 * kt + 2, n]
+                    p3 = src[e, 4 * kt + 3, n]
+                o = base + (col << 5) + slot
+                out[e, kt, o] = marlin_words_8bit(p0, p2, 0)
+                out[e, kt, o + 8] = marlin_words_8bit(p0, p2, 1)
+                out[e, kt, o + 16] = marlin_words_8bit(p1, p3, 2)
+                out[e, kt, o + 24] = marlin_words_8bit(p1, p3, 3)
+
+    return repack_direct
+
+
+def direct_unpack_kernel_source(bits: int, target: str):
+    """Marlin [E, K/16, .] -> target "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4])."""
+    if target not in ("gptq", "row_major_bytes") or (target == "row_major_bytes" and bits != 8):
+        raise ValueError(f"direct unpack has no {bits}-bit target {target!r}")
+    four_bit = bits == 4
+    lanes_per_tile = 32 if four_bit else 64
+    tiles_per_block = DIRECT_THREADS // lanes_per_tile
+    lane_shift = 5 if four_bit else 6
+    wpt = 128 if four_bit else 256
+    row_major = target == "row_major_bytes"
+
+    def unpack_direct(marlin, out, size_n):
+        kt = cuda.blockIdx.x
+        e = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        if nt < (size_n >> 6):
+            lane = tid & (lanes_per_tile - 1)
+            base = nt * wpt
+            if four_bit:
+                col = lane & 7
+                warp = lane >> 3
+                n = (nt << 6) + (warp << 4) + col
+                a = uint32(0)
+                b = uint32(0)
+                c = uint32(0)
+                d = uint32(0)
+                for row2 in range(4):
+                    w = marlin[e, kt, base + (col << 4) + (row2 << 2) + warp]
+                    sh = uint32(row2 << 3)
+                    a = a | uint32(gptq_byte_from_marlin_4bit(w, 0) << sh)
+                    b = b | uint32(gptq_byte_from_marlin_4bit(w, 1) << sh)
+                    c = c | uint32(gptq_byte_from_marlin_4bit(w, 2) << sh)
+                    d = d | uint32(gptq_byte_from_marlin_4bit(w, 3) << sh)
+                out[e, 2 * kt, n] = a
+                out[e, 2 * kt + 1, n] = b
+                out[e, 2 * kt, n + 8] = c
+                out[e, 2 * kt + 1, n + 8] = d
+            else:
+                col = lane >> 3
+                slot = lane & 7
+                n = (nt << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
+                o = base + (col << 5) + slot
+                w0 = marlin[e, kt, o]
+                w1 = marlin[e, kt, o + 8]
+                w2 = marlin[e, kt, o + 16]
+                w3 = marlin[e, kt, o + 24]
+                p0 = gptq_half_from_marlin_8bit(w0, 0) | uint32(gptq_half_from_marlin_8bit(w1, 0) << uint32(16))
+                p2 = gptq_half_from_marlin_8bit(w0, 1) | uint32(gptq_half_from_marlin_8bit(w1, 1) << uint32(16))
+                p1 = gptq_half_from_marlin_8bit(w2, 0) | uint32(gptq_half_from_marlin_8bit(w3, 0) << uint32(16))
+                p3 = gptq_half_from_marlin_8bit(w2, 1) | uint32(gptq_half_from_marlin_8bit(w3, 1) << uint32(16))
+                if row_major:
+                    out[e, n, 4 * kt] = p0
+                    out[e, n, 4 * kt + 1] = p1
+                    out[e, n, 4 * kt + 2] = p2
+                    out[e, n, 4 * kt + 3] = p3
+                else:
+                    out[e, 4 * kt, n] = p0
+                    out[e, 4 * kt + 1, n] = p1
+                    out[e, 4 * kt + 2, n] = p2
+                    out[e, 4 * kt + 3, n] = p3
+
+    return unpack_direct
+
+
+@functools.lru_cache(maxsize=None)
+def _direct_repack_kernel(bits: int, source: str):
+    return cuda.jit(direct_repack_kernel_source(bits, source))
+
+
+@functools.lru_cache(maxsize=None)
+def _direct_unpack_kernel(bits: int, target: str):
+    return cuda.jit(direct_unpack_kernel_source(bits, target))
+
+
+def direct_grid(size_k: int, size_n: int, bits: int, experts: int):
+    tiles_per_block = DIRECT_THREADS // (32 if bits == 4 else 64)
+    return (size_k // TILE_K, -(-(size_n // TILE_N) // tiles_per_block), experts)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -383,6 +579,13 @@ def compile_targets():
             yield (f"unpack[{bits}-bit,{target}]", unpack_kernel_source(bits, target),
                    (u32_3d, u32_3d, types.int64))
         yield f"gather_rows[{bits}-bit]", gather_rows_kernel_source(bits), (u32_3d, i32_2d, u32_3d)
+        for source in ("gptq", "row_major_bytes"):
+            if source == "row_major_bytes" and bits == 4:
+                continue
+            yield (f"direct_repack[{bits}-bit,{source}]", direct_repack_kernel_source(bits, source),
+                   (u32_3d, u32_3d, types.int64))
+            yield (f"direct_unpack[{bits}-bit,{source}]", direct_unpack_kernel_source(bits, source),
+                   (u32_3d, u32_3d, types.int64))
     yield "invert_perm", invert_perm_kernel_source(), (i32_2d, i32_2d)
 
 
@@ -408,14 +611,21 @@ def _check_sizes(size_k: int, size_n: int, bits: int) -> None:
         raise ValueError(f"size_n = {size_n} is not divisible by tile_n_size = {TILE_N}")
 
 
-def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool):
+def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool,
+                   staged: bool = False):
+    """GPTQ rows and row-major FP8 go through the direct kernel; act-order and AWQ through the staged one.
+    ``staged=True`` forces the staged kernel (kept for the benchmark's comparison and tested like the rest)."""
     experts = src.shape[0]
     pf = 32 // bits
     out = arrays.empty((experts, size_k // TILE_K, size_n * TILE_K // pf), np.uint32)
-    if perm is None:
-        perm = arrays.take(np.zeros((1, 1), np.int32), "perm")
-    grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
-    _repack_kernel(bits, source)[grid, THREADS, arrays.stream](src, perm, out, size_n)
+    if source in ("gptq", "row_major_bytes") and not staged:
+        grid = direct_grid(size_k, size_n, bits, experts)
+        _direct_repack_kernel(bits, source)[grid, DIRECT_THREADS, arrays.stream](src, out, size_n)
+    else:
+        if perm is None:
+            perm = arrays.take(np.zeros((1, 1), np.int32), "perm")
+        grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
+        _repack_kernel(bits, source)[grid, THREADS, arrays.stream](src, perm, out, size_n)
     return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
 
 
@@ -437,7 +647,8 @@ def _take_perm(arrays: Arrays, perm, size_k: int, experts: int):
     return perm_d
 
 
-def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None):
+def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,
+                       staged: bool = False):
     """GPTQ qweight int32 [K/pf, N] (or [E, K/pf, N]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...]).
 
     ``perm`` (int32 [K] or [E, K], or None/empty): Marlin row k takes checkpoint row perm[k] (act-order).
@@ -448,7 +659,8 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k // pf, size_n)
     perm_d = _take_perm(arrays, perm, size_k, src.shape[0])
     has_perm = perm_d is not None
-    return _launch_repack(arrays, src, perm_d, num_bits, "gptq_perm" if has_perm else "gptq", size_k, size_n, stacked)
+    return _launch_repack(arrays, src, perm_d, num_bits, "gptq_perm" if has_perm else "gptq", size_k, size_n, stacked,
+                          staged)
 
 
 def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None):
@@ -469,7 +681,7 @@ def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, st
     return _launch_repack(arrays, src, None, 8, "gptq", size_k, size_n, stacked)
 
 
-def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=None):
+def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=None, staged: bool = False):
     """Row-major E4M3 bytes uint8 [N, K] (or [E, N, K]) -> Marlin W8 int32 [K/16, 4N], transpose fused."""
     _check_sizes(size_k, size_n, 8)
     arrays = Arrays(stream)
@@ -483,14 +695,15 @@ def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=Non
                          f" or (experts, {size_n}, {size_k})")
     stacked = len(shape) == 3
     words = d.reshape((shape[0] if stacked else 1, size_n, size_k)).view(np.uint32)  # [E, N, K/4]
-    return _launch_repack(arrays, words, None, 8, "row_major_bytes", size_k, size_n, stacked)
+    return _launch_repack(arrays, words, None, 8, "row_major_bytes", size_k, size_n, stacked, staged)
 
 
 def _grid_stride(total: int) -> int:
     return max(1, min(132 * 16, -(-total // THREADS)))
 
 
-def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream, perm=None):
+def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream, perm=None,
+                   staged: bool = False):
     _check_sizes(size_k, size_n, bits)
     pf = 32 // bits
     arrays = Arrays(stream)
@@ -504,8 +717,12 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
     else:
         shape = (experts, size_n, size_k // 4)
     out = arrays.empty(shape, np.uint32)
-    grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
-    _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
+    if target == "awq" or staged:
+        grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
+        _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
+    else:
+        _direct_unpack_kernel(bits, target)[direct_grid(size_k, size_n, bits, experts), DIRECT_THREADS,
+                                            arrays.stream](src, out, size_n)
     perm_d = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else None
     if perm_d is not None:  # rows come out in Marlin order; put row perm[k] back at checkpoint row perm[k]
         inverse_perm = arrays.empty(perm_d.shape, np.int32)
@@ -520,9 +737,10 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
     return arrays.give(out if stacked else out.reshape(shape[1:]), np.int32)
 
 
-def marlin_to_gptq_qweight(qweight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None):
+def marlin_to_gptq_qweight(qweight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,
+                           staged: bool = False):
     """Inverse of gptq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> GPTQ int32 [K/pf, N] (perm undone if given)."""
-    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm)
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm, staged)
 
 
 def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None):
@@ -535,6 +753,6 @@ def marlin_to_fp8_raw_bits(qweight, size_k: int, size_n: int, *, stream=None):
     return _launch_unpack(qweight, size_k, size_n, 8, "gptq", stream)
 
 
-def marlin_to_block_fp8_row_major(qweight, size_k: int, size_n: int, *, stream=None):
+def marlin_to_block_fp8_row_major(qweight, size_k: int, size_n: int, *, stream=None, staged: bool = False):
     """Inverse of block_fp8_group128_repack: Marlin int32 [K/16, 4N] -> row-major bytes uint8 [N, K]."""
-    return _launch_unpack(qweight, size_k, size_n, 8, "row_major_bytes", stream)
+    return _launch_unpack(qweight, size_k, size_n, 8, "row_major_bytes", stream, staged=staged)

@@ -34,8 +34,8 @@ TARGETS = list(marlin_repack.compile_targets()) + list(scales.compile_targets())
 def test_every_kernel_variant_is_listed():
     names = [t[0] for t in TARGETS]
     assert len(names) == len(set(names))
-    # 7 forward repacks (4-bit: 3 sources, 8-bit: 4), 5 inverses, 2 row gathers, perm inversion
-    assert sum(n.startswith(("repack[", "unpack[", "gather_rows[", "invert_perm")) for n in names) == 15
+    # staged: 7 forward repacks (4-bit: 3 sources, 8-bit: 4), 5 inverses; direct: 3 + 3; 2 row gathers, perm inversion
+    assert sum(n.startswith(("repack[", "unpack[", "gather_rows[", "invert_perm", "direct_")) for n in names) == 21
     assert any(n.startswith("block_fp8_scales") for n in names) and any(n.startswith("zero_points") for n in names)
 
 
@@ -91,6 +91,55 @@ def test_marlin_word_helpers_under_compiled_integer_semantics(bits, rng):
     expected = marlin_tile.marlin_repack_codes(codes, bits).view(np.uint32).ravel()
     assert np.array_equal(marlin, expected)
     assert np.array_equal(rebuild(marlin, 16 // pf, n), stage)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_direct_helpers_under_compiled_integer_semantics(bits, rng):
+    """The direct kernels' word builders (and their inverses), njit-compiled, over one full 16×64 tile."""
+    pf = 32 // bits
+    codes = rng.integers(0, 1 << bits, (16, 64), dtype=np.uint8)
+    gptq = packing.pack_rows(codes, bits).view(np.uint32)  # (16/pf, 64)
+    expected = marlin_tile.marlin_repack_codes(codes, bits).view(np.uint32).ravel()
+    if bits == 4:
+        forward = _njit(marlin_repack.marlin_words_4bit)
+        inverse = _njit(marlin_repack.gptq_byte_from_marlin_4bit)
+
+        @numba.njit
+        def build(g):
+            out = np.empty(128, np.uint32)
+            back = np.zeros_like(g)
+            for col in range(8):
+                for warp in range(4):
+                    n = 16 * warp + col
+                    for row2 in range(4):
+                        w = forward(g[0, n], g[1, n], g[0, n + 8], g[1, n + 8], row2)
+                        out[16 * col + 4 * row2 + warp] = w
+                        back[0, n] |= np.uint32(inverse(w, 0) << np.uint32(8 * row2))
+                        back[1, n] |= np.uint32(inverse(w, 1) << np.uint32(8 * row2))
+                        back[0, n + 8] |= np.uint32(inverse(w, 2) << np.uint32(8 * row2))
+                        back[1, n + 8] |= np.uint32(inverse(w, 3) << np.uint32(8 * row2))
+            return out, back
+    else:
+        forward = _njit(marlin_repack.marlin_words_8bit)
+        inverse = _njit(marlin_repack.gptq_half_from_marlin_8bit)
+
+        @numba.njit
+        def build(g):
+            out = np.empty(256, np.uint32)
+            back = np.zeros_like(g)
+            for col in range(8):
+                for slot in range(8):
+                    n = 16 * (slot // 2) + col + 8 * (slot % 2)
+                    for row2 in range(4):
+                        w = forward(g[row2 // 2, n], g[2 + row2 // 2, n], row2)
+                        out[32 * col + 8 * row2 + slot] = w
+                        shift = np.uint32(16 * (row2 % 2))
+                        back[row2 // 2, n] |= np.uint32(inverse(w, 0) << shift)
+                        back[2 + row2 // 2, n] |= np.uint32(inverse(w, 1) << shift)
+            return out, back
+    out, back = build(np.ascontiguousarray(gptq))
+    assert np.array_equal(out, expected)
+    assert np.array_equal(back, gptq), f"{pf} codes per word"
 
 
 def test_float_rounding_under_compiled_integer_semantics(rng):

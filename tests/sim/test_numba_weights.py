@@ -50,6 +50,22 @@ def test_gptq_marlin_repack_matches_reference(bits, k, n, act_order, rng):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k,n", SMALL_SHAPES)
+def test_staged_variants_of_the_direct_paths(bits, k, n, rng):
+    """The shared-memory (staged) kernel's GPTQ-row and row-major paths, kept for the benchmark, stay exact."""
+    codes = _codes(rng, k, n, bits)
+    qweight = packing.pack_rows(codes, bits)
+    expected = marlin_tile.marlin_repack_codes(codes, bits)
+    with poison_outputs():
+        assert np.array_equal(kr.gptq_marlin_repack(qweight, None, k, n, bits, staged=True), expected)
+        assert np.array_equal(kr.marlin_to_gptq_qweight(expected, None, k, n, bits, staged=True), qweight)
+        if bits == 8:
+            row_major = np.ascontiguousarray(codes.T)
+            assert np.array_equal(kr.block_fp8_group128_repack(row_major, k, n, staged=True), expected)
+            assert np.array_equal(kr.marlin_to_block_fp8_row_major(expected, k, n, staged=True), row_major)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("k,n", SHAPES)
 def test_awq_marlin_repack_matches_reference(bits, k, n, rng):
     codes = _codes(rng, k, n, bits)
