@@ -111,13 +111,13 @@ def main() -> int:
     dummy_perm = cuda.to_device(np.zeros((1, 1), np.int32), stream=stream)
 
     def weight_repack(name, bits, source, k, n, src, perm=None, experts=1, tiles=kr.TILES_PER_BLOCK,
-                      threads=kr.THREADS, note="", staged=False):
+                      threads=kr.THREADS, note="", staged=False, ktpt=1, direct_threads=kr.DIRECT_THREADS):
         pf = 32 // bits
         out = cuda.device_array((experts, k // 16, n * 16 // pf), np.uint32, stream=stream)
         if source in ("gptq", "row_major_bytes") and not staged:  # what the wrappers run
-            kernel = kr._direct_repack_kernel(bits, source)
-            grid = kr.direct_grid(k, n, bits, experts)
-            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](src, out, n)  # noqa: E731
+            kernel = kr._direct_repack_kernel(bits, source, ktpt, direct_threads)
+            grid = kr.direct_grid(k, n, bits, experts, ktpt, direct_threads)
+            launch = lambda: kernel[grid, direct_threads, stream](src, out, n)  # noqa: E731
         else:
             kernel = kr._repack_kernel(bits, source, tiles, threads)
             grid = (k // 16, -(-n // (64 * tiles)), experts)
@@ -199,6 +199,17 @@ def main() -> int:
             q8 = rand_words((1, k // 4, n))
             weight_repack("staged gptq_marlin_repack u4", 4, "gptq", k, n, q4, staged=True, note="staged kernel")
             weight_repack("staged gptq_marlin_repack u8", 8, "gptq", k, n, q8, staged=True, note="staged kernel")
+            for ktpt in (1, 2, 4):
+                for threads in (128, 256):
+                    weight_repack(f"direct u4 ktpt={ktpt} threads={threads}", 4, "gptq", k, n, q4, ktpt=ktpt,
+                                  direct_threads=threads, note="direct-kernel sweep")
+                    weight_repack(f"direct u8 ktpt={ktpt} threads={threads}", 8, "gptq", k, n, q8, ktpt=ktpt,
+                                  direct_threads=threads, note="direct-kernel sweep")
+            rm = rand_u8((1, n, k)).view(np.uint32)
+            for ktpt in (2, 4):
+                weight_repack(f"direct row-major ktpt={ktpt}", 8, "row_major_bytes", k, n, rm, ktpt=ktpt,
+                              note="direct-kernel sweep")
+            del rm
             del q4, q8
 
         # small transforms for this layer (group 128)

@@ -212,55 +212,70 @@ def gptq_half_from_marlin_8bit(w, from_q):
     return (uint32(w >> sh) & uint32(0xFF)) | ((uint32(w >> uint32(sh + uint32(16))) & uint32(0xFF)) << uint32(8))
 
 
-def direct_repack_kernel_source(bits: int, source: str):
-    """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .]."""
+def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int = 1, threads: int = DIRECT_THREADS):
+    """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .].
+
+    ``k_tiles_per_thread`` > 1 makes each thread issue the loads of that many k-tiles before its first store (more
+    memory parallelism per thread); it and ``threads`` exist for the benchmark's sweep, the wrappers use 1 and
+    DIRECT_THREADS.
+    """
     if source not in ("gptq", "row_major_bytes") or (source == "row_major_bytes" and bits != 8):
         raise ValueError(f"direct repack has no {bits}-bit source {source!r}")
     four_bit = bits == 4
     lanes_per_tile = 32 if four_bit else 64
-    tiles_per_block = DIRECT_THREADS // lanes_per_tile
+    tiles_per_block = threads // lanes_per_tile
     lane_shift = 5 if four_bit else 6
     wpt = 128 if four_bit else 256
     row_major = source == "row_major_bytes"
+    ktpt = k_tiles_per_thread
+    held = 4 * ktpt  # source words a thread holds between its loads and its stores (registers after unrolling)
 
     def repack_direct(src, out, size_n):
-        """Grid (K/16, ceil(N/64 / tiles_per_block), E), DIRECT_THREADS threads."""
-        kt = cuda.blockIdx.x
+        """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
         e = cuda.blockIdx.z
         tid = cuda.threadIdx.x
         nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        k_tiles = out.shape[1]
         if nt < (size_n >> 6):
             lane = tid & (lanes_per_tile - 1)
             base = nt * wpt
+            words = cuda.local.array(held, dtype=uint32)
             if four_bit:
                 col = lane & 7
                 warp = lane >> 3
                 n = (nt << 6) + (warp << 4) + col
-                a = src[e, 2 * kt, n]
-                b = src[e, 2 * kt + 1, n]
-                c = src[e, 2 * kt, n + 8]
-                d = src[e, 2 * kt + 1, n + 8]
-                for row2 in range(4):
-                    out[e, kt, base + (col << 4) + (row2 << 2) + warp] = marlin_words_4bit(a, b, c, d, row2)
             else:
                 col = lane >> 3  # lanes (warp, half) fastest: each col's 8 output words are consecutive
                 slot = lane & 7  # 2*warp + half
                 n = (nt << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
-                if row_major:  # the 16 bytes of row n for this k-tile: 4 consecutive words
-                    p0 = src[e, n, 4 * kt]
-                    p1 = src[e, n, 4 * kt + 1]
-                    p2 = src[e, n, 4 * kt + 2]
-                    p3 = src[e, n, 4 * kt + 3]
-                else:
-                    p0 = src[e, 4 * kt, n]
-                    p1 = src[e, 4 * kt + 1, n]
-                    p2 = src[e, 4 * kt + 2, n]
-                    p3 = src[e, 4 * kt + 3, n]
-                o = base + (col << 5) + slot
-                out[e, kt, o] = marlin_words_8bit(p0, p2, 0)
-                out[e, kt, o + 8] = marlin_words_8bit(p0, p2, 1)
-                out[e, kt, o + 16] = marlin_words_8bit(p1, p3, 2)
-                out[e, kt, o + 24] = marlin_words_8bit(p1, p3, 3)
+            # loads of all this thread's k-tiles first ...
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    if four_bit:
+                        words[4 * j] = src[e, 2 * kt, n]  # a: rows 0-7 of column n
+                        words[4 * j + 1] = src[e, 2 * kt + 1, n]  # b: rows 8-15
+                        words[4 * j + 2] = src[e, 2 * kt, n + 8]  # c: column n + 8
+                        words[4 * j + 3] = src[e, 2 * kt + 1, n + 8]  # d
+                    elif row_major:  # the 16 bytes of row n for this k-tile: 4 consecutive words
+                        for r in range(4):
+                            words[4 * j + r] = src[e, n, 4 * kt + r]
+                    else:
+                        for r in range(4):
+                            words[4 * j + r] = src[e, 4 * kt + r, n]
+            # ... then the stores
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    if four_bit:
+                        for row2 in range(4):
+                            out[e, kt, base + (col << 4) + (row2 << 2) + warp] = marlin_words_4bit(
+                                words[4 * j], words[4 * j + 1], words[4 * j + 2], words[4 * j + 3], row2)
+                    else:
+                        o = base + (col << 5) + slot
+                        for row2 in range(4):
+                            out[e, kt, o + (row2 << 3)] = marlin_words_8bit(
+                                words[4 * j + (row2 >> 1)], words[4 * j + 2 + (row2 >> 1)], row2)
 
     return repack_direct
 
@@ -331,8 +346,8 @@ def direct_unpack_kernel_source(bits: int, target: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _direct_repack_kernel(bits: int, source: str):
-    return cuda.jit(direct_repack_kernel_source(bits, source))
+def _direct_repack_kernel(bits: int, source: str, k_tiles_per_thread: int = 1, threads: int = DIRECT_THREADS):
+    return cuda.jit(direct_repack_kernel_source(bits, source, k_tiles_per_thread, threads))
 
 
 @functools.lru_cache(maxsize=None)
@@ -340,9 +355,10 @@ def _direct_unpack_kernel(bits: int, target: str):
     return cuda.jit(direct_unpack_kernel_source(bits, target))
 
 
-def direct_grid(size_k: int, size_n: int, bits: int, experts: int):
-    tiles_per_block = DIRECT_THREADS // (32 if bits == 4 else 64)
-    return (size_k // TILE_K, -(-(size_n // TILE_N) // tiles_per_block), experts)
+def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_thread: int = 1,
+                threads: int = DIRECT_THREADS):
+    tiles_per_block = threads // (32 if bits == 4 else 64)
+    return (-(-(size_k // TILE_K) // k_tiles_per_thread), -(-(size_n // TILE_N) // tiles_per_block), experts)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -582,8 +598,10 @@ def compile_targets():
         for source in ("gptq", "row_major_bytes"):
             if source == "row_major_bytes" and bits == 4:
                 continue
-            yield (f"direct_repack[{bits}-bit,{source}]", direct_repack_kernel_source(bits, source),
-                   (u32_3d, u32_3d, types.int64))
+            for ktpt in (1, 2):
+                yield (f"direct_repack[{bits}-bit,{source},ktpt={ktpt}]", direct_repack_kernel_source(bits, source,
+                                                                                                       ktpt),
+                       (u32_3d, u32_3d, types.int64))
             yield (f"direct_unpack[{bits}-bit,{source}]", direct_unpack_kernel_source(bits, source),
                    (u32_3d, u32_3d, types.int64))
     yield "invert_perm", invert_perm_kernel_source(), (i32_2d, i32_2d)

@@ -148,3 +148,25 @@ def test_kernels_never_mutate_their_inputs(rng):
     before = (qweight.copy(), perm.copy())
     ops.gptq_marlin_repack(qweight, perm, k, n, bits, backend="numba")
     assert np.array_equal(qweight, before[0]) and np.array_equal(perm, before[1])
+
+
+@pytest.mark.parametrize("bits,source", [(4, "gptq"), (8, "gptq"), (8, "row_major_bytes")])
+@pytest.mark.parametrize("k_tiles_per_thread", [2, 4])
+def test_direct_kernel_with_several_k_tiles_per_thread(bits, source, k_tiles_per_thread, rng):
+    """The benchmark's launch-shape variant (a thread loads several k-tiles before storing); K = 48 leaves a
+    partial group of k-tiles for the bounds check."""
+    k, n = 48, 128
+    codes = _codes(rng, k, n, bits)
+    src = packing.pack_rows(codes, bits) if source == "gptq" else np.ascontiguousarray(codes.T)
+    src_words = np.ascontiguousarray(src).view(np.uint32)[None]
+    with poison_outputs():
+        from kernels_numba._launch import Arrays
+
+        arrays = Arrays(None)
+        d_src = arrays.take(src_words, "src")
+        out = arrays.empty((1, k // 16, n * 16 // (32 // bits)), np.uint32)
+        grid = kr.direct_grid(k, n, bits, 1, k_tiles_per_thread)
+        kr._direct_repack_kernel(bits, source, k_tiles_per_thread)[grid, kr.DIRECT_THREADS, arrays.stream](
+            d_src, out, n)
+        got = arrays.give(out[0], np.int32)
+    assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
