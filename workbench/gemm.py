@@ -381,7 +381,11 @@ def _stream(ptr: int):
         return cupy.cuda.Stream.null
     s = _streams.get(ptr)
     if s is None:
-        s = _streams.setdefault(ptr, cupy.cuda.ExternalStream(ptr))
+        import warnings
+
+        with warnings.catch_warnings():  # CuPy 14 deprecates it in favour of objects with __cuda_stream__; a raw
+            warnings.simplefilter("ignore", DeprecationWarning)  # handle from the ABI has nothing else to wrap
+            s = _streams.setdefault(ptr, cupy.cuda.ExternalStream(ptr))
     return s
 
 
