@@ -7,7 +7,7 @@
 //   block tile   BM x BN output (BM = 16 M_BLOCKS rows, BN = 64 N_TILES columns), BK = 16 KT rows of K per stage
 //   slice        one block tile's column of the K loop: KI = K / BK iterations; slices are ordered
 //                (m chunk, n column) and iterations (slice, k) form one linear range of T = chunks * cols * KI
-//   blocks       gridDim.x <= #SMs blocks each take a contiguous, equal share of that range ("striped" split-K),
+//   blocks       gridDim.x <= #SMs x resident blocks per SM each take a contiguous, equal share of that range ("striped" split-K),
 //                so every SM streams the same number of weight bytes whatever M, N, K are.
 //
 //     iterations:  | slice 0: k0 k1 k2 k3 | slice 1: k0 k1 k2 k3 | slice 2: ...
@@ -251,8 +251,14 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
   }
 }
 
+// Blocks per SM the register budget is cut for: two for M <= 16 (measured latency-bound at one block of 8 warps per
+// SM: each warp runs a dependent LDS -> dequant -> mma chain; a second block hides it), one above (the 64-row
+// accumulators need the whole register file).
+template <int M_BLOCKS>
+constexpr int kMinBlocksPerSm = M_BLOCKS == 1 ? 2 : 1;
+
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<M_BLOCKS>)
 marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
             const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
             T* __restrict__ C,                // (M, N) output

@@ -62,6 +62,7 @@ class KernelConfig:
     k_warp: int  # k16 tiles per warp per pipeline stage
     stages: int
     group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
+    blocks_per_sm: int = 1  # resident blocks per SM the launch counts on (not a template argument; see kMinBlocksPerSm)
 
     @property
     def per_row_groups(self) -> bool:
@@ -115,12 +116,40 @@ def thread_shapes() -> dict[tuple[int, int], tuple[int, int]]:
     return dict(_THREAD_SHAPES)
 
 
+# Shared memory the driver reserves per resident block, plus the kernel's static shared memory.
+_SMEM_RESERVED_PER_BLOCK = 1024 + 64
+
+
 def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int, group_size: int,
-                  per_row_groups: bool, smem_limit: int, thread_k: int = -1, thread_n: int = -1) -> KernelConfig:
-    """The first thread shape that divides (K, N) and fits shared memory; ValueError naming the shape otherwise."""
+                  per_row_groups: bool, smem_limit: int, thread_k: int = -1, thread_n: int = -1,
+                  sm_smem: int = 0) -> KernelConfig:
+    """The first thread shape that divides (K, N) and fits shared memory; ValueError naming the shape otherwise.
+
+    For M <= 16 (one m16 block, kernels cut to 128 registers) a configuration that lets two blocks share an SM
+    (``sm_smem`` = shared memory per SM; 0 = unknown) is preferred: the kernel is latency-bound at one block per SM.
+    """
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
+
+    def shapes():
+        for n_tiles, k_warp in order:
+            tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
+            if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
+                continue
+            if size_k % tk or size_n % tn:
+                continue
+            if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
+                continue
+            yield n_tiles, k_warp
+
+    if m_blocks == 1 and sm_smem > 0:
+        half = min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)
+        for n_tiles, k_warp in shapes():
+            for stages in (4, 3):
+                cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode, blocks_per_sm=2)
+                if cfg.smem_bytes <= half:
+                    return cfg
     tried = []
     for n_tiles, k_warp in order:
         tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
@@ -141,22 +170,28 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
         f"size_k % 128 == 0 and size_n % 64 == 0 always works")
 
 
-def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int) -> int:
-    """Blocks launched: one per SM, fewer when the problem has fewer (slice, k) iterations than SMs."""
+def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:
+    """Blocks launched: as many as can be resident at once (every block must be: the in-C reduction waits on
+    others), fewer when the problem has fewer (slice, k) iterations."""
     chunks = math.ceil(size_m / cfg.block_m)
     iterations = chunks * (size_n // cfg.block_n) * (size_k // cfg.block_k)
-    return max(1, min(sms, iterations))
+    return max(1, min(sms * (blocks_per_sm or cfg.blocks_per_sm), iterations))
 
 
 def c_tmp_numel(sms: int) -> int:
-    """fp32 elements of ``c_tmp`` that fit every configuration: two 64 x 256 partial slots per block (a block
-    shares at most two slices: the one it starts in and the one it ends in)."""
-    return 2 * sms * MAX_BLOCK_M * MAX_BLOCK_N
+    """fp32 elements of ``c_tmp`` that fit every configuration: two partial slots per block (a block shares at most
+    two slices: the one it starts in and the one it ends in) of at most 64 x 256 (one block per SM) or 16 x 256
+    (two blocks per SM, M <= 16)."""
+    return 2 * sms * max(MAX_BLOCK_M * MAX_BLOCK_N, MAX_BLOCKS_PER_SM * 16 * MAX_BLOCK_N)
+
+
+MAX_BLOCKS_PER_SM = 2
 
 
 def workspace_numel(sms: int) -> int:
-    """int32 lock counters: one per block (a slice shared by blocks locks on the block holding its end)."""
-    return sms
+    """int32 lock counters: one per block (a slice shared by blocks locks on the block holding its end), up to
+    MAX_BLOCKS_PER_SM blocks per SM."""
+    return MAX_BLOCKS_PER_SM * sms
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -182,6 +217,7 @@ def kernel_source() -> str:
 
 _compile_lock = threading.Lock()
 _kernels: dict[tuple[str, int], Any] = {}
+_occupancy: dict[tuple[str, int], int] = {}
 
 
 def _cupy():
@@ -204,10 +240,26 @@ def get_kernel(name_expression: str, device: int, smem_bytes: int = 0):
             kernel = module.get_function(name_expression)
             if smem_bytes > 48 * 1024:
                 kernel.max_dynamic_shared_size_bytes = smem_bytes
+            resident = _resident_blocks(kernel, smem_bytes)
         with _compile_lock:
             _kernels.setdefault(key, kernel)
+            _occupancy.setdefault(key, resident)
             kernel = _kernels[key]
     return kernel
+
+
+def _resident_blocks(kernel, smem_bytes: int) -> int:
+    """Blocks of THREADS threads the driver can keep resident per SM with this shared memory (1 if unknown)."""
+    try:
+        from cupy_backends.cuda.api import driver
+
+        return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, THREADS, smem_bytes)))
+    except Exception:  # pragma: no cover - older CuPy: be conservative
+        return 1
+
+
+def resident_blocks(name_expression: str, device: int) -> int:
+    return _occupancy.get((name_expression, device), 1)
 
 
 def precompile(configs, device: int = 0, workers: int = 8) -> None:
@@ -220,12 +272,20 @@ def precompile(configs, device: int = 0, workers: int = 8) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def device_properties(device: int) -> tuple[int, int, int]:
-    """(compute capability as 10*major+minor, SM count, opt-in shared memory per block) of a device."""
+def device_properties(device: int) -> tuple[int, int, int, int]:
+    """(compute capability as 10*major+minor, SM count, opt-in shared memory per block, shared memory per SM)."""
     cupy = _cupy()
     props = cupy.cuda.runtime.getDeviceProperties(device)
     return (10 * props["major"] + props["minor"], props["multiProcessorCount"],
-            props["sharedMemPerBlockOptin"])
+            props["sharedMemPerBlockOptin"], props["sharedMemPerMultiprocessor"])
+
+
+def config_for(act, weight, size_m: int, size_n: int, size_k: int, group_size: int, per_row_groups: bool,
+               device: int = 0) -> KernelConfig:
+    """choose_config with the device's shared-memory limits (what a launch on that device will use)."""
+    _, _, smem_limit, sm_smem = device_properties(device)
+    return choose_config(ScalarType.parse(act) if not isinstance(act, ScalarType) else act, weight, size_m, size_n,
+                         size_k, group_size, per_row_groups, smem_limit, sm_smem=sm_smem)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -235,7 +295,7 @@ def _err(message: str) -> ValueError:
     return ValueError(message)
 
 
-def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int, smem_limit: int
+def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int, smem_limit: int, sm_smem: int = 0
                  ) -> tuple[KernelConfig, int, int]:
     """Every rule a record can be checked against without knowing buffer extents. Returns (config, sms, grid)."""
     if not isinstance(launch, MarlinLaunch):
@@ -322,7 +382,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     per_row = act_order and not k_full
     group_size = -1 if ng == 1 else gs
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
-                        launch.thread_k_init, launch.thread_n_init)
+                        launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem)
     iterations = math.ceil(max(m, 1) / cfg.block_m) * (n // cfg.block_n) * (k // cfg.block_k)
     if iterations >= 2**31:
         raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
@@ -332,8 +392,8 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
 def launch_marlin_mm(launch: MarlinLaunch) -> None:
     """Launch one GEMM described by a seed-ABI record. Raises ValueError/TypeError before touching the GPU."""
     cupy = _cupy()
-    cc, device_sms, smem_limit = device_properties(launch.device)
-    cfg, sms, grid = check_launch(launch, cc, device_sms, smem_limit)
+    cc, device_sms, smem_limit, sm_smem = device_properties(launch.device)
+    cfg, sms, grid = check_launch(launch, cc, device_sms, smem_limit, sm_smem)
     if launch.prob_m == 0:
         return
     m, n, k = launch.prob_m, launch.prob_n, launch.prob_k
@@ -350,6 +410,9 @@ def launch_marlin_mm(launch: MarlinLaunch) -> None:
     with cupy.cuda.Device(launch.device):
         stream = _stream(launch.pointer("stream"))
         kernel = get_kernel(cfg.name_expression, launch.device, cfg.smem_bytes)
+        resident = resident_blocks(cfg.name_expression, launch.device)
+        if resident < cfg.blocks_per_sm:  # the driver keeps fewer blocks resident than planned: launch fewer
+            grid = grid_blocks(cfg, m, n, k, sms, resident)
         a_ptr, lda = launch.pointer("a"), launch.lda
         if act_order:
             permute = get_kernel(f"mwb::permute_cols<{'__half' if cfg.act is ScalarType.F16 else '__nv_bfloat16'}>",
@@ -608,7 +671,7 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     if isinstance(sms, bool) or not isinstance(sms, (int, np.integer)):
         raise TypeError(f"sms must be an int, got {type(sms).__name__}")
     a_ptr, device = _device_ptr(a, "A")
-    cc, device_sms, smem_limit = device_properties(device)
+    device_sms = device_properties(device)[1]
     sms = device_sms if sms <= 0 else int(sms)
     cupy = _cupy()
     with cupy.cuda.Device(device):

@@ -208,7 +208,7 @@ def arrays(m=16, k=256, n=128, wt=S.U4B8, ng=2, act=np.float16, zeros=None, g_id
     if zeros is True:
         zeros = np.zeros((ng, n // pf), dtype=np.int32)
     return dict(a=a, b_q_weight=b, b_scales=s, b_zeros=zeros, g_idx=g_idx, perm=perm,
-                workspace=np.zeros(132, np.int32), b_q_type=wt, size_m=m, size_n=n, size_k=k)
+                workspace=np.zeros(264, np.int32), b_q_type=wt, size_m=m, size_n=n, size_k=k)
 
 
 def call(**kw):
@@ -285,12 +285,12 @@ def test_inputs_are_not_mutated():
 def test_scratch_sizes_are_checked_with_their_minimums():
     plan = gemm.check_gemm_shapes(np.zeros((4, 256), np.float16), np.zeros((16, 256), np.int32),
                                   np.zeros((2, 128), np.float16), None, None, None, "u4b8", 4, 128, 256, True)
-    with pytest.raises(ValueError, match="workspace.numel = 10 is below min_workspace_size = 132"):
+    with pytest.raises(ValueError, match="workspace.numel = 10 is below min_workspace_size = 264"):
         gemm._check_scratch(plan, np.zeros(10, np.int32), None, None, 132, False, False)
     with pytest.raises(ValueError, match="c_tmp.numel = 5 is below"):
-        gemm._check_scratch(plan, np.zeros(132, np.int32), np.zeros(5, np.float32), None, 132, True, False)
+        gemm._check_scratch(plan, np.zeros(264, np.int32), np.zeros(5, np.float32), None, 132, True, False)
     with pytest.raises(TypeError, match="workspace dtype = int64"):
-        gemm._check_scratch(plan, np.zeros(132, np.int64), None, None, 132, False, False)
+        gemm._check_scratch(plan, np.zeros(264, np.int64), None, None, 132, False, False)
 
 
 def test_marlin_gemm_refuses_expert_stacks_and_host_weights():
@@ -299,3 +299,13 @@ def test_marlin_gemm_refuses_expert_stacks_and_host_weights():
     mw, _ = random_marlin_weight(128, 64, S.U4B8, 128)
     with pytest.raises(TypeError, match="upload_weight"):
         gemm.marlin_gemm(np.zeros((1, 128), np.float16), mw)
+
+
+def test_small_m_prefers_two_resident_blocks_when_shared_memory_allows():
+    """H200: 233472 B of shared memory per SM; M <= 16 kernels are cut to 128 registers so two blocks fit."""
+    cfg = gemm.choose_config(S.F16, S.U4B8, 1, 8192, 8192, 128, False, 232448, sm_smem=233472)
+    assert cfg.blocks_per_sm == 2 and 2 * (cfg.smem_bytes + 1088) <= 233472
+    assert gemm.grid_blocks(cfg, 1, 8192, 8192, 132) == 264
+    assert gemm.workspace_numel(132) >= 264
+    big = gemm.choose_config(S.F16, S.U4B8, 64, 8192, 8192, 128, False, 232448, sm_smem=233472)
+    assert big.blocks_per_sm == 1

@@ -153,7 +153,6 @@ SHARED_CASES = [(16, 128 * 11, 64), (33, 128 * 8, 256), (7, 128 * 11, 64), (32, 
 def compile_everything_once():
     """Compile every instantiation the module needs up front, in parallel (each takes seconds in NVRTC)."""
     device = cp.cuda.Device().id
-    smem = gemm.device_properties(device)[2]
     wanted = []  # (act, weight, m, n, k, group size, per-row groups)
     for _, wt, gs, ao, k_full, act, k, n in GRID:
         wanted += [(act, wt, m, n, k, gs, ao and not k_full) for m in M_VALUES]
@@ -163,7 +162,7 @@ def compile_everything_once():
         for wt in INT_TYPES + (S.FE4M3FN,):
             wanted += [(act, wt, 128, 192, 128, gs, False) for gs in group_sizes(wt)]
     wanted += [(np.float16, wt, m, n, k, 128, False) for m, k, n in SHARED_CASES for wt in (S.U4B8, S.U4)]
-    configs = [gemm.choose_config(gemm.act_scalar_type(act), wt, m, n, k, gs, per_row, smem)
+    configs = [gemm.config_for(gemm.act_scalar_type(act), wt, m, n, k, gs, per_row, device)
                for act, wt, m, n, k, gs, per_row in wanted]
     gemm.precompile(configs, device, workers=16)
 
