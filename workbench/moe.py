@@ -666,7 +666,165 @@ def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map,
     return moe_sum(y, top_k, weights=topk_weights, row_of=cupy.asarray(row_of), stream=caller)
 
 
-def _launch_fused(stack, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m, moe_block_size,
-                  top_k, topk_weights, stream):
-    raise UnsupportedError("MarlinExpertStack.gemm_phase_fused is unsupported in this build: the fused Marlin MoE "
-                           "kernel (kernels_cuda/marlin_moe.cu) is not built yet; use gemm_phase_batched")
+# ---------------------------------------------------------------------------------------------------------------
+# The fused kernel (kernels_cuda/marlin_moe.cu mwb::marlin_moe)
+# ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    """One instantiation of ``mwb::marlin_moe`` and the geometry it implies (mirrors ``MoeGeometry``)."""
+
+    act: Any  # ScalarType F16 / BF16
+    weight: Any  # ScalarType of the weights
+    m_blocks: int  # 16-row blocks of one item (moe_block_size <= 16 m_blocks)
+    n_tiles: int  # 64-column tiles of one item
+    k_warp: int  # k16 tiles per warp per stage
+    stages: int
+
+    @property
+    def block_n(self) -> int:
+        return 64 * self.n_tiles
+
+    @property
+    def block_k(self) -> int:
+        return 16 * self.k_warp * (8 // self.n_tiles)
+
+    @property
+    def smem_bytes(self) -> int:
+        pack = 32 // self.weight.bits
+        kt = self.k_warp * (8 // self.n_tiles)
+        a = 16 * self.m_blocks * self.block_k // 8
+        b = kt * self.n_tiles * (16 * 64 // pack // 4)
+        scale_rows = max(1, self.block_k // 32)
+        s = scale_rows * self.block_n // 8
+        z = scale_rows * self.block_n // pack // 4 if self.weight.has_zero_points else 0
+        warps_per_n = 8 // self.n_tiles
+        red = (warps_per_n // 2) * self.n_tiles * 16 * 64 // 4 if warps_per_n > 1 else 0
+        return 16 * (self.stages * (a + b + s + z) + red)
+
+    @property
+    def name_expression(self) -> str:
+        from workbench.scalar_types import ScalarType
+
+        t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
+        return f"mwb::marlin_moe<{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, " \
+               f"{self.stages}>"
+
+
+# (n_tiles, k_warp) in order of preference. Few rows per item stream weights: long K stages (BK = 256) spread each
+# stage's fixed cost; 48/64-row items keep K_WARP <= 2 so the accumulators fit in registers without spills.
+_MOE_SHAPES_SMALL = ((2, 4), (1, 2), (2, 2), (1, 1), (2, 1))
+_MOE_SHAPES_LARGE = ((1, 1), (2, 1))  # (2, 2) spills 4 bytes with 8-bit weights at M_BLOCKS = 4 on sm_80
+
+
+def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int,
+                      items_hint: int, sms: int, smem_limit: int) -> MoeConfig:
+    """The first (BN, BK) that divides (N, K); 128 columns only when that still gives every SM an item."""
+    m_blocks = -(-moe_block_size // 16)
+    shapes = _MOE_SHAPES_SMALL if m_blocks <= 2 else _MOE_SHAPES_LARGE
+    fits = []
+    for n_tiles, k_warp in shapes:
+        cfg = MoeConfig(act, weight, m_blocks, n_tiles, k_warp, 4)
+        if size_k % cfg.block_k or size_n % cfg.block_n:
+            continue
+        if group_size > 0 and group_size % cfg.block_k and cfg.block_k % group_size:
+            continue
+        fits.append(cfg)
+    if not fits:
+        raise ValueError(f"no fused MoE tile shape divides (size_k, size_n) = ({size_k}, {size_n}); size_k % 128 == 0 "
+                         f"and size_n % 64 == 0 always works")
+    wide = [c for c in fits if c.n_tiles >= 2 and items_hint * (size_n // c.block_n) >= sms]
+    narrow = [c for c in fits if c.n_tiles == 1]
+    preferred = wide or narrow or fits
+    for shape in preferred + [c for c in fits if c not in preferred]:
+        for stages in ((8, 6, 4, 3) if m_blocks <= 2 else (4, 3)):
+            cfg = dataclasses.replace(shape, stages=stages)
+            if cfg.smem_bytes <= smem_limit:
+                return cfg
+    raise ValueError(f"no fused MoE tile for moe_block_size {moe_block_size} fits {smem_limit} bytes of shared memory")
+
+
+def _check_int_vector(x, name: str):
+    if not _on_gpu(x):
+        raise TypeError(f"{name} is not on GPU (got {type(x).__module__}.{type(x).__name__})")
+    if np.dtype(x.dtype) != np.int32 or len(x.shape) != 1 or not x.flags["C_CONTIGUOUS"]:
+        raise TypeError(f"{name} must be a contiguous 1-D int32 array, got {np.dtype(x.dtype)} {tuple(x.shape)}")
+
+
+def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
+                  prob_m, moe_block_size, top_k, topk_weights, stream):
+    w = stack.weight
+    prob_m, moe_block_size, top_k = (_int(v, n) for v, n in ((prob_m, "prob_m"), (moe_block_size, "moe_block_size"),
+                                                             (top_k, "top_k")))
+    if moe_block_size not in SUPPORTED_BLOCK_SIZES:
+        raise ValueError(f"unsupported moe_block_size={moe_block_size}; one of {SUPPORTED_BLOCK_SIZES}")
+    if top_k < 1 or prob_m < 0:
+        raise ValueError(f"top_k = {top_k} must be >= 1 and prob_m = {prob_m} >= 0")
+    if w.has_act_order:
+        raise UnsupportedError("the fused Marlin MoE kernel does not take act-order (g_idx/perm) stacks; use "
+                               "gemm_phase_batched")
+    stack._check_io(input, output, "output")
+    if int(input.shape[0]) != prob_m:
+        raise ValueError(f"Shape mismatch: input.size(0) = {int(input.shape[0])}, prob_m = {prob_m}")
+    numel = prob_m * top_k
+    if int(output.shape[0]) != numel:
+        raise ValueError(f"Shape mismatch: c.size(0) = {int(output.shape[0])}, size_m * topk = {numel}")
+    if numel >= 2 ** 31:
+        raise ValueError(f"prob_m * top_k = {numel} does not fit the kernel's 32-bit row ids")
+    item = np.dtype(input.dtype).itemsize
+    if prob_m > 0 and int(input.strides[1]) != item:
+        raise ValueError("input.stride(1) is not 1")
+    lda = int(input.strides[0]) // item if prob_m > 1 else stack.k
+    if lda % 8 or lda < stack.k:
+        raise ValueError(f"input.stride(0) = {lda} must be >= K = {stack.k} and divisible by 8 (16-byte rows)")
+    for name, x in (("sorted_token_ids", sorted_token_ids), ("expert_ids", expert_ids),
+                    ("num_tokens_post_padded", num_tokens_post_padded)):
+        _check_int_vector(x, name)
+    cap = int(sorted_token_ids.shape[0])
+    if cap % moe_block_size:
+        raise ValueError(f"sorted_token_ids has {cap} entries, not a multiple of moe_block_size = {moe_block_size}")
+    if int(expert_ids.shape[0]) != cap // moe_block_size:
+        raise ValueError(f"expert_ids has {int(expert_ids.shape[0])} entries, expected sorted_token_ids.size / "
+                         f"moe_block_size = {cap // moe_block_size}")
+    if int(num_tokens_post_padded.shape[0]) < 1:
+        raise ValueError("num_tokens_post_padded is empty")
+    if topk_weights is not None:
+        if not _on_gpu(topk_weights):
+            raise TypeError("topk_weights is not on GPU")
+        if np.dtype(topk_weights.dtype) != np.float32 or int(topk_weights.size) != numel or \
+                not topk_weights.flags["C_CONTIGUOUS"]:
+            raise ValueError(f"topk_weights must be contiguous float32 with prob_m * top_k = {numel} elements, got "
+                             f"{np.dtype(topk_weights.dtype)} {tuple(topk_weights.shape)}")
+    ng = int(w.scales.shape[1])
+    group = -1 if ng == 1 else stack.k // ng
+    if ng > 1 and (stack.k % ng or group not in gemm.GROUP_SIZES):
+        raise ValueError(f"group size = K / num_groups = {stack.k} / {ng} is not one of {gemm.GROUP_SIZES} or "
+                         f"channelwise")
+    device = stack._device()
+    for name, x in (("input", input), ("output", output), ("sorted_token_ids", sorted_token_ids),
+                    ("expert_ids", expert_ids), ("num_tokens_post_padded", num_tokens_post_padded),
+                    ("topk_weights", topk_weights)):
+        if x is not None and gemm._device_ptr(x, name)[1] != device:
+            raise ValueError(f"{name} is on device {gemm._device_ptr(x, name)[1]} but the stack is on {device}")
+    if input.data.ptr % 16:
+        raise ValueError("input must be aligned to 16 bytes")
+    if numel == 0 or cap == 0:
+        return output
+    _, sms, smem_limit = gemm.device_properties(device)
+    if stack._sms > 0:
+        sms = stack._sms
+    n_blocks = cap // moe_block_size
+    items_hint = min(n_blocks, numel)
+    cfg = choose_moe_config(gemm.act_scalar_type(input.dtype), w.weight_type, moe_block_size, stack.n_per_expert,
+                            stack.k, group, items_hint, sms, smem_limit)
+    grid = max(1, min(sms, items_hint * (stack.n_per_expert // cfg.block_n)))
+    kernel = get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes)
+    null = np.uint64(0)
+    cupy = gemm._cupy()
+    with cupy.cuda.Device(device):
+        kernel((grid,), (256,),
+               (input, w.qweight, output, w.scales, null if w.zeros is None else w.zeros, sorted_token_ids,
+                expert_ids, num_tokens_post_padded, null if topk_weights is None else topk_weights,
+                np.int32(n_blocks), np.int32(moe_block_size), np.int32(numel), np.int32(top_k),
+                np.int32(stack.n_per_expert), np.int32(stack.k), np.int32(lda), np.int32(group)),
+               shared_mem=cfg.smem_bytes, stream=gemm._stream(gemm._stream_ptr(stream)))
+    return output

@@ -1,0 +1,111 @@
+"""kernels_cuda/marlin_moe.cu builds for sm_80 and sm_90 with nvcc and NVRTC, with no warnings and no register
+spills, for every weight type, both activation types, every moe_block_size (M_BLOCKS 1..4) and every tile shape the
+host can choose; and the Numba moe_align kernel compiles for a real target (the simulator accepts code the real
+compiler rejects). Needs no GPU."""
+import io
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from workbench import gemm, moe
+from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
+from workbench.scalar_types import ScalarType as S
+
+ARCHS = (80, 90)
+WEIGHTS = (S.U4B8, S.U4, S.U8B128, S.U8, S.FE4M3FN)
+SMEM_SM90 = 227 * 1024
+
+
+def _configs():
+    """Every (act, weight, block size) with the shape choice for a wide and a narrow problem, plus every shape."""
+    out = set()
+    for act in (S.F16, S.BF16):
+        for weight in WEIGHTS:
+            for bs in SUPPORTED_BLOCK_SIZES:
+                for items in (1, 1000):
+                    out.add(moe.choose_moe_config(act, weight, bs, 4096, 7168, 128, items, 132, SMEM_SM90))
+    for n_tiles, k_warp in moe._MOE_SHAPES_SMALL:
+        out.add(moe.MoeConfig(S.F16, S.U4, 2, n_tiles, k_warp, 8))
+    for n_tiles, k_warp in moe._MOE_SHAPES_LARGE:
+        out.add(moe.MoeConfig(S.BF16, S.U8, 4, n_tiles, k_warp, 4))
+    return sorted(out, key=lambda c: c.name_expression)
+
+
+CONFIGS = _configs()
+ELEMENTWISE = ("mwb::silu_and_mul<__half>", "mwb::silu_and_mul<__nv_bfloat16>", "mwb::moe_sum<__half>",
+               "mwb::moe_sum<__nv_bfloat16>", "mwb::gather_rows", "mwb::add_bias<__half>",
+               "mwb::add_bias<__nv_bfloat16>")
+NAMES = [c.name_expression for c in CONFIGS] + list(ELEMENTWISE)
+
+
+def test_source_inlines_the_shared_headers():
+    src = moe.moe_kernel_source()
+    assert '#include "' not in src
+    for header in ("dequant.cuh", "mma.cuh"):  # shared with the dense kernel, not copied
+        assert (gemm.KERNEL_DIR / header).read_text().splitlines()[0] in src
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_nvcc_builds_without_warnings_or_spills(arch, tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed on this machine")
+    wrapper = tmp_path / "instantiate.cu"
+    addresses = ",\n".join(f"  reinterpret_cast<const void*>(&{name})" for name in NAMES)
+    wrapper.write_text(f'#include "{moe.MOE_KERNEL_SOURCE}"\nconst void* kInstances[] = {{\n{addresses}\n}};\n')
+    cmd = [nvcc, "-std=c++17", "-cubin", f"-arch=sm_{arch}", "-I", str(gemm.KERNEL_DIR), "-Werror", "all-warnings",
+           "-Xptxas", "-v", "-o", str(tmp_path / "out.cubin"), str(wrapper)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "warning" not in proc.stderr.lower(), proc.stderr[-4000:]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
+    assert spills and max(spills) == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_nvrtc_builds_without_warnings(arch):
+    core = pytest.importorskip("cuda.core", reason="cuda-core is not installed (pip install cuda-core)")
+    pathfinder = pytest.importorskip("cuda.pathfinder")
+    include = pathfinder.find_nvidia_header_directory("cudart")
+    if include is None:
+        pytest.skip("no CUDA headers found (pip install 'cuda-toolkit[cudart]==13.0.*')")
+    options = core.ProgramOptions(std="c++17", arch=f"sm_{arch}", include_path=[include])
+    program = core.Program(moe.moe_kernel_source(), "c++", options=options)
+    log = io.StringIO()
+    module = program.compile("cubin", name_expressions=NAMES[:4] + list(ELEMENTWISE), logs=log)
+    assert "warning" not in log.getvalue().lower(), log.getvalue()
+    assert len(bytes(module.code)) > 0
+
+
+def test_config_choice():
+    # decode on a wide layer: 128-column items still give every SM one
+    wide = moe.choose_moe_config(S.F16, S.U4B8, 8, 14336, 4096, 128, 2, 132, SMEM_SM90)
+    assert (wide.block_n, wide.block_k, wide.m_blocks) == (128, 256, 1)
+    # decode on a narrow one (DeepSeek-V2-Lite-like): 64-column items to fill the SMs
+    narrow = moe.choose_moe_config(S.F16, S.U4B8, 8, 1408, 2048, 128, 6, 132, SMEM_SM90)
+    assert narrow.block_n == 64 and 1408 % narrow.block_n == 0
+    for bs in SUPPORTED_BLOCK_SIZES:
+        cfg = moe.choose_moe_config(S.BF16, S.U8, bs, 1024, 1024, 32, 100, 132, 163 * 1024)
+        assert cfg.m_blocks * 16 >= bs and cfg.smem_bytes <= 163 * 1024
+    with pytest.raises(ValueError, match=r"no fused MoE tile shape divides \(size_k, size_n\) = \(96, 64\)"):
+        moe.choose_moe_config(S.F16, S.U4B8, 16, 64, 96, -1, 1, 132, SMEM_SM90)
+
+
+def test_numba_moe_align_compiles_for_sm90():
+    import subprocess as sp
+    import sys
+
+    # a fresh process: this one may have imported numba.cuda under the simulator
+    code = ("from numba import cuda, types\n"
+            "from kernels_numba import moe_align as m\n"
+            "v = types.int32[::1]\n"
+            "sig = (v, types.int32, types.int32, types.int32, v, types.boolean, v, v, v)\n"
+            "ptx, _ = cuda.compile_ptx(m._moe_align_kernel.py_func, sig, cc=(9, 0))\n"
+            "assert 'atom.shared' in ptx, 'shared-memory atomics expected'\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = sp.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if "CudaSupportError" in proc.stderr or "libNVVM" in proc.stderr:
+        pytest.skip("Numba cannot reach NVVM on this machine")
+    assert proc.returncode == 0, proc.stderr[-3000:]
