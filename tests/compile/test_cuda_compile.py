@@ -30,7 +30,8 @@ NAMES = [c.name_expression for c in CONFIGS] + list(EXTRA_KERNELS)
 
 def test_every_cu_file_is_the_one_we_build():
     sources = sorted(p.name for p in gemm.KERNEL_DIR.glob("*.cu"))
-    assert sources == [gemm.KERNEL_SOURCE], f"a new .cu file needs a compile check: {sources}"
+    # marlin_moe.cu (issue 7) has its own compile checks in tests/compile/test_moe_compile.py
+    assert sources == sorted([gemm.KERNEL_SOURCE, "marlin_moe.cu"]), f"a new .cu file needs a compile check: {sources}"
 
 
 def test_kernel_source_inlines_its_headers():
