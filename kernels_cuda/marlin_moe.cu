@@ -135,7 +135,8 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
            const int* __restrict__ expert_ids,      // (n_blocks,) expert of each block, -1 = not on this device
            const int* __restrict__ num_post_padded, // (1,) rows of sorted_ids in use
            const float* __restrict__ topk_weights,  // (numel,) router weight per entry, or null
-           int n_blocks, int block_size, int numel, int top_k, int prob_n, int prob_k, int lda, int group_size) {
+           int n_blocks, int block_size, int numel, int top_k, int prob_n, int prob_k, int lda, int group_size,
+           int num_experts) {
   using G = MoeGeometry<W, M_BLOCKS, N_TILES, K_WARP, STAGES>;
   using Pair = typename Act<T>::Pair;
   constexpr int BN = G::BN, BK = G::BK, KT = G::KT;
@@ -170,9 +171,11 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   const long long z_expert_i4 = static_cast<long long>(num_groups) * prob_n / kPack / 4;
   const unsigned long long weight_policy = evict_first_policy();
 
-  // The next item at or after w on this CTA's stride whose block has a local expert.
+  // The next item at or after w on this CTA's stride whose block has a local expert (ids outside [0, E) are
+  // skipped too: -1 marks experts on other devices, anything else would read past the weights).
   auto next_item = [&](int w) -> int {
-    while (w < total_items && expert_ids[w / cols] < 0) w += gridDim.x;
+    while (w < total_items && static_cast<unsigned>(expert_ids[w / cols]) >= static_cast<unsigned>(num_experts))
+      w += gridDim.x;
     return w;
   };
 

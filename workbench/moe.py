@@ -405,6 +405,12 @@ class MarlinExpertStack:
     def act_dtype(self) -> np.dtype:
         return np.dtype(self.weight.act_dtype)
 
+    def expert_views(self) -> list[MarlinWeight]:
+        """Single-expert views of the stack (no copies), made once."""
+        if getattr(self, "_experts", None) is None:
+            self._experts = [self.weight.expert(e) for e in range(self.num_experts)]
+        return self._experts
+
     def _device(self) -> int:
         if not _on_gpu(self.weight.qweight):
             raise TypeError("the stack's arrays are not on GPU; build it from gemm.upload_weight(weight)")
@@ -483,7 +489,7 @@ class MarlinExpertStack:
         cupy = gemm._cupy()
         caller = gemm._stream(gemm._stream_ptr(stream))
         per_ws = gemm.workspace_numel(sms)
-        experts = [self.weight.expert(e) for e in range(self.num_experts)] if work else []
+        experts = self.expert_views()
         if len(work) == 1:  # nothing to overlap: stay on the caller's stream
             lanes = [caller]
         else:
@@ -617,7 +623,8 @@ def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, e
     cupy = gemm._cupy()
     num_global = w13.num_experts if expert_map is None else int(expert_map.shape[0])
     block = block_size or choose_block_size(m, top_k, num_global)
-    sorted_ids, expert_ids, post = moe_align_block_size(topk_ids, block, num_global, expert_map, stream=caller)
+    sorted_ids, expert_ids, post = moe_align_block_size(topk_ids, block, num_global, expert_map,
+                                                        stream=caller.ptr or None)
     g1 = cupy.empty((m * top_k, w13.n_per_expert), dtype=hidden.dtype)
     w13.gemm_phase_fused(hidden, sorted_ids, expert_ids, post, g1, m, block, top_k, stream=caller)
     h = silu_and_mul(g1, stream=caller)
@@ -659,10 +666,10 @@ def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map,
             w2.gemm_phase_batched(h, dispatches, y, stream=caller)
         else:
             for e, r0, _, c in dispatches:
-                gemm.marlin_gemm(a[r0:r0 + c], w13.weight.expert(e), c=g1[r0:r0 + c], stream=caller)
+                gemm.marlin_gemm(a[r0:r0 + c], w13.expert_views()[e], c=g1[r0:r0 + c], stream=caller)
             h = silu_and_mul(g1, stream=caller)
             for e, r0, _, c in dispatches:
-                gemm.marlin_gemm(h[r0:r0 + c], w2.weight.expert(e), c=y[r0:r0 + c], stream=caller)
+                gemm.marlin_gemm(h[r0:r0 + c], w2.expert_views()[e], c=y[r0:r0 + c], stream=caller)
     return moe_sum(y, top_k, weights=topk_weights, row_of=cupy.asarray(row_of), stream=caller)
 
 
@@ -825,6 +832,7 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
                (input, w.qweight, output, w.scales, null if w.zeros is None else w.zeros, sorted_token_ids,
                 expert_ids, num_tokens_post_padded, null if topk_weights is None else topk_weights,
                 np.int32(n_blocks), np.int32(moe_block_size), np.int32(numel), np.int32(top_k),
-                np.int32(stack.n_per_expert), np.int32(stack.k), np.int32(lda), np.int32(group)),
+                np.int32(stack.n_per_expert), np.int32(stack.k), np.int32(lda), np.int32(group),
+                np.int32(stack.num_experts)),
                shared_mem=cfg.smem_bytes, stream=gemm._stream(gemm._stream_ptr(stream)))
     return output
