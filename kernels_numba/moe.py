@@ -74,8 +74,9 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
     stacked_on_device = all(items is None and is_device_array(x) for x, items in zip((qweights, scales, qzeros), lists))
     out_qw = arrays.empty((experts, size_k // 16, n_per_expert * 16 // pf), np.uint32)
     out_sc = arrays.empty((experts,) + sc_shape, np.uint16)
-    grid_w = (size_k // 16, -(-n_per_expert // _mr.CHUNK_N), experts)
-    dummy_perm = arrays.take(np.zeros((1, 1), np.int32), "perm")
+    repack = _mr._direct_repack_kernel(bits, "gptq")
+    grid_all = _mr.direct_grid(size_k, n_per_expert, bits, experts)
+    grid_one = _mr.direct_grid(size_k, n_per_expert, bits, 1)
 
     if stacked_on_device:
         qw = arrays.take(qweights, "qweights", np.uint32)
@@ -84,7 +85,7 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
         for d, shape, name in ((qw, qw_shape, "qweights"), (sc, sc_shape, "scales"), (qz, qz_shape, "qzeros")):
             if tuple(d.shape) != (experts,) + shape:
                 raise ValueError(f"{name} has shape {tuple(d.shape)}, expected {(experts,) + shape}")
-        _mr._repack_kernel(bits, "gptq")[grid_w, _mr.THREADS, s](qw, dummy_perm, out_qw, n_per_expert)
+        repack[grid_all, _mr.DIRECT_THREADS, s](qw, out_qw, n_per_expert)
         if np.dtype(sc.dtype) == np.dtype(np.float16) and act != np.dtype(np.float16):
             raise TypeError(f"scales are float16 but act_dtype is {act}: pass float32 or {act} scales")
         sc_raw = _sc._raw_view(sc)
@@ -133,8 +134,7 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
             qw_d = qw_stage
         if tuple(qw_d.shape) != qw_shape:
             raise ValueError(f"qweights[{e}] has shape {tuple(qw_d.shape)}, expected {qw_shape}")
-        _mr._repack_kernel(bits, "gptq")[(grid_w[0], grid_w[1], 1), _mr.THREADS, s](
-            qw_d.reshape((1,) + qw_shape), dummy_perm, out_qw[e:e + 1], n_per_expert)
+        repack[grid_one, _mr.DIRECT_THREADS, s](qw_d.reshape((1,) + qw_shape), out_qw[e:e + 1], n_per_expert)
 
         if is_device_array(sc_e):
             sc_d = _sc._raw_view(arrays.take(sc_e, f"scales[{e}]"))

@@ -34,7 +34,8 @@ TARGETS = list(marlin_repack.compile_targets()) + list(scales.compile_targets())
 def test_every_kernel_variant_is_listed():
     names = [t[0] for t in TARGETS]
     assert len(names) == len(set(names))
-    # staged: 7 forward repacks (4-bit: 3 sources, 8-bit: 4), 5 inverses; direct: 3×2 + 3; 2 row gathers, perm inversion
+    # staged: 7 forward repacks (4-bit: 3 sources, 8-bit: 4), 5 inverses; direct: 3×2 (ktpt 1 and the default) + 3;
+    # 2 row gathers, perm inversion
     assert sum(n.startswith(("repack[", "unpack[", "gather_rows[", "invert_perm", "direct_")) for n in names) == 24
     assert any(n.startswith("block_fp8_scales") for n in names) and any(n.startswith("zero_points") for n in names)
 
