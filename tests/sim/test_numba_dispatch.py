@@ -50,3 +50,27 @@ def test_non_contiguous_device_array_is_a_clear_error(rng):
     strided = cuda.to_device(q)[:, ::2]
     with pytest.raises(ValueError, match="contiguous"):
         kr.gptq_marlin_repack(strided, None, 16, 64, 4)
+
+
+def test_numba_backend_without_a_gpu_falls_back_to_the_simulator(tmp_path):
+    """backend='numba' on NumPy input in a fresh process with no simulator requested: the kernel still runs (on the
+    GPU when there is one, else the process switches to the CUDA simulator before numba.cuda is imported)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np\n"
+        "from workbench import ops, hardware\n"
+        "from workbench.formats import packing\n"
+        "rng = np.random.default_rng()\n"
+        "q = packing.pack_rows(rng.integers(0, 16, (16, 64), dtype=np.uint8), 4)\n"
+        "got = ops.gptq_marlin_repack(q, None, 16, 64, 4, backend='numba')\n"
+        "assert np.array_equal(got, ops.gptq_marlin_repack(q, None, 16, 64, 4, backend='numpy'))\n"
+        "print(hardware.describe())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "simulator" in result.stdout or "sm_" in result.stdout, result.stdout
