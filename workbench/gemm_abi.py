@@ -25,7 +25,8 @@ FLAG_IS_K_FULL = 1 << 2
 FLAG_HAS_ZERO_POINTS = 1 << 3
 FLAG_USE_ATOMIC_ADD = 1 << 4
 FLAG_USE_FP32_REDUCE = 1 << 5
-# Ours: lock-ordered reduction only (atomic add refused), so the output is bitwise identical from run to run.
+# Ours: fixed-order cross-block sums only (atomic add refused), so the output is bitwise identical run to run.
+# (Both non-atomic reductions already sum in block order; the flag makes the guarantee part of the request.)
 FLAG_DETERMINISTIC = 1 << 6
 KNOWN_FLAGS = (FLAG_HAS_ACT_ORDER | FLAG_IS_K_FULL | FLAG_HAS_ZERO_POINTS | FLAG_USE_ATOMIC_ADD
                | FLAG_USE_FP32_REDUCE | FLAG_DETERMINISTIC)
