@@ -47,7 +47,9 @@ def test_permute_scales_with_float32_rounding(act, rng):
     s = (rng.standard_normal((k // g, n)) * 10.0 ** rng.integers(-9, 6, (k // g, n))).astype(np.float32)
     with poison_outputs():
         got = ks.marlin_permute_scales(s, k, n, g, out_dtype=act)
-    assert np.array_equal(_bits16(got), _bits16(sc.permute_scales(s.astype(act), k, n, g)))
+    with np.errstate(over="ignore"):  # values up to 1e5 overflow fp16 to inf on purpose: the kernel must agree
+        expected = sc.permute_scales(s.astype(act), k, n, g)
+    assert np.array_equal(_bits16(got), _bits16(expected))
 
 
 @pytest.mark.parametrize("bits", [4, 8])
