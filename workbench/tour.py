@@ -160,9 +160,16 @@ def format_table(rows: list[TourRow]) -> str:
     return "\n".join(lines)
 
 
+def default_backend() -> str:
+    """The Numba-CUDA kernels when a real GPU is here, else the NumPy reference."""
+    return "numba" if hardware.gpu_available() else "numpy"
+
+
 def _command(args) -> int:
-    print(f"device: {hardware.describe()}")
-    rows = run_tour(args.k, args.n, args.seed, args.backend, progress=not args.no_progress)
+    backend = default_backend() if args.backend == "auto" else args.backend
+    print(f"device: {hardware.describe()}; backend: {backend}"
+          + (" (GPU kernels)" if backend == "numba" and hardware.gpu_available() else ""))
+    rows = run_tour(args.k, args.n, args.seed, backend, progress=not args.no_progress)
     print(format_table(rows))
     bad = [r.fmt for r in rows if not r.exact]
     if bad:
@@ -179,6 +186,7 @@ def register(subparsers) -> None:
     p.add_argument("--n", type=int, default=DEFAULT_N, help="columns N of the built-in layer (multiple of 128)")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the built-in layer")
     p.add_argument("--backend", choices=("auto", "numpy", "numba"), default="auto",
-                   help="ops backend (auto: NumPy on NumPy input)")
+                   help="ops backend (auto: the Numba GPU kernels when a GPU is present, else NumPy; "
+                        "numba without a GPU runs the kernels in the CUDA simulator)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=_command)
