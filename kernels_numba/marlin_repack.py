@@ -655,8 +655,7 @@ def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: in
 
 
 def _take_perm(arrays: Arrays, perm, size_k: int, experts: int):
-    """None / empty -> None; else an int32 device array [E, K]. Values are the caller's promise (ops checks them
-    on NumPy input); a device perm is not read back, so an out-of-range entry is the caller's bug."""
+    """None / empty -> None; else an int32 device array [E, K], checked to be a permutation of range(K) per expert."""
     if perm is None or int(np.prod(perm.shape)) == 0:
         return None
     if perm.dtype.kind not in "iu" or perm.dtype.itemsize != 4:
@@ -665,10 +664,21 @@ def _take_perm(arrays: Arrays, perm, size_k: int, experts: int):
         perm = np.asarray(perm).astype(np.int32)
     perm_d = arrays.take(perm, "perm").view(np.int32)
     if tuple(perm_d.shape) == (size_k,) and experts == 1:
-        return perm_d.reshape((1, size_k))
+        perm_d = perm_d.reshape((1, size_k))
     if tuple(perm_d.shape) != (experts, size_k):
         raise ValueError(f"perm has shape {tuple(perm_d.shape)}, expected ({size_k},) for one matrix or "
                          f"({experts}, {size_k}) for {experts} stacked experts")
+    # the kernels index rows by perm: a value outside [0, K) would read out of bounds, so check before any launch
+    # (K int32 per expert: a small copy back for device perms)
+    values = np.asarray(perm) if not is_device_array(perm) else perm_d.copy_to_host(stream=arrays.stream)
+    if is_device_array(perm):
+        arrays.stream.synchronize()
+    values = values.reshape((experts, size_k))
+    expected = np.arange(size_k)
+    for e in range(experts):
+        if not np.array_equal(np.sort(values[e]), expected):
+            where = f" of expert {e}" if experts > 1 else ""
+            raise ValueError(f"perm{where} is not a permutation of range({size_k})")
     return perm_d
 
 

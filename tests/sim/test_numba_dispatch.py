@@ -45,6 +45,18 @@ def test_kernel_wrapper_checks_shapes_itself(rng):
         kr.gptq_marlin_repack(q, np.arange(16, dtype=np.int32), 32, 64, 4)
 
 
+def test_a_perm_that_is_not_a_permutation_is_refused_before_launch(rng):
+    """A repeated or out-of-range row index would make the kernel read out of bounds: refused, host or device."""
+    q = packing.pack_rows(rng.integers(0, 16, (32, 64), dtype=np.uint8), 4)
+    bad = rng.permutation(32).astype(np.int32)
+    bad[int(rng.integers(0, 32))] = 32 + int(rng.integers(0, 1000))
+    for perm in (bad, cuda.to_device(bad)):
+        with pytest.raises(ValueError, match=r"perm is not a permutation of range\(32\)"):
+            kr.gptq_marlin_repack(q, perm, 32, 64, 4)
+        with pytest.raises(ValueError, match=r"perm is not a permutation of range\(32\)"):
+            kr.marlin_to_gptq_qweight(kr.gptq_marlin_repack(q, None, 32, 64, 4), perm, 32, 64, 4)
+
+
 def test_non_contiguous_device_array_is_a_clear_error(rng):
     q = packing.pack_rows(rng.integers(0, 16, (16, 128), dtype=np.uint8), 4)
     strided = cuda.to_device(q)[:, ::2]
