@@ -816,7 +816,8 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
         raise ValueError("input must be aligned to 16 bytes")
     if numel == 0 or cap == 0:
         return output
-    _, sms, smem_limit = gemm.device_properties(device)
+    props = gemm.device_properties(device)  # (cc, SMs, opt-in smem per block, ...)
+    sms, smem_limit = props[1], props[2]
     if stack._sms > 0:
         sms = stack._sms
     n_blocks = cap // moe_block_size

@@ -55,7 +55,8 @@ def compile_everything_once():
     from workbench.formats.moe_align import aligned_capacity
 
     device = cp.cuda.Device().id
-    _, sms, smem = gemm.device_properties(device)
+    props = gemm.device_properties(device)  # (cc, SMs, opt-in smem per block, ...)
+    sms, smem = props[1], props[2]
     fused, dense = set(), set()
 
     def add_fused(act, wt, bs, n, k, gs, numel, e):
@@ -64,7 +65,7 @@ def compile_everything_once():
 
     def add_dense(act, wt, n, k, gs):
         for m in (1, 17, 33, 49):
-            dense.add(gemm.choose_config(gemm.act_scalar_type(act), wt, m, n, k, gs, False, smem))
+            dense.add(gemm.config_for(gemm.act_scalar_type(act), wt, m, n, k, gs, False, device))
 
     for wt, gs, act, blocks in phase_cases():
         for bs in blocks:
