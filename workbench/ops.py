@@ -65,6 +65,7 @@ def _marlin_shape(size_k: int, size_n: int, bits: int) -> tuple[int, int]:
 def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                        stream=None):
     """GPTQ qweight int32 [K/pf, N] -> Marlin int32 [K/16, N*16/pf]; with perm, Marlin row k = checkpoint row perm[k]."""
+    b_q_weight, perm = backends.normalize(b_q_weight), backends.normalize(perm)
     check_bits(num_bits)
     _check_nk(size_k, size_n)
     pf = _packing.pack_factor(num_bits)
@@ -80,6 +81,7 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
 
 def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
     """AWQ qweight int32 [K, N/pf] (interleaved along N) -> Marlin int32 [K/16, N*16/pf]."""
+    b_q_weight = backends.normalize(b_q_weight)
     check_bits(num_bits)
     _check_nk(size_k, size_n)
     pf = _packing.pack_factor(num_bits)
@@ -93,6 +95,7 @@ def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, ba
 
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """K-major raw E4M3 words [K/4, N] (int32 or uint32) -> Marlin W8A16 tiles int32 [K/16, 4N]."""
+    raw_bits_k_major = backends.normalize(raw_bits_k_major)
     _check_nk(size_k, size_n)
     _check_words(raw_bits_k_major, (size_k // 4, size_n), "raw_bits_k_major", "[K/4, N]")
     return backends.dispatch("fp8_marlin_repack_raw_bits", backend, stream, _fp8.fp8_marlin_repack_raw_bits,
@@ -101,6 +104,7 @@ def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, ba
 
 def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Row-major E4M3 [N, K] (uint8 or float8_e4m3fn) -> Marlin int32 [K/16, 4N], transpose fused into tiling."""
+    row_major = backends.normalize(row_major)
     _fp8.check_block_fp8_shapes(size_k, size_n)
     require_dtype(row_major, (np.uint8, _fp8.E4M3), "row_major")
     require_shape(row_major, (size_n, size_k), "row_major", "[N, K]")
@@ -123,6 +127,7 @@ def _check_scale_tensor(s, size_k: int, size_n: int, group_size: int, name: str 
 
 def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
     """Scales [ng, N] -> Marlin order: 64-wide permutation when grouped (ng > 1), 32-wide otherwise."""
+    s = backends.normalize(s)
     _check_scale_tensor(s, size_k, size_n, group_size)
     return backends.dispatch("marlin_permute_scales", backend, stream, _scales.permute_scales, s, size_k, size_n,
                              group_size)
@@ -130,6 +135,7 @@ def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, backe
 
 def marlin_zero_points(zp, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
     """Zero-point codes [ng, N] (any integer dtype) -> Marlin zero points int32 [ng, N/pf]."""
+    zp = backends.normalize(zp)
     check_bits(num_bits)
     require_ndim(zp, 2, "zp")
     require(np.issubdtype(np.dtype(zp.dtype), np.integer), f"zp must hold integer codes, got dtype {zp.dtype}")
@@ -143,6 +149,7 @@ def marlin_zero_points(zp, size_k: int, size_n: int, num_bits: int, *, backend: 
 def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                               stream=None):
     """AWQ qzeros int32 [ng, N/pf] (interleaved) -> Marlin zero points int32 [ng, N/pf]."""
+    q_zp_packed = backends.normalize(q_zp_packed)
     check_bits(num_bits)
     pf = _packing.pack_factor(num_bits)
     require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
@@ -159,6 +166,7 @@ def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: i
 def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
                                  backend: str = "auto", stream=None):
     """GPTQ v1 qzeros [K/G, N/pf] (stored zero - 1) -> Marlin zero points; a stored all-ones field is an error."""
+    qzeros = backends.normalize(qzeros)
     check_bits(num_bits)
     _scales.check_group_size(size_k, group_size)
     pf = _packing.pack_factor(num_bits)
@@ -170,9 +178,13 @@ def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: i
                              qzeros, size_k, size_n, group_size, num_bits)
 
 
-def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4) -> bool:
+def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4, *, backend: str = "auto", stream=None) -> bool:
     """True when every v1 stored zero is 7 (4-bit; 127 for 8-bit): symmetric GPTQ, no zero points needed."""
-    return _gptq.gptq_qzeros_are_symmetric_code7(qzeros, num_bits)
+    qzeros = backends.normalize(qzeros)
+    check_bits(num_bits)
+    require_dtype(qzeros, INT_WORDS, "qzeros")
+    return bool(backends.dispatch("gptq_qzeros_are_symmetric_code7", backend, stream,
+                                  _gptq.gptq_qzeros_are_symmetric_code7, qzeros, num_bits))
 
 
 def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtype=np.float16, *,
@@ -180,10 +192,13 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
     """Block-FP8 inverse scales [ceil(N/128), K/128] (bf16 or float32) -> Marlin scales [K/128, N] in act_dtype.
 
     fp16: ``f16(inv * 256)``; bf16: ``bf16(inv * 2^120)``; 32-wide permutation for K = 128, 64-wide otherwise.
+    On the device, where CuPy has no bfloat16, bf16 inverse scales may come as their uint16 bit patterns.
     """
+    inverse_scales = backends.normalize(inverse_scales)
     _fp8.check_block_fp8_shapes(size_k, size_n)
     _fp8.exponent_bias(act_dtype)
-    require_dtype(inverse_scales, (_fp8.BF16, np.float32), "inverse_scales")
+    allowed = (_fp8.BF16, np.float32) + ((np.uint16,) if backends.is_device_array(inverse_scales) else ())
+    require_dtype(inverse_scales, allowed, "inverse_scales")
     require_shape(inverse_scales, (-(-size_n // _fp8.BLOCK), size_k // _fp8.BLOCK), "inverse_scales",
                   f"[ceil(N/128), K/128] for K = {size_k}, N = {size_n}")
     require_contiguous(inverse_scales, "inverse_scales")
@@ -195,7 +210,8 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
 # inverses (Marlin -> checkpoint layout), for debugging and verification
 # ---------------------------------------------------------------------------------------------------------------
 def marlin_to_codes(marlin_q, size_k: int, size_n: int, num_bits: int, perm=None):
-    """Marlin tiles -> codes [K, N] in checkpoint row order (undoing perm when given)."""
+    """Marlin tiles -> codes [K, N] in checkpoint row order (undoing perm when given). NumPy only (for pictures
+    and element-level debugging)."""
     check_bits(num_bits)
     _check_nk(size_k, size_n)
     _check_words(marlin_q, _marlin_shape(size_k, size_n, num_bits), "marlin_q", f"[K/16, N*16/pf], {num_bits}-bit")
@@ -208,46 +224,102 @@ def marlin_to_codes(marlin_q, size_k: int, size_n: int, num_bits: int, perm=None
     return out
 
 
-def marlin_to_gptq_qweight(marlin_q, perm, size_k: int, size_n: int, num_bits: int):
-    """Inverse of gptq_marlin_repack."""
-    return _packing.pack_rows(marlin_to_codes(marlin_q, size_k, size_n, num_bits, perm), num_bits)
+def marlin_to_gptq_qweight(marlin_q, perm, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
+                           stream=None):
+    """Inverse of gptq_marlin_repack: Marlin tiles -> GPTQ qweight int32 [K/pf, N] in checkpoint row order."""
+    marlin_q, perm = backends.normalize(marlin_q), backends.normalize(perm)
+    check_bits(num_bits)
+    _check_nk(size_k, size_n)
+    _check_words(marlin_q, _marlin_shape(size_k, size_n, num_bits), "marlin_q", f"[K/16, N*16/pf], {num_bits}-bit")
+    perm = _check_perm(perm, size_k)
+
+    def reference(q, p, k, n, bits):
+        return _packing.pack_rows(marlin_to_codes(q, k, n, bits, p), bits)
+
+    return backends.dispatch("marlin_to_gptq_qweight", backend, stream, reference, marlin_q, perm, size_k, size_n,
+                             num_bits)
 
 
-def marlin_to_awq_qweight(marlin_q, size_k: int, size_n: int, num_bits: int):
-    """Inverse of awq_marlin_repack."""
-    return _packing.awq_pack(marlin_to_codes(marlin_q, size_k, size_n, num_bits), num_bits)
+def _inverse(op_name: str, reference, marlin_q, size_k: int, size_n: int, num_bits: int, backend: str, stream,
+             *extra):
+    marlin_q = backends.normalize(marlin_q)
+    check_bits(num_bits)
+    _check_nk(size_k, size_n)
+    _check_words(marlin_q, _marlin_shape(size_k, size_n, num_bits), "marlin_q", f"[K/16, N*16/pf], {num_bits}-bit")
+    return backends.dispatch(op_name, backend, stream, reference, marlin_q, size_k, size_n, *extra)
 
 
-def marlin_to_fp8_raw_bits(marlin_q, size_k: int, size_n: int):
+def marlin_to_awq_qweight(marlin_q, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
+    """Inverse of awq_marlin_repack: Marlin tiles -> AWQ qweight int32 [K, N/pf]."""
+    return _inverse("marlin_to_awq_qweight",
+                    lambda q, k, n, bits: _packing.awq_pack(marlin_to_codes(q, k, n, bits), bits),
+                    marlin_q, size_k, size_n, num_bits, backend, stream, num_bits)
+
+
+def marlin_to_fp8_raw_bits(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Inverse of fp8_marlin_repack_raw_bits: Marlin tiles -> K-major raw words int32 [K/4, N]."""
-    return _packing.pack_rows(marlin_to_codes(marlin_q, size_k, size_n, 8), 8)
+    return _inverse("marlin_to_fp8_raw_bits", lambda q, k, n: _packing.pack_rows(marlin_to_codes(q, k, n, 8), 8),
+                    marlin_q, size_k, size_n, 8, backend, stream)
 
 
-def marlin_to_block_fp8(marlin_q, size_k: int, size_n: int):
-    """Inverse of block_fp8_group128_repack: Marlin tiles -> row-major E4M3 bytes [N, K]."""
-    return np.ascontiguousarray(marlin_to_codes(marlin_q, size_k, size_n, 8).T)
+def marlin_to_block_fp8(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
+    """Inverse of block_fp8_group128_repack: Marlin tiles -> row-major E4M3 bytes uint8 [N, K]."""
+    return _inverse("marlin_to_block_fp8", _fp8.marlin_to_row_major_fp8, marlin_q, size_k, size_n, 8, backend,
+                    stream)
 
 
-def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int):
+def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
     """Inverse of marlin_permute_scales."""
-    return _scales.unpermute_scales(s, size_k, size_n, group_size)
+    s = backends.normalize(s)
+    _check_scale_tensor(s, size_k, size_n, group_size)
+    return backends.dispatch("marlin_unpermute_scales", backend, stream, _scales.unpermute_scales, s, size_k, size_n,
+                             group_size)
 
 
-def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: int):
-    """Inverse of marlin_zero_points: int32 [ng, N/pf] -> codes [ng, N]."""
-    return _scales.marlin_zero_points_to_codes(zp_packed, size_n, num_bits)
+def _check_marlin_zeros(zp_packed, size_n: int, num_bits: int) -> Any:
+    zp_packed = backends.normalize(zp_packed)
+    check_bits(num_bits)
+    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    require_ndim(zp_packed, 2, "zp_packed")
+    pf = _packing.pack_factor(num_bits)
+    _check_words(zp_packed, (zp_packed.shape[0], size_n // pf), "zp_packed", f"[num_groups, size_n / {pf}]")
+    return zp_packed
 
 
-def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int):
+def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
+                                stream=None):
+    """Inverse of marlin_zero_points: int32 [ng, N/pf] -> codes uint8 [ng, N]."""
+    zp_packed = _check_marlin_zeros(zp_packed, size_n, num_bits)
+    return backends.dispatch("marlin_zero_points_to_codes", backend, stream,
+                             lambda z, k, n, bits: _scales.marlin_zero_points_to_codes(z, n, bits),
+                             zp_packed, size_k, size_n, num_bits)
+
+
+def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
+                              stream=None):
     """Inverse of awq_to_marlin_zero_points."""
-    return _packing.awq_pack(marlin_zero_points_to_codes(zp_packed, size_k, size_n, num_bits), num_bits)
+    zp_packed = _check_marlin_zeros(zp_packed, size_n, num_bits)
+
+    def reference(z, k, n, bits):
+        return _packing.awq_pack(_scales.marlin_zero_points_to_codes(z, n, bits), bits)
+
+    return backends.dispatch("marlin_to_awq_zero_points", backend, stream, reference, zp_packed, size_k, size_n,
+                             num_bits)
 
 
-def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, num_bits: int = 4):
+def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
+                          backend: str = "auto", stream=None):
     """Inverse of repack_gptq_qzeros_to_marlin: Marlin zero points -> v1 qzeros (stored zero - 1)."""
-    zeros = marlin_zero_points_to_codes(zp_packed, size_k, size_n, num_bits)
-    require(zeros.min(initial=1) >= 1, "a zero point of 0 cannot be stored in GPTQ v1 (it would need field -1)")
-    return _packing.pack_cols(zeros - np.uint8(1), num_bits)
+    zp_packed = _check_marlin_zeros(zp_packed, size_n, num_bits)
+    _scales.check_group_size(size_k, group_size)
+
+    def reference(z, k, n, g, bits):
+        zeros = _scales.marlin_zero_points_to_codes(z, n, bits)
+        require(zeros.min(initial=1) >= 1, "a zero point of 0 cannot be stored in GPTQ v1 (it would need field -1)")
+        return _packing.pack_cols(zeros - np.uint8(1), bits)
+
+    return backends.dispatch("marlin_to_gptq_qzeros", backend, stream, reference, zp_packed, size_k, size_n,
+                             group_size, num_bits)
 
 
 def marlin_to_block_fp8_scales(marlin_scales, size_k: int, size_n: int, act_dtype=np.float16):
@@ -276,6 +348,10 @@ def stack_gptq_experts_to_marlin(qweights: Sequence[Any], scales: Sequence[Any],
     check_bits(bits)
     _check_nk(size_k, n_per_expert)
     _scales.check_group_size(size_k, group_size)
+    if not isinstance(qweights, (list, tuple)):  # one stacked array [E, ...] per tensor
+        qweights, scales, qzeros = (backends.normalize(x) for x in (qweights, scales, qzeros))
+    else:
+        qweights, scales, qzeros = ([backends.normalize(x) for x in xs] for xs in (qweights, scales, qzeros))
     num_experts = len(qweights)
     require(num_experts > 0 and len(scales) == num_experts and len(qzeros) == num_experts,
             f"stacked experts: shape mismatch qweights={len(qweights)} scales={len(scales)} qzeros={len(qzeros)}")
@@ -287,6 +363,14 @@ def stack_gptq_experts_to_marlin(qweights: Sequence[Any], scales: Sequence[Any],
         _check_words(qzeros[e], (ng, n_per_expert // pf), f"qzeros[{e}]", f"[K/G, N/{pf}]")
     act = np.dtype(act_dtype)
     _fp8.exponent_bias(act)
+    on_device = any(backends.is_device_array(x) for xs in (qweights, scales, qzeros)
+                    for x in (xs if isinstance(xs, (list, tuple)) else [xs]))
+    if backend == "numba" or (backend == "auto" and on_device):
+        # all experts in one launch per tensor; host lists are staged one expert at a time
+        return backends.stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits, group_size, size_k, n_per_expert,
+                                                     act, stream=stream)
+    if backend not in backends.BACKENDS:
+        raise ValueError(f"backend = {backend!r} is not one of {backends.BACKENDS}")
 
     qweight = np.empty((num_experts,) + _marlin_shape(size_k, n_per_expert, bits), dtype=np.int32)
     scale_stack = np.empty((num_experts, ng, n_per_expert), dtype=act)

@@ -47,7 +47,7 @@ def check_group_size(size_k: int, group_size: int) -> None:
 
 def _apply_chunk_perm(flat_rows: np.ndarray, perm: np.ndarray) -> np.ndarray:
     shape = flat_rows.shape
-    return flat_rows.reshape(-1, perm.size)[:, perm].reshape(shape)
+    return np.ascontiguousarray(flat_rows.reshape(-1, perm.size)[:, perm]).reshape(shape)
 
 
 def scale_permutation(size_k: int, group_size: int) -> np.ndarray:
