@@ -184,32 +184,41 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
     __syncthreads();
     if (s_last_arrival) {
       __threadfence();
-      if (writer) {
-        // Sum every contributor's slot in block order (its own included): independent of arrival order.
+      // All 8 warps share the sum (not only the N_TILES writer warps), fragment by fragment, with the loads of up
+      // to kBatch contributors in flight at once: ceil(count / kBatch) dependent L2 round trips per fragment instead
+      // of two per contributor. Every element is still summed from zero over the slots in block order (this block's
+      // own included), so the result does not depend on who arrived last. (Two fragments per batch spilled in the
+      // 128-register kernels: measured with -Xptxas -v.)
+      constexpr int kFragsPerWarp = N_TILES * M_BLOCKS * 8 / kWarps;  // float4 fragments (x 32 lanes) of a slot
+      constexpr int kBatch = 4;
+      // Contributors after `first` hold the start of their range in this slice: it is their first slot (0). Only
+      // `first` may be in its second.
+      const float4* const first_slot = slot_of(first);
+      const float4* const slots = reinterpret_cast<const float4*>(C_tmp);
 #pragma unroll
-        for (int mb = 0; mb < M_BLOCKS; ++mb)
+      for (int i = 0; i < kFragsPerWarp; ++i) {
+        const int f = i * kWarps + warp;  // slot order: (nt * M_BLOCKS + mb) * 8 + nb
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int b = first; b <= last; b += kBatch) {
+          float4 q[kBatch];
 #pragma unroll
-          for (int nb = 0; nb < 8; ++nb)
+          for (int j = 0; j < kBatch; ++j) {
+            const float4* theirs =
+                (b + j == first) ? first_slot : slots + static_cast<long long>(2 * (b + j)) * (BM * BN / 4);
+            if (b + j <= last) q[j] = __ldcg(theirs + f * 32 + lane);
+          }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) acc[mb][nb][r] = 0.f;
-        for (int b = first; b <= last; ++b) {
-          const float4* theirs = slot_of(b);
-#pragma unroll
-          for (int mb = 0; mb < M_BLOCKS; ++mb)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {  // loads in batches of 4: one L2 round trip each, no spills
-              float4 q[4];
-#pragma unroll
-              for (int j = 0; j < 4; ++j)
-                q[j] = __ldcg(theirs + ((nt * M_BLOCKS + mb) * 8 + 4 * half + j) * 32 + frag);
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                float* v = acc[mb][4 * half + j];
-                v[0] += q[j].x; v[1] += q[j].y; v[2] += q[j].z; v[3] += q[j].w;
-              }
+          for (int j = 0; j < kBatch; ++j)
+            if (b + j <= last) {
+              sum.x += q[j].x; sum.y += q[j].y; sum.z += q[j].z; sum.w += q[j].w;
             }
         }
-        write_c();
+        const int f_nt = f / (M_BLOCKS * 8), f_mb = (f / 8) % M_BLOCKS, f_nb = f % 8;
+        const int col_g = col * BN + f_nt * 64 + f_nb * 8 + 2 * (lane % 4);
+        const int row_g = chunk * BM + f_mb * 16 + lane / 4;
+        T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
+        if (row_g < prob_m) store_pair(c_lo, sum.x, sum.y);
+        if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, sum.z, sum.w);
       }
       if (tid == 0) locks[last] = 0;  // leave the counter zero for the next launch
     }
@@ -251,14 +260,11 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
   }
 }
 
-// Blocks per SM the register budget is cut for: two for M <= 16 (measured latency-bound at one block of 8 warps per
-// SM: each warp runs a dependent LDS -> dequant -> mma chain; a second block hides it), one above (the 64-row
-// accumulators need the whole register file).
-template <int M_BLOCKS>
-constexpr int kMinBlocksPerSm = M_BLOCKS == 1 ? 2 : 1;
-
-template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<M_BLOCKS>)
+// MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
+// LDS -> dequant -> mma chain of one block's 8 warps, but only pay when every block has a long run of pipeline steps
+// (workbench/gemm.py chooses; measured in bench/NOTES_gemm.md); the 64-row accumulators need one block's registers.
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
             const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
             T* __restrict__ C,                // (M, N) output
@@ -270,6 +276,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
             int prob_m, int prob_n, int prob_k, int lda,
             int group_size,                   // rows per group (a power of two), Marlin row order; -1 = channelwise
             int reduce_mode) {
+  static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   using Pair = typename Act<T>::Pair;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK, KT = G::KT;

@@ -62,7 +62,7 @@ class KernelConfig:
     k_warp: int  # k16 tiles per warp per pipeline stage
     stages: int
     group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
-    blocks_per_sm: int = 1  # resident blocks per SM the launch counts on (not a template argument; see kMinBlocksPerSm)
+    blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
 
     @property
     def per_row_groups(self) -> bool:
@@ -99,7 +99,7 @@ class KernelConfig:
     def name_expression(self) -> str:
         t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
         return (f"mwb::marlin_gemm<{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, "
-                f"{self.stages}, {self.group_mode}>")
+                f"{self.stages}, {self.group_mode}, {self.blocks_per_sm}>")
 
 
 # (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n). Small M streams weights: the first choices keep
@@ -119,14 +119,22 @@ def thread_shapes() -> dict[tuple[int, int], tuple[int, int]]:
 # Shared memory the driver reserves per resident block, plus the kernel's static shared memory.
 _SMEM_RESERVED_PER_BLOCK = 1024 + 64
 
+# When two blocks per SM pay (measured on the H200, bench/NOTES_gemm.md step 5): only for 4-bit weights (8-bit
+# stages hold twice the bytes, so only shallow stages fit beside a second block: slower on every 8-bit layer), and
+# only when each block gets a long run of pipeline steps (with ~2 steps per block, e.g. 4096 x 4096 at M = 1, every
+# slice is shared by ~8 blocks and the cross-block reduction dominates: 17.4 -> 22.9 us).
+TWO_BLOCKS_WEIGHT_BITS = (4,)
+TWO_BLOCKS_MIN_STEPS = 7
+
 
 def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int, group_size: int,
                   per_row_groups: bool, smem_limit: int, thread_k: int = -1, thread_n: int = -1,
-                  sm_smem: int = 0) -> KernelConfig:
+                  sm_smem: int = 0, sms: int = 0) -> KernelConfig:
     """The first thread shape that divides (K, N) and fits shared memory; ValueError naming the shape otherwise.
 
-    For M <= 16 (one m16 block, kernels cut to 128 registers) a configuration that lets two blocks share an SM
-    (``sm_smem`` = shared memory per SM; 0 = unknown) is preferred: the kernel is latency-bound at one block per SM.
+    For M <= 16 (one m16 block) and 4-bit weights, a configuration that lets two blocks share an SM (``sm_smem`` =
+    shared memory per SM; 0 = unknown; kernel cut to 128 registers) is preferred when each of the 2 ``sms`` blocks
+    then gets at least TWO_BLOCKS_MIN_STEPS pipeline steps (``sms`` = 0: unknown, not checked).
     """
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
@@ -143,13 +151,15 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                 continue
             yield n_tiles, k_warp
 
-    if m_blocks == 1 and sm_smem > 0:
+    if m_blocks == 1 and sm_smem > 0 and weight.bits in TWO_BLOCKS_WEIGHT_BITS:
         half = min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)
-        for n_tiles, k_warp in shapes():
-            for stages in (4, 3):
-                cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode, blocks_per_sm=2)
-                if cfg.smem_bytes <= half:
-                    return cfg
+        two = next((cfg for n_tiles, k_warp in shapes() for stages in (4, 3)
+                    for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
+                                             blocks_per_sm=2)] if cfg.smem_bytes <= half), None)
+        if two is not None:
+            steps = (size_n // two.block_n) * (size_k // two.block_k)
+            if sms <= 0 or steps >= TWO_BLOCKS_MIN_STEPS * 2 * sms:
+                return two
     tried = []
     for n_tiles, k_warp in order:
         tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
@@ -283,9 +293,9 @@ def device_properties(device: int) -> tuple[int, int, int, int]:
 def config_for(act, weight, size_m: int, size_n: int, size_k: int, group_size: int, per_row_groups: bool,
                device: int = 0) -> KernelConfig:
     """choose_config with the device's shared-memory limits (what a launch on that device will use)."""
-    _, _, smem_limit, sm_smem = device_properties(device)
+    _, sms, smem_limit, sm_smem = device_properties(device)
     return choose_config(ScalarType.parse(act) if not isinstance(act, ScalarType) else act, weight, size_m, size_n,
-                         size_k, group_size, per_row_groups, smem_limit, sm_smem=sm_smem)
+                         size_k, group_size, per_row_groups, smem_limit, sm_smem=sm_smem, sms=sms)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -382,7 +392,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     per_row = act_order and not k_full
     group_size = -1 if ng == 1 else gs
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
-                        launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem)
+                        launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms)
     iterations = math.ceil(max(m, 1) / cfg.block_m) * (n // cfg.block_n) * (k // cfg.block_k)
     if iterations >= 2**31:
         raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")

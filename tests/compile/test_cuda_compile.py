@@ -17,6 +17,7 @@ from workbench.scalar_types import ScalarType as S
 ARCHS = (80, 90)
 CONFIGS = (
     gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 8, gemm.GROUP_GROUPED),
+    gemm.KernelConfig(S.BF16, S.U4, 1, 2, 4, 4, gemm.GROUP_GROUPED, blocks_per_sm=2),
     gemm.KernelConfig(S.BF16, S.U4, 4, 4, 2, 4, gemm.GROUP_GROUPED),
     gemm.KernelConfig(S.F16, S.U8B128, 3, 1, 1, 4, gemm.GROUP_PER_ROW),
     gemm.KernelConfig(S.BF16, S.U8, 2, 2, 1, 8, gemm.GROUP_PER_ROW),

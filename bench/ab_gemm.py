@@ -1,0 +1,173 @@
+"""A/B timing of the Marlin GEMM against a previous version of itself, in one run, with the baselines beside it.
+
+    python bench/ab_gemm.py --out DIR --old-dir OLD [--m 1,4,16,64]
+
+OLD holds a previous commit's ``workbench/gemm.py`` and ``kernels_cuda/{marlin_gemm.cu,dequant.cuh,mma.cuh}``
+(e.g. ``git show REV:path > OLD/name``); it is loaded as a second module with its own kernels, so both versions
+are timed on the same weights, in the same process, interleaved cell by cell. Variants:
+  new         workbench.gemm as checked out
+  old         OLD
+  new-legacy  workbench.gemm with the previous blocks-per-SM rule (two blocks for every M <= 16 kernel), to tell a
+              kernel change from a configuration change
+Method as bench/bench_gemm.py (CUDA graphs over rotated inputs > 3 x L2). Also records max |new - old| / max |old|
+per cell (same inputs) as a sanity check; correctness itself is tests/gpu's job.
+Writes DIR/ab_<gpu>.json after every layer.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from bench_gemm import (OURS, SHAPES, LAUNCHES_PER_GRAPH, copies_for, copy_bandwidth, l2_bytes,  # noqa: E402
+                        random_weight, time_cupy_graph, time_torch_graph, weight_bytes)
+from workbench import gemm  # noqa: E402
+
+LEGACY_LABELS = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
+
+
+def load_old(old_dir: pathlib.Path):
+    spec = importlib.util.spec_from_file_location("gemm_old", old_dir / "gemm.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gemm_old"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    mod.KERNEL_DIR = old_dir
+    mod.kernel_source.cache_clear()
+    return mod
+
+
+class Legacy:
+    """Context: workbench.gemm with the previous rule (two blocks per SM for every one-m16-block kernel)."""
+
+    def __enter__(self):
+        self.saved = gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS
+        gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS = (4, 8), 0
+
+    def __exit__(self, *exc):
+        gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS = self.saved
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=pathlib.Path)
+    parser.add_argument("--old-dir", required=True, type=pathlib.Path)
+    parser.add_argument("--m", default="1,4,16,64")
+    args = parser.parse_args(argv)
+    import contextlib
+
+    import cupy as cp
+    import ml_dtypes
+    import torch
+
+    old = load_old(args.old_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    sms = props["multiProcessorCount"]
+    l2 = l2_bytes(cp)
+    copy_gbs = copy_bandwidth(cp)
+    print(f"{gpu}: {sms} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
+    dtypes = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+    m_values = tuple(int(x) for x in args.m.split(","))
+    variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),
+                "new-legacy": (gemm, Legacy)}
+
+    def wanted(variant, label):
+        return variant != "new-legacy" or label in LEGACY_LABELS
+
+    # compile everything first, in threads
+    todo = {name: [] for name in variants}
+    for k, n in SHAPES:
+        for m in m_values:
+            for label, wt, gs, dt in OURS:
+                for name, (mod, ctx) in variants.items():
+                    if wanted(name, label):
+                        with ctx():
+                            todo[name].append(mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False))
+    for name, (mod, _) in variants.items():
+        if name != "new-legacy":
+            mod.precompile(todo[name] + (todo["new-legacy"] if name == "new" else []), workers=16)
+    print("compiled", {k: len(set(v)) for k, v in todo.items()}, flush=True)
+
+    rng = np.random.default_rng(0)
+    rows = []
+    meta = dict(gpu=gpu, sms=sms, copy_gbs=round(copy_gbs, 1), date=datetime.date.today().isoformat(),
+                commit=os.environ.get("BENCH_COMMIT", "working tree"), torch=torch.__version__, cupy=cp.__version__)
+    tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
+    for k, n in SHAPES:
+        n_fp16 = copies_for(k * n * 2, l2)
+        w16 = [torch.randn(k, n, device="cuda", dtype=torch.float16) * 0.01 for _ in range(n_fp16)]
+        n_tiny = copies_for(k * n // 2, l2)
+        packed = [torch._convert_weight_to_int4pack(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8,
+                                                                  device="cuda"), 8) for _ in range(n_tiny)]
+        sz = torch.rand(k // 128, n, 2, device="cuda", dtype=torch.bfloat16) * 0.01
+        ours = {label: [random_weight(cp, k, n, wt, gs, dtypes[dt], rng)
+                        for _ in range(copies_for(weight_bytes(k, n, wt, gs), l2))] for label, wt, gs, dt in OURS}
+        for m in m_values:
+            a16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(2)]
+            abf = [x.to(torch.bfloat16) for x in a16]
+            out16 = torch.empty(m, n, device="cuda", dtype=torch.float16)
+            base = m * k * 2 + m * n * 2
+
+            def record(method, us, nbytes, fp16_us, **extra):
+                gbs = nbytes / (us * 1e-6) / 1e9
+                row = dict(k=k, n=n, m=m, method=method, us=round(us, 3), pct_copy=round(100 * gbs / copy_gbs, 1),
+                           speedup_vs_fp16=round(fp16_us / us, 3), **extra)
+                rows.append(row)
+                print(f"K={k:6d} N={n:6d} M={m:3d} {method:38s} {us:8.2f} us x{fp16_us / us:5.2f} "
+                      + " ".join(f"{a}={b}" for a, b in extra.items()), flush=True)
+
+            fp16_us = time_torch_graph(torch, [(lambda i=i: torch.matmul(a16[i % 2], w16[i % n_fp16], out=out16))
+                                               for i in range(LAUNCHES_PER_GRAPH)])
+            record("cuBLAS fp16", fp16_us, k * n * 2 + base, fp16_us)
+            tiny = [(lambda i=i: torch._weight_int4pack_mm(abf[i % 2], packed[i % n_tiny], 128, sz))
+                    for i in range(LAUNCHES_PER_GRAPH)]
+            us = time_torch_graph(torch, tiny)
+            record("tinygemm bf16", us, k * n // 2 + k // 128 * n * 4 + base, fp16_us)
+            torch.cuda.synchronize()
+            for label, wt, gs, dt in OURS:
+                ws_list = ours[label]
+                a = [cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(dtypes[dt])) for _ in range(2)]
+                outs = {}
+                for name, (mod, ctx) in variants.items():
+                    if not wanted(name, label):
+                        continue
+                    c = cp.empty((m, n), dtype=dtypes[dt])
+                    work = cp.zeros(mod.workspace_numel(sms), dtype=np.int32)
+                    c_tmp = cp.empty(mod.c_tmp_numel(sms), dtype=np.float32)
+                    with ctx():
+                        cfg = mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False)
+                        launches = [(lambda s, i=i, mod=mod, c=c, work=work, c_tmp=c_tmp: mod.marlin_gemm(
+                            a[i % 2], ws_list[i % len(ws_list)], c=c, workspace=work, c_tmp=c_tmp, stream=s))
+                            for i in range(LAUNCHES_PER_GRAPH)]
+                        us = time_cupy_graph(cp, launches)
+                        mod.marlin_gemm(a[0], ws_list[0], c=c, workspace=work, c_tmp=c_tmp)
+                    outs[name] = cp.asnumpy(c).astype(np.float32)
+                    record(f"{label} [{name}]", us, weight_bytes(k, n, wt, gs) + base, fp16_us,
+                           config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}")
+                ref = outs["old"]
+                scale = float(np.max(np.abs(ref))) or 1.0
+                for name, o in outs.items():
+                    if name != "old":
+                        diff = float(np.max(np.abs(o - ref))) / scale if np.all(np.isfinite(o)) else float("inf")
+                        rows[-len(outs) + list(outs).index(name)]["rel_diff_vs_old"] = diff
+                        print(f"    {name} vs old: max |diff| / max |old| = {diff:.2e}", flush=True)
+        del w16, packed, ours
+        torch.cuda.empty_cache()
+        cp.get_default_memory_pool().free_all_blocks()
+        (args.out / f"ab_{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    print("done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
