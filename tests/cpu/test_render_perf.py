@@ -1,0 +1,37 @@
+"""The benchmark charts of notebook 07, headless, on small synthetic documents in each script's schema."""
+import json
+
+from workbench.render import perf
+
+
+def _gemm_doc():
+    rows = []
+    for m in (1, 2, 4, 8, 16, 32, 64):
+        for method, us in (("cuBLAS fp16 (torch.matmul)", 10.0), ("tinygemm bf16 (W4 g128)", 2.0 * m),
+                           ("marlin u4b8 g128 fp16", 5.0), ("marlin u4b8 g128 bf16", 5.0 + m / 16),
+                           ("marlin fe4m3fn chan fp16", 8.0)):
+            rows.append({"k": 4096, "n": 4096, "m": m, "method": method, "us": us, "gbs": 1000.0,
+                         "speedup_vs_fp16": 10.0 / us})
+    return {"meta": {"gpu": "TEST", "commit": "abc", "copy_gbs": 4000.0}, "rows": rows}
+
+
+def test_gemm_chart_and_bars():
+    doc = _gemm_doc()
+    fig = perf.render_gemm_times(doc)
+    assert len([ax for ax in fig.axes if ax.lines]) == 1
+    html = perf.gemm_bars_html(doc)._repr_html_()
+    assert "×2.00 – ×2.00" in html  # INT4 vs fp16 at M <= 16: 10 / 5
+    assert "×1.25 – ×1.25" in html  # FP8: 10 / 8
+    assert "<td>1, 2</td>" in html  # tinygemm (2·M µs) beats 5 + M/16 µs only at M = 1, 2
+
+
+def test_repack_and_moe_charts(tmp_path):
+    repack = {"rows": [{"transform": t, "shape": "64x128", "fraction_of_copy": f} for t, f in
+                       (("gptq_marlin_repack u4", 0.9), ("awq_marlin_repack u4", 0.2), ("direct u4 sweep", 0.5))]}
+    fig = perf.render_repack_bandwidth(repack)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["gptq_marlin_repack u4", "awq_marlin_repack u4"]
+    moe = {"rows": [{"config": "x", "experts": 8, "k": 128, "n": 128, "top_k": 2, "m": m, "method": meth,
+                     "pct_copy": p} for m in (1, 8) for meth, p in (("fused", 30.0), ("batched", 5.0))]}
+    assert len(perf.render_moe_bandwidth(moe).axes[0].lines) == 3  # two paths + the bar
+    (tmp_path / "r.json").write_text(json.dumps(moe))
+    assert perf.load_result(tmp_path, "r.json") == moe and perf.load_result(tmp_path, "missing.json") is None

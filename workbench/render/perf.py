@@ -1,0 +1,140 @@
+"""Charts of the committed GPU benchmark data, one per benchmark family, with baselines and ceilings beside ours.
+
+Each function takes the parsed JSON a ``bench/`` script wrote (its schema is the script's; the fields read here are
+named in each docstring) and returns a matplotlib Figure or an HTML table. Notebook 07 binds to these.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+from workbench.render._draw import HTML, html_table, new_figure
+
+
+def load_result(results_dir, name: str) -> dict | None:
+    """The parsed ``results_dir/name`` or None when that file is not committed."""
+    path = pathlib.Path(results_dir) / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _rows(doc: dict) -> list[dict]:
+    return [r for r in doc.get("rows", []) if isinstance(r, dict)]
+
+
+def _copy_gbs(doc: dict) -> float | None:
+    meta = doc.get("meta", doc)
+    value = meta.get("copy_gbs") or doc.get("copy_gbs")
+    return float(value) if value else None
+
+
+def _weight_bytes(row: dict) -> float:
+    """Bytes a GEMM row moved, recovered from its effective GB/s and time (gbs · us · 1e3)."""
+    return float(row["gbs"]) * float(row["us"]) * 1e3
+
+
+def render_gemm_times(doc: dict, methods: tuple[str, ...] | None = None):
+    """GEMM time against M, one panel per (K, N) layer, one line per method (rows: k, n, m, method, us, gbs).
+
+    Dashed: the time the 4-bit group-128 layer would take at the device-copy bandwidth measured in the same run —
+    the bandwidth roofline of a weight-streaming GEMM at small M.
+    """
+    rows = _rows(doc)
+    shapes = sorted({(r["k"], r["n"]) for r in rows}, key=lambda s: (s[0] * s[1], s))
+    methods = methods or tuple(dict.fromkeys(r["method"] for r in rows))
+    cols = min(3, len(shapes))
+    fig, axes = new_figure(4.4 * cols, 3.3 * -(-len(shapes) // cols), ncols=cols, nrows=-(-len(shapes) // cols))
+    copy = _copy_gbs(doc)
+    for ax, (k, n) in zip(axes, shapes):
+        for method in methods:
+            pts = sorted((r["m"], r["us"]) for r in rows if (r["k"], r["n"], r["method"]) == (k, n, method))
+            if pts:
+                style = "s--" if ("cuBLAS" in method or "tinygemm" in method) else "o-"
+                ax.plot(*zip(*pts), style, markersize=3, linewidth=1, label=method)
+        u4 = [r for r in rows if (r["k"], r["n"]) == (k, n) and "u4b8 g128 fp16" in r["method"] and r["m"] == 1]
+        if copy and u4:
+            ax.axhline(_weight_bytes(u4[0]) / (copy * 1e3), color="black", linestyle=":", linewidth=1,
+                       label="4-bit g128 at copy bandwidth")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("µs")
+        ax.set_title(f"K×N = {k}×{n}", fontsize=9)
+    axes[0].legend(fontsize=6, loc="upper left")
+    for ax in axes[len(shapes):]:
+        ax.axis("off")
+    return fig
+
+
+def gemm_bars_html(doc: dict) -> HTML:
+    """The issue's speed bars, read off the data: per layer, the range of speedups over cuBLAS fp16 at M ≤ 16 for
+    INT4 g128 and FP8, and the M ≤ 64 values where INT4 g128 (bf16) loses to tinygemm."""
+    rows = _rows(doc)
+    by = {(r["k"], r["n"], r["m"], r["method"]): r for r in rows}
+    shapes = sorted({(r["k"], r["n"]) for r in rows}, key=lambda s: (s[0] * s[1], s))
+    methods = {r["method"] for r in rows}
+
+    def pick(word: str) -> str | None:
+        return next((m for m in sorted(methods) if word in m), None)
+
+    int4, fp8, int4_bf16, tiny = (pick("u4b8 g128 fp16"), pick("fe4m3fn"), pick("u4b8 g128 bf16"), pick("tinygemm"))
+    table = []
+    for k, n in shapes:
+        def speedups(method):
+            return [by[(k, n, m, method)]["speedup_vs_fp16"] for m in (1, 2, 4, 8, 16) if (k, n, m, method) in by]
+        s4, s8 = speedups(int4), speedups(fp8)
+        losses = [m for m in (1, 2, 4, 8, 16, 32, 64) if (k, n, m, int4_bf16) in by and (k, n, m, tiny) in by
+                  and by[(k, n, m, int4_bf16)]["us"] > by[(k, n, m, tiny)]["us"]]
+        table.append((f"{k}×{n}", f"×{min(s4):.2f} – ×{max(s4):.2f}" if s4 else "—",
+                      f"×{min(s8):.2f} – ×{max(s8):.2f}" if s8 else "—",
+                      ", ".join(map(str, losses)) or "none"))
+    return HTML(html_table(["layer", "INT4 g128 vs fp16, M ≤ 16 (bar ×2.5)", "FP8 vs fp16, M ≤ 16 (bar ×1.6)",
+                            "M ≤ 64 where tinygemm is faster (bar: none)"], table,
+                           caption=f"{doc.get('meta', {}).get('gpu', '')} commit {doc.get('meta', {}).get('commit', '')}"))
+
+
+def render_repack_bandwidth(doc: dict, target: float = 0.8, skip_prefixes: tuple[str, ...] = ("direct ", "staged ")):
+    """Repack kernels as a fraction of a device copy of the same bytes (rows: transform, shape, fraction_of_copy).
+
+    Rows whose transform starts with ``skip_prefixes`` (launch-shape sweep variants) are left out.
+    """
+    rows = [r for r in _rows(doc) if not str(r["transform"]).startswith(skip_prefixes)]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    cols = min(3, len(shapes))
+    tallest = max(len([r for r in rows if r["shape"] == s]) for s in shapes)
+    fig, axes = new_figure(5.0 * cols, (0.22 * tallest + 1.0) * -(-len(shapes) // cols), ncols=cols,
+                           nrows=-(-len(shapes) // cols))
+    for ax, shape in zip(axes, shapes):
+        rs = [r for r in rows if r["shape"] == shape]
+        frac = np.array([r["fraction_of_copy"] for r in rs])
+        ax.barh(range(len(rs)), frac * 100, color=["tab:green" if f >= target else "tab:orange" for f in frac])
+        ax.set_yticks(range(len(rs)))
+        ax.set_yticklabels([r["transform"] for r in rs], fontsize=6)
+        ax.invert_yaxis()
+        ax.axvline(target * 100, color="black", linestyle="--", linewidth=1)
+        ax.set_xlabel("% of device-copy bandwidth")
+        ax.set_title(shape, fontsize=9)
+    for ax in axes[len(shapes):]:
+        ax.axis("off")
+    return fig
+
+
+def render_moe_bandwidth(doc: dict, target_pct: float = 60.0):
+    """MoE paths: % of copy bandwidth on the touched experts against tokens, one panel per model shape
+    (rows: config, experts, k, n, top_k, m, method, pct_copy)."""
+    rows = _rows(doc)
+    configs = list(dict.fromkeys((r["config"], r["experts"], r["k"], r["n"], r["top_k"]) for r in rows))
+    fig, axes = new_figure(4.2 * len(configs), 3.2, ncols=len(configs))
+    for ax, cfg in zip(axes, configs):
+        rs = [r for r in rows if (r["config"], r["experts"], r["k"], r["n"], r["top_k"]) == cfg]
+        for method in dict.fromkeys(r["method"] for r in rs):
+            pts = sorted((r["m"], r["pct_copy"]) for r in rs if r["method"] == method)
+            ax.plot(*zip(*pts), "o-", markersize=3, linewidth=1, label=method)
+        ax.axhline(target_pct, color="black", linestyle="--", linewidth=1, label=f"{target_pct:.0f}% bar")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("% of copy (touched experts)")
+        ax.set_title(f"{cfg[0]}: E={cfg[1]} K={cfg[2]} N={cfg[3]} top-{cfg[4]}", fontsize=8)
+    axes[0].legend(fontsize=6)
+    return fig
