@@ -57,3 +57,12 @@ def test_sort_g_idx_groups_become_contiguous(rng):
     g_sorted, perm = gptq.sort_g_idx(g_idx)
     assert np.array_equal(g_sorted, np.arange(256) // 32)
     assert np.array_equal(g_idx[perm], g_sorted)
+
+
+def test_v2_qzeros_are_the_zero_points_v1_plus_one(rng):
+    zeros = rng.integers(1, 15, size=(2, 64), dtype=np.uint8)
+    v1 = packing.pack_cols(zeros - 1, 4)
+    v2 = gptq.gptq_v1_qzeros_to_v2(v1)
+    assert np.array_equal(packing.unpack_cols(v2, 4), zeros)
+    assert np.array_equal(ops.marlin_zero_points(packing.unpack_cols(v2, 4), 256, 64, 4),
+                          ops.repack_gptq_qzeros_to_marlin(v1, 256, 64, 128))

@@ -9,6 +9,8 @@ Note on the seed: its ``repack_gptq_qzeros_to_marlin`` adds 1 to every field and
 layout. The Marlin kernels read zero points in the P64-permuted, interleaved layout of ``marlin_zero_points`` (spec
 §4), so here the layout-preserving step is ``gptq_v1_qzeros_to_v2`` and ``repack_gptq_qzeros_to_marlin`` continues to
 the kernel layout. For constant qzeros (``0x88888888`` -> ``0x99999999``) the two agree.
+
+GPTQ v2 qzeros already hold the zero points: ``marlin_zero_points(unpack_cols(qzeros))`` is their whole conversion.
 """
 from __future__ import annotations
 
