@@ -1,14 +1,16 @@
 """A/B timing of the Marlin GEMM against a previous version of itself, in one run, with the baselines beside it.
 
-    python bench/ab_gemm.py --out DIR --old-dir OLD [--m 1,4,16,64]
+    python bench/ab_gemm.py --out DIR --old-dir OLD [--m 1,4,16,64] [--shapes 4096x4096,...] [--labels u4b8,...]
+                            [--variants new,old,new-striped]
 
 OLD holds a previous commit's ``workbench/gemm.py`` and ``kernels_cuda/{marlin_gemm.cu,dequant.cuh,mma.cuh}``
 (e.g. ``git show REV:path > OLD/name``); it is loaded as a second module with its own kernels, so both versions
 are timed on the same weights, in the same process, interleaved cell by cell. Variants:
   new         workbench.gemm as checked out
   old         OLD
-  new-legacy  workbench.gemm with the previous blocks-per-SM rule (two blocks for every M <= 16 kernel), to tell a
-              kernel change from a configuration change
+  new-striped workbench.gemm with the striped grid of every block count <= #SMs (ALIGN_SLICES off: blocks may
+              straddle two slices), to tell the kernel change from the slice-aligned grid
+  new-legacy  workbench.gemm with the fbd47ed blocks-per-SM rule (two blocks for every M <= 16 kernel)
 Method as bench/bench_gemm.py (CUDA graphs over rotated inputs > 3 x L2). Also records max |new - old| / max |old|
 per cell (same inputs) as a sanity check; correctness itself is tests/gpu's job.
 Writes DIR/ab_<gpu>.json after every layer.
@@ -45,6 +47,17 @@ def load_old(old_dir: pathlib.Path):
     return mod
 
 
+class Striped:
+    """Context: workbench.gemm with the striped grid only (no slice-aligned grids)."""
+
+    def __enter__(self):
+        self.saved = gemm.ALIGN_SLICES
+        gemm.ALIGN_SLICES = False
+
+    def __exit__(self, *exc):
+        gemm.ALIGN_SLICES = self.saved
+
+
 class Legacy:
     """Context: workbench.gemm with the previous rule (two blocks per SM for every one-m16-block kernel)."""
 
@@ -61,6 +74,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, type=pathlib.Path)
     parser.add_argument("--old-dir", required=True, type=pathlib.Path)
     parser.add_argument("--m", default="1,4,16,64")
+    parser.add_argument("--shapes", default="", help="KxN,... (default: every bench_gemm shape)")
+    parser.add_argument("--labels", default="", help="substrings of bench_gemm OURS labels (default: all)")
+    parser.add_argument("--variants", default="new,old,new-legacy")
+    parser.add_argument("--no-tinygemm", action="store_true", help="skip tinygemm (cuBLAS fp16 is always timed)")
     args = parser.parse_args(argv)
     import contextlib
 
@@ -78,24 +95,34 @@ def main(argv=None) -> int:
     print(f"{gpu}: {sms} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
     dtypes = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
     m_values = tuple(int(x) for x in args.m.split(","))
-    variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),
-                "new-legacy": (gemm, Legacy)}
+    all_variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),
+                    "new-striped": (gemm, Striped), "new-legacy": (gemm, Legacy)}
+    names = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(names) - set(all_variants))
+    if unknown or "old" not in names:
+        parser.error(f"--variants must name 'old' and only {sorted(all_variants)}; got {names}")
+    variants = {name: all_variants[name] for name in names}
+    shapes = SHAPES if not args.shapes else tuple(tuple(int(x) for x in s.split("x")) for s in args.shapes.split(","))
+    ours_rows = [row for row in OURS if not args.labels or any(w in row[0] for w in args.labels.split(","))]
 
     def wanted(variant, label):
         return variant != "new-legacy" or label in LEGACY_LABELS
 
     # compile everything first, in threads
     todo = {name: [] for name in variants}
-    for k, n in SHAPES:
+    for k, n in shapes:
         for m in m_values:
-            for label, wt, gs, dt in OURS:
+            for label, wt, gs, dt in ours_rows:
                 for name, (mod, ctx) in variants.items():
                     if wanted(name, label):
                         with ctx():
                             todo[name].append(mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False))
-    for name, (mod, _) in variants.items():
-        if name != "new-legacy":
-            mod.precompile(todo[name] + (todo["new-legacy"] if name == "new" else []), workers=16)
+    for name, (mod, _) in variants.items():  # the "new-*" variants share workbench.gemm's kernels
+        if name == "old":
+            mod.precompile(todo[name], workers=16)
+    new_todo = [cfg for name in variants if name != "old" for cfg in todo[name]]
+    if new_todo:
+        gemm.precompile(new_todo, workers=16)
     print("compiled", {k: len(set(v)) for k, v in todo.items()}, flush=True)
 
     rng = np.random.default_rng(0)
@@ -103,15 +130,16 @@ def main(argv=None) -> int:
     meta = dict(gpu=gpu, sms=sms, copy_gbs=round(copy_gbs, 1), date=datetime.date.today().isoformat(),
                 commit=os.environ.get("BENCH_COMMIT", "working tree"), torch=torch.__version__, cupy=cp.__version__)
     tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
-    for k, n in SHAPES:
+    for k, n in shapes:
         n_fp16 = copies_for(k * n * 2, l2)
         w16 = [torch.randn(k, n, device="cuda", dtype=torch.float16) * 0.01 for _ in range(n_fp16)]
         n_tiny = copies_for(k * n // 2, l2)
         packed = [torch._convert_weight_to_int4pack(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8,
-                                                                  device="cuda"), 8) for _ in range(n_tiny)]
+                                                                  device="cuda"), 8)
+                  for _ in range(0 if args.no_tinygemm else n_tiny)]
         sz = torch.rand(k // 128, n, 2, device="cuda", dtype=torch.bfloat16) * 0.01
         ours = {label: [random_weight(cp, k, n, wt, gs, dtypes[dt], rng)
-                        for _ in range(copies_for(weight_bytes(k, n, wt, gs), l2))] for label, wt, gs, dt in OURS}
+                        for _ in range(copies_for(weight_bytes(k, n, wt, gs), l2))] for label, wt, gs, dt in ours_rows}
         for m in m_values:
             a16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(2)]
             abf = [x.to(torch.bfloat16) for x in a16]
@@ -129,12 +157,13 @@ def main(argv=None) -> int:
             fp16_us = time_torch_graph(torch, [(lambda i=i: torch.matmul(a16[i % 2], w16[i % n_fp16], out=out16))
                                                for i in range(LAUNCHES_PER_GRAPH)])
             record("cuBLAS fp16", fp16_us, k * n * 2 + base, fp16_us)
-            tiny = [(lambda i=i: torch._weight_int4pack_mm(abf[i % 2], packed[i % n_tiny], 128, sz))
-                    for i in range(LAUNCHES_PER_GRAPH)]
-            us = time_torch_graph(torch, tiny)
-            record("tinygemm bf16", us, k * n // 2 + k // 128 * n * 4 + base, fp16_us)
+            if not args.no_tinygemm:
+                tiny = [(lambda i=i: torch._weight_int4pack_mm(abf[i % 2], packed[i % n_tiny], 128, sz))
+                        for i in range(LAUNCHES_PER_GRAPH)]
+                us = time_torch_graph(torch, tiny)
+                record("tinygemm bf16", us, k * n // 2 + k // 128 * n * 4 + base, fp16_us)
             torch.cuda.synchronize()
-            for label, wt, gs, dt in OURS:
+            for label, wt, gs, dt in ours_rows:
                 ws_list = ours[label]
                 a = [cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(dtypes[dt])) for _ in range(2)]
                 outs = {}
@@ -151,9 +180,10 @@ def main(argv=None) -> int:
                             for i in range(LAUNCHES_PER_GRAPH)]
                         us = time_cupy_graph(cp, launches)
                         mod.marlin_gemm(a[0], ws_list[0], c=c, workspace=work, c_tmp=c_tmp)
+                        grid = mod.grid_blocks(cfg, m, n, k, sms)  # (as planned; fewer if fewer are resident)
                     outs[name] = cp.asnumpy(c).astype(np.float32)
                     record(f"{label} [{name}]", us, weight_bytes(k, n, wt, gs) + base, fp16_us,
-                           config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}")
+                           config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}", grid=grid)
                 ref = outs["old"]
                 scale = float(np.max(np.abs(ref))) or 1.0
                 for name, o in outs.items():

@@ -14,6 +14,7 @@ for f in gemm.py marlin_gemm.cu dequant.cuh mma.cuh; do
   [ -f "$OLD/$f" ] || { echo "missing $OLD/$f (carry artifacts/round2_gemm_old)"; exit 2; }
 done
 
+if [ -z "${ONLY_AB:-}" ]; then
 start=$(date +%s)
 timeout 90 python3 -m pytest -p no:cacheprovider -x -q -rs tests/gpu/test_gemm.py > "$DIR/gpu_tests.log" 2>&1
 echo "gemm tests: pytest rc=$? in $(( $(date +%s) - start ))s" | tee -a "$DIR/gpu_tests.log"
@@ -99,18 +100,20 @@ PY
 echo "partition check: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$DIR/partition_check.log"
 tail -3 "$DIR/partition_check.log"
 
+fi
+if [ -z "${SKIP_AB:-}" ]; then
 # new = working tree (slice-aligned grid + kernel finish changes), new-striped = working tree kernel on the HEAD grid,
 # old = HEAD. Small shapes first: the JSON is rewritten after every shape, so a timeout keeps what was done.
 # 4096x14336 keeps the striped grid (deferred counts only); the others get slice-aligned grids.
 start=$(date +%s)
-timeout 80 python3 bench/ab_gemm.py --out "$DIR/ab" --old-dir "$OLD" --variants new,old,new-striped --m 1,64 \
+timeout 70 python3 bench/ab_gemm.py --out "$DIR/ab" --old-dir "$OLD" --variants new,old,new-striped --m 1,64 \
   --shapes 4096x4096,4096x14336,14336x4096,8192x8192 --labels "u4b8 g128 fp16,u8b128,fe4m3fn" \
   > "$DIR/ab.log" 2>&1
 echo "ab: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$DIR/ab.log"
 # Fixed-cost probe, M = 1, N = 4096: K = 256 is one step per block and no cross-block sum (32 blocks), K = 1024 one
 # step per block and 4 contributors per slice, K = 4096 the 4096x4096 cell above (4 steps each).
 start=$(date +%s)
-timeout 25 python3 bench/ab_gemm.py --out "$DIR/probe" --old-dir "$OLD" --variants new,old --m 1 --no-tinygemm \
+timeout 15 python3 bench/ab_gemm.py --out "$DIR/probe" --old-dir "$OLD" --variants new,old --m 1 --no-tinygemm \
   --shapes 256x4096,1024x4096 --labels "u4b8 g128 fp16" > "$DIR/probe.log" 2>&1
 echo "probe: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$DIR/probe.log"
 
@@ -139,3 +142,4 @@ for (k, n, m, label), v in cells.items():
     if t and label.startswith("u4b8"):
         print(f"{'':>16} {'tinygemm bf16':24} {t['old']['us']:8.2f}")
 PY
+fi

@@ -16,7 +16,8 @@
 //   A slice touched by several blocks is summed across them in a fixed order (see finish_slice), so the result
 //   does not depend on which block finishes first:
 //   * fp32 (default): every contributor stores its fp32 partial in its own C_tmp slot and counts itself in; the
-//     last to arrive adds all slots in block order and writes C. Nobody waits.
+//     last to arrive adds all slots in block order and writes C. Nobody waits. (A block whose range goes on past
+//     the slice looks at its arrival rank only when its range is done: see finish_slice's `defer`.)
 //   * in C: partials are rounded to the activation type and passed along in C, block by block, under a lock:
 //     the block holding the end of the slice (it started there, so it is done first) goes first, then downwards;
 //     each block waits only on blocks that started later in K order, never on work that has not begun.
@@ -78,22 +79,110 @@ __device__ __forceinline__ void store_pair(T* dst, float lo, float hi) {
   *reinterpret_cast<typename Act<T>::Pair*>(dst) = Act<T>::from_floats(lo, hi);
 }
 
+// Blocks first..last contribute to slice `slice` (block b holds iterations [b T / G, (b + 1) T / G)).
+__device__ __forceinline__ void slice_contributors(int slice, int KI, long long total, int& first, int& last) {
+  const long long grid = gridDim.x;
+  auto owner = [&](long long i) -> int { return static_cast<int>(((i + 1) * grid - 1) / total); };
+  first = owner(static_cast<long long>(slice) * KI);
+  last = owner(static_cast<long long>(slice) * KI + KI - 1);
+}
+
+// fp32 slot of block b's partial of `slice`: a block writes partials for at most two slices (its first and its
+// last), hence two slots per block.
+template <int BM, int BN>
+__device__ __forceinline__ float4* fp32_slot(float* C_tmp, int b, int slice, int KI, long long total) {
+  const int first_slice_of_b = static_cast<int>(b * total / gridDim.x) / KI;
+  return reinterpret_cast<float4*>(C_tmp) + static_cast<long long>(2 * b + (slice == first_slice_of_b ? 0 : 1)) *
+                                                (BM * BN / 4);
+}
+
+// The last block to count itself in for a shared slice (kReduceFp32) sums every contributor's slot and writes C,
+// then leaves the counter zero for the next launch. All 8 warps share the sum; a warp sums kFragBatch of its
+// fragments at once, with the loads of kBatch contributors for each of them in flight together:
+// ceil(count / kBatch) dependent L2 round trips per kFragBatch fragments. Every element is still summed from zero
+// over the slots in block order (the caller's own included), so the result does not depend on who arrived last,
+// nor on the batching. kLoadsInFlight: float4 loads per lane in flight (8 = 32 registers; the 128-register
+// two-block kernels spill above 4, measured with -Xptxas -v).
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
+__device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long long total, T* __restrict__ C,
+                                            float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
+                                            int prob_n) {
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int chunk = slice / cols, col = slice % cols;
+  int first, last;
+  slice_contributors(slice, KI, total, first, last);
+  __threadfence();
+  constexpr int kFragsPerWarp = N_TILES * M_BLOCKS * 8 / kWarps;  // float4 fragments (x 32 lanes) of a slot
+  constexpr int kBatch = 4;
+  constexpr int kFragBatch = (kLoadsInFlight / kBatch < 1) ? 1
+                             : (kLoadsInFlight / kBatch < kFragsPerWarp ? kLoadsInFlight / kBatch : kFragsPerWarp);
+  // Contributors after `first` hold the start of their range in this slice: it is their first slot (0). Only
+  // `first` may be in its second.
+  const float4* const first_slot = fp32_slot<BM, BN>(C_tmp, first, slice, KI, total);
+  const float4* const slots = reinterpret_cast<const float4*>(C_tmp);
+#pragma unroll
+  for (int i0 = 0; i0 < kFragsPerWarp; i0 += kFragBatch) {
+    float4 sum[kFragBatch];
+#pragma unroll
+    for (int u = 0; u < kFragBatch; ++u) sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int b = first; b <= last; b += kBatch) {
+      float4 q[kBatch][kFragBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const float4* theirs =
+            (b + j == first) ? first_slot : slots + static_cast<long long>(2 * (b + j)) * (BM * BN / 4);
+#pragma unroll
+        for (int u = 0; u < kFragBatch; ++u) {
+          const int f = (i0 + u) * kWarps + warp;  // slot order: (nt * M_BLOCKS + mb) * 8 + nb
+          if (i0 + u < kFragsPerWarp && b + j <= last) q[j][u] = __ldcg(theirs + f * 32 + lane);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+        for (int u = 0; u < kFragBatch; ++u)
+          if (i0 + u < kFragsPerWarp && b + j <= last) {
+            sum[u].x += q[j][u].x; sum[u].y += q[j][u].y; sum[u].z += q[j][u].z; sum[u].w += q[j][u].w;
+          }
+    }
+#pragma unroll
+    for (int u = 0; u < kFragBatch; ++u) {
+      if (i0 + u >= kFragsPerWarp) continue;  // (a last, partial batch when kFragBatch does not divide)
+      const int f = (i0 + u) * kWarps + warp;
+      const int f_nt = f / (M_BLOCKS * 8), f_mb = (f / 8) % M_BLOCKS, f_nb = f % 8;
+      const int col_g = col * BN + f_nt * 64 + f_nb * 8 + 2 * (lane % 4);
+      const int row_g = chunk * BM + f_mb * 16 + lane / 4;
+      T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
+      if (row_g < prob_m) store_pair(c_lo, sum[u].x, sum[u].y);
+      if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, sum[u].z, sum[u].w);
+    }
+  }
+  if (tid == 0) locks[last] = 0;  // leave the counter zero for the next launch
+}
+
 // ---- finish a slice: sum the warps of each tile, then across blocks, then write C ---------------------------
 // Kept out of line and working on a local copy of the accumulators: it runs at most twice per block, and inlined
 // it made the hot loop's register allocation spill (measured: 0 vs ~1 KiB of spills at M_BLOCKS = 4).
-template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kWarpsPerN>
-__device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI, int cols,
-                                          long long total, T* __restrict__ C, float* __restrict__ C_tmp,
-                                          int* __restrict__ locks, int prob_m, int prob_n, int reduce_mode) {
+//
+// defer (kReduceFp32 only): the slice ends in the middle of this block's range (its first slice, shared with the
+// blocks before it). Then finish_slice returns after the barrier that follows the slot stores (returning the lock
+// index; -1 when nothing was deferred): the caller's thread 0 fences and counts the block in, inline, so that the
+// atomic's result (the block's arrival rank) is needed only when the block's range is done (settle_deferred), where
+// the block sums the slice if it turned out to be the last to arrive; the other warps go straight back to the
+// pipeline.
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kWarpsPerN, int kLoadsInFlight>
+__device__ __noinline__ int finish_slice(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI, int cols,
+                                         long long total, T* __restrict__ C, float* __restrict__ C_tmp,
+                                         int* __restrict__ locks, int prob_m, int prob_n, int reduce_mode,
+                                         bool defer) {
   using Pair = typename Act<T>::Pair;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
   const int nt = warp % N_TILES;
   const int kg = warp / N_TILES;
-  const long long grid = gridDim.x;
-  auto owner = [&](long long i) -> int { return static_cast<int>(((i + 1) * grid - 1) / total); };
-  auto first_slice_of = [&](int b) -> int { return static_cast<int>(b * total / grid) / KI; };
 
   // (1) warps sharing a 64-column tile fold their accumulators pairwise through shared memory, one m16 block
   //     at a time so the buffer stays 16 KiB.
@@ -123,8 +212,8 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
   }
 
   // (2) across blocks. Contributors of this slice are blocks first..last (rank = last - block).
-  const long long s_begin = static_cast<long long>(slice) * KI;
-  const int first = owner(s_begin), last = owner(s_begin + KI - 1);
+  int first, last;
+  slice_contributors(slice, KI, total, first, last);
   const int count = last - first + 1;
   const int chunk = slice / cols, col = slice % cols;
   const bool writer = kg == 0;  // after (1), warps 0..N_TILES-1 hold the block's partial
@@ -163,65 +252,27 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
         }
     }
   } else if (reduce_mode == kReduceFp32) {
-    // A block writes partials for at most two slices (its first and its last), hence two slots per block.
-    auto slot_of = [&](int b) -> float4* {
-      const int which = (slice == first_slice_of(b)) ? 0 : 1;
-      return reinterpret_cast<float4*>(C_tmp) + static_cast<long long>(2 * b + which) * (BM * BN / 4);
-    };
-    const int frag = lane;  // fragment-ordered slots: lane-contiguous float4s, one per (nt, mb, nb)
     if (writer) {
-      float4* mine = slot_of(blockIdx.x);
+      float4* mine = fp32_slot<BM, BN>(C_tmp, blockIdx.x, slice, KI, total);
 #pragma unroll
       for (int mb = 0; mb < M_BLOCKS; ++mb)
 #pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-          __stcg(mine + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + frag,
+        for (int nb = 0; nb < 8; ++nb)  // fragment-ordered slots: lane-contiguous float4s, one per (nt, mb, nb)
+          __stcg(mine + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane,
                  make_float4(acc[mb][nb][0], acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]));
     }
-    __threadfence();
+    // The barrier orders every writer's stores before thread 0's fence, which makes them visible device-wide
+    // before the count (the cooperative-groups grid barrier pattern).
     __syncthreads();
-    if (tid == 0) s_last_arrival = (atomicAdd(locks + last, 1) == count - 1);
-    __syncthreads();
-    if (s_last_arrival) {
+    if (defer) return last;  // the caller's thread 0 fences and counts in (see the kernel's main loop)
+    if (tid == 0) {
       __threadfence();
-      // All 8 warps share the sum (not only the N_TILES writer warps), fragment by fragment, with the loads of up
-      // to kBatch contributors in flight at once: ceil(count / kBatch) dependent L2 round trips per fragment instead
-      // of two per contributor. Every element is still summed from zero over the slots in block order (this block's
-      // own included), so the result does not depend on who arrived last. (Two fragments per batch spilled in the
-      // 128-register kernels: measured with -Xptxas -v.)
-      constexpr int kFragsPerWarp = N_TILES * M_BLOCKS * 8 / kWarps;  // float4 fragments (x 32 lanes) of a slot
-      constexpr int kBatch = 4;
-      // Contributors after `first` hold the start of their range in this slice: it is their first slot (0). Only
-      // `first` may be in its second.
-      const float4* const first_slot = slot_of(first);
-      const float4* const slots = reinterpret_cast<const float4*>(C_tmp);
-#pragma unroll
-      for (int i = 0; i < kFragsPerWarp; ++i) {
-        const int f = i * kWarps + warp;  // slot order: (nt * M_BLOCKS + mb) * 8 + nb
-        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int b = first; b <= last; b += kBatch) {
-          float4 q[kBatch];
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j) {
-            const float4* theirs =
-                (b + j == first) ? first_slot : slots + static_cast<long long>(2 * (b + j)) * (BM * BN / 4);
-            if (b + j <= last) q[j] = __ldcg(theirs + f * 32 + lane);
-          }
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j)
-            if (b + j <= last) {
-              sum.x += q[j].x; sum.y += q[j].y; sum.z += q[j].z; sum.w += q[j].w;
-            }
-        }
-        const int f_nt = f / (M_BLOCKS * 8), f_mb = (f / 8) % M_BLOCKS, f_nb = f % 8;
-        const int col_g = col * BN + f_nt * 64 + f_nb * 8 + 2 * (lane % 4);
-        const int row_g = chunk * BM + f_mb * 16 + lane / 4;
-        T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
-        if (row_g < prob_m) store_pair(c_lo, sum.x, sum.y);
-        if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, sum.z, sum.w);
-      }
-      if (tid == 0) locks[last] = 0;  // leave the counter zero for the next launch
+      s_last_arrival = (atomicAdd(locks + last, 1) == count - 1);
     }
+    __syncthreads();
+    if (s_last_arrival)
+      sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, prob_m,
+                                                                   prob_n);
   } else {  // kReduceInC: pass the partial along in C under the lock, highest block first
     const int rank = last - static_cast<int>(blockIdx.x);
     if (rank > 0) {
@@ -258,6 +309,25 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
     __syncthreads();
     if (tid == 0) store_release(locks + last, rank == count - 1 ? 0 : rank + 1);
   }
+  return -1;
+}
+
+// After the block's range: a deferred slice end (see finish_slice) is settled. Thread 0 holds the block's arrival
+// rank; if it was the last of the slice's contributors, the block sums the slice now. No other block waits on this.
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
+__device__ __noinline__ void settle_deferred(int slice, int rank, int KI, int cols, long long total,
+                                             T* __restrict__ C, float* __restrict__ C_tmp, int* __restrict__ locks,
+                                             int prob_m, int prob_n) {
+  __shared__ int s_was_last;
+  if (threadIdx.x == 0) {
+    int first, last;
+    slice_contributors(slice, KI, total, first, last);
+    s_was_last = rank == last - first;
+  }
+  __syncthreads();
+  if (s_was_last)
+    sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, prob_m,
+                                                                 prob_n);
 }
 
 // MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
@@ -282,6 +352,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK, KT = G::KT;
   constexpr bool kHasZero = Weight<W>::kHasZero;
   constexpr int kWordsPerLane = 16 * 64 / Weight<W>::kPack / 32;  // 4 (4-bit) or 8 (8-bit) words of a tile
+  constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;  // float4 loads per lane in the fp32 cross-block sum
 
   extern __shared__ int4 smem[];
   int4* const sA = smem;
@@ -539,6 +610,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   }
   int slot = 0;
   int slice = it_begin / KI, kit = it_begin % KI;
+  int deferred_slice = -1, deferred_rank = 0;  // a slice end whose count was deferred (rank: thread 0 only)
   for (int it = it_begin; it < it_end; ++it) {
     if constexpr (GROUP_MODE == kChannelwise) {
       if (it == it_begin || kit == 0) load_channelwise(slice % cols);
@@ -559,13 +631,23 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
           for (int r = 0; r < 4; ++r) partial[mb][nb][r] = acc[mb][nb][r];
-      finish_slice<T, M_BLOCKS, N_TILES, BM, BN, G::kWarpsPerN>(partial, sRed, slice, KI, cols, total, C, C_tmp,
-                                                                 locks, prob_m, prob_n, reduce_mode);
+      const int lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, G::kWarpsPerN, kLoadsInFlight>(
+          partial, sRed, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, it + 1 < it_end);
+      if (lock >= 0) {  // block-uniform
+        deferred_slice = slice;
+        if (tid == 0) {
+          __threadfence();  // the slot stores (ordered before this by finish_slice's barrier), then the count
+          deferred_rank = atomicAdd(locks + lock, 1);
+        }
+      }
       zero_acc();
     }
     advance(slice, kit);
   }
   cp_async_wait<0>();
+  if (deferred_slice >= 0)
+    settle_deferred<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(deferred_slice, deferred_rank, KI, cols, total, C,
+                                                                  C_tmp, locks, prob_m, prob_n);
 }
 
 // A'[m, k] = A[m, perm[k]]: act-order activations gathered into Marlin row order (spec §6). One block per row.

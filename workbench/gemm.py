@@ -180,12 +180,32 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
         f"size_k % 128 == 0 and size_n % 64 == 0 always works")
 
 
+# Slice-aligned grids (see grid_blocks): taken when no block then gets more than ALIGNED_EXTRA_STEPS pipeline steps
+# beyond the striped grid's longest range. A switch so that bench/ab_gemm.py can time the striped grid beside it.
+ALIGN_SLICES = True
+ALIGNED_EXTRA_STEPS = 0
+
+
 def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:
-    """Blocks launched: as many as can be resident at once (every block must be: the in-C reduction waits on
-    others), fewer when the problem has fewer (slice, k) iterations."""
+    """Blocks launched: at most as many as can be resident at once (every block must be: the in-C reduction waits on
+    others), fewer when the problem has fewer (slice, k) iterations.
+
+    The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block
+    c s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
+    finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range for a fence and
+    an atomic round trip, and may have to sum that slice too). Chosen when it does not lengthen the longest range.
+    """
     chunks = math.ceil(size_m / cfg.block_m)
-    iterations = chunks * (size_n // cfg.block_n) * (size_k // cfg.block_k)
-    return max(1, min(sms * (blocks_per_sm or cfg.blocks_per_sm), iterations))
+    slices = chunks * (size_n // cfg.block_n)
+    ki = size_k // cfg.block_k
+    iterations = slices * ki
+    max_grid = sms * (blocks_per_sm or cfg.blocks_per_sm)
+    striped = max(1, min(max_grid, iterations))
+    if ALIGN_SLICES and slices <= max_grid:
+        splits = min(ki, max_grid // slices)
+        if math.ceil(ki / splits) <= math.ceil(iterations / striped) + ALIGNED_EXTRA_STEPS:
+            return slices * splits
+    return striped
 
 
 def c_tmp_numel(sms: int) -> int:

@@ -196,7 +196,26 @@ def test_grid_never_exceeds_sms_or_work():
     cfg = gemm.choose_config(S.F16, S.U4B8, 1, 64, 128, 128, False, 227 * 1024)
     assert gemm.grid_blocks(cfg, 1, 64, 128, 132) == 1
     cfg = gemm.choose_config(S.F16, S.U4B8, 1, 8192, 8192, 128, False, 227 * 1024)
-    assert gemm.grid_blocks(cfg, 1, 8192, 8192, 132) == 132
+    assert gemm.grid_blocks(cfg, 1, 8192, 8192, 132) == 128  # 64 slices x 2 blocks: slice-aligned, 16 steps each
+
+
+@pytest.mark.parametrize("sms", [1, 3, 7, 64, 132])
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (1, 4096, 14336), (16, 8192, 28672), (64, 4096, 4096),
+                                     (33, 512, 1024), (1, 64, 128)])
+def test_slice_aligned_grid_keeps_blocks_in_one_slice_without_lengthening_any(sms, m, n, k):
+    """The kernel gives block b iterations [b T / G, (b + 1) T / G); mirrored here for every block."""
+    cfg = gemm.choose_config(S.F16, S.U4B8, m, n, k, 128, False, 227 * 1024)
+    slices = -(-m // cfg.block_m) * (n // cfg.block_n)
+    ki = k // cfg.block_k
+    total = slices * ki
+    grid = gemm.grid_blocks(cfg, m, n, k, sms)
+    striped = min(sms, total)
+    assert 1 <= grid <= striped
+    ranges = [(b * total // grid, (b + 1) * total // grid) for b in range(grid)]
+    longest = max(e - s for s, e in ranges)
+    assert longest <= -(-total // striped)
+    if grid != striped:
+        assert all(e > s and s // ki == (e - 1) // ki for s, e in ranges)
 
 
 # ---- array-level validation (NumPy stand-ins) --------------------------------------------------------------------
@@ -305,7 +324,7 @@ def test_small_m_prefers_two_resident_blocks_when_shared_memory_allows():
     """H200: 233472 B of shared memory per SM; M <= 16 kernels are cut to 128 registers so two blocks fit."""
     cfg = gemm.choose_config(S.F16, S.U4B8, 1, 8192, 8192, 128, False, 232448, sm_smem=233472)
     assert cfg.blocks_per_sm == 2 and 2 * (cfg.smem_bytes + 1088) <= 233472
-    assert gemm.grid_blocks(cfg, 1, 8192, 8192, 132) == 264
+    assert gemm.grid_blocks(cfg, 1, 8192, 8192, 132) == 256  # 64 slices x 4 blocks (slice-aligned)
     assert gemm.workspace_numel(132) >= 264
     big = gemm.choose_config(S.F16, S.U4B8, 64, 8192, 8192, 128, False, 232448, sm_smem=233472)
     assert big.blocks_per_sm == 1
