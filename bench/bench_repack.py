@@ -35,9 +35,14 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results", help="directory for the JSON and CSV results")
     parser.add_argument("--reps", type=int, default=25, help="timed repetitions per transform (median reported)")
     parser.add_argument("--sweep", action="store_true", help="also sweep the repack launch shape")
+    parser.add_argument("--ab", action="store_true", help="round-2 A/B only: old vs new kernels of the slow paths")
+    parser.add_argument("--ab-shapes", default="8192x28672,28672x8192", help="K x N list for --ab")
     args = parser.parse_args()
     if args.reps < 20:
         parser.error("--reps must be at least 20")
+    if args.ab:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.ab_shapes.split(",")]
+        return ab_main(args.out, args.reps, shapes)
 
     import cupy as cp
     from numba import cuda
@@ -111,10 +116,23 @@ def main() -> int:
     dummy_perm = cuda.to_device(np.zeros((1, 1), np.int32), stream=stream)
 
     def weight_repack(name, bits, source, k, n, src, perm=None, experts=1, tiles=kr.TILES_PER_BLOCK,
-                      threads=kr.THREADS, note="", staged=False, ktpt=1, direct_threads=kr.DIRECT_THREADS):
+                      threads=kr.THREADS, note="", staged=False, ktpt=None, direct_threads=kr.DIRECT_THREADS,
+                      direct_row_major=False):
         pf = 32 // bits
         out = cuda.device_array((experts, k // 16, n * 16 // pf), np.uint32, stream=stream)
-        if source in ("gptq", "row_major_bytes") and not staged:  # what the wrappers run
+        if source == "gptq_perm" and not staged:  # what the wrappers run (round 2: direct kernels everywhere)
+            kernel = kr._perm_repack_kernel(bits)
+            grid = kr.perm_grid(k, n, bits, experts)
+            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](src, perm, out, n)  # noqa: E731
+        elif source == "awq" and not staged:
+            kernel = kr._awq_direct_repack_kernel(bits)
+            grid = kr.awq_grid(k, n, bits, experts)
+            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](src, out, n)  # noqa: E731
+        elif source == "row_major_bytes" and not staged and not direct_row_major:
+            kernel = kr._transpose_repack_kernel(False)
+            grid = kr.transpose_grid(k, n, experts)
+            launch = lambda: kernel[grid, kr.TRANSPOSE_THREADS, stream](src, out, n)  # noqa: E731
+        elif source in ("gptq", "row_major_bytes") and not staged:
             kernel = kr._direct_repack_kernel(bits, source, ktpt, direct_threads)
             grid = kr.direct_grid(k, n, bits, experts, ktpt, direct_threads)
             launch = lambda: kernel[grid, direct_threads, stream](src, out, n)  # noqa: E731
@@ -137,12 +155,16 @@ def main() -> int:
                      "row_major_bytes": (experts, n, k // 4)}[target]
         out = cuda.device_array(shape_out, np.uint32, stream=stream)
         if target == "awq":
-            kernel = kr._unpack_kernel(bits, target)
-            grid = (k // 16, -(-n // kr.CHUNK_N), experts)
-            launch = lambda: kernel[grid, kr.THREADS, stream](marlin, out, n)  # noqa: E731
+            kernel = kr._awq_direct_unpack_kernel(bits)
+            grid = kr.awq_grid(k, n, bits, experts, 1)
+            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, out, n)  # noqa: E731
+        elif target == "row_major_bytes":
+            kernel = kr._transpose_repack_kernel(True)
+            grid = kr.transpose_grid(k, n, experts)
+            launch = lambda: kernel[grid, kr.TRANSPOSE_THREADS, stream](marlin, out, n)  # noqa: E731
         else:
             kernel = kr._direct_unpack_kernel(bits, target)
-            grid = kr.direct_grid(k, n, bits, experts)
+            grid = kr.direct_grid(k, n, bits, experts, kr.DIRECT_UNPACK_K_TILES_PER_THREAD[bits])
             launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, out, n)  # noqa: E731
         launch()
         stream.synchronize()
@@ -208,7 +230,7 @@ def main() -> int:
             rm = rand_u8((1, n, k)).view(np.uint32)
             for ktpt in (2, 4):
                 weight_repack(f"direct row-major ktpt={ktpt}", 8, "row_major_bytes", k, n, rm, ktpt=ktpt,
-                              note="direct-kernel sweep")
+                              note="direct-kernel sweep", direct_row_major=True)
             del rm
             del q4, q8
 
@@ -310,6 +332,140 @@ def main() -> int:
     print(markdown_table(rows))
     return 0 if all(v for v in checks.values() if isinstance(v, bool)) and not errors else 1
 
+
+def ab_main(out_dir: str, reps: int, shapes) -> int:
+    """Round-2 A/B: the previous kernel of each slow path against its direct replacement, in one process, on the
+    same inputs, interleaved per path; every new output is compared bit for bit with the old one. The old kernels
+    are still in kernels_numba.marlin_repack (staged kernel, direct row-major kernel) and unchanged, so "old" is
+    the HEAD code. Writes OUT/ab_repack_<gpu>.json after every shape; prints old µs, new µs, ratio, % of copy."""
+    import cupy as cp
+    from numba import cuda
+
+    from kernels_numba import marlin_repack as kr
+
+    dev = cuda.get_current_device()
+    gpu = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
+    stream = cuda.stream()
+    handle = stream.handle
+    stream_ptr = handle.value if hasattr(handle, "value") else int(handle)
+    cp_stream = cp.cuda.ExternalStream(stream_ptr)
+    flush_buffer = cp.empty(512 << 20, dtype=cp.uint8)
+    start, end = cuda.event(), cuda.event()
+
+    @cuda.jit
+    def sleep_kernel(rounds):
+        for _ in range(rounds):
+            cuda.nanosleep(50_000)
+
+    def timed(launch):
+        launch()  # compile + warm
+        stream.synchronize()
+        times = []
+        for r in range(3 + reps):
+            with cp_stream:
+                flush_buffer.fill(r & 0xFF)
+            sleep_kernel[1, 1, stream](4)
+            start.record(stream)
+            launch()
+            end.record(stream)
+            end.synchronize()
+            if r >= 3:
+                times.append(cuda.event_elapsed_time(start, end) * 1e-3)
+        return statistics.median(times)
+
+    copy_cache = {}
+
+    def copy_seconds(nbytes):
+        if nbytes not in copy_cache:
+            src = cp.ones(nbytes, dtype=cp.uint8)
+            dst = cp.empty(nbytes, dtype=cp.uint8)
+            copy_cache[nbytes] = timed(lambda: cp.cuda.runtime.memcpyAsync(
+                dst.data.ptr, src.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice, stream_ptr))
+        return copy_cache[nbytes]
+
+    def rand_words(shape):
+        return cuda.as_cuda_array(cp.random.randint(0, 2**32, size=shape, dtype=cp.uint64).astype(cp.uint32))
+
+    def launcher(kernel, grid, threads, *args):
+        return lambda: kernel[grid, threads, stream](*args)  # noqa: E731
+
+    rows = []
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"ab_repack_{gpu.replace(' ', '_')}.json")
+    for k, n in shapes:
+        shape = f"{k}x{n}"
+        # (path, bytes one way, [(variant, kernel, grid, threads, args before out)], out shape, extra bytes read)
+        cases = []
+        for bits in (4, 8):
+            pf = 32 // bits
+            mshape = (1, k // 16, n * 16 // pf)
+            q = rand_words((1, k // pf, n))
+            perm = cuda.as_cuda_array(cp.random.permutation(k).astype(cp.int32).reshape(1, k))
+            variants = [("old staged", kr._repack_kernel(bits, "gptq_perm"), (k // 16, -(-n // kr.CHUNK_N), 1),
+                         kr.THREADS, (q, perm))]
+            for ktpt in (1, 2):
+                variants.append((f"new ktpt={ktpt}", kr._perm_repack_kernel(bits, ktpt),
+                                 kr.perm_grid(k, n, bits, 1, ktpt), kr.DIRECT_THREADS, (q, perm)))
+            cases.append((f"act-order u{bits}", k * n // pf * 4, variants, mshape, k * 4))
+            aw = rand_words((1, k, n // pf))
+            variants = [("old staged", kr._repack_kernel(bits, "awq"), (k // 16, -(-n // kr.CHUNK_N), 1),
+                         kr.THREADS, (aw, kr_dummy_perm(cuda, stream)))]
+            for ktpt in (1, 2, 4):
+                variants.append((f"new ktpt={ktpt}", kr._awq_direct_repack_kernel(bits, ktpt),
+                                 kr.awq_grid(k, n, bits, 1, ktpt), kr.DIRECT_THREADS, (aw,)))
+            cases.append((f"awq u{bits}", k * n // pf * 4, variants, mshape, 0))
+            m = rand_words(mshape)
+            variants = [("old staged", kr._unpack_kernel(bits, "awq"), (k // 16, -(-n // kr.CHUNK_N), 1),
+                         kr.THREADS, (m,)),
+                        ("new", kr._awq_direct_unpack_kernel(bits), kr.awq_grid(k, n, bits, 1, 1), kr.DIRECT_THREADS,
+                         (m,))]
+            cases.append((f"marlin->awq u{bits}", k * n // pf * 4, variants, (1, k, n // pf), 0))
+            variants = [(f"{'old' if t == 1 else 'new'} ktpt={t}", kr._direct_unpack_kernel(bits, "gptq", t),
+                         kr.direct_grid(k, n, bits, 1, t), kr.DIRECT_THREADS, (m,)) for t in (1, 2, 4)]
+            cases.append((f"marlin->gptq u{bits}", k * n // pf * 4, variants, (1, k // pf, n), 0))
+        rm = rand_words((1, n, k // 4))
+        old_ktpt = kr.DIRECT_K_TILES_PER_THREAD[8]  # what the HEAD wrapper ran
+        variants = [(f"old direct ktpt={old_ktpt}", kr._direct_repack_kernel(8, "row_major_bytes", old_ktpt),
+                     kr.direct_grid(k, n, 8, 1, old_ktpt), kr.DIRECT_THREADS, (rm,))]
+        variants.append(("new tile", kr._transpose_repack_kernel(False), kr.transpose_grid(k, n, 1),
+                         kr.TRANSPOSE_THREADS, (rm,)))
+        cases.append(("row-major fp8 -> marlin", k * n, variants, (1, k // 16, 4 * n), 0))
+        m8 = rand_words((1, k // 16, 4 * n))
+        variants = [("old direct", kr._direct_unpack_kernel(8, "row_major_bytes", 1), kr.direct_grid(k, n, 8, 1, 1),
+                     kr.DIRECT_THREADS, (m8,)),
+                    ("new tile", kr._transpose_repack_kernel(True), kr.transpose_grid(k, n, 1), kr.TRANSPOSE_THREADS,
+                     (m8,))]
+        cases.append(("marlin -> row-major fp8", k * n, variants, (1, n, k // 4), 0))
+
+        for name, nbytes, variants, out_shape, extra_read in cases:
+            t_copy = copy_seconds(nbytes)
+            reference = None
+            for variant, kernel, grid, threads, args in variants:
+                out = cuda.device_array(out_shape, np.uint32, stream=stream)
+                cp.asarray(out).fill(0xDEADBEEF)
+                cp.cuda.Device().synchronize()  # the fill ran on CuPy's stream
+                t = timed(launcher(kernel, grid, threads, *args, out, n))
+                got = cp.asarray(out).copy()
+                same = True if reference is None else bool(cp.array_equal(got, reference))
+                if reference is None:
+                    reference = got
+                frac = (2 * nbytes + extra_read) / t / (2 * nbytes / t_copy)
+                row = dict(shape=shape, path=name, variant=variant, us=round(t * 1e6, 2),
+                           copy_us=round(t_copy * 1e6, 2), fraction_of_copy=round(frac, 3), equals_old=same)
+                rows.append(row)
+                print(f"{shape:12s} {name:26s} {variant:20s} {row['us']:9.1f} us {100 * frac:6.1f}% of copy"
+                      f"  equals old: {same}", flush=True)
+                del out
+            del reference
+        del q, aw, m, rm, m8
+        with open(path, "w") as f:
+            json.dump(dict(gpu=gpu, reps=reps, commit=_git_commit(), rows=rows), f, indent=1)
+    bad = [r for r in rows if not r["equals_old"]]
+    return 1 if bad else 0
+
+
+def kr_dummy_perm(cuda, stream):
+    return cuda.to_device(np.zeros((1, 1), np.int32), stream=stream)
 
 def markdown_table(rows) -> str:
     lines = ["| transform | shape | kernel µs | GB/s | copy GB/s | % of copy | note |",

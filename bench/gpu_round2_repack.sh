@@ -14,6 +14,7 @@ DIR="$OUT/repack"
 mkdir -p "$DIR"
 export NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
 
+if [ -z "${ONLY_AB:-}" ]; then
 start=$(date +%s)
 timeout 60 python3 -m pytest -p no:cacheprovider -x -q -rs tests/gpu/test_numba_gpu.py > "$DIR/gpu_tests.log" 2>&1
 echo "tests/gpu/test_numba_gpu.py: pytest rc=$? in $(( $(date +%s) - start ))s" | tee -a "$DIR/gpu_tests.log"
@@ -25,6 +26,8 @@ echo "tests/sim/test_numba_weights.py on the GPU: pytest rc=$? in $(( $(date +%s
   | tee -a "$DIR/weights_on_gpu.log"
 tail -3 "$DIR/weights_on_gpu.log"
 
+fi
+if [ -z "${SKIP_AB:-}" ]; then
 start=$(date +%s)
 timeout 90 python3 bench/bench_repack.py --ab --reps 20 --out "$DIR" --ab-shapes 8192x28672,28672x8192 \
   > "$DIR/ab.log" 2>&1
@@ -49,3 +52,4 @@ for (shape, path), rs in by_path.items():
           f"{new['us'] / old['us']:8.3f} {100 * old['fraction_of_copy']:6.1f} {100 * new['fraction_of_copy']:6.1f} "
           f"{str(exact):>5}")
 PY
+fi

@@ -9,13 +9,17 @@ the K×N code matrix is cut into 16×64 tiles, k-tile-major; each tile becomes `
     FP8 raw bits   [K/4, N]   = GPTQ 8-bit with the E4M3 bytes as codes
     block FP8      [N, K]     row-major bytes (transpose fused: 4 consecutive k of row n = one little-endian word)
 
-Two kernel shapes:
+Kernel shapes (the wrappers use the first three; the staged one stays for comparison and tests):
 
-* **direct** (GPTQ rows, FP8 raw bits, row-major FP8, and their inverses): one thread reads the 4 source words
-  that hold everything for 4 output words (see "Direct kernels" below) and writes them; no shared memory, no
-  barrier. Every input word is read once and every output word written once.
-* **staged** (act-order perm, AWQ, and the AWQ inverse, whose sources are scattered): one block = one k-tile ×
-  up to 8 n-tiles of one expert::
+* **direct** (GPTQ rows, FP8 raw bits, and their inverses): one thread reads the 4 source words that hold
+  everything for 4 output words (see "Direct kernels" below) and writes them; no shared memory, no barrier.
+  Every input word is read once and every output word written once. Variants with the same thread layout:
+  act-order (the thread gathers its 16 rows through perm, one field per load) and AWQ (8 AWQ words in, 8 Marlin
+  words out, and back).
+* **transpose tile** (row-major FP8 [N, K] and back): 64 rows × 128 bytes through shared memory with whole-row
+  accesses, then the direct 8-bit pack.
+* **staged** (round 1's kernel for act-order, AWQ and the AWQ inverse): one block = one k-tile × up to 8 n-tiles
+  of one expert::
 
     global source ──(phase 1: coalesced loads, any layout)──► shared "GPTQ form"  stage[h][j]
                                                                h = 0..16/pf-1 (rows of the k-tile, pf per word)
@@ -170,6 +174,10 @@ DIRECT_THREADS = 128  # 4 tiles (4-bit, 32 lanes each) or 2 tiles (8-bit, 64 lan
 # k-tiles a thread loads before its first store. Measured on the H200 (8192×28672, bench/results, 2026-11-29):
 # 4-bit 74% of the copy bandwidth at 1, 80% at 2, 86% at 4; 8-bit 91% at 1, 95% at 2, 94% at 4.
 DIRECT_K_TILES_PER_THREAD = {4: 4, 8: 2}
+# The same for the inverse (Marlin -> GPTQ rows / FP8 raw bits), measured in the round-2 A/B (H200, 8192×28672,
+# bench/results/repack_ab_2026-11-29_NVIDIA_H200.json): 4-bit 74% at 1, 85% at 2, 92% at 4; 8-bit 77% at 1, 73% at
+# 2, 71% at 4.
+DIRECT_UNPACK_K_TILES_PER_THREAD = {4: 4, 8: 1}
 
 
 @cuda.jit(device=True, inline=True)
@@ -284,8 +292,12 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
     return repack_direct
 
 
-def direct_unpack_kernel_source(bits: int, target: str):
-    """Marlin [E, K/16, .] -> target "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4])."""
+def direct_unpack_kernel_source(bits: int, target: str, k_tiles_per_thread: int | None = None):
+    """Marlin [E, K/16, .] -> target "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]).
+
+    ``k_tiles_per_thread`` (default DIRECT_UNPACK_K_TILES_PER_THREAD[bits]): the Marlin words of that many k-tiles
+    are loaded before the first store, as in the forward kernel.
+    """
     if target not in ("gptq", "row_major_bytes") or (target == "row_major_bytes" and bits != 8):
         raise ValueError(f"direct unpack has no {bits}-bit target {target!r}")
     four_bit = bits == 4
@@ -294,57 +306,75 @@ def direct_unpack_kernel_source(bits: int, target: str):
     lane_shift = 5 if four_bit else 6
     wpt = 128 if four_bit else 256
     row_major = target == "row_major_bytes"
+    ktpt = k_tiles_per_thread or DIRECT_UNPACK_K_TILES_PER_THREAD[bits]
+    held = 4 * ktpt
 
     def unpack_direct(marlin, out, size_n):
-        kt = cuda.blockIdx.x
+        """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), DIRECT_THREADS threads."""
         e = cuda.blockIdx.z
         tid = cuda.threadIdx.x
         nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        k_tiles = marlin.shape[1]
         if nt < (size_n >> 6):
             lane = tid & (lanes_per_tile - 1)
             base = nt * wpt
+            mw = cuda.local.array(held, dtype=uint32)
             if four_bit:
                 col = lane & 7
                 warp = lane >> 3
                 n = (nt << 6) + (warp << 4) + col
-                a = uint32(0)
-                b = uint32(0)
-                c = uint32(0)
-                d = uint32(0)
-                for row2 in range(4):
-                    w = marlin[e, kt, base + (col << 4) + (row2 << 2) + warp]
-                    sh = uint32(row2 << 3)
-                    a = a | uint32(gptq_byte_from_marlin_4bit(w, 0) << sh)
-                    b = b | uint32(gptq_byte_from_marlin_4bit(w, 1) << sh)
-                    c = c | uint32(gptq_byte_from_marlin_4bit(w, 2) << sh)
-                    d = d | uint32(gptq_byte_from_marlin_4bit(w, 3) << sh)
-                out[e, 2 * kt, n] = a
-                out[e, 2 * kt + 1, n] = b
-                out[e, 2 * kt, n + 8] = c
-                out[e, 2 * kt + 1, n + 8] = d
+                o = base + (col << 4) + warp
+                step = 4  # Marlin words 16*col + 4*row2 + warp, row2 = 0..3
             else:
                 col = lane >> 3
                 slot = lane & 7
                 n = (nt << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
                 o = base + (col << 5) + slot
-                w0 = marlin[e, kt, o]
-                w1 = marlin[e, kt, o + 8]
-                w2 = marlin[e, kt, o + 16]
-                w3 = marlin[e, kt, o + 24]
-                p0 = gptq_half_from_marlin_8bit(w0, 0) | uint32(gptq_half_from_marlin_8bit(w1, 0) << uint32(16))
-                p2 = gptq_half_from_marlin_8bit(w0, 1) | uint32(gptq_half_from_marlin_8bit(w1, 1) << uint32(16))
-                p1 = gptq_half_from_marlin_8bit(w2, 0) | uint32(gptq_half_from_marlin_8bit(w3, 0) << uint32(16))
-                p3 = gptq_half_from_marlin_8bit(w2, 1) | uint32(gptq_half_from_marlin_8bit(w3, 1) << uint32(16))
-                if row_major:
-                    out[e, n, 4 * kt] = p0
-                    out[e, n, 4 * kt + 1] = p1
-                    out[e, n, 4 * kt + 2] = p2
-                    out[e, n, 4 * kt + 3] = p3
-                else:
-                    out[e, 4 * kt, n] = p0
-                    out[e, 4 * kt + 1, n] = p1
-                    out[e, 4 * kt + 2, n] = p2
-                    out[e, 4 * kt + 3, n] = p3
+                step = 8  # words 32*col + 8*row2 + slot
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    for row2 in range(4):
+                        mw[4 * j + row2] = marlin[e, kt, o + step * row2]
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    if four_bit:
+                        a = uint32(0)
+                        b = uint32(0)
+                        c = uint32(0)
+                        d = uint32(0)
+                        for row2 in range(4):
+                            w = mw[4 * j + row2]
+                            sh = uint32(row2 << 3)
+                            a = a | uint32(gptq_byte_from_marlin_4bit(w, 0) << sh)
+                            b = b | uint32(gptq_byte_from_marlin_4bit(w, 1) << sh)
+                            c = c | uint32(gptq_byte_from_marlin_4bit(w, 2) << sh)
+                            d = d | uint32(gptq_byte_from_marlin_4bit(w, 3) << sh)
+                        out[e, 2 * kt, n] = a
+                        out[e, 2 * kt + 1, n] = b
+                        out[e, 2 * kt, n + 8] = c
+                        out[e, 2 * kt + 1, n + 8] = d
+                    else:
+                        w0 = mw[4 * j]
+                        w1 = mw[4 * j + 1]
+                        w2 = mw[4 * j + 2]
+                        w3 = mw[4 * j + 3]
+                        hi = uint32(16)
+                        p0 = gptq_half_from_marlin_8bit(w0, 0) | uint32(gptq_half_from_marlin_8bit(w1, 0) << hi)
+                        p2 = gptq_half_from_marlin_8bit(w0, 1) | uint32(gptq_half_from_marlin_8bit(w1, 1) << hi)
+                        p1 = gptq_half_from_marlin_8bit(w2, 0) | uint32(gptq_half_from_marlin_8bit(w3, 0) << hi)
+                        p3 = gptq_half_from_marlin_8bit(w2, 1) | uint32(gptq_half_from_marlin_8bit(w3, 1) << hi)
+                        if row_major:
+                            out[e, n, 4 * kt] = p0
+                            out[e, n, 4 * kt + 1] = p1
+                            out[e, n, 4 * kt + 2] = p2
+                            out[e, n, 4 * kt + 3] = p3
+                        else:
+                            out[e, 4 * kt, n] = p0
+                            out[e, 4 * kt + 1, n] = p1
+                            out[e, 4 * kt + 2, n] = p2
+                            out[e, 4 * kt + 3, n] = p3
 
     return unpack_direct
 
@@ -356,8 +386,8 @@ def _direct_repack_kernel(bits: int, source: str, k_tiles_per_thread: int | None
 
 
 @functools.lru_cache(maxsize=None)
-def _direct_unpack_kernel(bits: int, target: str):
-    return cuda.jit(direct_unpack_kernel_source(bits, target))
+def _direct_unpack_kernel(bits: int, target: str, k_tiles_per_thread: int | None = None):
+    return cuda.jit(direct_unpack_kernel_source(bits, target, k_tiles_per_thread))
 
 
 def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_thread: int | None = None,
@@ -367,6 +397,351 @@ def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_t
     k_tiles_per_thread = k_tiles_per_thread or DIRECT_K_TILES_PER_THREAD[bits]
     return (-(-(size_k // TILE_K) // k_tiles_per_thread), -(-(size_n // TILE_N) // tiles_per_block), experts)
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Round 2: direct kernels for the scattered sources (act-order perm, AWQ) and a shared-memory transpose tile for
+# row-major FP8. Same rule as above: every output word written once, no staging where none is needed.
+# ---------------------------------------------------------------------------------------------------------------
+# Act-order: Marlin row k holds checkpoint row perm[k]. A thread of the direct GPTQ kernel needs rows 0..15 of its
+# k-tile for its columns; with a perm each of those rows is a whole GPTQ row (contiguous along N), so the thread
+# gathers them one field at a time from the source word holding that row. Loads stay coalesced along N exactly as
+# in the direct kernel (8 lanes, 32 consecutive bytes); each source word is requested pf times (once per row it
+# holds, from pf different k-tiles), which the L2 serves: blockIdx.x (k) runs fastest, so the blocks in flight
+# share one column strip of the source.
+# Measured (round-2 A/B, H200, 8192×28672): 4-bit 23% of copy at 1, 26% at 2; 8-bit 35% at 1, 34% at 2.
+PERM_K_TILES_PER_THREAD = {4: 2, 8: 1}
+
+
+def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
+    """GPTQ words [E, K/pf, N] with rows gathered through perm int32 [E, K] -> Marlin [E, K/16, .], direct shape."""
+    four_bit = bits == 4
+    lanes_per_tile = 32 if four_bit else 64
+    tiles_per_block = threads // lanes_per_tile
+    lane_shift = 5 if four_bit else 6
+    wpt = 128 if four_bit else 256
+    ktpt = k_tiles_per_thread or PERM_K_TILES_PER_THREAD[bits]
+    held = 4 * ktpt
+
+    def repack_perm(src, perm, out, size_n):
+        """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
+        e = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        k_tiles = out.shape[1]
+        if nt < (size_n >> 6):
+            lane = tid & (lanes_per_tile - 1)
+            base = nt * wpt
+            words = cuda.local.array(held, dtype=uint32)
+            if four_bit:
+                col = lane & 7
+                warp = lane >> 3
+                n = (nt << 6) + (warp << 4) + col
+            else:
+                col = lane >> 3
+                slot = lane & 7
+                n = (nt << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    if four_bit:  # a, b: rows 0-7 / 8-15 of column n; c, d: the same of column n + 8
+                        a = uint32(0)
+                        b = uint32(0)
+                        c = uint32(0)
+                        d = uint32(0)
+                        # four small loops rather than one: LLVM unrolls these (one loop with 4 gathers per
+                        # iteration stayed rolled, serializing the 32 loads)
+                        for f in range(8):
+                            k_src = perm[e, kt * 16 + f]
+                            a = a | uint32(uint32(uint32(src[e, k_src >> 3, n] >> uint32((k_src & 7) << 2))
+                                                  & uint32(0xF)) << uint32(f << 2))
+                        for f in range(8):
+                            k_src = perm[e, kt * 16 + f]
+                            c = c | uint32(uint32(uint32(src[e, k_src >> 3, n + 8] >> uint32((k_src & 7) << 2))
+                                                  & uint32(0xF)) << uint32(f << 2))
+                        for f in range(8):
+                            k_src = perm[e, kt * 16 + 8 + f]
+                            b = b | uint32(uint32(uint32(src[e, k_src >> 3, n] >> uint32((k_src & 7) << 2))
+                                                  & uint32(0xF)) << uint32(f << 2))
+                        for f in range(8):
+                            k_src = perm[e, kt * 16 + 8 + f]
+                            d = d | uint32(uint32(uint32(src[e, k_src >> 3, n + 8] >> uint32((k_src & 7) << 2))
+                                                  & uint32(0xF)) << uint32(f << 2))
+                        words[4 * j] = a
+                        words[4 * j + 1] = b
+                        words[4 * j + 2] = c
+                        words[4 * j + 3] = d
+                    else:  # word r: rows 4r..4r+3 of column n
+                        for r in range(4):
+                            w = uint32(0)
+                            for f in range(4):
+                                k_src = perm[e, kt * 16 + 4 * r + f]
+                                byte = uint32(src[e, k_src >> 2, n] >> uint32((k_src & 3) << 3)) & uint32(0xFF)
+                                w = w | uint32(byte << uint32(f << 3))
+                            words[4 * j + r] = w
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    if four_bit:
+                        for row2 in range(4):
+                            out[e, kt, base + (col << 4) + (row2 << 2) + warp] = marlin_words_4bit(
+                                words[4 * j], words[4 * j + 1], words[4 * j + 2], words[4 * j + 3], row2)
+                    else:
+                        o = base + (col << 5) + slot
+                        for row2 in range(4):
+                            out[e, kt, o + (row2 << 3)] = marlin_words_8bit(
+                                words[4 * j + (row2 >> 1)], words[4 * j + 2 + (row2 >> 1)], row2)
+
+    return repack_perm
+
+
+# AWQ: word (k, c) holds the codes of row k, columns c*pf .. c*pf+pf-1, column c*pf + i in field
+# (i >> 1) + pf/2 * (i & 1). The 8 Marlin words one thread writes (one per col = 0..7, the other indices fixed)
+# need rows k0, k0+1, k0+8, k0+9 (k0 = 2*row2) of 16 columns that sit in exactly 2 AWQ words per row: 8 loads,
+# 8 stores, no redundancy. 4-bit: lane = 4*row2 + warp (16 lanes per tile), columns 16*warp + {0..15} = AWQ words
+# 2*warp, 2*warp+1; Marlin words 16*col + lane. 8-bit: lane = 8*row2 + slot (32 lanes per tile, slot = 2*warp +
+# half), columns 16*warp + 8*half + {0..7} = AWQ words 2*slot, 2*slot+1; Marlin words 32*col + lane.
+# Measured (round-2 A/B, H200, 8192×28672): 4-bit 84% of copy at 1, 81% at 2, 80% at 4; 8-bit 89% / 83% / 82%.
+AWQ_K_TILES_PER_THREAD = {4: 1, 8: 1}
+
+
+@cuda.jit(device=True, inline=True)
+def awq_field(w, field, bits):
+    return uint32(w >> uint32(field * bits)) & uint32((1 << bits) - 1)
+
+
+def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None,
+                                    threads: int = DIRECT_THREADS):
+    """AWQ words [E, K, N/pf] -> Marlin [E, K/16, N*16/pf], direct shape (see the comment above)."""
+    four_bit = bits == 4
+    lanes_per_tile = 16 if four_bit else 32
+    tiles_per_block = threads // lanes_per_tile
+    lane_shift = 4 if four_bit else 5
+    wpt = 128 if four_bit else 256
+    awq_words_per_tile = 8 if four_bit else 16
+    ktpt = k_tiles_per_thread or AWQ_K_TILES_PER_THREAD[bits]
+    held = 8 * ktpt
+
+    def repack_awq(src, out, size_n):
+        """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
+        e = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        k_tiles = out.shape[1]
+        if nt < (size_n >> 6):
+            lane = tid & (lanes_per_tile - 1)
+            if four_bit:
+                row2 = lane >> 2
+                c0 = nt * awq_words_per_tile + ((lane & 3) << 1)
+            else:
+                row2 = lane >> 3
+                c0 = nt * awq_words_per_tile + ((lane & 7) << 1)
+            words = cuda.local.array(held, dtype=uint32)  # [j][dr: k0, k0+1, k0+8, k0+9][h]
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    k0 = kt * 16 + (row2 << 1)
+                    for dr in range(4):
+                        k = k0 + (dr & 1) + ((dr >> 1) << 3)
+                        words[8 * j + 2 * dr] = src[e, k, c0]
+                        words[8 * j + 2 * dr + 1] = src[e, k, c0 + 1]
+            base = nt * wpt + lane
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    for col in range(8):
+                        if four_bit:
+                            # column 16*warp + col: word h = 0, field of col; column + 8: word h = 1
+                            f = (col >> 1) + 4 * (col & 1)
+                            m = (awq_field(words[8 * j], f, 4)
+                                 | uint32(awq_field(words[8 * j + 4], f, 4) << uint32(4))
+                                 | uint32(awq_field(words[8 * j + 1], f, 4) << uint32(8))
+                                 | uint32(awq_field(words[8 * j + 5], f, 4) << uint32(12))
+                                 | uint32(awq_field(words[8 * j + 2], f, 4) << uint32(16))
+                                 | uint32(awq_field(words[8 * j + 6], f, 4) << uint32(20))
+                                 | uint32(awq_field(words[8 * j + 3], f, 4) << uint32(24))
+                                 | uint32(awq_field(words[8 * j + 7], f, 4) << uint32(28)))
+                            out[e, kt, base + (col << 4)] = m
+                        else:
+                            # column 16*warp + 8*half + col: word h = col >> 2, field of col & 3;
+                            # bytes: rows k0, k0+8, k0+1, k0+9
+                            h = col >> 2
+                            i = col & 3
+                            f = (i >> 1) + 2 * (i & 1)
+                            m = (awq_field(words[8 * j + h], f, 8)
+                                 | uint32(awq_field(words[8 * j + 4 + h], f, 8) << uint32(8))
+                                 | uint32(awq_field(words[8 * j + 2 + h], f, 8) << uint32(16))
+                                 | uint32(awq_field(words[8 * j + 6 + h], f, 8) << uint32(24)))
+                            out[e, kt, base + (col << 5)] = m
+
+    return repack_awq
+
+
+def awq_direct_unpack_kernel_source(bits: int):
+    """Marlin [E, K/16, N*16/pf] -> AWQ words [E, K, N/pf]: the direct AWQ repack backwards, one k-tile a thread."""
+    four_bit = bits == 4
+    lanes_per_tile = 16 if four_bit else 32
+    tiles_per_block = DIRECT_THREADS // lanes_per_tile
+    lane_shift = 4 if four_bit else 5
+    wpt = 128 if four_bit else 256
+    awq_words_per_tile = 8 if four_bit else 16
+    col_shift = 4 if four_bit else 5
+
+    def unpack_awq(marlin, out, size_n):
+        """Grid (K/16, ceil(N/64 / tiles_per_block), E), DIRECT_THREADS threads."""
+        kt = cuda.blockIdx.x
+        e = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        if nt < (size_n >> 6):
+            lane = tid & (lanes_per_tile - 1)
+            base = nt * wpt + lane
+            if four_bit:
+                row2 = lane >> 2
+                c0 = nt * awq_words_per_tile + ((lane & 3) << 1)
+            else:
+                row2 = lane >> 3
+                c0 = nt * awq_words_per_tile + ((lane & 7) << 1)
+            mw = cuda.local.array(8, dtype=uint32)
+            for col in range(8):
+                mw[col] = marlin[e, kt, base + (col << col_shift)]  # Marlin word 16*col (32*col) + lane
+            k0 = kt * 16 + (row2 << 1)
+            for dr in range(4):  # rows k0, k0+1, k0+8, k0+9
+                k = k0 + (dr & 1) + ((dr >> 1) << 3)
+                for h in range(2):
+                    w = uint32(0)
+                    if four_bit:
+                        pos = (dr >> 1) + (h << 1) + ((dr & 1) << 2)  # nibble of the Marlin word (see the repack)
+                        for col in range(8):
+                            f = (col >> 1) + 4 * (col & 1)
+                            w = w | uint32(awq_field(mw[col], pos, 4) << uint32(f << 2))
+                    else:
+                        pos = (dr >> 1) + ((dr & 1) << 1)  # byte: rows k0, k0+8, k0+1, k0+9
+                        for i in range(4):
+                            f = (i >> 1) + 2 * (i & 1)
+                            w = w | uint32(awq_field(mw[4 * h + i], pos, 8) << uint32(f << 3))
+                    out[e, k, c0 + h] = w
+
+    return unpack_awq
+
+
+# Row-major FP8 [N, K] <-> Marlin: a block owns one n-tile (64 rows of the source) × TRANSPOSE_K_TILES k-tiles,
+# i.e. 64 rows of 4*TRANSPOSE_K_TILES words. It moves them through shared memory with whole-row accesses (a warp
+# reads or writes one row's 128 contiguous bytes), and the pack itself is the direct 8-bit one, reading the 4 words
+# of column n straight from the staged row. Rows are padded by one word so the column reads hit distinct banks.
+TRANSPOSE_K_TILES = 8
+TRANSPOSE_ROW_WORDS = 4 * TRANSPOSE_K_TILES  # 32 words = 128 bytes of one source row
+TRANSPOSE_ROW_STRIDE = TRANSPOSE_ROW_WORDS + 1  # padding: a module constant (shared shapes must be constants)
+TRANSPOSE_STAGE_WORDS = TILE_N * TRANSPOSE_ROW_STRIDE
+TRANSPOSE_THREADS = 128  # 2 groups of 64 lanes, each group 4 of the block's 8 k-tiles
+TRANSPOSE_LOADS_PER_THREAD = TILE_N * TRANSPOSE_ROW_WORDS // TRANSPOSE_THREADS  # 16: warp i reads rows i, i+4, ..
+
+
+def transpose_repack_kernel_source(inverse: bool = False):
+    """Row-major words [E, N, K/4] -> Marlin W8 [E, K/16, 4N] (``inverse``: the reverse)."""
+    groups = TRANSPOSE_THREADS // 64
+    per_group = TRANSPOSE_K_TILES // groups
+
+    def transpose_repack(src, out, size_n):
+        """Grid (ceil(K/16 / TRANSPOSE_K_TILES), N/64, E), TRANSPOSE_THREADS threads."""
+        stage = cuda.shared.array(TRANSPOSE_STAGE_WORDS, dtype=uint32)  # [64 rows][ROW_STRIDE]
+        e = cuda.blockIdx.z
+        nt = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        kt0 = cuda.blockIdx.x * TRANSPOSE_K_TILES
+        if inverse:
+            k_tiles = src.shape[1]
+        else:
+            k_tiles = out.shape[1]
+        row_words = min(TRANSPOSE_ROW_WORDS, 4 * (k_tiles - kt0))  # words of each row this block owns
+        lane = tid & 63
+        group = tid >> 6
+        col = lane >> 3
+        slot = lane & 7
+        n_local = ((slot >> 1) << 4) + col + ((slot & 1) << 3)
+        o = nt * 256 + (col << 5) + slot
+        if not inverse:
+            # all 16 loads first (registers), then the shared stores: a fixed trip count so the loop unrolls and
+            # the loads are in flight together
+            held = cuda.local.array(TRANSPOSE_LOADS_PER_THREAD, dtype=uint32)
+            w = tid & (TRANSPOSE_ROW_WORDS - 1)
+            for it in range(TRANSPOSE_LOADS_PER_THREAD):
+                r = (tid >> 5) + it * (TRANSPOSE_THREADS >> 5)
+                if w < row_words:
+                    held[it] = src[e, (nt << 6) + r, 4 * kt0 + w]
+            for it in range(TRANSPOSE_LOADS_PER_THREAD):
+                r = (tid >> 5) + it * (TRANSPOSE_THREADS >> 5)
+                if w < row_words:
+                    stage[r * TRANSPOSE_ROW_STRIDE + w] = held[it]
+            cuda.syncthreads()
+            for j in range(per_group):
+                ktl = group + groups * j
+                if kt0 + ktl < k_tiles:
+                    s = n_local * TRANSPOSE_ROW_STRIDE + 4 * ktl
+                    p0 = stage[s]
+                    p1 = stage[s + 1]
+                    p2 = stage[s + 2]
+                    p3 = stage[s + 3]
+                    out[e, kt0 + ktl, o] = marlin_words_8bit(p0, p2, 0)
+                    out[e, kt0 + ktl, o + 8] = marlin_words_8bit(p0, p2, 1)
+                    out[e, kt0 + ktl, o + 16] = marlin_words_8bit(p1, p3, 2)
+                    out[e, kt0 + ktl, o + 24] = marlin_words_8bit(p1, p3, 3)
+        else:
+            for j in range(per_group):
+                ktl = group + groups * j
+                if kt0 + ktl < k_tiles:
+                    w0 = src[e, kt0 + ktl, o]
+                    w1 = src[e, kt0 + ktl, o + 8]
+                    w2 = src[e, kt0 + ktl, o + 16]
+                    w3 = src[e, kt0 + ktl, o + 24]
+                    s = n_local * TRANSPOSE_ROW_STRIDE + 4 * ktl
+                    hi = uint32(16)
+                    stage[s] = gptq_half_from_marlin_8bit(w0, 0) | uint32(gptq_half_from_marlin_8bit(w1, 0) << hi)
+                    stage[s + 2] = gptq_half_from_marlin_8bit(w0, 1) | uint32(gptq_half_from_marlin_8bit(w1, 1) << hi)
+                    stage[s + 1] = gptq_half_from_marlin_8bit(w2, 0) | uint32(gptq_half_from_marlin_8bit(w3, 0) << hi)
+                    stage[s + 3] = gptq_half_from_marlin_8bit(w2, 1) | uint32(gptq_half_from_marlin_8bit(w3, 1) << hi)
+            cuda.syncthreads()
+            w = tid & (TRANSPOSE_ROW_WORDS - 1)
+            for it in range(TRANSPOSE_LOADS_PER_THREAD):
+                r = (tid >> 5) + it * (TRANSPOSE_THREADS >> 5)
+                if w < row_words:
+                    out[e, (nt << 6) + r, 4 * kt0 + w] = stage[r * TRANSPOSE_ROW_STRIDE + w]
+
+    return transpose_repack
+
+
+@functools.lru_cache(maxsize=None)
+def _perm_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
+    return cuda.jit(perm_repack_kernel_source(bits, k_tiles_per_thread, threads))
+
+
+@functools.lru_cache(maxsize=None)
+def _awq_direct_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
+    return cuda.jit(awq_direct_repack_kernel_source(bits, k_tiles_per_thread, threads))
+
+
+@functools.lru_cache(maxsize=None)
+def _awq_direct_unpack_kernel(bits: int):
+    return cuda.jit(awq_direct_unpack_kernel_source(bits))
+
+
+@functools.lru_cache(maxsize=None)
+def _transpose_repack_kernel(inverse: bool = False):
+    return cuda.jit(transpose_repack_kernel_source(inverse))
+
+
+def perm_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS):
+    return direct_grid(size_k, size_n, bits, experts, k_tiles_per_thread or PERM_K_TILES_PER_THREAD[bits], threads)
+
+
+def awq_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS):
+    """Launch grid of the direct AWQ repack (the unpack: k_tiles_per_thread = 1, DIRECT_THREADS)."""
+    tiles_per_block = threads // (16 if bits == 4 else 32)
+    ktpt = k_tiles_per_thread or AWQ_K_TILES_PER_THREAD[bits]
+    return (-(-(size_k // TILE_K) // ktpt), -(-(size_n // TILE_N) // tiles_per_block), experts)
+
+
+def transpose_grid(size_k, size_n, experts):
+    return (-(-(size_k // TILE_K) // TRANSPOSE_K_TILES), size_n // TILE_N, experts)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels (built per (bits, source) so pack factors and branches are compile-time constants)
@@ -612,6 +987,15 @@ def compile_targets():
             yield (f"direct_unpack[{bits}-bit,{source}]", direct_unpack_kernel_source(bits, source),
                    (u32_3d, u32_3d, types.int64))
     yield "invert_perm", invert_perm_kernel_source(), (i32_2d, i32_2d)
+    for bits in (4, 8):
+        yield f"perm_gather[{bits}-bit]", perm_repack_kernel_source(bits), (u32_3d, i32_2d, u32_3d, types.int64)
+        yield f"awq_direct_repack[{bits}-bit]", awq_direct_repack_kernel_source(bits), (u32_3d, u32_3d, types.int64)
+        yield f"awq_direct_unpack[{bits}-bit]", awq_direct_unpack_kernel_source(bits), (u32_3d, u32_3d, types.int64)
+        yield (f"unpack_ktpt[{bits}-bit,gptq,ktpt=1]", direct_unpack_kernel_source(bits, "gptq", 1),
+               (u32_3d, u32_3d, types.int64))
+    for inverse in (False, True):
+        yield f"transpose_tile[inverse={inverse}]", transpose_repack_kernel_source(inverse), (u32_3d, u32_3d,
+                                                                                                types.int64)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -638,19 +1022,30 @@ def _check_sizes(size_k: int, size_n: int, bits: int) -> None:
 
 def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool,
                    staged: bool = False):
-    """GPTQ rows and row-major FP8 go through the direct kernel; act-order and AWQ through the staged one.
-    ``staged=True`` forces the staged kernel (kept for the benchmark's comparison and tested like the rest)."""
+    """GPTQ rows go through the direct kernel, act-order through the direct perm gather, AWQ through the direct
+    AWQ kernel, row-major FP8 through the shared-memory transpose tile. ``staged=True`` forces the staged kernel
+    (kept for the benchmark's comparison and tested like the rest)."""
     experts = src.shape[0]
     pf = 32 // bits
     out = arrays.empty((experts, size_k // TILE_K, size_n * TILE_K // pf), np.uint32)
-    if source in ("gptq", "row_major_bytes") and not staged:
-        grid = direct_grid(size_k, size_n, bits, experts)
-        _direct_repack_kernel(bits, source)[grid, DIRECT_THREADS, arrays.stream](src, out, size_n)
-    else:
+    stream = arrays.stream
+    if staged:
         if perm is None:
             perm = arrays.take(np.zeros((1, 1), np.int32), "perm")
         grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
-        _repack_kernel(bits, source)[grid, THREADS, arrays.stream](src, perm, out, size_n)
+        _repack_kernel(bits, source)[grid, THREADS, stream](src, perm, out, size_n)
+    elif source == "gptq":
+        grid = direct_grid(size_k, size_n, bits, experts)
+        _direct_repack_kernel(bits, source)[grid, DIRECT_THREADS, stream](src, out, size_n)
+    elif source == "gptq_perm":
+        grid = perm_grid(size_k, size_n, bits, experts)
+        _perm_repack_kernel(bits)[grid, DIRECT_THREADS, stream](src, perm, out, size_n)
+    elif source == "awq":
+        grid = awq_grid(size_k, size_n, bits, experts)
+        _awq_direct_repack_kernel(bits)[grid, DIRECT_THREADS, stream](src, out, size_n)
+    else:
+        grid = transpose_grid(size_k, size_n, experts)
+        _transpose_repack_kernel(False)[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
     return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
 
 
@@ -698,13 +1093,13 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
                           staged)
 
 
-def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None):
+def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False):
     """AWQ qweight int32 [K, N/pf] (or [E, K, N/pf]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...])."""
     _check_sizes(size_k, size_n, num_bits)
     pf = 32 // num_bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k, size_n // pf)
-    return _launch_repack(arrays, src, None, num_bits, "awq", size_k, size_n, stacked)
+    return _launch_repack(arrays, src, None, num_bits, "awq", size_k, size_n, stacked, staged)
 
 
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, stream=None):
@@ -752,12 +1147,18 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
     else:
         shape = (experts, size_n, size_k // 4)
     out = arrays.empty(shape, np.uint32)
-    if target == "awq" or staged:
+    if staged:
         grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
         _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
+    elif target == "awq":
+        grid = awq_grid(size_k, size_n, bits, experts, 1)
+        _awq_direct_unpack_kernel(bits)[grid, DIRECT_THREADS, arrays.stream](src, out, size_n)
+    elif target == "row_major_bytes":
+        _transpose_repack_kernel(True)[transpose_grid(size_k, size_n, experts), TRANSPOSE_THREADS, arrays.stream](
+            src, out, size_n)
     else:
-        _direct_unpack_kernel(bits, target)[direct_grid(size_k, size_n, bits, experts, 1), DIRECT_THREADS,
-                                            arrays.stream](src, out, size_n)
+        grid = direct_grid(size_k, size_n, bits, experts, DIRECT_UNPACK_K_TILES_PER_THREAD[bits])
+        _direct_unpack_kernel(bits, target)[grid, DIRECT_THREADS, arrays.stream](src, out, size_n)
     perm_d = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else None
     if perm_d is not None:  # rows come out in Marlin order; put row perm[k] back at checkpoint row perm[k]
         inverse_perm = arrays.empty(perm_d.shape, np.int32)
@@ -778,9 +1179,9 @@ def marlin_to_gptq_qweight(qweight, perm, size_k: int, size_n: int, num_bits: in
     return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm, staged)
 
 
-def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None):
+def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False):
     """Inverse of awq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> AWQ int32 [K, N/pf]."""
-    return _launch_unpack(qweight, size_k, size_n, num_bits, "awq", stream)
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "awq", stream, staged=staged)
 
 
 def marlin_to_fp8_raw_bits(qweight, size_k: int, size_n: int, *, stream=None):

@@ -170,3 +170,86 @@ def test_direct_kernel_with_several_k_tiles_per_thread(bits, source, k_tiles_per
             d_src, out, n)
         got = arrays.give(out[0], np.int32)
     assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_staged_kernel_still_exact_on_act_order_and_awq(bits, rng):
+    """The staged kernel is no longer the default for act-order and AWQ; the benchmark compares against it."""
+    k, n = 32, 128
+    codes = _codes(rng, k, n, bits)
+    perm = rng.permutation(k).astype(np.int32)
+    with poison_outputs():
+        got_perm = kr.gptq_marlin_repack(packing.pack_rows(codes, bits), perm, k, n, bits, staged=True)
+        got_awq = kr.awq_marlin_repack(packing.awq_pack(codes, bits), k, n, bits, staged=True)
+        marlin = marlin_tile.marlin_repack_codes(codes, bits)
+        back_awq = kr.marlin_to_awq_qweight(marlin, k, n, bits, staged=True)
+    assert np.array_equal(got_perm, marlin_tile.marlin_repack_codes(codes, bits, perm))
+    assert np.array_equal(got_awq, marlin)
+    assert np.array_equal(back_awq, packing.awq_pack(codes, bits))
+
+
+def _run_kernel(kernel, grid, threads, out_shape, inputs, size_n):
+    """Launch ``kernel(*inputs, out, size_n)`` with a poisoned uint32 output; return the output as int32."""
+    from kernels_numba._launch import Arrays
+
+    with poison_outputs():
+        arrays = Arrays(None)
+        d_inputs = [arrays.take(a, f"input{i}") for i, a in enumerate(inputs)]
+        out = arrays.empty(out_shape, np.uint32)
+        kernel[grid, threads, arrays.stream](*d_inputs, out, size_n)
+        return arrays.give(out, np.int32)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k_tiles_per_thread", [1, 2])
+def test_act_order_gather_kernel_with_several_k_tiles_per_thread(bits, k_tiles_per_thread, rng):
+    """Direct act-order gather; K = 48 leaves a partial group of k-tiles; 2 stacked experts with their own perms."""
+    experts, k, n = 2, 48, 128
+    codes = [_codes(rng, k, n, bits) for _ in range(experts)]
+    perms = np.stack([rng.permutation(k) for _ in range(experts)]).astype(np.int32)
+    src = np.stack([packing.pack_rows(c, bits) for c in codes]).view(np.uint32)
+    grid = kr.perm_grid(k, n, bits, experts, k_tiles_per_thread)
+    got = _run_kernel(kr._perm_repack_kernel(bits, k_tiles_per_thread), grid, kr.DIRECT_THREADS,
+                      (experts, k // 16, n * bits // 2), [src, perms], n)
+    for e in range(experts):
+        assert np.array_equal(got[e], marlin_tile.marlin_repack_codes(codes[e], bits, perms[e]))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k_tiles_per_thread", [1, 2])
+def test_direct_awq_kernel_with_several_k_tiles_per_thread(bits, k_tiles_per_thread, rng):
+    k, n = 48, 128
+    codes = _codes(rng, k, n, bits)
+    src = packing.awq_pack(codes, bits).view(np.uint32)[None]
+    grid = kr.awq_grid(k, n, bits, 1, k_tiles_per_thread)
+    got = _run_kernel(kr._awq_direct_repack_kernel(bits, k_tiles_per_thread), grid, kr.DIRECT_THREADS,
+                      (1, k // 16, n * bits // 2), [src], n)
+    assert np.array_equal(got[0], marlin_tile.marlin_repack_codes(codes, bits))
+
+
+def test_transpose_tile_crosses_its_k_block_edge(rng):
+    """Row-major FP8 <-> Marlin through the shared-memory tile: K = 144 = 9 k-tiles, one full block of
+    TRANSPOSE_K_TILES = 8 and a partial one (only 4 of its 32 row words exist), 2 n-tiles."""
+    assert kr.TRANSPOSE_K_TILES == 8  # the shape below is chosen for this value
+    k, n = 144, 128
+    raw = rng.integers(0, 256, size=(n, k), dtype=np.uint8)
+    expected = marlin_tile.marlin_repack_codes(np.ascontiguousarray(raw.T), 8)
+    with poison_outputs():
+        got = kr.block_fp8_group128_repack(raw, k, n)
+        back = kr.marlin_to_block_fp8_row_major(expected, k, n)
+    assert np.array_equal(got, expected)
+    assert np.array_equal(back, raw)
+
+
+@pytest.mark.parametrize("bits,target", [(4, "gptq"), (8, "gptq"), (8, "row_major_bytes")])
+@pytest.mark.parametrize("k_tiles_per_thread", [1, 2, 4])
+def test_direct_unpack_with_several_k_tiles_per_thread(bits, target, k_tiles_per_thread, rng):
+    """Inverse direct kernel, loads of several k-tiles before the stores; K = 48 leaves a partial group."""
+    k, n = 48, 128
+    codes = _codes(rng, k, n, bits)
+    marlin = marlin_tile.marlin_repack_codes(codes, bits).view(np.uint32)[None]
+    expected = packing.pack_rows(codes, bits) if target == "gptq" else np.ascontiguousarray(codes.T).view(np.int32)
+    grid = kr.direct_grid(k, n, bits, 1, k_tiles_per_thread)
+    got = _run_kernel(kr._direct_unpack_kernel(bits, target, k_tiles_per_thread), grid, kr.DIRECT_THREADS,
+                      (1,) + expected.shape, [marlin], n)
+    assert np.array_equal(got[0], expected)
