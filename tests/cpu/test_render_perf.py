@@ -35,3 +35,12 @@ def test_repack_and_moe_charts(tmp_path):
     assert len(perf.render_moe_bandwidth(moe).axes[0].lines) == 3  # two paths + the bar
     (tmp_path / "r.json").write_text(json.dumps(moe))
     assert perf.load_result(tmp_path, "r.json") == moe and perf.load_result(tmp_path, "missing.json") is None
+
+
+def test_repack_ab_chart():
+    rows = [{"shape": "8x8", "path": p, "variant": v, "fraction_of_copy": f}
+            for p, v, f in (("awq u4", "old staged", 0.2), ("awq u4", "new ktpt=1", 0.85), ("awq u4", "new ktpt=2", 0.8),
+                            ("act-order u4", "old staged", 0.1), ("act-order u4", "new ktpt=2", 0.26))]
+    ax = perf.render_repack_ab({"rows": rows}).axes[0]
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert widths == [10.0, 20.0, 26.0, 85.0]  # before and the best new shape per path

@@ -84,11 +84,11 @@ def gemm_bars_html(doc: dict) -> HTML:
         def speedups(method):
             return [by[(k, n, m, method)]["speedup_vs_fp16"] for m in (1, 2, 4, 8, 16) if (k, n, m, method) in by]
         s4, s8 = speedups(int4), speedups(fp8)
-        losses = [m for m in (1, 2, 4, 8, 16, 32, 64) if (k, n, m, int4_bf16) in by and (k, n, m, tiny) in by
-                  and by[(k, n, m, int4_bf16)]["us"] > by[(k, n, m, tiny)]["us"]]
+        compared = [m for m in (1, 2, 4, 8, 16, 32, 64) if (k, n, m, int4_bf16) in by and (k, n, m, tiny) in by]
+        losses = [m for m in compared if by[(k, n, m, int4_bf16)]["us"] > by[(k, n, m, tiny)]["us"]]
+        verdict = ", ".join(map(str, losses)) or "none" if compared else "not in this run (no bf16 INT4 row)"
         table.append((f"{k}×{n}", f"×{min(s4):.2f} – ×{max(s4):.2f}" if s4 else "—",
-                      f"×{min(s8):.2f} – ×{max(s8):.2f}" if s8 else "—",
-                      ", ".join(map(str, losses)) or "none"))
+                      f"×{min(s8):.2f} – ×{max(s8):.2f}" if s8 else "—", verdict))
     return HTML(html_table(["layer", "INT4 g128 vs fp16, M ≤ 16 (bar ×2.5)", "FP8 vs fp16, M ≤ 16 (bar ×1.6)",
                             "M ≤ 64 where tinygemm is faster (bar: none)"], table,
                            caption=f"{doc.get('meta', {}).get('gpu', '')} commit {doc.get('meta', {}).get('commit', '')}"))
@@ -137,4 +137,30 @@ def render_moe_bandwidth(doc: dict, target_pct: float = 60.0):
         ax.set_ylabel("% of copy (touched experts)")
         ax.set_title(f"{cfg[0]}: E={cfg[1]} K={cfg[2]} N={cfg[3]} top-{cfg[4]}", fontsize=8)
     axes[0].legend(fontsize=6)
+    return fig
+
+
+def render_repack_ab(doc: dict, shape: str | None = None, target: float = 0.8):
+    """Old against new repack kernels from one A/B run (rows: shape, path, variant, fraction_of_copy): per path the
+    old kernel and the fastest new launch shape, as % of a device copy, with the target line."""
+    rows = [r for r in _rows(doc) if shape is None or r["shape"] == shape]
+    shape = shape or rows[0]["shape"]
+    rows = [r for r in rows if r["shape"] == shape]
+    paths = list(dict.fromkeys(r["path"] for r in rows))
+    old = [max((r for r in rows if r["path"] == p and r["variant"].startswith("old")),
+               key=lambda r: r["fraction_of_copy"])["fraction_of_copy"] * 100 for p in paths]
+    new = [max((r for r in rows if r["path"] == p and r["variant"].startswith("new")),
+               key=lambda r: r["fraction_of_copy"])["fraction_of_copy"] * 100 for p in paths]
+    fig, (ax,) = new_figure(6.5, 0.42 * len(paths) + 1.0)
+    y = np.arange(len(paths))
+    ax.barh(y - 0.2, old, height=0.4, color="tab:gray", label="before")
+    ax.barh(y + 0.2, new, height=0.4, color=["tab:green" if v >= target * 100 else "tab:orange" for v in new],
+            label="now")
+    ax.set_yticks(y)
+    ax.set_yticklabels(paths, fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(target * 100, color="black", linestyle="--", linewidth=1)
+    ax.set_xlabel("% of device-copy bandwidth")
+    ax.set_title(f"repack kernels, before and now ({shape})", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
     return fig
