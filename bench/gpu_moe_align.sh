@@ -16,7 +16,7 @@ export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/artifacts/cupy_cache} NUMBA_CUDA_LO
   NUMBA_CUDA_WARN_ON_IMPLICIT_COPY=0
 
 start=$(date +%s)
-timeout 100 python3 -m pytest -x -q tests/gpu/test_moe.py > "$OUT/moe_tests.log" 2>&1
+timeout 140 python3 -m pytest -x -q tests/gpu/test_moe.py > "$OUT/moe_tests.log" 2>&1
 echo "moe pytest rc=$? in $(( $(date +%s) - start ))s" | tee -a "$OUT/moe_tests.log"
 tail -8 "$OUT/moe_tests.log"
 

@@ -21,6 +21,8 @@
 //   moe_sum        out[t, :] = rnd(sum_j w[t, j] * y[row(t, j), :])      the router-weighted sum over top_k
 //   gather_rows    out[i, :] = x[rows[i], :]                             rows grouped by expert (batched path)
 //   add_bias       y[r, :]   = rnd(y[r, :] + bias)                       bias of a single-expert view
+//   moe_align      moe_align_block_size on the device (spec §8.1; kernels_numba/moe_align.py is the same algorithm
+//                  in Numba): one CuPy launch instead of Numba's per-call host dispatch
 //
 // All math in fp32, one rounding to the activation type at the end (workbench.moe.moe_reference rounds there too).
 #include "dequant.cuh"
@@ -97,6 +99,61 @@ __global__ void add_bias(T* __restrict__ y, const T* __restrict__ bias, int rows
   }
 }
 
+// moe_align_block_size: group the routed (token, slot) entries by expert into blocks of block_size rows. One block
+// of kAlignThreads >= num_experts threads (the host launches exactly that), four phases separated by barriers:
+//   1. count    counts[e] += 1 for every flat entry with an expert in [0, E)           (shared atomics)
+//   2. starts   starts[e] = sum over e' < e of roundup(counts[e'], block_size)          (Hillis-Steele scan, shared)
+//   3. prefill  sorted_ids[:] = numel (sentinel); expert_ids[b] = local id of the expert owning block b, 0 past the
+//               padded total
+//   4. scatter  sorted_ids[starts[e]++] = i                                             (shared atomics)
+// Every element of the three outputs is written. The order inside an expert's segment follows the atomics (as the
+// Numba kernel's); the segments' content, expert_ids and num_post_padded match the NumPy spec exactly.
+constexpr int kAlignThreads = 1024;
+constexpr int kAlignMaxExperts = kAlignThreads;  // the scan gives each thread one expert
+
+__global__ void __launch_bounds__(kAlignThreads)
+moe_align(const int* __restrict__ topk_ids,    // (numel,) expert per routed entry; outside [0, E) = dropped
+          int numel, int num_experts, int block_size,
+          const int* __restrict__ expert_map,  // (E,) local id of each expert, -1 = on another device; or null
+          int* __restrict__ sorted_ids,        // (cap,)
+          int cap,
+          int* __restrict__ expert_ids,        // (cap / block_size,)
+          int* __restrict__ num_post_padded) { // (1,)
+  __shared__ int counts[kAlignMaxExperts];
+  __shared__ int starts[kAlignMaxExperts + 1];
+  const int tid = threadIdx.x;
+  for (int e = tid; e < num_experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < numel; i += blockDim.x) {
+    const int e = topk_ids[i];
+    if (e >= 0 && e < num_experts) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  // starts[e + 1] = padded size of expert e, then an inclusive scan over 1..E turns it into the segment starts.
+  if (tid < num_experts) starts[tid + 1] = (counts[tid] + block_size - 1) / block_size * block_size;
+  if (tid == 0) starts[0] = 0;
+  __syncthreads();
+  for (int offset = 1; offset < num_experts; offset *= 2) {
+    const int idx = tid + 1;
+    const int add = (idx <= num_experts && idx > offset) ? starts[idx - offset] : 0;
+    __syncthreads();
+    if (idx <= num_experts) starts[idx] += add;
+    __syncthreads();
+  }
+  const int total = starts[num_experts];
+  if (tid == 0) num_post_padded[0] = total;
+  for (int j = tid; j < cap; j += blockDim.x) sorted_ids[j] = numel;
+  for (int b = total / block_size + tid; b < cap / block_size; b += blockDim.x) expert_ids[b] = 0;
+  if (tid < num_experts) {
+    const int local = expert_map ? expert_map[tid] : tid;
+    for (int b = starts[tid] / block_size; b < starts[tid + 1] / block_size; ++b) expert_ids[b] = local;
+  }
+  __syncthreads();  // the prefill lands before the scatter overwrites part of it; starts[] becomes the cursors
+  for (int i = tid; i < numel; i += blockDim.x) {
+    const int e = topk_ids[i];
+    if (e >= 0 && e < num_experts) sorted_ids[atomicAdd(&starts[e], 1)] = i;
+  }
+}
 
 constexpr int kMoeThreads = 256;  // 8 warps, as the dense kernel
 constexpr int kMoeWarps = kMoeThreads / 32;

@@ -323,6 +323,68 @@ def add_bias(y, bias, *, stream=None):
     return y
 
 
+ALIGN_MAX_EXPERTS = 1024  # marlin_moe.cu kAlignMaxExperts: the one-block scan gives each thread one expert
+ALIGN_THREADS = 1024  # marlin_moe.cu kAlignThreads: the launch must have at least num_experts threads
+
+
+def moe_align_block_size(topk_ids, block_size: int, num_experts: int, expert_map=None, *, stream=None):
+    """Device ``moe_align_block_size`` in one CuPy launch of ``marlin_moe.cu``'s ``mwb::moe_align`` (the Numba
+    kernel in ``kernels_numba.moe_align`` runs the same algorithm but pays Numba's per-call host dispatch, ~0.5 ms).
+
+    topk_ids [M, top_k] int32 contiguous CuPy array (ids outside [0, num_experts) are dropped); ``expert_map``
+    [num_experts] int32 on the same device (global -> local id, -1 = another device). Returns CuPy int32
+    ``(sorted_token_ids [cap], expert_ids [cap / block_size], num_tokens_post_padded [1])``, cap =
+    ``aligned_capacity(M·top_k, block_size, num_experts)``; segments, expert ids and the padded count equal
+    ``workbench.formats.moe_align.moe_align_block_size``'s (the order inside a segment is not specified). Every
+    element of the outputs is written. Bad input raises before anything is allocated or launched.
+    """
+    from workbench.formats.moe_align import aligned_capacity
+
+    if not _on_gpu(topk_ids):
+        raise TypeError(f"topk_ids is not on GPU (got {type(topk_ids).__module__}.{type(topk_ids).__name__}; "
+                        f"use a CuPy array)")
+    if len(topk_ids.shape) != 2 or not topk_ids.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"topk_ids must be a contiguous 2-D (M, top_k) array, got shape {tuple(topk_ids.shape)}")
+    if np.dtype(topk_ids.dtype) != np.int32:
+        raise TypeError(f"topk_ids dtype = {np.dtype(topk_ids.dtype)} must be int32")
+    block_size, num_experts = _int(block_size, "block_size"), _int(num_experts, "num_experts")
+    if block_size <= 0:
+        raise ValueError(f"block_size = {block_size} must be > 0")
+    if not 0 < num_experts <= ALIGN_MAX_EXPERTS:
+        raise ValueError(f"num_experts = {num_experts} must be in [1, {ALIGN_MAX_EXPERTS}] (one thread per expert "
+                         f"in the kernel's scan)")
+    numel = int(topk_ids.size)
+    cap = aligned_capacity(numel, block_size, num_experts)
+    if cap >= 2 ** 31:
+        raise ValueError(f"aligned capacity {cap} (numel = {numel}, block_size = {block_size}, num_experts = "
+                         f"{num_experts}) does not fit the kernel's 32-bit indices")
+    _, device = gemm._device_ptr(topk_ids, "topk_ids")
+    if expert_map is not None:
+        if not _on_gpu(expert_map):
+            raise TypeError(f"expert_map is not on GPU (got {type(expert_map).__module__}."
+                            f"{type(expert_map).__name__}; use a CuPy array)")
+        if tuple(expert_map.shape) != (num_experts,) or not expert_map.flags["C_CONTIGUOUS"]:
+            raise ValueError(f"expert_map must be a contiguous ({num_experts},) array, got shape "
+                             f"{tuple(expert_map.shape)}")
+        if np.dtype(expert_map.dtype) != np.int32:
+            raise TypeError(f"expert_map dtype = {np.dtype(expert_map.dtype)} must be int32")
+        map_device = gemm._device_ptr(expert_map, "expert_map")[1]
+        if map_device != device:
+            raise ValueError(f"expert_map is on device {map_device}, topk_ids on device {device}")
+    cupy = gemm._cupy()
+    launch_stream = gemm._stream(gemm._stream_ptr(stream))
+    with cupy.cuda.Device(device), launch_stream:  # outputs allocated in the launch's stream order
+        sorted_ids = cupy.empty(cap, dtype=np.int32)  # (cap,)
+        expert_ids = cupy.empty(cap // block_size, dtype=np.int32)  # (cap / block_size,)
+        post = cupy.empty(1, dtype=np.int32)  # (1,)
+        kernel = get_moe_kernel("mwb::moe_align", device)
+        kernel((1,), (ALIGN_THREADS,),
+               (topk_ids, np.int32(numel), np.int32(num_experts), np.int32(block_size),
+                np.uint64(0) if expert_map is None else expert_map, sorted_ids, np.int32(cap), expert_ids, post),
+               stream=launch_stream)
+    return sorted_ids, expert_ids, post
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The expert stack
 # ---------------------------------------------------------------------------------------------------------------
@@ -598,7 +660,7 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     w13_stack: n_per_expert = 2N (gate columns first), K; w2_stack: n_per_expert = K, k = N. ``expert_map``
     ([E_global] int32, -1 = not on this device) makes topk_ids global ids. Paths:
 
-    * ``"fused"``: moe_align_block_size (Numba kernel) + two fused Marlin MoE launches + SiLU + top-k sum;
+    * ``"fused"``: moe_align_block_size (CUDA kernel) + two fused Marlin MoE launches + SiLU + top-k sum;
     * ``"batched"``: rows gathered per expert on the host's orders, one dense GEMM per expert over streams;
     * ``"dense_loop"``: the same, one dense GEMM after another on one stream (the baseline).
     """
@@ -618,13 +680,12 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
 
 
 def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, expert_map, caller):
-    from kernels_numba.moe_align import moe_align_block_size
-
     cupy = gemm._cupy()
     num_global = w13.num_experts if expert_map is None else int(expert_map.shape[0])
     block = block_size or choose_block_size(m, top_k, num_global)
-    sorted_ids, expert_ids, post = moe_align_block_size(topk_ids, block, num_global, expert_map,
-                                                        stream=caller.ptr or None)
+    emap = None if expert_map is None else cupy.ascontiguousarray(expert_map)  # NumPy maps are uploaded; dtype kept
+    sorted_ids, expert_ids, post = moe_align_block_size(cupy.ascontiguousarray(topk_ids), block, num_global, emap,
+                                                        stream=caller)
     g1 = cupy.empty((m * top_k, w13.n_per_expert), dtype=hidden.dtype)
     w13.gemm_phase_fused(hidden, sorted_ids, expert_ids, post, g1, m, block, top_k, stream=caller)
     h = silu_and_mul(g1, stream=caller)

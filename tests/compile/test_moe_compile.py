@@ -1,12 +1,14 @@
 """kernels_cuda/marlin_moe.cu builds for sm_80 and sm_90 with nvcc and NVRTC, with no warnings and no register
 spills, for every weight type, both activation types, every moe_block_size (M_BLOCKS 1..4) and every tile shape the
 host can choose; and the Numba moe_align kernel compiles for a real target (the simulator accepts code the real
-compiler rejects). Needs no GPU."""
+compiler rejects); and the CUDA moe_align wrapper rejects bad input before any launch. Needs no GPU."""
 import io
 import re
 import shutil
 import subprocess
+import types
 
+import numpy as np
 import pytest
 
 from workbench import gemm, moe
@@ -36,7 +38,7 @@ def _configs():
 CONFIGS = _configs()
 ELEMENTWISE = ("mwb::silu_and_mul<__half>", "mwb::silu_and_mul<__nv_bfloat16>", "mwb::moe_sum<__half>",
                "mwb::moe_sum<__nv_bfloat16>", "mwb::gather_rows", "mwb::add_bias<__half>",
-               "mwb::add_bias<__nv_bfloat16>")
+               "mwb::add_bias<__nv_bfloat16>", "mwb::moe_align")
 NAMES = [c.name_expression for c in CONFIGS] + list(ELEMENTWISE)
 
 
@@ -109,3 +111,51 @@ def test_numba_moe_align_compiles_for_sm90():
     if "CudaSupportError" in proc.stderr or "libNVVM" in proc.stderr:
         pytest.skip("Numba cannot reach NVVM on this machine")
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+class _DeviceArrayStandIn:
+    """Just enough of a CuPy array for moe_align_block_size's checks (shape, dtype, flags, device, the CUDA array
+    interface) with a data pointer nothing may read: every case below must be rejected before any allocation or
+    launch, which is what lets this run without a GPU."""
+
+    def __init__(self, shape, dtype=np.int32, contiguous=True, device=0):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.size = int(np.prod(self.shape))
+        self.flags = {"C_CONTIGUOUS": contiguous}
+        self.device = types.SimpleNamespace(id=device)
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": self.dtype.str, "data": (0xDEAD0000, False),
+                                         "version": 3}
+
+
+def test_moe_align_wrapper_rejects_bad_input_before_launch(monkeypatch):
+    """workbench.moe.moe_align_block_size names the offending value and raises before it touches CuPy."""
+    def no_gpu(*_args, **_kwargs):
+        raise AssertionError("validation reached CuPy: the check must come before any allocation or launch")
+
+    monkeypatch.setattr(gemm, "_cupy", no_gpu)
+    monkeypatch.setattr(moe, "get_moe_kernel", no_gpu)
+    ids = _DeviceArrayStandIn((4, 2))
+    cases = [
+        ((np.zeros((4, 2), np.int32), 8, 4), {}, TypeError, r"topk_ids is not on GPU \(got numpy.ndarray"),
+        ((_DeviceArrayStandIn((8,)), 8, 4), {}, ValueError, r"2-D \(M, top_k\) array, got shape \(8,\)"),
+        ((_DeviceArrayStandIn((4, 2), contiguous=False), 8, 4), {}, ValueError, "contiguous"),
+        ((_DeviceArrayStandIn((4, 2), np.int64), 8, 4), {}, TypeError, "topk_ids dtype = int64 must be int32"),
+        ((ids, 0, 4), {}, ValueError, "block_size = 0 must be > 0"),
+        ((ids, 8.0, 4), {}, TypeError, "block_size must be an int"),
+        ((ids, 8, 0), {}, ValueError, r"num_experts = 0 must be in \[1, 1024\]"),
+        ((ids, 8, 1025), {}, ValueError, r"num_experts = 1025 must be in \[1, 1024\]"),
+        ((ids, 2 ** 30, 4), {}, ValueError, "does not fit the kernel's 32-bit indices"),
+        ((ids, 8, 4, np.zeros(4, np.int32)), {}, TypeError, r"expert_map is not on GPU \(got numpy.ndarray"),
+        ((ids, 8, 4, _DeviceArrayStandIn((3,))), {}, ValueError, r"expert_map must be a contiguous \(4,\) array, "
+                                                                   r"got shape \(3,\)"),
+        ((ids, 8, 4, _DeviceArrayStandIn((4,), np.int64)), {}, TypeError, "expert_map dtype = int64 must be int32"),
+        ((ids, 8, 4, _DeviceArrayStandIn((4,), device=1)), {}, ValueError,
+         "expert_map is on device 1, topk_ids on device 0"),
+    ]
+    for args, kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            moe.moe_align_block_size(*args, **kwargs)
+    # a valid call gets past every check and reaches CuPy (here: the stand-in's AssertionError), so the cases above
+    # fail on their own checks, not on something earlier
+    with pytest.raises(AssertionError, match="validation reached CuPy"):
+        moe.moe_align_block_size(ids, 8, 4, _DeviceArrayStandIn((4,)))

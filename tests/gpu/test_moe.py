@@ -1,5 +1,5 @@
-"""MoE on a real GPU: the Numba moe_align kernel, the fused Marlin MoE GEMM, the batched path, a loop of dense GEMMs
-and the whole layer (fused_moe), against the NumPy MoE reference (workbench.moe.moe_reference).
+"""MoE on a real GPU: the moe_align kernels (Numba and CUDA C++), the fused Marlin MoE GEMM, the batched path, a
+loop of dense GEMMs and the whole layer (fused_moe), against the NumPy MoE reference (workbench.moe.moe_reference).
 
 Tolerances (reasons beside them):
 * one GEMM phase: |C - ref| <= 2 (u + K·2^-22)(|A| @ |W|) elementwise — one rounding of the output to the activation
@@ -88,7 +88,7 @@ def compile_everything_once():
     add_dense(F16, S.U4, 128, 256, 64)
     names = [(c.name_expression, c.smem_bytes) for c in fused]
     names += [(f"mwb::{f}<{t}>", 0) for f in ("silu_and_mul", "moe_sum", "add_bias")
-              for t in ("__half", "__nv_bfloat16")] + [("mwb::gather_rows", 0)]
+              for t in ("__half", "__nv_bfloat16")] + [("mwb::gather_rows", 0), ("mwb::moe_align", 0)]
     with ThreadPoolExecutor(max_workers=16) as pool:
         jobs = [pool.submit(moe.get_moe_kernel, name, device, smem_bytes) for name, smem_bytes in names]
         jobs.append(pool.submit(gemm.precompile, sorted(dense, key=lambda c: c.name_expression), device, 8))
@@ -136,6 +136,74 @@ def test_moe_align_kernel_on_gpu(m, top_k, e, block, rng):
     want = align_ref.moe_align_block_size(ids, block, e)
     assert got[2].tolist() == want[2].tolist() and np.array_equal(got[1], want[1])
     assert align_ref.segments(*got, block, ids.size) == align_ref.segments(*want, block, ids.size)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# moe_align_block_size on the GPU (CUDA C++ kernel, workbench.moe; what fused_moe uses)
+# ------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("m,top_k,e,block,mapped", [(1, 8, 256, 8, False), (257, 8, 64, 64, True),
+                                                    (64, 6, 64, 16, False), (257, 2, 8, 48, True),
+                                                    (300, 8, 1024, 16, True), (3, 1, 1, 32, False),
+                                                    (600, 4, 1000, 8, False)])
+def test_moe_align_cuda_kernel(m, top_k, e, block, mapped, rng):
+    """workbench.moe.moe_align_block_size (CUDA C++): padded count and expert ids equal the NumPy spec, segments hold
+    the same entries; dropped ids (-1, >= E) are ignored; outputs are poisoned before the call (below); the input is
+    not modified."""
+    ids, _ = routing(rng, m, top_k, e)
+    ids[rng.random(ids.shape) < 0.05] = -1  # dropped slots
+    ids[rng.random(ids.shape) < 0.02] = e  # out of range: ignored as well
+    emap = None
+    if mapped:  # half the experts on another device (-1), the rest renumbered to local ids
+        local = rng.random(e) < 0.5
+        emap = np.where(local, np.cumsum(local) - 1, -1).astype(np.int32)
+    cap = align_ref.aligned_capacity(ids.size, block, e)
+    # poison: free blocks of exactly the outputs' sizes filled with -7, which CuPy's pool hands to the outputs
+    for size in (cap, cap // block, 1):
+        cp.full(size, -7, dtype=np.int32)
+    d_ids = cp.asarray(ids)
+    got = [cp.asnumpy(x) for x in moe.moe_align_block_size(d_ids, block, e,
+                                                             None if emap is None else cp.asarray(emap))]
+    assert np.array_equal(cp.asnumpy(d_ids), ids), "topk_ids was modified"
+    want = align_ref.moe_align_block_size(ids, block, e, emap)
+    assert [x.shape for x in got] == [x.shape for x in want]
+    assert all(x.dtype == np.int32 for x in got)
+    assert got[2].tolist() == want[2].tolist() and np.array_equal(got[1], want[1])
+    assert np.all(got[0][int(want[2][0]):] == ids.size), "sentinels past the padded count"
+    assert align_ref.segments(*got, block, ids.size) == align_ref.segments(*want, block, ids.size)
+    # per global expert (the map may merge several into -1): the same entries in that expert's own span
+    valid = ids[(ids >= 0) & (ids < e)]
+    counts = np.bincount(valid, minlength=e)
+    starts = np.concatenate([[0], np.cumsum(-(-counts // block) * block)])
+    for x in np.unique(valid):
+        seg = got[0][starts[x]:starts[x + 1]]
+        assert sorted(seg[seg < ids.size].tolist()) == np.flatnonzero(ids.reshape(-1) == x).tolist(), f"expert {x}"
+        assert np.count_nonzero(seg == ids.size) == starts[x + 1] - starts[x] - counts[x], f"expert {x} padding"
+
+
+def test_moe_align_cuda_empty_routing():
+    """M = 0 tokens: nothing routed, padded count 0, every output element still written (sentinels and zeros)."""
+    got = [cp.asnumpy(x) for x in moe.moe_align_block_size(cp.empty((0, 4), dtype=np.int32), 16, 8)]
+    want = align_ref.moe_align_block_size(np.empty((0, 4), np.int32), 16, 8)
+    assert [x.tolist() for x in got] == [x.tolist() for x in want]
+
+
+def test_moe_align_cuda_rejects_bad_input():
+    ids = cp.asarray(np.random.default_rng().integers(0, 4, (4, 2)).astype(np.int32))
+    with pytest.raises(TypeError, match="int32"):
+        moe.moe_align_block_size(ids.astype(np.int64), 8, 4)
+    with pytest.raises(ValueError, match="num_experts = 2000"):
+        moe.moe_align_block_size(ids, 8, 2000)
+    with pytest.raises(ValueError, match="block_size = -8"):
+        moe.moe_align_block_size(ids, -8, 4)
+    with pytest.raises(ValueError, match=r"expert_map must be a contiguous \(4,\) array"):
+        moe.moe_align_block_size(ids, 8, 4, cp.zeros(3, dtype=np.int32))
+    with pytest.raises(TypeError, match="expert_map dtype = int64"):
+        moe.moe_align_block_size(ids, 8, 4, cp.zeros(4, dtype=np.int64))
+    with pytest.raises(ValueError, match="contiguous 2-D"):
+        moe.moe_align_block_size(cp.asfortranarray(cp.asarray(np.arange(12, dtype=np.int32).reshape(4, 3) % 4)),
+                                 8, 4)
+    with pytest.raises(TypeError, match="not on GPU"):
+        moe.moe_align_block_size(np.zeros((4, 2), np.int32), 8, 4)
 
 
 # ------------------------------------------------------------------------------------------------------------------
