@@ -4,17 +4,12 @@ uses, driven here through cuda.core), with no warnings. Needs no GPU: both compi
 The instantiations cover every weight type, both activation types, every N_TILES / K_WARP shape, M_BLOCKS 1..4,
 several stage depths and every group mode (channelwise, grouped, per-row act-order shard); the template is the same for the rest.
 """
-import io
-import pathlib
-import shutil
-import subprocess
-
 import pytest
 
+from cuda_build import ARCHS, nvcc_cubin, nvrtc_cubin
 from workbench import gemm
 from workbench.scalar_types import ScalarType as S
 
-ARCHS = (80, 90)
 CONFIGS = (
     gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 8, gemm.GROUP_GROUPED),
     gemm.KernelConfig(S.BF16, S.U4, 1, 2, 4, 4, gemm.GROUP_GROUPED, blocks_per_sm=2),
@@ -44,34 +39,12 @@ def test_kernel_source_inlines_its_headers():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_nvcc_builds_cubin_without_warnings(arch, tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not installed on this machine")
-    wrapper = tmp_path / "instantiate.cu"
-    # Taking each kernel's address in host code makes nvcc instantiate and compile it.
-    addresses = ",\n".join(f"  reinterpret_cast<const void*>(&{name})" for name in NAMES)
-    wrapper.write_text(f'#include "{gemm.KERNEL_SOURCE}"\nconst void* kInstances[] = {{\n{addresses}\n}};\n')
-    cmd = [nvcc, "-std=c++17", "-cubin", f"-arch=sm_{arch}", "-I", str(gemm.KERNEL_DIR), "-Werror", "all-warnings",
-           "-Xptxas", "-v", "-o", str(tmp_path / "out.cubin"), str(wrapper)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "warning" not in proc.stderr.lower(), proc.stderr[-4000:]
-    assert (tmp_path / "out.cubin").stat().st_size > 0
+    nvcc_cubin(gemm.KERNEL_SOURCE, NAMES, arch, tmp_path)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_nvrtc_builds_cubin_without_warnings(arch):
-    core = pytest.importorskip("cuda.core", reason="cuda-core is not installed (pip install cuda-core)")
-    pathfinder = pytest.importorskip("cuda.pathfinder")
-    include = pathfinder.find_nvidia_header_directory("cudart")
-    if include is None:
-        pytest.skip("no CUDA headers found (pip install 'cuda-toolkit[cudart]==13.0.*')")
-    options = core.ProgramOptions(std="c++17", arch=f"sm_{arch}", include_path=[include])
-    program = core.Program(gemm.kernel_source(), "c++", options=options)
-    log = io.StringIO()
-    module = program.compile("cubin", name_expressions=NAMES, logs=log)
-    assert "warning" not in log.getvalue().lower(), log.getvalue()
-    assert len(bytes(module.code)) > 0  # (looking kernels up by name needs a driver, so it is left to tests/gpu)
+    nvrtc_cubin(gemm.kernel_source(), NAMES, arch)
 
 
 def test_shared_memory_of_every_config_fits_sm80():

@@ -2,20 +2,17 @@
 spills, for every weight type, both activation types, every moe_block_size (M_BLOCKS 1..4) and every tile shape the
 host can choose; and the Numba moe_align kernel compiles for a real target (the simulator accepts code the real
 compiler rejects); and the CUDA moe_align wrapper rejects bad input before any launch. Needs no GPU."""
-import io
 import re
-import shutil
-import subprocess
 import types
 
 import numpy as np
 import pytest
 
+from cuda_build import ARCHS, nvcc_cubin, nvrtc_cubin
 from workbench import gemm, moe
 from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
 from workbench.scalar_types import ScalarType as S
 
-ARCHS = (80, 90)
 WEIGHTS = (S.U4B8, S.U4, S.U8B128, S.U8, S.FE4M3FN)
 SMEM_SM90 = 227 * 1024
 
@@ -51,34 +48,14 @@ def test_source_inlines_the_shared_headers():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_nvcc_builds_without_warnings_or_spills(arch, tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not installed on this machine")
-    wrapper = tmp_path / "instantiate.cu"
-    addresses = ",\n".join(f"  reinterpret_cast<const void*>(&{name})" for name in NAMES)
-    wrapper.write_text(f'#include "{moe.MOE_KERNEL_SOURCE}"\nconst void* kInstances[] = {{\n{addresses}\n}};\n')
-    cmd = [nvcc, "-std=c++17", "-cubin", f"-arch=sm_{arch}", "-I", str(gemm.KERNEL_DIR), "-Werror", "all-warnings",
-           "-Xptxas", "-v", "-o", str(tmp_path / "out.cubin"), str(wrapper)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "warning" not in proc.stderr.lower(), proc.stderr[-4000:]
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
-    assert spills and max(spills) == 0, proc.stderr[-4000:]
+    log = nvcc_cubin(moe.MOE_KERNEL_SOURCE, NAMES, arch, tmp_path)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
+    assert spills and max(spills) == 0, log[-4000:]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_nvrtc_builds_without_warnings(arch):
-    core = pytest.importorskip("cuda.core", reason="cuda-core is not installed (pip install cuda-core)")
-    pathfinder = pytest.importorskip("cuda.pathfinder")
-    include = pathfinder.find_nvidia_header_directory("cudart")
-    if include is None:
-        pytest.skip("no CUDA headers found (pip install 'cuda-toolkit[cudart]==13.0.*')")
-    options = core.ProgramOptions(std="c++17", arch=f"sm_{arch}", include_path=[include])
-    program = core.Program(moe.moe_kernel_source(), "c++", options=options)
-    log = io.StringIO()
-    module = program.compile("cubin", name_expressions=NAMES[:4] + list(ELEMENTWISE), logs=log)
-    assert "warning" not in log.getvalue().lower(), log.getvalue()
-    assert len(bytes(module.code)) > 0
+    nvrtc_cubin(moe.moe_kernel_source(), NAMES[:4] + list(ELEMENTWISE), arch)
 
 
 def test_config_choice():
