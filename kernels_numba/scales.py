@@ -149,12 +149,15 @@ def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, str
 # ---------------------------------------------------------------------------------------------------------------
 # zero points
 # ---------------------------------------------------------------------------------------------------------------
+def _zero_point_fields(bits: int) -> tuple[int, int, int, int]:
+    """(fields per word, log2 of it, half of it, field mask) of ``bits``-wide zero points in a uint32 word."""
+    pf = 32 // bits
+    return pf, pf.bit_length() - 1, pf // 2, (1 << bits) - 1
+
+
 def zero_points_kernel_source(bits: int, source: str):
     """source: "codes" (uint8 [rows, N]), "awq" or "gptq_v1" (uint32 [rows, N/pf]) -> Marlin uint32 [rows, N/pf]."""
-    pf = 32 // bits
-    log_pf = 3 if bits == 4 else 2
-    half_pf = pf // 2
-    mask = (1 << bits) - 1
+    pf, log_pf, half_pf, mask = _zero_point_fields(bits)
     from_codes = source == "codes"
     from_awq = source == "awq"
 
@@ -189,10 +192,7 @@ def zero_points_kernel_source(bits: int, source: str):
 
 def zero_points_inverse_kernel_source(bits: int, target: str):
     """Marlin uint32 [rows, N/pf] -> target: "codes" (uint8 [rows, N]), "awq" or "gptq_v1" (uint32 [rows, N/pf])."""
-    pf = 32 // bits
-    log_pf = 3 if bits == 4 else 2
-    half_pf = pf // 2
-    mask = (1 << bits) - 1
+    pf, log_pf, half_pf, mask = _zero_point_fields(bits)
     to_codes = target == "codes"
     to_awq = target == "awq"
 

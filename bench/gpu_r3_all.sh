@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call for every engineer's round-3 script (bench/gpu_r3_<name>.sh): set-up once, the test phases
+# (SKIP_AB=1) in parallel, then the A/B timing phases (ONLY_AB=1) one after another so timings do not share the GPU.
+#   usage (device machine, repo root, .whl and artifacts/r3_*_old carried):  bash bench/gpu_r3_all.sh [names...]
+# Everything lands in $OUT/r3.tgz (one file comes back) plus $OUT/summary.txt.
+set -u
+OUT=${OUT:-$PWD/artifacts/gpu_out}
+mkdir -p "$OUT/logs"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+export CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache
+names=${*:-"kernels repack host"}
+{ date -u; git log -1 --format=%h 2>/dev/null; nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv; } \
+  > "$OUT/logs/machine.txt" 2>&1
+start=$(date +%s)
+for n in $names; do
+  [ -f "bench/gpu_r3_$n.sh" ] || { echo "no bench/gpu_r3_$n.sh" >> "$OUT/summary.txt"; continue; }
+  ( SKIP_AB=1 timeout 170 bash "bench/gpu_r3_$n.sh" > "$OUT/logs/$n.tests.log" 2>&1
+    echo "[$n tests] rc=$? after $(( $(date +%s) - start ))s" >> "$OUT/logs/$n.tests.log" ) &
+done
+( timeout 120 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_notebook_gpu_paths.py \
+    > "$OUT/logs/notebook_gpu.log" 2>&1; echo "[notebook gpu paths] rc=$?" >> "$OUT/logs/notebook_gpu.log" ) &
+wait
+for n in $names; do tail -4 "$OUT/logs/$n.tests.log" 2>/dev/null; done | tee -a "$OUT/summary.txt"
+tail -3 "$OUT/logs/notebook_gpu.log" | tee -a "$OUT/summary.txt"
+for n in $names; do
+  [ -f "bench/gpu_r3_$n.sh" ] || continue
+  s=$(date +%s)
+  ONLY_AB=1 timeout "${AB_LIMIT:-170}" bash "bench/gpu_r3_$n.sh" > "$OUT/logs/$n.ab.log" 2>&1
+  echo "[$n ab] rc=$? in $(( $(date +%s) - s ))s" >> "$OUT/logs/$n.ab.log"
+  tail -40 "$OUT/logs/$n.ab.log" >> "$OUT/summary.txt"
+done
+tar czf "$OUT/r3.tgz" -C "$OUT" --exclude r3.tgz --exclude summary.txt .
+echo "total $(( $(date +%s) - start ))s" | tee -a "$OUT/summary.txt"
