@@ -1,6 +1,9 @@
-"""Repack throughput and peak memory on the CPU (NumPy) path, for a synthetic GPTQ checkpoint with Llama-3-8B shapes.
+"""Repack throughput and peak memory of ``workbench repack`` for a synthetic GPTQ checkpoint with Llama-3-8B shapes.
 
-    python bench/bench_checkpoint.py [--layers 24] [--workdir /tmp/wb-bench] [--keep]
+    python bench/bench_checkpoint.py [--layers 24] [--backend numpy|numba] [--workdir /tmp/wb-bench] [--keep]
+
+``--backend numpy`` (default) is the CPU reference path; ``--backend numba`` runs the Numba kernels on the GPU (NumPy
+column blocks go to the device and back, so the disk, the host copies and the kernels are all in the time).
 
 The checkpoint: ``--layers`` decoder layers of Llama-3-8B (hidden 4096, intermediate 14336, 8 KV heads of 128), GPTQ
 4-bit, group 128, symmetric, fp16 scales, one shard per layer, plus ``embed_tokens`` and ``lm_head`` (128256 x 4096
@@ -9,7 +12,7 @@ repack moves bits; their values do not change its cost), scales random fp16, qze
 
 Each repack runs in a fresh process (``python -m workbench repack``); its peak resident memory is the kernel's
 ``ru_maxrss`` for that child, and the constant is measured the same way for a process that only imports the
-workbench. Throughput = source bytes / wall seconds. Results: ``bench/results/checkpoint_repack_cpu.json``.
+workbench. Throughput = source bytes / wall seconds. Results: ``bench/results/checkpoint_repack_{cpu,gpu}.json``.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ LINEARS = {"self_attn.q_proj": (HIDDEN, HIDDEN), "self_attn.k_proj": (HIDDEN, KV
            "self_attn.o_proj": (HIDDEN, HIDDEN), "mlp.gate_proj": (HIDDEN, INTER), "mlp.up_proj": (HIDDEN, INTER),
            "mlp.down_proj": (INTER, HIDDEN)}
 GROUP = 128
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "checkpoint_repack_cpu.json")
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULT_FILE = {"numpy": "checkpoint_repack_cpu.json", "numba": "checkpoint_repack_gpu.json"}
 
 
 def write_source(root: str, layers: int, with_embeddings: bool, seed: int = 0) -> tuple[int, int]:
@@ -89,6 +93,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--workdir", default="/tmp/wb-bench-checkpoint")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints")
+    parser.add_argument("--backend", choices=tuple(RESULT_FILE), default="numpy",
+                        help="numpy: the CPU reference path; numba: the Numba kernels on the GPU")
+    parser.add_argument("--results-dir", default=RESULTS_DIR)
     parser.add_argument("--generate", metavar="DIR", help=argparse.SUPPRESS)  # child: write a source and exit
     parser.add_argument("--embeddings", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -111,7 +118,8 @@ def main() -> None:
                                  text=True)
             total, largest = json.loads(gen.stdout.strip().splitlines()[-1])
             os.sync()
-            wall, rss, rc = run_child(["-m", "workbench", "repack", src, "--out", out, "--no-progress"])
+            wall, rss, rc = run_child(["-m", "workbench", "repack", src, "--out", out, "--no-progress",
+                                       "--backend", args.backend])
             assert rc == 0, f"repack exited {rc}"
             vwall, vrss, vrc = run_child(["-m", "workbench", "verify", out, "--against", src, "--no-progress"])
             assert vrc == 0, f"verify exited {vrc}"
@@ -126,13 +134,18 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(args.workdir, ignore_errors=True)
-    result = {"bench": "checkpoint repack, CPU (NumPy) path", "backend": "numpy",
+    path_name = {"numpy": "CPU (NumPy) path", "numba": "GPU (Numba kernels) path"}[args.backend]
+    result = {"bench": f"checkpoint repack, {path_name}", "backend": args.backend,
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python"
                          f" {platform.python_version()}, numpy {np.__version__}",
               "shapes": "Llama-3-8B: hidden 4096, intermediate 14336, kv 1024, vocab 128256; GPTQ 4-bit g128 sym",
               "rows": rows}
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
+    if args.backend == "numba":
+        from workbench import hardware
+
+        result["gpu"] = hardware.describe()
+    os.makedirs(args.results_dir, exist_ok=True)
+    with open(os.path.join(args.results_dir, RESULT_FILE[args.backend]), "w") as f:
         json.dump(result, f, indent=2)
     gib = 1024**3
     print("\n| checkpoint | source | largest tensor | repack | throughput | peak RSS | import-only RSS | verify |")

@@ -30,5 +30,12 @@ for n in $names; do
   echo "[$n ab] rc=$? in $(( $(date +%s) - s ))s" >> "$OUT/logs/$n.ab.log"
   tail -40 "$OUT/logs/$n.ab.log" >> "$OUT/summary.txt"
 done
+if [ -n "${CHECKPOINT_LAYERS:-}" ]; then  # the checkpoint repack on the GPU path (bench/bench_checkpoint.py)
+  s=$(date +%s)
+  timeout 150 python3 bench/bench_checkpoint.py --backend numba --layers "$CHECKPOINT_LAYERS" --workdir /tmp/wb-ckpt \
+    --results-dir "$OUT/checkpoint" > "$OUT/logs/checkpoint.log" 2>&1
+  echo "[checkpoint gpu] rc=$? in $(( $(date +%s) - s ))s" >> "$OUT/logs/checkpoint.log"
+  tail -5 "$OUT/logs/checkpoint.log" >> "$OUT/summary.txt"
+fi
 tar czf "$OUT/r3.tgz" -C "$OUT" --exclude r3.tgz --exclude summary.txt .
 echo "total $(( $(date +%s) - start ))s" | tee -a "$OUT/summary.txt"
