@@ -3,7 +3,7 @@
     python bench/ab_gemm.py --out DIR --old-dir OLD [--m 1,4,16,64] [--shapes 4096x4096,...] [--labels u4b8,...]
                             [--variants new,old,new-striped]
 
-OLD holds a previous commit's ``workbench/gemm.py`` and ``kernels_cuda/{marlin_gemm.cu,dequant.cuh,mma.cuh}``
+OLD holds a previous commit's ``workbench/gemm.py`` and ``kernels_cuda/{marlin_gemm.cu,*.cuh}``
 (e.g. ``git show REV:path > OLD/name``); it is loaded as a second module with its own kernels, so both versions
 are timed on the same weights, in the same process, interleaved cell by cell. Variants:
   new         workbench.gemm as checked out
@@ -12,7 +12,8 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
               straddle two slices), to tell the kernel change from the slice-aligned grid
   new-legacy  workbench.gemm with the fbd47ed blocks-per-SM rule (two blocks for every M <= 16 kernel)
 Method as bench/bench_gemm.py (CUDA graphs over rotated inputs > 3 x L2). Also records max |new - old| / max |old|
-per cell (same inputs) as a sanity check; correctness itself is tests/gpu's job.
+per cell (same inputs) and whether the outputs are bitwise equal (bits_equal_old: what a change that keeps the
+summation order must give); correctness itself is tests/gpu's job.
 Writes DIR/ab_<gpu>.json after every layer.
 """
 from __future__ import annotations
@@ -181,16 +182,21 @@ def main(argv=None) -> int:
                         us = time_cupy_graph(cp, launches)
                         mod.marlin_gemm(a[0], ws_list[0], c=c, workspace=work, c_tmp=c_tmp)
                         grid = mod.grid_blocks(cfg, m, n, k, sms)  # (as planned; fewer if fewer are resident)
-                    outs[name] = cp.asnumpy(c).astype(np.float32)
+                    outs[name] = cp.asnumpy(c)
                     record(f"{label} [{name}]", us, weight_bytes(k, n, wt, gs) + base, fp16_us,
                            config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}", grid=grid)
-                ref = outs["old"]
+                ref = outs["old"].astype(np.float32)
                 scale = float(np.max(np.abs(ref))) or 1.0
-                for name, o in outs.items():
+                for name, raw in outs.items():
                     if name != "old":
+                        o = raw.astype(np.float32)
                         diff = float(np.max(np.abs(o - ref))) / scale if np.all(np.isfinite(o)) else float("inf")
-                        rows[-len(outs) + list(outs).index(name)]["rel_diff_vs_old"] = diff
-                        print(f"    {name} vs old: max |diff| / max |old| = {diff:.2e}", flush=True)
+                        # same inputs, same partition: a pure refactor of the kernel must give the same bits
+                        same = bool(np.array_equal(raw.view(np.uint16), outs["old"].view(np.uint16)))
+                        row = rows[-len(outs) + list(outs).index(name)]
+                        row["rel_diff_vs_old"], row["bits_equal_old"] = diff, same
+                        print(f"    {name} vs old: max |diff| / max |old| = {diff:.2e}, bitwise equal: {same}",
+                              flush=True)
         del w16, packed, ours
         torch.cuda.empty_cache()
         cp.get_default_memory_pool().free_all_blocks()
