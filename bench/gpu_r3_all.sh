@@ -10,6 +10,8 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 export CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache
 names=${*:-"kernels repack host"}
+# packed again after every phase, so a call that hits its time limit still brings back what was done
+pack() { tar czf "$OUT/r3.tgz.part" -C "$OUT" --exclude 'r3.tgz*' --exclude summary.txt . && mv "$OUT/r3.tgz.part" "$OUT/r3.tgz"; }
 { date -u; git log -1 --format=%h 2>/dev/null; nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv; } \
   > "$OUT/logs/machine.txt" 2>&1
 start=$(date +%s)
@@ -23,12 +25,14 @@ done
 wait
 for n in $names; do tail -4 "$OUT/logs/$n.tests.log" 2>/dev/null; done | tee -a "$OUT/summary.txt"
 tail -3 "$OUT/logs/notebook_gpu.log" | tee -a "$OUT/summary.txt"
+pack
 for n in $names; do
   [ -f "bench/gpu_r3_$n.sh" ] || continue
   s=$(date +%s)
   ONLY_AB=1 timeout "${AB_LIMIT:-170}" bash "bench/gpu_r3_$n.sh" > "$OUT/logs/$n.ab.log" 2>&1
   echo "[$n ab] rc=$? in $(( $(date +%s) - s ))s" >> "$OUT/logs/$n.ab.log"
   tail -40 "$OUT/logs/$n.ab.log" >> "$OUT/summary.txt"
+  pack
 done
 if [ -n "${CHECKPOINT_LAYERS:-}" ]; then  # the checkpoint repack on the GPU path (bench/bench_checkpoint.py)
   s=$(date +%s)
@@ -37,5 +41,5 @@ if [ -n "${CHECKPOINT_LAYERS:-}" ]; then  # the checkpoint repack on the GPU pat
   echo "[checkpoint gpu] rc=$? in $(( $(date +%s) - s ))s" >> "$OUT/logs/checkpoint.log"
   tail -5 "$OUT/logs/checkpoint.log" >> "$OUT/summary.txt"
 fi
-tar czf "$OUT/r3.tgz" -C "$OUT" --exclude r3.tgz --exclude summary.txt .
+pack
 echo "total $(( $(date +%s) - start ))s" | tee -a "$OUT/summary.txt"
