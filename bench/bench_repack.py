@@ -17,13 +17,15 @@ import csv
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from repack_timer import DeviceTimer  # noqa: E402
 
 SHAPES = [(8192, 28672), (28672, 8192)]
 MOE = (64, 2048, 1408)  # experts, K, N
@@ -35,14 +37,21 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results", help="directory for the JSON and CSV results")
     parser.add_argument("--reps", type=int, default=25, help="timed repetitions per transform (median reported)")
     parser.add_argument("--sweep", action="store_true", help="also sweep the repack launch shape")
-    parser.add_argument("--ab", action="store_true", help="round-2 A/B only: old vs new kernels of the slow paths")
-    parser.add_argument("--ab-shapes", default="8192x28672,28672x8192", help="K x N list for --ab")
+    parser.add_argument("--ab", action="store_true",
+                        help="round-3 A/B only: HEAD kernels (--ab-old) vs the working tree's, same inputs")
+    parser.add_argument("--ab-shapes", default="8192x28672,28672x8192,64x2048x1408",
+                        help="comma list of KxN or EXPERTSxKxN cells for --ab")
+    parser.add_argument("--ab-old", default="artifacts/r3_repack_old",
+                        help="folder holding the HEAD copy of kernels_numba/marlin_repack.py")
     args = parser.parse_args()
     if args.reps < 20:
         parser.error("--reps must be at least 20")
     if args.ab:
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.ab_shapes.split(",")]
-        return ab_main(args.out, args.reps, shapes)
+        cells = []
+        for cell in args.ab_shapes.split(","):
+            dims = tuple(int(v) for v in cell.split("x"))
+            cells.append(dims if len(dims) == 3 else (1,) + dims)
+        return ab_main(args.out, args.reps, cells, args.ab_old)
 
     import cupy as cp
     from numba import cuda
@@ -50,59 +59,15 @@ def main() -> int:
     from kernels_numba import marlin_repack as kr
     from kernels_numba import scales as ks
 
-    dev = cuda.get_current_device()
-    gpu = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
-    stream = cuda.stream()
-    handle = stream.handle
-    stream_ptr = handle.value if hasattr(handle, "value") else int(handle)  # ctypes or cuda-python handle
-    cp_stream = cp.cuda.ExternalStream(stream_ptr)
-    flush_buffer = cp.empty(512 << 20, dtype=cp.uint8)
-    start, end = cuda.event(), cuda.event()
-
-    @cuda.jit
-    def sleep_kernel(rounds):
-        for _ in range(rounds):
-            cuda.nanosleep(50_000)
-
-    def timed(launch, reps=args.reps, warmup=3):
-        times = []
-        for r in range(warmup + reps):
-            with cp_stream:
-                flush_buffer.fill(r & 0xFF)
-            sleep_kernel[1, 1, stream](4)
-            start.record(stream)
-            launch()
-            end.record(stream)
-            end.synchronize()
-            if r >= warmup:
-                times.append(cuda.event_elapsed_time(start, end) * 1e-3)
-        return statistics.median(times)
-
-    def copy_time(nbytes):
-        src = cp.empty(nbytes, dtype=cp.uint8)
-        dst = cp.empty(nbytes, dtype=cp.uint8)
-        src.fill(1)
-
-        def launch():
-            cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
-                                        stream_ptr)
-
-        return timed(launch)
-
-    def rand_words(shape):
-        return cuda.as_cuda_array(cp.random.randint(0, 2**32, size=shape, dtype=cp.uint64).astype(cp.uint32))
-
-    def rand_u8(shape):
-        return cuda.as_cuda_array(cp.random.randint(0, 256, size=shape, dtype=cp.uint8))
+    timer = DeviceTimer(args.reps)
+    gpu, stream, timed = timer.gpu, timer.stream, timer.timed
+    rand_words, rand_u8 = timer.rand_words, timer.rand_u8
 
     rows = []
-    copy_cache = {}
 
     def record(name, shape, nbytes_read, nbytes_written, seconds, note=""):
         copy_bytes = max(nbytes_read, nbytes_written)
-        if copy_bytes not in copy_cache:
-            copy_cache[copy_bytes] = copy_time(copy_bytes)
-        t_copy = copy_cache[copy_bytes]
+        t_copy = timer.copy_seconds(copy_bytes)
         bw = (nbytes_read + nbytes_written) / seconds
         copy_bw = 2 * copy_bytes / t_copy
         row = dict(transform=name, shape=shape, bytes_read=nbytes_read, bytes_written=nbytes_written,
@@ -120,7 +85,10 @@ def main() -> int:
                       direct_row_major=False):
         pf = 32 // bits
         out = cuda.device_array((experts, k // 16, n * 16 // pf), np.uint32, stream=stream)
-        if source == "gptq_perm" and not staged:  # what the wrappers run (round 2: direct kernels everywhere)
+        if source == "gptq_perm" and not staged and kr.ACT_ORDER_TWO_PASS and experts == 1:  # the wrapper's route
+            temp = cuda.device_array((1, k, n // pf), np.uint32, stream=stream)
+            launch = lambda: kr.launch_act_order_two_pass(src, perm, out, k, n, bits, stream, temp)  # noqa: E731
+        elif source == "gptq_perm" and not staged:
             kernel = kr._perm_repack_kernel(bits)
             grid = kr.perm_grid(k, n, bits, experts)
             launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](src, perm, out, n)  # noqa: E731
@@ -155,13 +123,19 @@ def main() -> int:
                      "row_major_bytes": (experts, n, k // 4)}[target]
         out = cuda.device_array(shape_out, np.uint32, stream=stream)
         if target == "awq":
-            kernel = kr._awq_direct_unpack_kernel(bits)
+            kernel = kr._awq_direct_unpack_kernel(bits, kr.AWQ_UNPACK_WIDE_STORES)
             grid = kr.awq_grid(k, n, bits, experts, 1)
-            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, out, n)  # noqa: E731
+            target_words = out.view(np.uint64) if kr.AWQ_UNPACK_WIDE_STORES else out
+            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, target_words, n)  # noqa: E731
         elif target == "row_major_bytes":
-            kernel = kr._transpose_repack_kernel(True)
+            kernel = kr._transpose_repack_kernel(True, kr.TRANSPOSE_INVERSE_MODE)
             grid = kr.transpose_grid(k, n, experts)
             launch = lambda: kernel[grid, kr.TRANSPOSE_THREADS, stream](marlin, out, n)  # noqa: E731
+        elif bits == 8 and kr.PAIRED_UNPACK_8BIT:
+            kernel = kr._paired_unpack_8bit_kernel()
+            grid = kr.paired_unpack_grid(k, n, experts)
+            out64 = out.view(np.uint64)
+            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, out64, n)  # noqa: E731
         else:
             kernel = kr._direct_unpack_kernel(bits, target)
             grid = kr.direct_grid(k, n, bits, experts, kr.DIRECT_UNPACK_K_TILES_PER_THREAD[bits])
@@ -259,7 +233,7 @@ def main() -> int:
     def stacked_experts():
         experts, k, n = MOE
         q4 = rand_words((experts, k // 8, n))
-        m4 = weight_repack("stacked gptq_marlin_repack u4", 4, "gptq", k, n, q4, experts=experts, note="one launch")
+        weight_repack("stacked gptq_marlin_repack u4", 4, "gptq", k, n, q4, experts=experts, note="one launch")
         q8 = rand_words((experts, k // 4, n))
         weight_repack("stacked gptq_marlin_repack u8", 8, "gptq", k, n, q8, experts=experts, note="one launch")
         ng = k // GROUP
@@ -315,7 +289,7 @@ def main() -> int:
     guarded("stacked experts", stacked_experts)
 
     commit = os.environ.get("BENCH_COMMIT") or _git_commit()
-    meta = dict(date=datetime.date.today().isoformat(), gpu=gpu, compute_capability=list(dev.compute_capability),
+    meta = dict(date=datetime.date.today().isoformat(), gpu=gpu, compute_capability=timer.compute_capability,
                 commit=commit, reps=args.reps, method="CUDA events, median, L2 flushed, launch hidden behind a "
                 "sleep kernel; copy = cudaMemcpyAsync D2D of max(read, written) bytes", checks=checks,
                 errors=errors)
@@ -333,139 +307,151 @@ def main() -> int:
     return 0 if all(v for v in checks.values() if isinstance(v, bool)) and not errors else 1
 
 
-def ab_main(out_dir: str, reps: int, shapes) -> int:
-    """Round-2 A/B: the previous kernel of each slow path against its direct replacement, in one process, on the
-    same inputs, interleaved per path; every new output is compared bit for bit with the old one. The old kernels
-    are still in kernels_numba.marlin_repack (staged kernel, direct row-major kernel) and unchanged, so "old" is
-    the HEAD code. Writes OUT/ab_repack_<gpu>.json after every shape; prints old µs, new µs, ratio, % of copy."""
+def load_old_module(old_dir: str):
+    """The HEAD copy of kernels_numba/marlin_repack.py placed under ``old_dir`` (the A/B's "old" kernels)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("marlin_repack_old", os.path.join(old_dir, "marlin_repack.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["marlin_repack_old"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def ab_main(out_dir: str, reps: int, cells, old_dir: str) -> int:
+    """Round-3 A/B: for each changed path, the HEAD kernel (loaded from ``old_dir``) against the working tree's
+    variants, in one process, on the same fresh random inputs; every output starts poisoned (0xDEADBEEF) and every
+    new output is compared bit for bit with the old one. ``cells``: (experts, K, N). Writes
+    OUT/ab_repack_r3_<gpu>.json after every cell; prints µs and % of copy per variant."""
     import cupy as cp
     from numba import cuda
 
-    from kernels_numba import marlin_repack as kr
+    from kernels_numba import marlin_repack as new
 
-    dev = cuda.get_current_device()
-    gpu = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
-    stream = cuda.stream()
-    handle = stream.handle
-    stream_ptr = handle.value if hasattr(handle, "value") else int(handle)
-    cp_stream = cp.cuda.ExternalStream(stream_ptr)
-    flush_buffer = cp.empty(512 << 20, dtype=cp.uint8)
-    start, end = cuda.event(), cuda.event()
+    old = load_old_module(old_dir)
+    timer = DeviceTimer(reps)
+    stream = timer.stream
+    threads = new.DIRECT_THREADS
 
-    @cuda.jit
-    def sleep_kernel(rounds):
-        for _ in range(rounds):
-            cuda.nanosleep(50_000)
-
-    def timed(launch):
-        launch()  # compile + warm
-        stream.synchronize()
-        times = []
-        for r in range(3 + reps):
-            with cp_stream:
-                flush_buffer.fill(r & 0xFF)
-            sleep_kernel[1, 1, stream](4)
-            start.record(stream)
-            launch()
-            end.record(stream)
-            end.synchronize()
-            if r >= 3:
-                times.append(cuda.event_elapsed_time(start, end) * 1e-3)
-        return statistics.median(times)
-
-    copy_cache = {}
-
-    def copy_seconds(nbytes):
-        if nbytes not in copy_cache:
-            src = cp.ones(nbytes, dtype=cp.uint8)
-            dst = cp.empty(nbytes, dtype=cp.uint8)
-            copy_cache[nbytes] = timed(lambda: cp.cuda.runtime.memcpyAsync(
-                dst.data.ptr, src.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice, stream_ptr))
-        return copy_cache[nbytes]
-
-    def rand_words(shape):
-        return cuda.as_cuda_array(cp.random.randint(0, 2**32, size=shape, dtype=cp.uint64).astype(cp.uint32))
-
-    def launcher(kernel, grid, threads, *args):
-        return lambda: kernel[grid, threads, stream](*args)  # noqa: E731
+    def launcher(kernel, grid, block, inputs, size_n):
+        """out -> a launch of kernel(*inputs, out, size_n) on the timer's stream."""
+        return lambda out: (lambda: kernel[grid, block, stream](*inputs, out, size_n))
 
     rows = []
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"ab_repack_{gpu.replace(' ', '_')}.json")
-    for k, n in shapes:
-        shape = f"{k}x{n}"
-        # (path, bytes one way, [(variant, kernel, grid, threads, args before out)], out shape, extra bytes read)
+    path = os.path.join(out_dir, f"ab_repack_r3_{timer.gpu.replace(' ', '_')}.json")
+    for experts, k, n in cells:
+        shape = f"{experts}x{k}x{n}" if experts > 1 else f"{k}x{n}"
+        # (path, bytes one way, extra bytes read, out shape (uint32), [(variant, out -> launch, compared)])
         cases = []
         for bits in (4, 8):
             pf = 32 // bits
-            mshape = (1, k // 16, n * 16 // pf)
-            q = rand_words((1, k // pf, n))
-            perm = cuda.as_cuda_array(cp.random.permutation(k).astype(cp.int32).reshape(1, k))
-            variants = [("old staged", kr._repack_kernel(bits, "gptq_perm"), (k // 16, -(-n // kr.CHUNK_N), 1),
-                         kr.THREADS, (q, perm))]
-            for ktpt in (1, 2):
-                variants.append((f"new ktpt={ktpt}", kr._perm_repack_kernel(bits, ktpt),
-                                 kr.perm_grid(k, n, bits, 1, ktpt), kr.DIRECT_THREADS, (q, perm)))
-            cases.append((f"act-order u{bits}", k * n // pf * 4, variants, mshape, k * 4))
-            aw = rand_words((1, k, n // pf))
-            variants = [("old staged", kr._repack_kernel(bits, "awq"), (k // 16, -(-n // kr.CHUNK_N), 1),
-                         kr.THREADS, (aw, kr_dummy_perm(cuda, stream)))]
-            for ktpt in (1, 2, 4):
-                variants.append((f"new ktpt={ktpt}", kr._awq_direct_repack_kernel(bits, ktpt),
-                                 kr.awq_grid(k, n, bits, 1, ktpt), kr.DIRECT_THREADS, (aw,)))
-            cases.append((f"awq u{bits}", k * n // pf * 4, variants, mshape, 0))
-            m = rand_words(mshape)
-            variants = [("old staged", kr._unpack_kernel(bits, "awq"), (k // 16, -(-n // kr.CHUNK_N), 1),
-                         kr.THREADS, (m,)),
-                        ("new", kr._awq_direct_unpack_kernel(bits), kr.awq_grid(k, n, bits, 1, 1), kr.DIRECT_THREADS,
-                         (m,))]
-            cases.append((f"marlin->awq u{bits}", k * n // pf * 4, variants, (1, k, n // pf), 0))
-            variants = [(f"{'old' if t == 1 else 'new'} ktpt={t}", kr._direct_unpack_kernel(bits, "gptq", t),
-                         kr.direct_grid(k, n, bits, 1, t), kr.DIRECT_THREADS, (m,)) for t in (1, 2, 4)]
-            cases.append((f"marlin->gptq u{bits}", k * n // pf * 4, variants, (1, k // pf, n), 0))
-        rm = rand_words((1, n, k // 4))
-        old_ktpt = kr.DIRECT_K_TILES_PER_THREAD[8]  # what the HEAD wrapper ran
-        variants = [(f"old direct ktpt={old_ktpt}", kr._direct_repack_kernel(8, "row_major_bytes", old_ktpt),
-                     kr.direct_grid(k, n, 8, 1, old_ktpt), kr.DIRECT_THREADS, (rm,))]
-        variants.append(("new tile", kr._transpose_repack_kernel(False), kr.transpose_grid(k, n, 1),
-                         kr.TRANSPOSE_THREADS, (rm,)))
-        cases.append(("row-major fp8 -> marlin", k * n, variants, (1, k // 16, 4 * n), 0))
-        m8 = rand_words((1, k // 16, 4 * n))
-        variants = [("old direct", kr._direct_unpack_kernel(8, "row_major_bytes", 1), kr.direct_grid(k, n, 8, 1, 1),
-                     kr.DIRECT_THREADS, (m8,)),
-                    ("new tile", kr._transpose_repack_kernel(True), kr.transpose_grid(k, n, 1), kr.TRANSPOSE_THREADS,
-                     (m8,))]
-        cases.append(("marlin -> row-major fp8", k * n, variants, (1, n, k // 4), 0))
+            mshape = (experts, k // 16, n * 16 // pf)
+            q = timer.rand_words((experts, k // pf, n))
+            perm = timer.rand_perms(experts, k)
+            variants = [(f"old one-pass ktpt={old.PERM_K_TILES_PER_THREAD[bits]}",
+                         launcher(old._perm_repack_kernel(bits), old.perm_grid(k, n, bits, experts), threads,
+                                  (q, perm), n),
+                         True)]
+            temp = cuda.device_array((1, k, n // pf), np.uint32, stream=stream)
+            if experts == 1:
+                npk = new._npacked_kernel(bits)
+                npk_grid = new.npacked_grid(k, n, bits, 1)
+                for ktpt in (1, 2):
+                    gather = new._awq_direct_repack_kernel(bits, ktpt, threads, True, True)
+                    grid2 = new.awq_grid(k, n, bits, 1, ktpt)
 
-        for name, nbytes, variants, out_shape, extra_read in cases:
-            t_copy = copy_seconds(nbytes)
+                    def two_pass(out, gather=gather, grid2=grid2, npk=npk, npk_grid=npk_grid, q=q, perm=perm,
+                                 temp=temp):
+                        def launch():
+                            npk[npk_grid, new.NPACK_THREADS, stream](q, temp, n)
+                            gather[grid2, threads, stream](temp, perm, out, n)
+                        return launch
+
+                    variants.append((f"new two-pass ktpt={ktpt}", two_pass, True))
+                for strip_mib in (8, 16):  # column strips whose intermediate can stay in the 50 MB L2
+                    strip = new.act_order_strip_cols(k, n, bits, strip_mib << 20)
+                    strip_temp = cuda.device_array((1, k, strip // pf), np.uint32, stream=stream)  # as the wrapper
+
+                    def strips(out, strip=strip, q=q, perm=perm, temp=strip_temp, bits=bits):
+                        return lambda: new.launch_act_order_two_pass(q, perm, out, k, n, bits, stream, temp, strip)
+
+                    variants.append((f"new two-pass strips {strip_mib} MiB ({strip} cols)", strips, True))
+                variants.append(("new pass 1 only", lambda out, npk=npk, npk_grid=npk_grid, q=q, temp=temp: (
+                    lambda: npk[npk_grid, new.NPACK_THREADS, stream](q, temp, n)), False))
+                gather1 = new._awq_direct_repack_kernel(bits, 1, threads, True, True)
+                pass2 = launcher(gather1, new.awq_grid(k, n, bits, 1, 1), threads, (temp, perm), n)
+                variants.append(("new pass 2 only", pass2, True))  # temp holds pass 1 of q by then
+            else:  # stacks keep the one-pass kernel; this is the per-expert two-pass loop, for information
+                views = [(q[e:e + 1], perm[e:e + 1]) for e in range(experts)]
+
+                def per_expert(out, views=views, temp=temp, bits=bits):
+                    outs = [out[e:e + 1] for e in range(experts)]
+
+                    def launch():
+                        for (qe, pe), oe in zip(views, outs):
+                            new.launch_act_order_two_pass(qe, pe, oe, k, n, bits, stream, temp)
+                    return launch
+
+                variants.append((f"info: two-pass per expert ({2 * experts} launches)", per_expert, True))
+            cases.append((f"act-order u{bits}", experts * k * n // pf * 4, experts * k * 4, mshape, variants))
+
+            m = timer.rand_words(mshape)  # any words are a valid Marlin layer
+            awq_grid = old.awq_grid(k, n, bits, experts, 1)
+            wide = new._awq_direct_unpack_kernel(bits, True)
+            variants = [("old 4-byte stores", launcher(old._awq_direct_unpack_kernel(bits), awq_grid, threads, (m,), n),
+                         True),
+                        ("new 8-byte stores", lambda out, m=m, wide=wide: (
+                            lambda: wide[awq_grid, threads, stream](m, out.view(np.uint64), n)), True)]
+            cases.append((f"marlin->awq u{bits}", experts * k * n // pf * 4, 0, (experts, k, n // pf), variants))
+            if bits == 8:
+                ktpt_old = old.DIRECT_UNPACK_K_TILES_PER_THREAD[8]
+                variants = [(f"old direct ktpt={ktpt_old}", launcher(old._direct_unpack_kernel(8, "gptq", ktpt_old),
+                                                                     old.direct_grid(k, n, 8, experts, ktpt_old),
+                                                                     threads, (m,), n), True)]
+                for ktpt in (1, 2):
+                    paired = new._paired_unpack_8bit_kernel(ktpt)
+                    grid = new.paired_unpack_grid(k, n, experts, ktpt)
+                    variants.append((f"new paired ktpt={ktpt}", lambda out, m=m, paired=paired, grid=grid: (
+                        lambda: paired[grid, threads, stream](m, out.view(np.uint64), n)), True))
+                cases.append(("marlin->gptq u8", experts * k * n * 4 // 4, 0, (experts, k // 4, n), variants))
+        m8 = timer.rand_words((experts, k // 16, 4 * n))
+        tgrid = old.transpose_grid(k, n, experts)
+        variants = [("old tile (round 2)", launcher(old._transpose_repack_kernel(True), tgrid, old.TRANSPOSE_THREADS,
+                                                    (m8,), n), True)]
+        for mode in new.TRANSPOSE_INVERSE_MODES[1:]:
+            kernel = new._transpose_repack_kernel(True, mode)
+            variants.append((f"new {mode}", launcher(kernel, new.transpose_grid(k, n, experts), new.TRANSPOSE_THREADS,
+                                                      (m8,), n), True))
+        cases.append(("marlin -> row-major fp8", experts * k * n, 0, (experts, n, k // 4), variants))
+
+        for name, nbytes, extra_read, out_shape, variants in cases:
+            t_copy = timer.copy_seconds(nbytes)
             reference = None
-            for variant, kernel, grid, threads, args in variants:
+            for variant, make_launch, compared in variants:
                 out = cuda.device_array(out_shape, np.uint32, stream=stream)
                 cp.asarray(out).fill(0xDEADBEEF)
                 cp.cuda.Device().synchronize()  # the fill ran on CuPy's stream
-                t = timed(launcher(kernel, grid, threads, *args, out, n))
+                t = timer.timed(make_launch(out))
                 got = cp.asarray(out).copy()
-                same = True if reference is None else bool(cp.array_equal(got, reference))
                 if reference is None:
-                    reference = got
+                    reference, same = got, True
+                else:
+                    same = bool(cp.array_equal(got, reference)) if compared else None
                 frac = (2 * nbytes + extra_read) / t / (2 * nbytes / t_copy)
                 row = dict(shape=shape, path=name, variant=variant, us=round(t * 1e6, 2),
                            copy_us=round(t_copy * 1e6, 2), fraction_of_copy=round(frac, 3), equals_old=same)
                 rows.append(row)
-                print(f"{shape:12s} {name:26s} {variant:20s} {row['us']:9.1f} us {100 * frac:6.1f}% of copy"
+                print(f"{shape:16s} {name:24s} {variant:34s} {row['us']:9.1f} us {100 * frac:6.1f}% of copy"
                       f"  equals old: {same}", flush=True)
-                del out
+                del out, got
             del reference
-        del q, aw, m, rm, m8
+        cases.clear()
         with open(path, "w") as f:
-            json.dump(dict(gpu=gpu, reps=reps, commit=_git_commit(), rows=rows), f, indent=1)
-    bad = [r for r in rows if not r["equals_old"]]
+            json.dump(dict(gpu=timer.gpu, reps=reps, commit=_git_commit(), rows=rows), f, indent=1)
+    bad = [r for r in rows if r["equals_old"] is False]
     return 1 if bad else 0
 
-
-def kr_dummy_perm(cuda, stream):
-    return cuda.to_device(np.zeros((1, 1), np.int32), stream=stream)
 
 def markdown_table(rows) -> str:
     lines = ["| transform | shape | kernel µs | GB/s | copy GB/s | % of copy | note |",

@@ -18,6 +18,10 @@ Kernel shapes (the wrappers use the first three; the staged one stays for compar
   words out, and back).
 * **transpose tile** (row-major FP8 [N, K] and back): 64 rows × 128 bytes through shared memory with whole-row
   accesses, then the direct 8-bit pack.
+* **round 3**: act-order on one matrix in two passes (GPTQ rows -> N-packed rows through a shared tile, then the
+  direct AWQ kernel in natural field order reading rows through perm); Marlin -> AWQ and Marlin -> GPTQ 8-bit
+  write 8-byte words (two adjacent packed words per store). Each keeps its round-2 form behind a module switch
+  (ACT_ORDER_TWO_PASS, AWQ_UNPACK_WIDE_STORES, PAIRED_UNPACK_8BIT, TRANSPOSE_INVERSE_MODE) for the A/B.
 * **staged** (round 1's kernel for act-order, AWQ and the AWQ inverse): one block = one k-tile × up to 8 n-tiles
   of one expert::
 
@@ -41,7 +45,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, uint32
+from numba import cuda, int32, uint32, uint64
 
 from kernels_numba._launch import Arrays, is_device_array
 
@@ -223,6 +227,22 @@ def gptq_half_from_marlin_8bit(w, from_q):
     return (uint32(w >> sh) & uint32(0xFF)) | ((uint32(w >> uint32(sh + uint32(16))) & uint32(0xFF)) << uint32(8))
 
 
+@cuda.jit(device=True, inline=True)
+def gptq_word_from_marlin_8bit(mw, i, r):
+    """GPTQ-form word r (rows 4r..4r+3) of one column from the column's 4 Marlin words mw[i..i+3] (row2 = 0..3):
+    marlin_words_8bit backwards (words row2 = 0, 1 hold rows 0-1 / 8-9 and 2-3 / 10-11, i.e. words r = 0 and 2)."""
+    a = mw[i + 2 * (r & 1)]
+    b = mw[i + 2 * (r & 1) + 1]
+    return gptq_half_from_marlin_8bit(a, r >> 1) | uint32(gptq_half_from_marlin_8bit(b, r >> 1) << uint32(16))
+
+
+@cuda.jit(device=True, inline=True)
+def stage_words_from_marlin_8bit(stage, s, mw, i):
+    """The 4 GPTQ-form words of one column, rebuilt from its Marlin words mw[i..i+3], into stage[s..s+3]."""
+    for r in range(4):
+        stage[s + r] = gptq_word_from_marlin_8bit(mw, i, r)
+
+
 def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int | None = None,
                                 threads: int = DIRECT_THREADS):
     """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .].
@@ -390,6 +410,63 @@ def _direct_unpack_kernel(bits: int, target: str, k_tiles_per_thread: int | None
     return cuda.jit(direct_unpack_kernel_source(bits, target, k_tiles_per_thread))
 
 
+# Round 3, Marlin -> GPTQ 8-bit / FP8 raw bits (77% of copy in round 2, worse with more k-tiles per thread): in
+# the direct unpack a warp's lanes own columns 8*slot + col (col = 0..3 or 4..7), so each store instruction writes
+# 8 runs of 16 bytes: every sector half written, the other half by the block's other warp. The paired kernel gives
+# a thread two adjacent columns (col = 2*pair, 2*pair + 1: 8 Marlin words, 8 loads in flight) and writes each
+# GPTQ row as one 8-byte store of both columns into the output viewed as uint64 [E, K/4, N/2]: a warp store
+# instruction covers 256 contiguous bytes (one n-tile's row), loads stay 4 full 32-byte sectors per instruction.
+# Lanes: slot (= 2*warp + half) fastest, then pair; 32 lanes per n-tile, 4 n-tiles per 128-thread block.
+PAIRED_UNPACK_8BIT = True  # False: the round-2 direct unpack (kept for the A/B)
+PAIRED_UNPACK_K_TILES_PER_THREAD = 1
+
+
+def paired_unpack_8bit_kernel_source(k_tiles_per_thread: int | None = None):
+    """Marlin W8 [E, K/16, 4N] -> GPTQ 8-bit words viewed as uint64 [E, K/4, N/2] (two columns per 8-byte word)."""
+    tiles_per_block = DIRECT_THREADS // 32
+    ktpt = k_tiles_per_thread or PAIRED_UNPACK_K_TILES_PER_THREAD
+    held = 8 * ktpt
+
+    def unpack_paired(marlin, out, size_n):
+        """Grid (ceil(K/16 / ktpt), ceil(N/64 / 4), E), DIRECT_THREADS threads."""
+        e = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        nt = cuda.blockIdx.y * tiles_per_block + (tid >> 5)
+        k_tiles = marlin.shape[1]
+        if nt < (size_n >> 6):
+            lane = tid & 31
+            slot = lane & 7
+            pair = lane >> 3
+            o = nt * 256 + (pair << 6) + slot  # Marlin word 32*col + 8*row2 + slot of col = 2*pair (+32: col + 1)
+            c64 = (nt << 5) + (slot << 2) + pair  # 8-byte word of columns n, n + 1 = 64*nt + 8*slot + 2*pair + {0, 1}
+            mw = cuda.local.array(held, dtype=uint32)  # [j][c][row2]
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    for c in range(2):
+                        for row2 in range(4):
+                            mw[8 * j + 4 * c + row2] = marlin[e, kt, o + 32 * c + 8 * row2]
+            for j in range(ktpt):
+                kt = cuda.blockIdx.x * ktpt + j
+                if kt < k_tiles:
+                    for r in range(4):
+                        lo = gptq_word_from_marlin_8bit(mw, 8 * j, r)
+                        hi = gptq_word_from_marlin_8bit(mw, 8 * j + 4, r)
+                        out[e, 4 * kt + r, c64] = uint64(lo) | (uint64(hi) << uint64(32))
+
+    return unpack_paired
+
+
+@functools.lru_cache(maxsize=None)
+def _paired_unpack_8bit_kernel(k_tiles_per_thread: int | None = None):
+    return cuda.jit(paired_unpack_8bit_kernel_source(k_tiles_per_thread))
+
+
+def paired_unpack_grid(size_k: int, size_n: int, experts: int, k_tiles_per_thread: int | None = None):
+    ktpt = k_tiles_per_thread or PAIRED_UNPACK_K_TILES_PER_THREAD
+    return (-(-(size_k // TILE_K) // ktpt), -(-(size_n // TILE_N) // (DIRECT_THREADS // 32)), experts)
+
+
 def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_thread: int | None = None,
                 threads: int = DIRECT_THREADS):
     """Launch grid of the direct repack (the direct unpack uses k_tiles_per_thread = 1)."""
@@ -510,8 +587,14 @@ def awq_field(w, field, bits):
 
 
 def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None,
-                                    threads: int = DIRECT_THREADS):
-    """AWQ words [E, K, N/pf] -> Marlin [E, K/16, N*16/pf], direct shape (see the comment above)."""
+                                    threads: int = DIRECT_THREADS, natural_order: bool = False,
+                                    gathered: bool = False):
+    """AWQ words [E, K, N/pf] -> Marlin [E, K/16, N*16/pf], direct shape (see the comment above).
+
+    ``natural_order``: the source is plainly column-packed (field i of word c = column c*pf + i, no AWQ interleave);
+    ``gathered``: Marlin row k reads source row perm[e, k] and the kernel takes (src, perm, out, size_n). Both
+    together are pass 2 of the two-pass act-order repack (see gptq_to_npacked_kernel_source).
+    """
     four_bit = bits == 4
     lanes_per_tile = 16 if four_bit else 32
     tiles_per_block = threads // lanes_per_tile
@@ -521,8 +604,8 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
     ktpt = k_tiles_per_thread or AWQ_K_TILES_PER_THREAD[bits]
     held = 8 * ktpt
 
-    def repack_awq(src, out, size_n):
-        """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
+    @cuda.jit(device=True, inline=True)
+    def repack_awq_body(src, perm, out, size_n):
         e = cuda.blockIdx.z
         tid = cuda.threadIdx.x
         nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
@@ -542,6 +625,8 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
                     k0 = kt * 16 + (row2 << 1)
                     for dr in range(4):
                         k = k0 + (dr & 1) + ((dr >> 1) << 3)
+                        if gathered:
+                            k = perm[e, k]  # a whole source row, still read along N (coalesced)
                         words[8 * j + 2 * dr] = src[e, k, c0]
                         words[8 * j + 2 * dr + 1] = src[e, k, c0 + 1]
             base = nt * wpt + lane
@@ -551,7 +636,7 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
                     for col in range(8):
                         if four_bit:
                             # column 16*warp + col: word h = 0, field of col; column + 8: word h = 1
-                            f = (col >> 1) + 4 * (col & 1)
+                            f = col if natural_order else (col >> 1) + 4 * (col & 1)
                             m = (awq_field(words[8 * j], f, 4)
                                  | uint32(awq_field(words[8 * j + 4], f, 4) << uint32(4))
                                  | uint32(awq_field(words[8 * j + 1], f, 4) << uint32(8))
@@ -566,18 +651,158 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
                             # bytes: rows k0, k0+8, k0+1, k0+9
                             h = col >> 2
                             i = col & 3
-                            f = (i >> 1) + 2 * (i & 1)
+                            f = i if natural_order else (i >> 1) + 2 * (i & 1)
                             m = (awq_field(words[8 * j + h], f, 8)
                                  | uint32(awq_field(words[8 * j + 4 + h], f, 8) << uint32(8))
                                  | uint32(awq_field(words[8 * j + 2 + h], f, 8) << uint32(16))
                                  | uint32(awq_field(words[8 * j + 6 + h], f, 8) << uint32(24)))
                             out[e, kt, base + (col << 5)] = m
 
+    if gathered:
+        def repack_awq_gathered(src, perm, out, size_n):
+            """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads; perm int32 [E, K]."""
+            repack_awq_body(src, perm, out, size_n)
+
+        return repack_awq_gathered
+
+    def repack_awq(src, out, size_n):
+        """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
+        no_perm = cuda.local.array((1, 1), dtype=int32)  # never read (gathered is False): keeps one body
+        repack_awq_body(src, no_perm, out, size_n)
+
     return repack_awq
 
 
-def awq_direct_unpack_kernel_source(bits: int):
-    """Marlin [E, K/16, N*16/pf] -> AWQ words [E, K, N/pf]: the direct AWQ repack backwards, one k-tile a thread."""
+# Round 3, act-order in two passes. The one-pass gather (26% / 35% of copy) loads a 32-bit word for each 4- or 8-bit
+# field it needs (the pf rows of a GPTQ word go to pf random k-tiles), so the L2 -> SM traffic is 8x (4x) the source
+# bytes. Two passes instead, every loaded byte used in both:
+#   pass 1  GPTQ words [K/pf, N] -> N-packed rows [K, N/pf] (field i of word c = column c*pf + i): per thread an
+#           8x8 nibble (4x4 byte) transpose of pf words; loads and stores both 128 contiguous bytes per warp
+#           instruction, through a shared-memory tile (one k-tile x pf*128 columns per block);
+#   pass 2  the direct AWQ kernel in natural field order with its rows read through perm (whole rows: coalesced).
+# The intermediate is one layer's size. For stacked experts the wrapper keeps the one-pass kernel (one launch for
+# all experts, no temporary), so peak extra device memory stays 0 there; see _launch_repack.
+ACT_ORDER_TWO_PASS = True  # False: the round-2 one-pass gather for single matrices too
+ACT_ORDER_PASS2_K_TILES_PER_THREAD = {4: 2, 8: 1}  # measured (round-3 A/B, H200): u4 2 > 1 by 3%, u8 1 > 2 by 2%
+NPACK_THREADS = 128
+NPACK_TILE_WORDS = TILE_K * NPACK_THREADS  # one k-tile x pf*NPACK_THREADS columns = 16*128 words for both widths
+NPACK_STAGE_WORDS = NPACK_TILE_WORDS + NPACK_TILE_WORDS // 32  # one pad word per 32: conflict-free strided reads
+
+
+def gptq_to_npacked_kernel_source(bits: int):
+    """GPTQ words [E, K/pf, N] -> N-packed words [E, K, N/pf] (pass 1 of the two-pass act-order repack)."""
+    pf = 32 // bits
+    log_pf = 3 if bits == 4 else 2
+    row_words = TILE_K // pf  # GPTQ rows of words per k-tile
+    cols_per_block = pf * NPACK_THREADS
+    # transpose network: (distance, shift, mask) stages; stage d swaps field f + d of word i with field f of word i + d
+    # for every i, f with bit d clear, on the pf x pf matrix of fields (word = row, field = column)
+    stages = ((4, 16, 0x0000FFFF), (2, 8, 0x00FF00FF), (1, 4, 0x0F0F0F0F)) if bits == 4 else (
+        (2, 16, 0x0000FFFF), (1, 8, 0x00FF00FF))
+    stage_dist = tuple(d for d, _, _ in stages)
+    stage_shift = tuple(sh for _, sh, _ in stages)
+    stage_mask = tuple(m for _, _, m in stages)
+    n_stages = len(stages)
+
+    def to_npacked(src, out, size_n):
+        """Grid (K/16, ceil(N / (pf*NPACK_THREADS)), E), NPACK_THREADS threads."""
+        stage = cuda.shared.array(NPACK_STAGE_WORDS, dtype=uint32)  # [row_words][cols_per_block], padded
+        kt = cuda.blockIdx.x
+        e = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        n0 = cuda.blockIdx.y * cols_per_block
+        held = cuda.local.array(TILE_K, dtype=uint32)  # [h][i]: registers after unrolling
+        # coalesced loads (consecutive threads, consecutive columns); a column past N reloads the last one (no
+        # branch, so all 16 loads issue before the first shared store); its stage slot is never read
+        for h in range(row_words):
+            for i in range(pf):
+                n = min(n0 + tid + NPACK_THREADS * i, size_n - 1)
+                held[h * pf + i] = src[e, kt * row_words + h, n]
+        for h in range(row_words):
+            for i in range(pf):
+                j = h * cols_per_block + tid + NPACK_THREADS * i
+                stage[j + (j >> 5)] = held[h * pf + i]
+        cuda.syncthreads()
+        if n0 + pf * tid < size_n:  # N % 64 == 0: the thread's pf columns exist together
+            m = cuda.local.array(8, dtype=uint32)
+            for h in range(row_words):
+                for i in range(pf):
+                    j = h * cols_per_block + pf * tid + i
+                    m[i] = stage[j + (j >> 5)]  # column pf*tid + i, rows h*pf .. h*pf + pf - 1
+                for st in range(n_stages):
+                    d = stage_dist[st]
+                    for i in range(pf):
+                        if (i & d) == 0:
+                            t = uint32(uint32(m[i] >> uint32(stage_shift[st])) ^ m[i + d]) & uint32(stage_mask[st])
+                            m[i + d] = m[i + d] ^ t
+                            m[i] = m[i] ^ uint32(t << uint32(stage_shift[st]))
+                for f in range(pf):  # now word f = row h*pf + f of the thread's pf columns
+                    out[e, kt * TILE_K + h * pf + f, (n0 >> log_pf) + tid] = m[f]
+
+    return to_npacked
+
+
+@functools.lru_cache(maxsize=None)
+def _npacked_kernel(bits: int):
+    return cuda.jit(gptq_to_npacked_kernel_source(bits))
+
+
+def npacked_grid(size_k: int, size_n: int, bits: int, experts: int):
+    return (size_k // TILE_K, -(-size_n // ((32 // bits) * NPACK_THREADS)), experts)
+
+
+# Column strips (A/B only until measured): both passes run per strip of ``strip_cols`` columns, so the strip's
+# intermediate (K * strip_cols/pf words, e.g. 8 MiB) can stay in the L2 between pass 1 and pass 2 and is reused by
+# the next strip: DRAM then sees about one read of the layer and one write, at the price of 2 launches per strip.
+# The kernels take column views (strided arrays) of src, out and the intermediate; no kernel change.
+ACT_ORDER_STRIP_BYTES = 0  # 0: one pass pair over the whole layer
+
+
+def act_order_strip_cols(size_k: int, size_n: int, bits: int, strip_bytes: int) -> int:
+    """Columns per strip whose N-packed intermediate is at most strip_bytes (a multiple of 64; N when 0)."""
+    if not strip_bytes:
+        return size_n
+    cols = strip_bytes * (32 // bits) // (4 * size_k) // TILE_N * TILE_N
+    return max(TILE_N, min(size_n, cols))
+
+
+def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: int, stream, temp=None,
+                              strip_cols: int | None = None):
+    """Two-pass act-order repack of one matrix (src [1, K/pf, N], perm [1, K], out [1, K/16, N*16/pf]) on
+    ``stream``, in column strips of ``strip_cols`` (default: all N at once); ``temp`` is the N-packed intermediate
+    [1, K, strip_cols/pf] (allocated here when None)."""
+    pf = 32 // bits
+    strip = strip_cols or size_n
+    if temp is None:
+        temp = cuda.device_array((1, size_k, strip // pf), np.uint32, stream=stream)
+    ktpt = ACT_ORDER_PASS2_K_TILES_PER_THREAD[bits]
+    pass1 = _npacked_kernel(bits)
+    pass2 = _awq_direct_repack_kernel(bits, ktpt, DIRECT_THREADS, True, True)
+    for n0 in range(0, size_n, strip):
+        cols = min(strip, size_n - n0)
+        if cols == size_n:  # one strip: the contiguous arrays themselves
+            src_s, temp_s, out_s = src, temp, out
+        else:  # strided column views: src columns, the strip's first cols/pf words of temp, the strip's tiles
+            src_s = src[:, :, n0:n0 + cols]
+            temp_s = temp[:, :, :cols // pf]
+            out_s = out[:, :, n0 * TILE_K // pf:(n0 + cols) * TILE_K // pf]
+        pass1[npacked_grid(size_k, cols, bits, 1), NPACK_THREADS, stream](src_s, temp_s, cols)
+        pass2[awq_grid(size_k, cols, bits, 1, ktpt), DIRECT_THREADS, stream](temp_s, perm, out_s, cols)
+    return temp
+
+
+# Round 3, Marlin -> AWQ (68% / 77% of copy in round 2): a thread's two AWQ words of a row (c0, c0 + 1, c0 even)
+# are adjacent, but were written by two store instructions, each covering every other word (8-byte stride): every
+# sector of a store instruction half written. ``wide_stores`` writes them as one 8-byte store into the output
+# viewed as uint64 [E, K, N/pf/2]: a warp store instruction then covers 64 contiguous bytes of each of its 4 rows
+# (4-bit; 8-bit: 128 bytes of each of 2 rows), full sectors, half the store instructions.
+AWQ_UNPACK_WIDE_STORES = True
+
+
+def awq_direct_unpack_kernel_source(bits: int, wide_stores: bool | None = None):
+    """Marlin [E, K/16, N*16/pf] -> AWQ words [E, K, N/pf] (``wide_stores``: out is that array viewed as uint64
+    [E, K, N/pf/2]): the direct AWQ repack backwards, one k-tile a thread."""
+    wide = AWQ_UNPACK_WIDE_STORES if wide_stores is None else wide_stores
     four_bit = bits == 4
     lanes_per_tile = 16 if four_bit else 32
     tiles_per_block = DIRECT_THREADS // lanes_per_tile
@@ -605,6 +830,7 @@ def awq_direct_unpack_kernel_source(bits: int):
             for col in range(8):
                 mw[col] = marlin[e, kt, base + (col << col_shift)]  # Marlin word 16*col (32*col) + lane
             k0 = kt * 16 + (row2 << 1)
+            pair = cuda.local.array(2, dtype=uint32)  # AWQ words c0, c0 + 1 of one row
             for dr in range(4):  # rows k0, k0+1, k0+8, k0+9
                 k = k0 + (dr & 1) + ((dr >> 1) << 3)
                 for h in range(2):
@@ -619,7 +845,12 @@ def awq_direct_unpack_kernel_source(bits: int):
                         for i in range(4):
                             f = (i >> 1) + 2 * (i & 1)
                             w = w | uint32(awq_field(mw[4 * h + i], pos, 8) << uint32(f << 3))
-                    out[e, k, c0 + h] = w
+                    pair[h] = w
+                if wide:
+                    out[e, k, c0 >> 1] = uint64(pair[0]) | (uint64(pair[1]) << uint64(32))
+                else:
+                    out[e, k, c0] = pair[0]
+                    out[e, k, c0 + 1] = pair[1]
 
     return unpack_awq
 
@@ -634,12 +865,27 @@ TRANSPOSE_ROW_STRIDE = TRANSPOSE_ROW_WORDS + 1  # padding: a module constant (sh
 TRANSPOSE_STAGE_WORDS = TILE_N * TRANSPOSE_ROW_STRIDE
 TRANSPOSE_THREADS = 128  # 2 groups of 64 lanes, each group 4 of the block's 8 k-tiles
 TRANSPOSE_LOADS_PER_THREAD = TILE_N * TRANSPOSE_ROW_WORDS // TRANSPOSE_THREADS  # 16: warp i reads rows i, i+4, ..
+# Round 3: the inverse (Marlin -> row-major, 46% of copy in round 2) already stores whole 128-byte rows from the
+# stage; what it lacked is loads in flight. Its per-k-tile loop (4 Marlin loads, then 4 shared stores, under a
+# bounds branch) kept 4 loads per thread outstanding (PTX: ld.global x4 / st.shared x4, repeated). With
+# ``inverse_mode`` "loads_first" the thread issues all 4*per_group = 16 Marlin loads before the first shared store,
+# as the forward tile does with its 16 row loads; "loads_first_barrier" puts a barrier between the loads and the
+# shared stores (a guard, in case ptxas interleaves them again: the PTX of "loads_first" is already 16 loads, then
+# stores without it; ptxas may or may not hoist: the A/B decides); "round2" is the round-2 kernel (kept for the A/B).
+TRANSPOSE_INVERSE_MODES = ("round2", "loads_first", "loads_first_barrier")
+TRANSPOSE_INVERSE_MODE = "loads_first"
 
 
-def transpose_repack_kernel_source(inverse: bool = False):
+def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | None = None):
     """Row-major words [E, N, K/4] -> Marlin W8 [E, K/16, 4N] (``inverse``: the reverse)."""
     groups = TRANSPOSE_THREADS // 64
     per_group = TRANSPOSE_K_TILES // groups
+    mode = inverse_mode or TRANSPOSE_INVERSE_MODE
+    if mode not in TRANSPOSE_INVERSE_MODES:
+        raise ValueError(f"inverse_mode = {mode!r} is not one of {TRANSPOSE_INVERSE_MODES}")
+    loads_first = mode != "round2"
+    barrier_after_loads = mode == "loads_first_barrier"
+    held_marlin = 4 * per_group  # Marlin words a thread holds: 16
 
     def transpose_repack(src, out, size_n):
         """Grid (ceil(K/16 / TRANSPOSE_K_TILES), N/64, E), TRANSPOSE_THREADS threads."""
@@ -686,19 +932,27 @@ def transpose_repack_kernel_source(inverse: bool = False):
                     out[e, kt0 + ktl, o + 16] = marlin_words_8bit(p1, p3, 2)
                     out[e, kt0 + ktl, o + 24] = marlin_words_8bit(p1, p3, 3)
         else:
-            for j in range(per_group):
-                ktl = group + groups * j
-                if kt0 + ktl < k_tiles:
-                    w0 = src[e, kt0 + ktl, o]
-                    w1 = src[e, kt0 + ktl, o + 8]
-                    w2 = src[e, kt0 + ktl, o + 16]
-                    w3 = src[e, kt0 + ktl, o + 24]
-                    s = n_local * TRANSPOSE_ROW_STRIDE + 4 * ktl
-                    hi = uint32(16)
-                    stage[s] = gptq_half_from_marlin_8bit(w0, 0) | uint32(gptq_half_from_marlin_8bit(w1, 0) << hi)
-                    stage[s + 2] = gptq_half_from_marlin_8bit(w0, 1) | uint32(gptq_half_from_marlin_8bit(w1, 1) << hi)
-                    stage[s + 1] = gptq_half_from_marlin_8bit(w2, 0) | uint32(gptq_half_from_marlin_8bit(w3, 0) << hi)
-                    stage[s + 3] = gptq_half_from_marlin_8bit(w2, 1) | uint32(gptq_half_from_marlin_8bit(w3, 1) << hi)
+            mw = cuda.local.array(held_marlin, dtype=uint32)  # [j][row2]: registers after unrolling
+            if loads_first:
+                # no branch between the loads and the shared stores (a per-k-tile bounds branch let LLVM merge
+                # each k-tile's loads with its stores again): a k-tile past the end reloads the last one, its
+                # stage columns are never stored (row_words)
+                for j in range(per_group):
+                    ktc = min(kt0 + group + groups * j, k_tiles - 1)
+                    for row2 in range(4):
+                        mw[4 * j + row2] = src[e, ktc, o + 8 * row2]
+                if barrier_after_loads:
+                    cuda.syncthreads()
+                for j in range(per_group):
+                    stage_words_from_marlin_8bit(stage, n_local * TRANSPOSE_ROW_STRIDE + 4 * (group + groups * j),
+                                                 mw, 4 * j)
+            else:  # round 2: each k-tile unpacked before the next one's loads (4 loads in flight)
+                for j in range(per_group):
+                    ktl = group + groups * j
+                    if kt0 + ktl < k_tiles:
+                        for row2 in range(4):
+                            mw[4 * j + row2] = src[e, kt0 + ktl, o + 8 * row2]
+                        stage_words_from_marlin_8bit(stage, n_local * TRANSPOSE_ROW_STRIDE + 4 * ktl, mw, 4 * j)
             cuda.syncthreads()
             w = tid & (TRANSPOSE_ROW_WORDS - 1)
             for it in range(TRANSPOSE_LOADS_PER_THREAD):
@@ -715,18 +969,19 @@ def _perm_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, thread
 
 
 @functools.lru_cache(maxsize=None)
-def _awq_direct_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
-    return cuda.jit(awq_direct_repack_kernel_source(bits, k_tiles_per_thread, threads))
+def _awq_direct_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS,
+                              natural_order: bool = False, gathered: bool = False):
+    return cuda.jit(awq_direct_repack_kernel_source(bits, k_tiles_per_thread, threads, natural_order, gathered))
 
 
 @functools.lru_cache(maxsize=None)
-def _awq_direct_unpack_kernel(bits: int):
-    return cuda.jit(awq_direct_unpack_kernel_source(bits))
+def _awq_direct_unpack_kernel(bits: int, wide_stores: bool | None = None):
+    return cuda.jit(awq_direct_unpack_kernel_source(bits, wide_stores))
 
 
 @functools.lru_cache(maxsize=None)
-def _transpose_repack_kernel(inverse: bool = False):
-    return cuda.jit(transpose_repack_kernel_source(inverse))
+def _transpose_repack_kernel(inverse: bool = False, inverse_mode: str | None = None):
+    return cuda.jit(transpose_repack_kernel_source(inverse, inverse_mode))
 
 
 def perm_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS):
@@ -965,6 +1220,8 @@ def compile_targets():
 
     u32_3d = types.Array(types.uint32, 3, "C")
     i32_2d = types.Array(types.int32, 2, "C")
+    u64_3d = types.Array(types.uint64, 3, "C")  # outputs written as 8-byte words (two packed words per store)
+    u32_3d_a = types.Array(types.uint32, 3, "A")  # column views (act-order strips)
     for bits in (4, 8):
         for source in SOURCES:
             if source == "row_major_bytes" and bits == 4:
@@ -990,12 +1247,28 @@ def compile_targets():
     for bits in (4, 8):
         yield f"perm_gather[{bits}-bit]", perm_repack_kernel_source(bits), (u32_3d, i32_2d, u32_3d, types.int64)
         yield f"awq_direct_repack[{bits}-bit]", awq_direct_repack_kernel_source(bits), (u32_3d, u32_3d, types.int64)
-        yield f"awq_direct_unpack[{bits}-bit]", awq_direct_unpack_kernel_source(bits), (u32_3d, u32_3d, types.int64)
+        for wide in (False, True):
+            yield (f"awq_direct_unpack[{bits}-bit,wide_stores={wide}]", awq_direct_unpack_kernel_source(bits, wide),
+                   (u32_3d, u64_3d if wide else u32_3d, types.int64))
+        yield f"npacked[{bits}-bit]", gptq_to_npacked_kernel_source(bits), (u32_3d, u32_3d, types.int64)
+        yield (f"awq_natural_gathered[{bits}-bit]", awq_direct_repack_kernel_source(bits, natural_order=True,
+                                                                                     gathered=True),
+               (u32_3d, i32_2d, u32_3d, types.int64))
+        yield f"npacked[{bits}-bit,strip views]", gptq_to_npacked_kernel_source(bits), (u32_3d_a, u32_3d_a, types.int64)
+        yield (f"awq_natural_gathered[{bits}-bit,strip views]",
+               awq_direct_repack_kernel_source(bits, natural_order=True, gathered=True),
+               (u32_3d_a, i32_2d, u32_3d_a, types.int64))
         yield (f"unpack_ktpt[{bits}-bit,gptq,ktpt=1]", direct_unpack_kernel_source(bits, "gptq", 1),
                (u32_3d, u32_3d, types.int64))
     for inverse in (False, True):
         yield f"transpose_tile[inverse={inverse}]", transpose_repack_kernel_source(inverse), (u32_3d, u32_3d,
                                                                                                 types.int64)
+    for mode in TRANSPOSE_INVERSE_MODES:
+        if mode != TRANSPOSE_INVERSE_MODE:
+            yield (f"transpose_tile[inverse=True,mode={mode}]", transpose_repack_kernel_source(True, mode),
+                   (u32_3d, u32_3d, types.int64))
+    for ktpt in sorted({1, 2, PAIRED_UNPACK_K_TILES_PER_THREAD}):
+        yield f"paired_unpack_8bit[ktpt={ktpt}]", paired_unpack_8bit_kernel_source(ktpt), (u32_3d, u64_3d, types.int64)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1022,8 +1295,9 @@ def _check_sizes(size_k: int, size_n: int, bits: int) -> None:
 
 def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool,
                    staged: bool = False):
-    """GPTQ rows go through the direct kernel, act-order through the direct perm gather, AWQ through the direct
-    AWQ kernel, row-major FP8 through the shared-memory transpose tile. ``staged=True`` forces the staged kernel
+    """GPTQ rows go through the direct kernel, act-order through the two-pass repack for one matrix and the
+    one-pass direct perm gather for stacked experts, AWQ through the direct AWQ kernel, row-major FP8 through the
+    shared-memory transpose tile. ``staged=True`` forces the staged kernel
     (kept for the benchmark's comparison and tested like the rest)."""
     experts = src.shape[0]
     pf = 32 // bits
@@ -1037,6 +1311,11 @@ def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: in
     elif source == "gptq":
         grid = direct_grid(size_k, size_n, bits, experts)
         _direct_repack_kernel(bits, source)[grid, DIRECT_THREADS, stream](src, out, size_n)
+    elif source == "gptq_perm" and ACT_ORDER_TWO_PASS and experts == 1:
+        # two passes through an N-packed temporary of the layer's size (stacks keep the one-pass kernel below)
+        strip = act_order_strip_cols(size_k, size_n, bits, ACT_ORDER_STRIP_BYTES)
+        temp = arrays.empty((1, size_k, strip // pf), np.uint32)
+        launch_act_order_two_pass(src, perm, out, size_k, size_n, bits, stream, temp, strip)
     elif source == "gptq_perm":
         grid = perm_grid(size_k, size_n, bits, experts)
         _perm_repack_kernel(bits)[grid, DIRECT_THREADS, stream](src, perm, out, size_n)
@@ -1081,7 +1360,10 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
                        staged: bool = False):
     """GPTQ qweight int32 [K/pf, N] (or [E, K/pf, N]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...]).
 
-    ``perm`` (int32 [K] or [E, K], or None/empty): Marlin row k takes checkpoint row perm[k] (act-order).
+    ``perm`` (int32 [K] or [E, K], or None/empty): Marlin row k takes checkpoint row perm[k] (act-order). With a
+    perm, one matrix is repacked in two passes through a temporary N-packed copy of the layer (K*N/pf words, the
+    size of ``b_q_weight``, freed on return); stacked experts [E, ...] use the one-pass gather kernel (one launch,
+    no temporary), so peak extra device memory stays below one expert's input there.
     """
     _check_sizes(size_k, size_n, num_bits)
     pf = 32 // num_bits
@@ -1152,10 +1434,15 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
         _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
     elif target == "awq":
         grid = awq_grid(size_k, size_n, bits, experts, 1)
-        _awq_direct_unpack_kernel(bits)[grid, DIRECT_THREADS, arrays.stream](src, out, size_n)
+        target_words = out.view(np.uint64) if AWQ_UNPACK_WIDE_STORES else out  # N/pf is even (N % 64 == 0)
+        _awq_direct_unpack_kernel(bits, AWQ_UNPACK_WIDE_STORES)[grid, DIRECT_THREADS, arrays.stream](
+            src, target_words, size_n)
     elif target == "row_major_bytes":
-        _transpose_repack_kernel(True)[transpose_grid(size_k, size_n, experts), TRANSPOSE_THREADS, arrays.stream](
-            src, out, size_n)
+        kernel = _transpose_repack_kernel(True, TRANSPOSE_INVERSE_MODE)  # mode named in the cache key
+        kernel[transpose_grid(size_k, size_n, experts), TRANSPOSE_THREADS, arrays.stream](src, out, size_n)
+    elif bits == 8 and PAIRED_UNPACK_8BIT:
+        _paired_unpack_8bit_kernel()[paired_unpack_grid(size_k, size_n, experts), DIRECT_THREADS, arrays.stream](
+            src, out.view(np.uint64), size_n)
     else:
         grid = direct_grid(size_k, size_n, bits, experts, DIRECT_UNPACK_K_TILES_PER_THREAD[bits])
         _direct_unpack_kernel(bits, target)[grid, DIRECT_THREADS, arrays.stream](src, out, size_n)

@@ -195,3 +195,69 @@ def test_non_contiguous_cupy_array_is_a_clear_error(rng):
     q = cupy.asarray(packing.pack_rows(_codes(rng, 16, 128, 4), 4))[:, ::2]
     with pytest.raises(ValueError, match="contiguous"):
         ops.gptq_marlin_repack(q, None, 16, 64, 4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Round 3 variants at real shapes: every switch value of the wrappers, compiled integer semantics, poisoned outputs
+# ---------------------------------------------------------------------------------------------------------------
+ROUND3_SHAPES = [(4096, 14336), (14336, 4096), (16, 64)]
+
+
+@pytest.mark.parametrize("k,n", ROUND3_SHAPES)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("new", [False, True], ids=["round2", "round3"])
+def test_round3_inverse_and_act_order_switches(k, n, bits, new, rng, monkeypatch):
+    monkeypatch.setattr(kr, "ACT_ORDER_TWO_PASS", new)
+    monkeypatch.setattr(kr, "AWQ_UNPACK_WIDE_STORES", new)
+    monkeypatch.setattr(kr, "PAIRED_UNPACK_8BIT", new)
+    codes = _codes(rng, k, n, bits)
+    perm = rng.permutation(k).astype(np.int32)
+    marlin = marlin_tile.marlin_repack_codes(codes, bits)
+    d_marlin = cupy.asarray(marlin)
+    with poison_outputs():
+        act_order = kr.gptq_marlin_repack(cupy.asarray(packing.pack_rows(codes, bits)), cupy.asarray(perm), k, n,
+                                          bits)
+        awq = kr.marlin_to_awq_qweight(d_marlin, k, n, bits)
+        gptq = kr.marlin_to_gptq_qweight(d_marlin, None, k, n, bits)
+    assert np.array_equal(act_order.get(), marlin_tile.marlin_repack_codes(codes, bits, perm))
+    assert np.array_equal(awq.get(), packing.awq_pack(codes, bits))
+    assert np.array_equal(gptq.get(), packing.pack_rows(codes, bits))
+    assert np.array_equal(d_marlin.get(), marlin)  # input untouched
+
+
+@pytest.mark.parametrize("strip_mib", [1, 8])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_round3_act_order_two_pass_in_column_strips(bits, strip_mib, rng, monkeypatch):
+    """Two-pass act-order over strided column strips (14336 x 4096: 1 MiB = 64 / 128 columns, 8 MiB more)."""
+    k, n = 14336, 4096
+    monkeypatch.setattr(kr, "ACT_ORDER_TWO_PASS", True)
+    monkeypatch.setattr(kr, "ACT_ORDER_STRIP_BYTES", strip_mib << 20)
+    codes = _codes(rng, k, n, bits)
+    perm = rng.permutation(k).astype(np.int32)
+    with poison_outputs():
+        got = kr.gptq_marlin_repack(cupy.asarray(packing.pack_rows(codes, bits)), cupy.asarray(perm), k, n, bits)
+    assert np.array_equal(got.get(), marlin_tile.marlin_repack_codes(codes, bits, perm))
+
+
+@pytest.mark.parametrize("k,n", ROUND3_SHAPES + [(144, 128)])
+@pytest.mark.parametrize("mode", kr.TRANSPOSE_INVERSE_MODES)
+def test_round3_row_major_inverse_modes(k, n, mode, rng, monkeypatch):
+    monkeypatch.setattr(kr, "TRANSPOSE_INVERSE_MODE", mode)
+    raw = rng.integers(0, 256, size=(n, k), dtype=np.uint8)
+    marlin = marlin_tile.marlin_repack_codes(np.ascontiguousarray(raw.T), 8)
+    with poison_outputs():
+        back = kr.marlin_to_block_fp8_row_major(cupy.asarray(marlin), k, n)
+    assert np.array_equal(back.get(), raw)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_round3_stacked_act_order_keeps_the_one_pass_kernel(bits, rng):
+    """64 stacked experts with their own perms: one launch of the one-pass gather (no temporary)."""
+    experts, k, n = 64, 2048, 1408
+    codes = rng.integers(0, 1 << bits, size=(experts, k, n), dtype=np.uint8)
+    perms = np.stack([rng.permutation(k) for _ in range(experts)]).astype(np.int32)
+    stacked = np.stack([packing.pack_rows(c, bits) for c in codes])
+    with poison_outputs():
+        got = kr.gptq_marlin_repack(cupy.asarray(stacked), cupy.asarray(perms), k, n, bits).get()
+    for e in (0, 31, 63):
+        assert np.array_equal(got[e], marlin_tile.marlin_repack_codes(codes[e], bits, perms[e]))

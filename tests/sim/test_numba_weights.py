@@ -188,29 +188,37 @@ def test_staged_kernel_still_exact_on_act_order_and_awq(bits, rng):
     assert np.array_equal(back_awq, packing.awq_pack(codes, bits))
 
 
-def _run_kernel(kernel, grid, threads, out_shape, inputs, size_n):
-    """Launch ``kernel(*inputs, out, size_n)`` with a poisoned uint32 output; return the output as int32."""
+def _run_kernel(kernel, grid, threads, out_shape, inputs, size_n, out_view=None):
+    """Launch ``kernel(*inputs, out, size_n)`` with a poisoned uint32 output (passed viewed as ``out_view``, e.g.
+    uint64 for kernels that store 8-byte words); return the output as int32."""
     from kernels_numba._launch import Arrays
 
     with poison_outputs():
         arrays = Arrays(None)
         d_inputs = [arrays.take(a, f"input{i}") for i, a in enumerate(inputs)]
         out = arrays.empty(out_shape, np.uint32)
-        kernel[grid, threads, arrays.stream](*d_inputs, out, size_n)
+        kernel[grid, threads, arrays.stream](*d_inputs, out if out_view is None else out.view(out_view), size_n)
         return arrays.give(out, np.int32)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("k_tiles_per_thread", [1, 2])
-def test_act_order_gather_kernel_with_several_k_tiles_per_thread(bits, k_tiles_per_thread, rng):
-    """Direct act-order gather; K = 48 leaves a partial group of k-tiles; 2 stacked experts with their own perms."""
+@pytest.mark.parametrize("kernel_kind", ["one-pass gather", "two-pass pass 2"])
+def test_act_order_gather_kernels_with_several_k_tiles_per_thread(bits, k_tiles_per_thread, kernel_kind, rng):
+    """The direct act-order gather (GPTQ rows in), and pass 2 of the two-pass repack (N-packed rows in, read
+    through perm); K = 48 leaves a partial group of k-tiles; 2 stacked experts with their own perms."""
     experts, k, n = 2, 48, 128
     codes = [_codes(rng, k, n, bits) for _ in range(experts)]
     perms = np.stack([rng.permutation(k) for _ in range(experts)]).astype(np.int32)
-    src = np.stack([packing.pack_rows(c, bits) for c in codes]).view(np.uint32)
-    grid = kr.perm_grid(k, n, bits, experts, k_tiles_per_thread)
-    got = _run_kernel(kr._perm_repack_kernel(bits, k_tiles_per_thread), grid, kr.DIRECT_THREADS,
-                      (experts, k // 16, n * bits // 2), [src, perms], n)
+    if kernel_kind == "one-pass gather":
+        src = np.stack([packing.pack_rows(c, bits) for c in codes]).view(np.uint32)
+        kernel = kr._perm_repack_kernel(bits, k_tiles_per_thread)
+        grid = kr.perm_grid(k, n, bits, experts, k_tiles_per_thread)
+    else:
+        src = np.stack([packing.pack_cols(c, bits) for c in codes]).view(np.uint32)
+        kernel = kr._awq_direct_repack_kernel(bits, k_tiles_per_thread, kr.DIRECT_THREADS, True, True)
+        grid = kr.awq_grid(k, n, bits, experts, k_tiles_per_thread)
+    got = _run_kernel(kernel, grid, kr.DIRECT_THREADS, (experts, k // 16, n * bits // 2), [src, perms], n)
     for e in range(experts):
         assert np.array_equal(got[e], marlin_tile.marlin_repack_codes(codes[e], bits, perms[e]))
 
@@ -253,3 +261,93 @@ def test_direct_unpack_with_several_k_tiles_per_thread(bits, target, k_tiles_per
     got = _run_kernel(kr._direct_unpack_kernel(bits, target, k_tiles_per_thread), grid, kr.DIRECT_THREADS,
                       (1,) + expected.shape, [marlin], n)
     assert np.array_equal(got[0], expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Round 3 variants: every one against the reference, poisoned outputs, several experts, partial blocks
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", kr.TRANSPOSE_INVERSE_MODES)
+def test_transpose_tile_inverse_modes(mode, rng):
+    """Marlin -> row-major FP8, every inverse mode: K = 144 (one full block of 8 k-tiles, one with 1), 2 experts."""
+    experts, k, n = 2, 144, 128
+    raws = [rng.integers(0, 256, size=(n, k), dtype=np.uint8) for _ in range(experts)]
+    marlin = np.stack([marlin_tile.marlin_repack_codes(np.ascontiguousarray(r.T), 8) for r in raws]).view(np.uint32)
+    got = _run_kernel(kr._transpose_repack_kernel(True, mode), kr.transpose_grid(k, n, experts),
+                      kr.TRANSPOSE_THREADS, (experts, n, k // 4), [marlin], n)
+    for e in range(experts):
+        assert np.array_equal(got[e].view(np.uint8), raws[e])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("wide_stores", [False, True])
+def test_awq_unpack_store_widths(bits, wide_stores, rng):
+    """Marlin -> AWQ with 4-byte and 8-byte stores; 2 experts, N = 576 (the last block of n-tiles is partial)."""
+    experts, k, n = 2, 32, 576
+    codes = [_codes(rng, k, n, bits) for _ in range(experts)]
+    marlin = np.stack([marlin_tile.marlin_repack_codes(c, bits) for c in codes]).view(np.uint32)
+    kernel = kr._awq_direct_unpack_kernel(bits, wide_stores)
+    grid = kr.awq_grid(k, n, bits, experts, 1)
+    out_shape = (experts, k, n * bits // 32)
+    got = _run_kernel(kernel, grid, kr.DIRECT_THREADS, out_shape, [marlin], n, np.uint64 if wide_stores else None)
+    for e in range(experts):
+        assert np.array_equal(got[e], packing.awq_pack(codes[e], bits))
+
+
+@pytest.mark.parametrize("k_tiles_per_thread", [1, 2])
+def test_paired_8bit_unpack(k_tiles_per_thread, rng):
+    """Marlin W8 -> GPTQ 8-bit rows, two columns per thread and 8-byte stores; K = 48 (a partial group of
+    k-tiles at 2 per thread), N = 320 (5 n-tiles: the second block of 4 is partial), 2 experts."""
+    experts, k, n = 2, 48, 320
+    codes = [_codes(rng, k, n, 8) for _ in range(experts)]
+    marlin = np.stack([marlin_tile.marlin_repack_codes(c, 8) for c in codes]).view(np.uint32)
+    got = _run_kernel(kr._paired_unpack_8bit_kernel(k_tiles_per_thread),
+                      kr.paired_unpack_grid(k, n, experts, k_tiles_per_thread), kr.DIRECT_THREADS,
+                      (experts, k // 4, n), [marlin], n, np.uint64)
+    for e in range(experts):
+        assert np.array_equal(got[e], packing.pack_rows(codes[e], 8))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_npacked_pass_of_the_two_pass_act_order(bits, rng):
+    """Pass 1: GPTQ rows -> N-packed rows (packing.pack_cols) through the shared tile; N = 576 leaves the column
+    block (1024 / 512 columns) partial, 2 experts, 2 k-tiles."""
+    experts, k, n = 2, 32, 576
+    codes = [_codes(rng, k, n, bits) for _ in range(experts)]
+    src = np.stack([packing.pack_rows(c, bits) for c in codes]).view(np.uint32)
+    got = _run_kernel(kr._npacked_kernel(bits), kr.npacked_grid(k, n, bits, experts), kr.NPACK_THREADS,
+                      (experts, k, n * bits // 32), [src], n)
+    for e in range(experts):
+        assert np.array_equal(got[e], packing.pack_cols(codes[e], bits))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("route", ["one-pass", "two-pass", "two-pass strips"])
+def test_act_order_wrapper_routes(bits, route, rng, monkeypatch):
+    """gptq_marlin_repack with a perm on one matrix: the one-pass gather, the two-pass route, and the two-pass
+    route in column strips (2 KiB of intermediate: 128 (u4) / 64 (u8) columns, N = 576 leaves a partial strip)."""
+    monkeypatch.setattr(kr, "ACT_ORDER_TWO_PASS", route != "one-pass")
+    monkeypatch.setattr(kr, "ACT_ORDER_STRIP_BYTES", 2048 if route == "two-pass strips" else 0)
+    k, n = 32, 576
+    if route == "two-pass strips":
+        assert kr.act_order_strip_cols(k, n, bits, 2048) == (128 if bits == 4 else 64)
+    codes = _codes(rng, k, n, bits)
+    perm = rng.permutation(k).astype(np.int32)
+    with poison_outputs():
+        got = kr.gptq_marlin_repack(packing.pack_rows(codes, bits), perm, k, n, bits)
+    assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits, perm))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_round3_switches_off_give_the_round2_kernels_exactly(bits, rng, monkeypatch):
+    """The A/B's old variants stay reachable through the wrappers: Marlin -> AWQ with 4-byte stores, Marlin -> GPTQ
+    8-bit through the direct unpack."""
+    monkeypatch.setattr(kr, "AWQ_UNPACK_WIDE_STORES", False)
+    monkeypatch.setattr(kr, "PAIRED_UNPACK_8BIT", False)
+    k, n = 32, 128
+    codes = _codes(rng, k, n, bits)
+    marlin = marlin_tile.marlin_repack_codes(codes, bits)
+    with poison_outputs():
+        awq = kr.marlin_to_awq_qweight(marlin, k, n, bits)
+        gptq = kr.marlin_to_gptq_qweight(marlin, None, k, n, bits)
+    assert np.array_equal(awq, packing.awq_pack(codes, bits))
+    assert np.array_equal(gptq, packing.pack_rows(codes, bits))
