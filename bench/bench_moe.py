@@ -2,6 +2,7 @@
 expert over streams) vs a loop of dense calls on one stream vs dequantize-and-matmul in PyTorch, in one run.
 
     python bench/bench_moe.py --out DIR [--quick]
+    python bench/bench_moe.py --out DIR --ab-old OLD [--m 1,8,64]   (A/B of the fused kernel against an older one)
 
 Method
 * One GEMM phase (gate_up-like: K -> N per expert) of u4b8 g128 fp16 experts: Mixtral-like (8 experts, K=4096,
@@ -14,6 +15,13 @@ Method
   time; "% copy" compares it with a device-to-device copy (read + written bytes) measured in the same run.
 * The fused time covers the GEMM launch only; moe_align_block_size (Numba) is timed separately.
 Writes DIR/moe_<gpu>.json and DIR/moe_<gpu>.md.
+
+A/B mode (--ab-old OLD): OLD holds a previous commit's workbench/moe.py and kernels_cuda/{marlin_moe.cu, *.cuh}
+(``git show REV:path > OLD/name``), loaded as a second module with its own kernels. The fused GEMM phase is timed as
+above (L2 flush, events, median) for the variants, interleaved call by call on the same inputs: "old" (OLD), "new"
+(as checked out, automatic CTAs-per-SM choice), and, where the 16-row two-CTA kernel exists, "new-b1" / "new-b2"
+(forced one / two CTAs per SM). Records whether each variant's output is bitwise equal to old's and max
+|variant - old| / max |old|. Writes DIR/ab_moe.json and prints a table.
 """
 from __future__ import annotations
 
@@ -85,12 +93,176 @@ def timed(cp, fn, flush) -> float:
     return float(np.median(times))
 
 
+def load_old(old_dir: pathlib.Path):
+    """OLD/moe.py as module ``moe_old``, compiling OLD/marlin_moe.cu with OLD's headers."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("moe_old", old_dir / "moe.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["moe_old"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    include = re.compile(r'^#include "([^"]+)"', re.M)
+
+    def old_source() -> str:
+        seen: set[str] = set()
+
+        def expand(name: str) -> str:
+            if name in seen:
+                return ""
+            seen.add(name)
+            return include.sub(lambda m: expand(m.group(1)), (old_dir / name).read_text())
+
+        return expand(mod.MOE_KERNEL_SOURCE).replace("#pragma once", "")
+
+    mod.moe_kernel_source = old_source
+    return mod
+
+
+class _Forced:
+    """Context: workbench.moe with MOE_BLOCKS_PER_SM forced (0 = the automatic rule)."""
+
+    def __init__(self, blocks: int):
+        self.blocks = blocks
+
+    def __enter__(self):
+        self.saved = moe.MOE_BLOCKS_PER_SM
+        moe.MOE_BLOCKS_PER_SM = self.blocks
+
+    def __exit__(self, *exc):
+        moe.MOE_BLOCKS_PER_SM = self.saved
+
+
+def ab_main(args) -> int:
+    import concurrent.futures
+    import time
+
+    import cupy as cp
+
+    from workbench.formats.moe_align import aligned_capacity
+
+    old = load_old(args.ab_old)
+    assert old.moe_kernel_source() != moe.moe_kernel_source(), "OLD is the checked-out kernel"
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = cp.cuda.Device().id
+    gpu_props = cp.cuda.runtime.getDeviceProperties(device)
+    gpu = gpu_props["name"].decode() if isinstance(gpu_props["name"], bytes) else str(gpu_props["name"])
+    copy_gbs = copy_bandwidth(cp)
+    print(f"{gpu}: {gpu_props['multiProcessorCount']} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
+    flush = cp.empty(FLUSH_BYTES, dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    m_values = tuple(int(x) for x in args.m.split(","))
+    _, sms, smem, sm_smem = gemm.device_properties(device)
+
+    def cfg_of(variant, block, n, k, items):
+        if variant == "old":
+            return old.choose_moe_config(S.F16, S.U4B8, block, n, k, GROUP, items, sms, smem)
+        forced = {"new": -1, "new-b1": 1, "new-b2": 2}[variant]
+        return moe.choose_moe_config(S.F16, S.U4B8, block, n, k, GROUP, items, sms, smem, sm_smem, forced)
+
+    def variants_of(block, n, k, items):
+        out = ["old", "new"]
+        if cfg_of("new-b1", block, n, k, items) != cfg_of("new-b2", block, n, k, items):
+            out += ["new-b1", "new-b2"]
+        return out
+
+    # compile every instantiation of both versions first, in threads
+    t0 = time.time()
+    todo = set()
+    for name, e, k, n, top_k in CONFIGS:
+        for m in m_values:
+            block = moe.choose_block_size(m, top_k, e)
+            items = min(aligned_capacity(m * top_k, block, e) // block, m * top_k)
+            for v in variants_of(block, n, k, items):
+                c = cfg_of(v, block, n, k, items)
+                todo.add((old if v == "old" else moe, c.name_expression, c.smem_bytes))
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        for job in [pool.submit(mod.get_moe_kernel, nm, device, sm) for mod, nm, sm in todo]:
+            job.result()
+    print(f"compiled {len(todo)} instantiations in {time.time() - t0:.0f} s", flush=True)
+
+    rows = []
+    for name, e, k, n, top_k in CONFIGS:
+        w = random_stack(cp, e, k, n)
+        stacks = {"old": old.MarlinExpertStack(w), "new": moe.MarlinExpertStack(w)}
+        for m in m_values:
+            ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(m)]).astype(np.int32)
+            weights = cp.asarray(rng.uniform(0.05, 1.0, (m, top_k)).astype(np.float32))
+            nbytes = touched_bytes(len(np.unique(ids)), k, n)
+            a = cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(np.float16))
+            block = moe.choose_block_size(m, top_k, e)
+            sorted_ids, expert_ids, post = (cp.asarray(x) for x in align_ref(ids, block, e))
+            items = min(int(expert_ids.size), m * top_k)
+            variants = variants_of(block, n, k, items)
+            outs = {v: cp.full((m * top_k, n), np.nan, dtype=np.float16) for v in variants}
+
+            def call(v):
+                stack = stacks["old" if v == "old" else "new"]
+                forced = {"old": 0, "new": 0, "new-b1": 1, "new-b2": 2}[v]
+                with _Forced(forced):
+                    stack.gemm_phase_fused(a, sorted_ids, expert_ids, post, outs[v], m, block, top_k,
+                                           topk_weights=weights)
+
+            times = {v: [] for v in variants}
+            for v in variants:
+                call(v)  # warm-up
+            cp.cuda.Device().synchronize()
+            for _ in range(args.reps):  # interleaved call by call
+                for v in variants:
+                    flush.fill(0)
+                    start, stop = cp.cuda.Event(), cp.cuda.Event()
+                    start.record()
+                    call(v)
+                    stop.record()
+                    stop.synchronize()
+                    times[v].append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
+            ref_raw = cp.asnumpy(outs["old"])
+            ref = ref_raw.astype(np.float32)
+            scale = float(np.nanmax(np.abs(ref))) or 1.0
+            for v in variants:
+                us = float(np.median(times[v]))
+                raw = cp.asnumpy(outs[v])
+                got = raw.astype(np.float32)
+                same = bool(np.array_equal(raw.view(np.uint16), ref_raw.view(np.uint16)))
+                diff = float(np.nanmax(np.abs(got - ref))) / scale if np.array_equal(np.isnan(got), np.isnan(ref)) \
+                    else float("inf")
+                gbs = nbytes / (us * 1e-6) / 1e9
+                c = cfg_of(v, block, n, k, items)
+                row = dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m, moe_block_size=block,
+                           variant=v, us=round(us, 2), us_min=round(float(np.min(times[v])), 2), gbs=round(gbs, 1),
+                           pct_copy=round(100 * gbs / copy_gbs, 1), rel_diff_vs_old=diff, bits_equal_old=same,
+                           shape=f"bn{c.block_n},bk{c.block_k},st{c.stages},b{getattr(c, 'blocks_per_sm', 1)}")
+                rows.append(row)
+                print(f"{name:10s} M={m:4d} {v:7s} {us:9.2f} us {row['pct_copy']:5.1f}% copy {row['shape']:22s} "
+                      f"bitwise equal to old: {same} (rel diff {diff:.1e})", flush=True)
+            (args.out / "ab_moe.json").write_text(json.dumps(dict(gpu=gpu, copy_gbs=round(copy_gbs, 1),
+                                                                  reps=args.reps, rows=rows), indent=1))
+        del w, stacks
+        cp.get_default_memory_pool().free_all_blocks()
+    print("\n| config | M | block | old µs | new µs | old/new | new-b1 µs | new-b2 µs | new shape | bits = old |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    by = {}
+    for r in rows:
+        by.setdefault((r["config"], r["m"]), {})[r["variant"]] = r
+    for (cfg, m), d in by.items():
+        b1, b2 = d.get("new-b1", {}).get("us", "—"), d.get("new-b2", {}).get("us", "—")
+        equal = all(r["bits_equal_old"] for v, r in d.items() if v != "old")
+        print(f"| {cfg} | {m} | {d['old']['moe_block_size']} | {d['old']['us']} | {d['new']['us']} | "
+              f"{d['old']['us'] / d['new']['us']:.3f} | {b1} | {b2} | {d['new']['shape']} | {equal} |")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=pathlib.Path)
     parser.add_argument("--quick", action="store_true", help="first config, M = 1 and 64 only")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--ab-old", type=pathlib.Path, help="A/B mode: directory of the old moe.py + kernels")
+    parser.add_argument("--m", default="1,8,64", help="A/B mode: token counts")
+    parser.add_argument("--reps", type=int, default=11, help="A/B mode: timed calls per variant and cell")
     args = parser.parse_args(argv)
+    if args.ab_old is not None:
+        return ab_main(args)
     import cupy as cp
 
     from kernels_numba.moe_align import moe_align_block_size

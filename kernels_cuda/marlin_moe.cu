@@ -13,9 +13,11 @@
 //     items (b, col):   (0,0) (0,1) ... (0,C-1) (1,0) ...          CTA j takes items j, j + grid, j + 2 grid, ...
 //     per item:         A rows gathered by sorted id  x  B[e] tiles (cols) streamed k-stage by k-stage
 //
-// The register-level work is the dense kernel's: dequant.cuh (dequant_subblock, scale/zero-point maps) feeding
-// mma.cuh (ldmatrix_x4, mma_m16n8k16), with the same shared-memory layouts (A rows swizzled by r % 8, 8-bit weight
-// halves split) so that the fetch and compute phases read exactly like kernels_cuda/marlin_gemm.cu's.
+// The main loop is the dense kernel's (marlin_mainloop.cuh): the same stage layout (Geometry), the same weight /
+// scale / zero-point fetch, the same per-warp stage work with the pairs cached per group (WarpLoop) and the same warp
+// fold. What is this kernel's own: the work items over routed blocks, the A row gather by sorted id, skipping
+// expert -1, and the scatter with the router weight. MIN_BLOCKS = 2 (16-row blocks only) cuts the kernel to 128
+// registers so that two CTAs share an SM, as the dense kernel does for M <= 16.
 //
 //   silu_and_mul   h[r, j]  = rnd(silu(x[r, j]) * x[r, N + j])          gate = first N columns, up = last N
 //   moe_sum        out[t, :] = rnd(sum_j w[t, j] * y[row(t, j), :])      the router-weighted sum over top_k
@@ -25,7 +27,7 @@
 //                  in Numba): one CuPy launch instead of Numba's per-call host dispatch
 //
 // All math in fp32, one rounding to the activation type at the end (workbench.moe.moe_reference rounds there too).
-#include "dequant.cuh"
+#include "marlin_mainloop.cuh"
 
 namespace mwb {
 
@@ -155,34 +157,8 @@ moe_align(const int* __restrict__ topk_ids,    // (numel,) expert per routed ent
   }
 }
 
-constexpr int kMoeThreads = 256;  // 8 warps, as the dense kernel
-constexpr int kMoeWarps = kMoeThreads / 32;
-
-// Compile-time geometry; workbench/moe.py MoeConfig.smem_bytes mirrors kSmemBytes.
-template <int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES>
-struct MoeGeometry {
-  static_assert(M_BLOCKS >= 1 && M_BLOCKS <= 4, "M_BLOCKS is 1..4 (moe_block_size 8..64)");
-  static_assert(N_TILES == 1 || N_TILES == 2 || N_TILES == 4, "N_TILES must divide the 8 warps");
-  static constexpr int kWarpsPerN = kMoeWarps / N_TILES;
-  static constexpr int KT = K_WARP * kWarpsPerN;
-  static constexpr int BM = 16 * M_BLOCKS;
-  static constexpr int BN = 64 * N_TILES;
-  static constexpr int BK = 16 * KT;
-  static_assert(BK >= 64, "the A swizzle needs rows of at least 8 16-byte chunks");
-  static constexpr int kTileI4 = 16 * 64 / Weight<W>::kPack / 4;
-  static constexpr int kScaleRows = (BK / 32 > 1) ? BK / 32 : 1;
-  static constexpr int kAI4 = BM * BK / 8;
-  static constexpr int kBI4 = KT * N_TILES * kTileI4;
-  static constexpr int kSI4 = kScaleRows * BN / 8;
-  static constexpr int kZI4 = Weight<W>::kHasZero ? kScaleRows * BN / Weight<W>::kPack / 4 : 0;
-  static constexpr int kStageI4 = kAI4 + kBI4 + kSI4 + kZI4;
-  static constexpr int kRedI4 = (kWarpsPerN > 1) ? (kWarpsPerN / 2) * N_TILES * 16 * 64 / 4 : 0;
-  static constexpr int kSmemBytes = 16 * (STAGES * kStageI4 + kRedI4);
-  static constexpr int kARowsPerThread = (kAI4 + kMoeThreads - 1) / kMoeThreads;  // A chunks one thread fetches
-};
-
-template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES>
-__global__ void __launch_bounds__(kMoeThreads, 1)
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations, lda % 8 == 0
            const int4* __restrict__ B,              // (E, K/16, N*16/pack) int32 Marlin tiles
            T* __restrict__ C,                       // (numel, N) output rows, one per routed entry
@@ -194,35 +170,31 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
            const float* __restrict__ topk_weights,  // (numel,) router weight per entry, or null
            int n_blocks, int block_size, int numel, int top_k, int prob_n, int prob_k, int lda, int group_size,
            int num_experts) {
-  using G = MoeGeometry<W, M_BLOCKS, N_TILES, K_WARP, STAGES>;
-  using Pair = typename Act<T>::Pair;
-  constexpr int BN = G::BN, BK = G::BK, KT = G::KT;
+  static_assert(GROUP_MODE == kChannelwise || GROUP_MODE == kGrouped, "act-order stacks take the batched path");
+  static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two CTAs per SM only with 16-row blocks");
+  using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
+  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
+  constexpr int BN = G::BN, BK = G::BK;
   constexpr bool kHasZero = Weight<W>::kHasZero;
   constexpr int kPack = Weight<W>::kPack;
-  constexpr int kWordsPerLane = 16 * 64 / kPack / 32;
+  constexpr int kAChunks = (G::kAI4 + kThreads - 1) / kThreads;  // A chunks (16 bytes) a thread fetches per stage
 
   extern __shared__ int4 smem[];
-  int4* const sA = smem;
-  int4* const sB = sA + STAGES * G::kAI4;
-  int4* const sS = sB + STAGES * G::kBI4;
-  int4* const sZ = sS + STAGES * G::kSI4;
-  float* const sRed = reinterpret_cast<float*>(sZ + STAGES * G::kZI4);
+  const StageRings<G, STAGES> ring(smem);
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
   const int nt = warp % N_TILES;
   const int kg = warp / N_TILES;
-  const int lane_col = lane / 4;
 
   const int n_tiles_total = prob_n / 64;
   const int KI = prob_k / BK;
   const int cols = prob_n / BN;
   const int used_blocks = min(num_post_padded[0] / block_size, n_blocks);  // never past the arrays' end
   const int total_items = max(used_blocks, 0) * cols;
-  const bool channelwise = group_size < 0;
-  const int group_shift = channelwise ? 0 : __ffs(group_size) - 1;
-  const int num_groups = channelwise ? 1 : prob_k >> group_shift;
+  const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;
+  const int num_groups = GROUP_MODE == kGrouped ? prob_k >> group_shift : 1;
   const long long b_expert_i4 = static_cast<long long>(prob_k / 16) * (prob_n * 16 / kPack) / 4;
   const long long s_expert_i4 = static_cast<long long>(num_groups) * prob_n / 8;
   const long long z_expert_i4 = static_cast<long long>(num_groups) * prob_n / kPack / 4;
@@ -237,12 +209,12 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   };
 
   // ---- fetch: global -> shared of k-stage kit of item w into ring slot `slot` ---------------------------------
-  long long a_row[G::kARowsPerThread];  // int4 offset of each A row this thread fetches, -1 = padding
+  long long a_row[kAChunks];  // int4 offset of each A row this thread fetches, -1 = padding
   auto gather_rows_of = [&](int w) {
     const int b = w / cols;
 #pragma unroll
-    for (int j = 0; j < G::kARowsPerThread; ++j) {
-      const int i = tid + j * kMoeThreads;
+    for (int j = 0; j < kAChunks; ++j) {
+      const int i = tid + j * kThreads;
       const int r = i / (BK / 8);
       a_row[j] = -1;
       if (i < G::kAI4 && r < block_size) {
@@ -256,175 +228,34 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
     const int e = expert_ids[b];
     const int k0 = kit * BK;
     if (kit == 0) gather_rows_of(w);
-    int4* a_dst = sA + slot * G::kAI4;
+    int4* a_dst = ring.A + slot * G::kAI4;
 #pragma unroll
-    for (int j = 0; j < G::kARowsPerThread; ++j) {
-      const int i = tid + j * kMoeThreads;
+    for (int j = 0; j < kAChunks; ++j) {
+      const int i = tid + j * kThreads;
       if (i < G::kAI4) {
         const int r = i / (BK / 8), c = i % (BK / 8);
         const bool valid = a_row[j] >= 0;
-        cp_async16(a_dst + r * (BK / 8) + (c ^ (r % 8)), A + (valid ? a_row[j] + k0 / 8 + c : 0), valid);
+        cp_async16(a_dst + G::a_index(r, c), A + (valid ? a_row[j] + k0 / 8 + c : 0), valid);
       }
     }
-    const int4* B_e = B + e * b_expert_i4;
-    int4* b_dst = sB + slot * G::kBI4;
-#pragma unroll
-    for (int i = tid; i < G::kBI4; i += kMoeThreads) {
-      const int kt = i / (N_TILES * G::kTileI4);
-      const int rem = i % (N_TILES * G::kTileI4);
-      const int j = rem % G::kTileI4;
-      const int swz = (G::kTileI4 == 64) ? (j % 2) * 32 + j / 2 : j;
-      const int4* src = B_e + (static_cast<long long>(kit * KT + kt) * n_tiles_total + col * N_TILES) * G::kTileI4 +
-                        rem;
-      cp_async16_stream(b_dst + kt * N_TILES * G::kTileI4 + (rem - j) + swz, src, weight_policy);
-    }
-    if (!channelwise) {
-      const int g0 = k0 >> group_shift;
-      const int rows = BK > group_size ? BK >> group_shift : 1;
-      const int4* s_e = scales + e * s_expert_i4;
-      int4* s_dst = sS + slot * G::kSI4;
-      for (int i = tid; i < rows * (BN / 8); i += kMoeThreads) {
-        const int r = i / (BN / 8), c = i % (BN / 8);
-        cp_async16(s_dst + i, s_e + (static_cast<long long>(g0 + r) * prob_n + col * BN) / 8 + c);
-      }
-      if constexpr (kHasZero) {
-        constexpr int kZRowI4 = BN / kPack / 4;
-        const int4* z_e = zeros + e * z_expert_i4;
-        int4* z_dst = sZ + slot * G::kZI4;
-        for (int i = tid; i < rows * kZRowI4; i += kMoeThreads) {
-          const int r = i / kZRowI4, c = i % kZRowI4;
-          cp_async16(z_dst + i, z_e + (static_cast<long long>(g0 + r) * prob_n / kPack + col * BN / kPack) / 4 + c);
-        }
-      }
-    }
+    fetch_weight_stage<G, W, GROUP_MODE>(ring.B + slot * G::kBI4, ring.S + slot * G::kSI4, ring.Z + slot * G::kZI4,
+                                         nullptr, B + e * b_expert_i4, scales + e * s_expert_i4,
+                                         zeros + (kHasZero ? e * z_expert_i4 : 0), nullptr, kit, col, n_tiles_total,
+                                         prob_n, group_size, group_shift, weight_policy);
   };
 
-  // ---- per-item state -------------------------------------------------------------------------------------
-  float acc[M_BLOCKS][8][4];
-  T cw_scale[8];
-  int cw_zero[8];
-  auto zero_acc = [&]() {
-#pragma unroll
-    for (int mb = 0; mb < M_BLOCKS; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[mb][nb][r] = 0.f;
-  };
+  // ---- per-item state: this warp's accumulators and the current group's pairs (marlin_mainloop.cuh) ----------
+  Loop loop;
   auto load_channelwise = [&](int w) {
     const int e = expert_ids[w / cols], col = w % cols;
-    const T* s = reinterpret_cast<const T*>(scales + e * s_expert_i4) + col * BN + nt * 64;
-    const unsigned* z = reinterpret_cast<const unsigned*>(zeros + (kHasZero ? e * z_expert_i4 : 0)) +
-                        (col * BN + nt * 64) / kPack;
-#pragma unroll
-    for (int s_ = 0; s_ < 4; ++s_)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        cw_scale[2 * s_ + h] = s[channelwise_scale_index(lane_col, s_, h)];
-        if constexpr (kHasZero) {
-          unsigned zw[2];
-          zw[0] = z[lane_col * (Weight<W>::kBits / 4)];
-          zw[1] = (Weight<W>::kBits == 8) ? z[2 * lane_col + 1] : 0u;
-          cw_zero[2 * s_ + h] = zero_of<W>(zw, s_, h);
-        } else {
-          cw_zero[2 * s_ + h] = Weight<W>::kBias;
-        }
-      }
-  };
-
-  // ---- compute: one stage of this warp's k16 tiles (the dense kernel's inner loop) ------------------------
-  auto compute_stage = [&](int slot, int kit) {
-    const int k0 = kit * BK;
-    const int4* a_src = sA + slot * G::kAI4;
-    const int4* b_src = sB + slot * G::kBI4;
-#pragma unroll
-    for (int i = 0; i < K_WARP; ++i) {
-      const int kt = kg * K_WARP + i;
-      int4 sv = make_int4(0, 0, 0, 0);
-      unsigned zw[2] = {0u, 0u};
-      if (!channelwise) {
-        const int g = ((k0 + 16 * kt) >> group_shift) - (k0 >> group_shift);
-        sv = sS[slot * G::kSI4 + g * (BN / 8) + nt * 8 + lane_col];
-        if constexpr (kHasZero) {
-          const unsigned* zrow = reinterpret_cast<const unsigned*>(sZ + slot * G::kZI4) + g * (BN / kPack) +
-                                 nt * (64 / kPack);
-          zw[0] = zrow[lane_col * (Weight<W>::kBits / 4)];
-          zw[1] = (Weight<W>::kBits == 8) ? zrow[2 * lane_col + 1] : 0u;
-        }
-      }
-      unsigned words[kWordsPerLane];
-      const int4* tile = b_src + (kt * N_TILES + nt) * G::kTileI4;
-      {
-        const int4 w0 = tile[lane];
-        words[0] = w0.x; words[1] = w0.y; words[2] = w0.z; words[3] = w0.w;
-        if constexpr (kWordsPerLane == 8) {
-          const int4 w1 = tile[32 + lane];
-          words[4] = w1.x; words[5] = w1.y; words[6] = w1.z; words[7] = w1.w;
-        }
-      }
-      unsigned a[M_BLOCKS][4];
-#pragma unroll
-      for (int mb = 0; mb < M_BLOCKS; ++mb) {
-        const int r = mb * 16 + lane % 16;
-        const int c = 2 * kt + lane / 16;
-        ldmatrix_x4(a[mb], a_src + r * (BK / 8) + (c ^ (r % 8)));
-      }
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        Pair sc[2][2];
-        unsigned off[2][2], off16[2][2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          T v;
-          int z;
-          if (channelwise) {
-            v = cw_scale[2 * s + h];
-            z = cw_zero[2 * s + h];
-          } else {
-            v = reinterpret_cast<const T*>(&sv)[grouped_scale_slot(s, h)];
-            z = kHasZero ? zero_of<W>(zw, s, h) : Weight<W>::kBias;
-          }
-          const unsigned short o = offset_bits<T, W>(z);
-          sc[h][0] = sc[h][1] = Act<T>::pair(v, v);
-          off[h][0] = off[h][1] = pair_bits(o, o);
-          off16[h][0] = off16[h][1] = splat_bits(neg_offset16_bits(z));
-        }
-        unsigned bfrag[2][2];
-        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off, off16, sc, bfrag);
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int mb = 0; mb < M_BLOCKS; ++mb) mma_m16n8k16<Act<T>::kIsBf16>(a[mb], bfrag[h], acc[mb][2 * s + h]);
-      }
-    }
+    loop.load_channelwise(reinterpret_cast<const T*>(scales + e * s_expert_i4) + col * BN + nt * 64,
+                          reinterpret_cast<const unsigned*>(zeros + (kHasZero ? e * z_expert_i4 : 0)) +
+                              (col * BN + nt * 64) / kPack);
   };
 
   // ---- finish an item: fold the warps of each 64-column tile, then scatter rows to C --------------------------
   auto finish_item = [&](int w) {
-    if constexpr (G::kWarpsPerN > 1) {
-#pragma unroll
-      for (int mb = 0; mb < M_BLOCKS; ++mb) {
-#pragma unroll
-        for (int step = G::kWarpsPerN / 2; step >= 1; step /= 2) {
-          if (kg >= step && kg < 2 * step) {
-            float* dst = sRed + ((kg - step) * N_TILES + nt) * 1024;
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) dst[(nb * 4 + r) * 32 + lane] = acc[mb][nb][r];
-          }
-          __syncthreads();
-          if (kg < step) {
-            const float* src = sRed + (kg * N_TILES + nt) * 1024;
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) acc[mb][nb][r] += src[(nb * 4 + r) * 32 + lane];
-          }
-          __syncthreads();
-        }
-      }
-    }
+    fold_warps<M_BLOCKS, N_TILES>(loop.acc, ring.red);
     if (kg != 0) return;  // warps 0..N_TILES-1 hold the item's sums
     const int b = w / cols, col = w % cols;
 #pragma unroll
@@ -439,7 +270,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
         T* c_row = C + static_cast<long long>(id) * prob_n + col * BN + nt * 64 + 2 * (lane % 4);
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
-          store_moe_pair(c_row + nb * 8, scale * acc[mb][nb][2 * half], scale * acc[mb][nb][2 * half + 1]);
+          store_moe_pair(c_row + nb * 8, scale * loop.acc[mb][nb][2 * half], scale * loop.acc[mb][nb][2 * half + 1]);
       }
   };
 
@@ -460,10 +291,10 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
     }
     cp_async_commit();
   }
-  zero_acc();
+  loop.zero_acc();
   int slot = 0;
   while (c_item < total_items) {
-    if (channelwise && c_kit == 0) load_channelwise(c_item);
+    if (GROUP_MODE == kChannelwise && c_kit == 0) load_channelwise(c_item);
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage `slot` is visible; the slot refilled below was released by every warp
     if (f_item < total_items) {
@@ -471,11 +302,13 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
       advance(f_item, f_kit);
     }
     cp_async_commit();
-    compute_stage(slot, c_kit);
+    loop.compute_stage(ring.A + slot * G::kAI4, ring.B + slot * G::kBI4, ring.S + slot * G::kSI4,
+                       ring.Z + slot * G::kZI4, nullptr, c_kit * BK, group_size, group_shift, nullptr, nullptr,
+                       prob_n, 0);
     slot = (slot + 1 == STAGES) ? 0 : slot + 1;
     if (c_kit + 1 == KI) {
       finish_item(c_item);
-      zero_acc();
+      loop.zero_acc();
     }
     advance(c_item, c_kit);
   }

@@ -20,6 +20,7 @@ import ctypes
 import dataclasses
 import functools
 import math
+import os
 import pathlib
 import re
 import threading
@@ -45,24 +46,17 @@ MAX_BLOCK_N = 256
 GROUP_SIZES = (32, 64, 128)  # grouped scales the kernel stages per pipeline step
 
 REDUCE_IN_C, REDUCE_FP32, REDUCE_ATOMIC = 0, 1, 2  # kernels_cuda/marlin_gemm.cu ReduceMode
-GROUP_CHANNELWISE, GROUP_GROUPED, GROUP_PER_ROW = 0, 1, 2  # kernels_cuda/marlin_gemm.cu GroupMode
+GROUP_CHANNELWISE, GROUP_GROUPED, GROUP_PER_ROW = 0, 1, 2  # kernels_cuda/marlin_mainloop.cuh GroupMode
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Kernel configurations
 # ---------------------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class KernelConfig:
-    """One instantiation of ``mwb::marlin_gemm`` (its template arguments) and the geometry they imply."""
-
-    act: ScalarType
-    weight: ScalarType
-    m_blocks: int  # 16-row blocks per block tile (1..4)
-    n_tiles: int  # 64-column tiles per block tile (1, 2, 4)
-    k_warp: int  # k16 tiles per warp per pipeline stage
-    stages: int
-    group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
-    blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
+class TileGeometry:
+    """Block shape and shared memory of one kernel instantiation, from its template arguments (``weight``,
+    ``m_blocks``, ``n_tiles``, ``k_warp``, ``stages``, ``group_mode``). Mirrors ``mwb::Geometry`` in
+    kernels_cuda/marlin_mainloop.cuh, the stage layout both the dense (KernelConfig) and the fused MoE kernel
+    (workbench.moe.MoeConfig) use."""
 
     @property
     def per_row_groups(self) -> bool:
@@ -82,7 +76,7 @@ class KernelConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory; mirrors ``Geometry::kSmemBytes`` in marlin_gemm.cu."""
+        """Dynamic shared memory; mirrors ``Geometry::kSmemBytes``."""
         pack = 32 // self.weight.bits
         kt = self.k_warp * (8 // self.n_tiles)
         a = self.block_m * self.block_k // 8
@@ -94,6 +88,20 @@ class KernelConfig:
         warps_per_n = 8 // self.n_tiles
         red = (warps_per_n // 2) * self.n_tiles * 16 * 64 // 4 if warps_per_n > 1 else 0
         return 16 * (self.stages * (a + b + s + z + g) + red)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig(TileGeometry):
+    """One instantiation of ``mwb::marlin_gemm`` (its template arguments) and the geometry they imply."""
+
+    act: ScalarType
+    weight: ScalarType
+    m_blocks: int  # 16-row blocks per block tile (1..4)
+    n_tiles: int  # 64-column tiles per block tile (1, 2, 4)
+    k_warp: int  # k16 tiles per warp per pipeline stage
+    stages: int
+    group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
+    blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
 
     @property
     def name_expression(self) -> str:
@@ -248,14 +256,19 @@ def kernel_source() -> str:
 _compile_lock = threading.Lock()
 _kernels: dict[tuple[str, int], Any] = {}
 _occupancy: dict[tuple[str, int], int] = {}
+_function_ptrs: dict[tuple[str, int], int] = {}  # (name, device) -> CUfunction handle, for the direct launch
+_cupy_module = None
 
 
 def _cupy():
-    try:
-        import cupy
-    except ImportError as exc:  # pragma: no cover - environment
-        raise RuntimeError("the native Marlin GEMM needs CuPy (pip install cupy-cuda13x)") from exc
-    return cupy
+    global _cupy_module
+    if _cupy_module is None:  # the import statement alone costs ~0.3 us per call in the launch path
+        try:
+            import cupy
+        except ImportError as exc:  # pragma: no cover - environment
+            raise RuntimeError("the native Marlin GEMM needs CuPy (pip install cupy-cuda13x)") from exc
+        _cupy_module = cupy
+    return _cupy_module
 
 
 def get_kernel(name_expression: str, device: int, smem_bytes: int = 0):
@@ -271,11 +284,22 @@ def get_kernel(name_expression: str, device: int, smem_bytes: int = 0):
             if smem_bytes > 48 * 1024:
                 kernel.max_dynamic_shared_size_bytes = smem_bytes
             resident = _resident_blocks(kernel, smem_bytes)
+            function_ptr = int(kernel.kernel.ptr)  # loaded into this device's context
         with _compile_lock:
-            _kernels.setdefault(key, kernel)
-            _occupancy.setdefault(key, resident)
+            if key not in _kernels:
+                _kernels[key] = kernel
+                _occupancy[key] = resident
+                _function_ptrs[key] = function_ptr
             kernel = _kernels[key]
     return kernel
+
+
+def function_ptr(name_expression: str, device: int, smem_bytes: int = 0) -> int:
+    """The CUfunction handle of one instantiation on one device (compiling it first if needed)."""
+    key = (name_expression, device)
+    if key not in _function_ptrs:
+        get_kernel(name_expression, device, smem_bytes)
+    return _function_ptrs[key]
 
 
 def _resident_blocks(kernel, smem_bytes: int) -> int:
@@ -325,6 +349,9 @@ def _err(message: str) -> ValueError:
     return ValueError(message)
 
 
+_TYPE_BY_CODE = {t.abi_code: t for t in ScalarType}
+
+
 def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int, smem_limit: int, sm_smem: int = 0
                  ) -> tuple[KernelConfig, int, int]:
     """Every rule a record can be checked against without knowing buffer extents. Returns (config, sms, grid)."""
@@ -337,7 +364,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
                    f"{ctypes.sizeof(MarlinLaunch)}")
     if launch.flags & ~KNOWN_FLAGS:
         raise _err(f"flags = {launch.flags:#x} has unknown bits {launch.flags & ~KNOWN_FLAGS:#x}")
-    codes = {t.abi_code: t for t in ScalarType}
+    codes = _TYPE_BY_CODE
     act = codes.get(launch.a_type)
     if act not in ACT_TYPES:
         raise _err(f"a_type = {launch.a_type} is not an activation type (f16 = 1, bf16 = 2)")
@@ -419,45 +446,214 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     return cfg, sms, grid_blocks(cfg, max(m, 1), n, k, sms)
 
 
+# The pointer fields of a record that must be 16-byte aligned (null counts as aligned).
+_ALIGNED_POINTERS = ("a", "b", "c", "c_tmp", "b_scales", "zero_points", "group_index", "permutation", "a_tmp")
+_POINTER_FIELDS = tuple(f for f, t in MarlinLaunch._fields_ if t is ctypes.c_void_p)
+_SCALARS_OFFSET = MarlinLaunch.prob_m.offset  # the record's non-pointer tail: sizes, types, device, sms, flags
+
+# Launch through cuLaunchKernel with a reused argument block (True) or through CuPy's RawKernel call (False,
+# converting every argument on each call, as HEAD did): a switch for bench/bench_host.py's A/B, and a way back
+# (WORKBENCH_DIRECT_LAUNCH=0) should a driver/CuPy combination refuse the direct launch.
+DIRECT_LAUNCH = os.environ.get("WORKBENCH_DIRECT_LAUNCH", "1") != "0"
+# The argument blocks below, as 'p' (64-bit address) / 'i' (int32) per kernel parameter.
+KERNEL_ARG_KINDS = {"marlin_gemm": "pppppppp" + "iiiiii", "permute_cols": "ppp" + "iii"}
+
+
+class PreparedLaunch:
+    """One validated launch with everything but the addresses and the stream decided: kernel handle, grid, shared
+    memory, scalar arguments, reduction mode. Built once per (shapes, dtypes, flags, device) from a record that
+    passed ``check_launch``; ``launch`` then only checks the addresses (non-null where needed, 16-byte aligned) and
+    launches: no allocation, no host synchronisation, no record.
+
+    The kernel's arguments live in a ctypes block reused by every call (a lock keeps two threads from interleaving
+    fill and launch; cuLaunchKernel copies the block before it returns)."""
+
+    def __init__(self, launch: MarlinLaunch, cfg: KernelConfig, sms: int, grid: int):
+        m, n, k = launch.prob_m, launch.prob_n, launch.prob_k
+        flags = launch.flags
+        self.device = launch.device
+        self.cfg, self.sms, self.m, self.n, self.k = cfg, sms, m, n, k
+        self.act_order = bool(flags & FLAG_HAS_ACT_ORDER)
+        self.atomic = bool(flags & FLAG_USE_ATOMIC_ADD)
+        self.uses_c_tmp = bool(flags & FLAG_USE_FP32_REDUCE) and not self.atomic
+        self.has_zero_points = bool(flags & FLAG_HAS_ZERO_POINTS)
+        self.mode = REDUCE_ATOMIC if self.atomic else (REDUCE_FP32 if flags & FLAG_USE_FP32_REDUCE else REDUCE_IN_C)
+        self.group_size = -1 if launch.num_groups == 1 else launch.group_size
+        self.lda = launch.lda
+        self.smem = cfg.smem_bytes
+        self.c_bytes = m * n * 2  # the atomic mode sums into C: zeroed first
+        self.grid = grid
+        self._lock = threading.Lock()
+        self._kernel = self._permute = None
+        self._function = self._permute_function = 0
+        if m > 0:
+            self._kernel = get_kernel(cfg.name_expression, self.device, self.smem)
+            self._function = function_ptr(cfg.name_expression, self.device, self.smem)
+            resident = resident_blocks(cfg.name_expression, self.device)
+            if resident < cfg.blocks_per_sm:  # the driver keeps fewer blocks resident than planned: launch fewer
+                self.grid = grid_blocks(cfg, m, n, k, sms, resident)
+            if self.act_order:
+                name = f"mwb::permute_cols<{'__half' if cfg.act is ScalarType.F16 else '__nv_bfloat16'}>"
+                self._permute = get_kernel(name, self.device)
+                self._permute_function = function_ptr(name, self.device)
+        # (8,) u64 addresses then (6,) i32 scalars, and the (14,) void* table cuLaunchKernel reads them through:
+        # mwb::marlin_gemm's parameter list (KERNEL_ARG_KINDS, checked against the source by tests/cpu)
+        self._ptrs = (ctypes.c_uint64 * 8)()
+        kernel_lda = k if self.act_order else self.lda  # act-order runs on the gathered M x K copy in a_tmp
+        self._ints = (ctypes.c_int32 * 6)(m, n, k, kernel_lda, self.group_size, self.mode)
+        self._params = _param_table(self._ptrs, 8, self._ints, 6)
+        # permute_cols(A, perm, out, prob_m, prob_k, lda): (3,) u64 + (3,) i32
+        self._perm_ptrs = (ctypes.c_uint64 * 3)()
+        self._perm_ints = (ctypes.c_int32 * 3)(m, k, self.lda)
+        self._perm_params = _param_table(self._perm_ptrs, 3, self._perm_ints, 3)
+
+    def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,
+               permutation: int, a_tmp: int, workspace: int, stream: int) -> None:
+        """Launch on raw addresses (ints, 0 = none) and a raw stream handle; ValueError before launching if one is
+        null where the plan needs it or not 16-byte aligned."""
+        if (a | b | c | c_tmp | scales | zero_points | group_index | permutation | a_tmp) & 15 or not (
+                a and b and c and scales and workspace and (c_tmp or not self.uses_c_tmp)
+                and (zero_points or not self.has_zero_points)
+                and ((group_index and permutation and a_tmp) or not self.act_order)):
+            self._refuse(dict(a=a, b=b, c=c, c_tmp=c_tmp, b_scales=scales, zero_points=zero_points,
+                              group_index=group_index, permutation=permutation, a_tmp=a_tmp, workspace=workspace))
+        if self.m == 0:
+            return
+        if not self.has_zero_points:
+            zero_points = 0
+        if not self.uses_c_tmp:
+            c_tmp = 0
+        if not self.act_order:
+            group_index = 0
+        cupy = _cupy()
+        runtime = cupy.cuda.runtime
+        if runtime.getDevice() != self.device:  # switch only when another device is current
+            with cupy.cuda.Device(self.device):
+                self._launch(a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
+                             stream, runtime)
+        else:
+            self._launch(a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace, stream,
+                         runtime)
+
+    def _launch(self, a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace, stream,
+                runtime):
+        if self.atomic:
+            runtime.memsetAsync(c, 0, self.c_bytes, stream)
+        if not DIRECT_LAUNCH:
+            self._launch_cupy(a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
+                              stream)
+            return
+        driver = _driver()
+        with self._lock:
+            if self.act_order:
+                pp = self._perm_ptrs
+                pp[0], pp[1], pp[2] = a, permutation, a_tmp
+                driver.launchKernel(self._permute_function, self.m, 1, 1, THREADS, 1, 1, 0, stream,
+                                    self._perm_params, 0)
+                a = a_tmp
+            p = self._ptrs
+            p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7] = (a, b, c, c_tmp, scales, zero_points, group_index,
+                                                              workspace)
+            driver.launchKernel(self._function, self.grid, 1, 1, THREADS, 1, 1, self.smem, stream, self._params, 0)
+
+    def _launch_cupy(self, a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
+                     stream):
+        s = _stream(stream)
+        lda = self.lda
+        if self.act_order:
+            self._permute((self.m,), (THREADS,), (_p(a), _p(permutation), _p(a_tmp), np.int32(self.m),
+                                                  np.int32(self.k), np.int32(lda)), stream=s)
+            a, lda = a_tmp, self.k
+        self._kernel((self.grid,), (THREADS,),
+                     (_p(a), _p(b), _p(c), _p(c_tmp), _p(scales), _p(zero_points), _p(group_index), _p(workspace),
+                      np.int32(self.m), np.int32(self.n), np.int32(self.k), np.int32(lda),
+                      np.int32(self.group_size), np.int32(self.mode)),
+                     shared_mem=self.smem, stream=s)
+
+    def _refuse(self, pointers: dict[str, int]) -> None:
+        for name in ("a", "b", "c", "b_scales", "workspace"):
+            if not pointers[name]:
+                raise _err(f"{name} is null")
+        if self.uses_c_tmp and not pointers["c_tmp"]:
+            raise _err("use_fp32_reduce needs c_tmp (fp32 partial sums); pass one or clear the flag")
+        if self.has_zero_points and not pointers["zero_points"]:
+            raise _err("HAS_ZERO_POINTS flag = True needs zero_points (got null)")
+        if self.act_order and not (pointers["group_index"] and pointers["permutation"]):
+            raise _err(f"HAS_ACT_ORDER flag = True needs group_index and permutation (got "
+                       f"{pointers['group_index']:#x}, {pointers['permutation']:#x})")
+        if self.act_order and not pointers["a_tmp"]:
+            raise _err("act-order needs a_tmp (an M x K activation buffer for the gathered columns)")
+        for name in _ALIGNED_POINTERS:
+            if pointers[name] % 16:
+                raise _err(f"{name} must be aligned to 16 bytes (address {pointers[name]:#x} % 16 = "
+                           f"{pointers[name] % 16})")
+        raise AssertionError("refused a launch without a reason")  # pragma: no cover - the checks above mirror it
+
+
+_driver_module = None
+
+
+def _driver():
+    """CuPy's binding of the CUDA driver API (cuLaunchKernel), looked up once."""
+    global _driver_module
+    if _driver_module is None:
+        from cupy_backends.cuda.api import driver
+
+        _driver_module = driver
+    return _driver_module
+
+
+def _param_table(ptrs, n_ptrs: int, ints, n_ints: int):
+    """The void* table cuLaunchKernel reads the arguments through: one entry per argument, into the two blocks."""
+    p0, i0 = ctypes.addressof(ptrs), ctypes.addressof(ints)
+    table = (ctypes.c_void_p * (n_ptrs + n_ints))(*[p0 + 8 * i for i in range(n_ptrs)],
+                                                  *[i0 + 4 * i for i in range(n_ints)])
+    return _ParamTable(table, ptrs, ints)
+
+
+class _ParamTable(int):
+    """The table's address as an int (what cuLaunchKernel takes), holding the blocks it points into alive."""
+
+    def __new__(cls, table, ptrs, ints):
+        obj = super().__new__(cls, ctypes.addressof(table))
+        obj._keep = (table, ptrs, ints)
+        return obj
+
+
+_MAX_PLANS = 4096  # cached plans per cache (a serving loop sees a few dozen shapes; the bound keeps a sweep finite)
+_prepared: dict[tuple, PreparedLaunch] = {}
+
+
+def _record_key(launch: MarlinLaunch) -> tuple:
+    """Everything check_launch reads except addresses: the record's scalar tail and which pointers are null."""
+    return (bytes(launch)[_SCALARS_OFFSET:],) + tuple(not getattr(launch, f) for f in _POINTER_FIELDS)
+
+
+def prepare_launch(launch: MarlinLaunch) -> PreparedLaunch:
+    """check_launch on the device's properties, then the prepared launch (cached per record layout)."""
+    if not isinstance(launch, MarlinLaunch):
+        raise TypeError(f"expected a MarlinLaunch record, got {type(launch).__name__}")
+    key = _record_key(launch)
+    prepared = _prepared.get(key)
+    if prepared is None:
+        cc, device_sms, smem_limit, sm_smem = device_properties(launch.device)
+        cfg, sms, grid = check_launch(launch, cc, device_sms, smem_limit, sm_smem)
+        prepared = PreparedLaunch(launch, cfg, sms, grid)
+        if len(_prepared) >= _MAX_PLANS:
+            _prepared.clear()
+        _prepared[key] = prepared
+    return prepared
+
+
 def launch_marlin_mm(launch: MarlinLaunch) -> None:
-    """Launch one GEMM described by a seed-ABI record. Raises ValueError/TypeError before touching the GPU."""
-    cupy = _cupy()
-    cc, device_sms, smem_limit, sm_smem = device_properties(launch.device)
-    cfg, sms, grid = check_launch(launch, cc, device_sms, smem_limit, sm_smem)
-    if launch.prob_m == 0:
-        return
-    m, n, k = launch.prob_m, launch.prob_n, launch.prob_k
-    flags = launch.flags
-    act_order = bool(flags & FLAG_HAS_ACT_ORDER)
-    ng = launch.num_groups
-    group_size = -1 if ng == 1 else launch.group_size
-    if flags & FLAG_USE_ATOMIC_ADD:
-        mode = REDUCE_ATOMIC
-    elif flags & FLAG_USE_FP32_REDUCE:
-        mode = REDUCE_FP32
-    else:
-        mode = REDUCE_IN_C
-    with cupy.cuda.Device(launch.device):
-        stream = _stream(launch.pointer("stream"))
-        kernel = get_kernel(cfg.name_expression, launch.device, cfg.smem_bytes)
-        resident = resident_blocks(cfg.name_expression, launch.device)
-        if resident < cfg.blocks_per_sm:  # the driver keeps fewer blocks resident than planned: launch fewer
-            grid = grid_blocks(cfg, m, n, k, sms, resident)
-        a_ptr, lda = launch.pointer("a"), launch.lda
-        if act_order:
-            permute = get_kernel(f"mwb::permute_cols<{'__half' if cfg.act is ScalarType.F16 else '__nv_bfloat16'}>",
-                                 launch.device)
-            permute((m,), (256,), (_p(a_ptr), _p(launch.pointer("permutation")), _p(launch.pointer("a_tmp")),
-                                   np.int32(m), np.int32(k), np.int32(lda)), stream=stream)
-            a_ptr, lda = launch.pointer("a_tmp"), k
-        if mode == REDUCE_ATOMIC:
-            cupy.cuda.runtime.memsetAsync(launch.pointer("c"), 0, m * n * 2, stream.ptr)
-        kernel((grid,), (THREADS,),
-               (_p(a_ptr), _p(launch.pointer("b")), _p(launch.pointer("c")), _p(launch.pointer("c_tmp")),
-                _p(launch.pointer("b_scales")), _p(launch.pointer("zero_points")),
-                _p(launch.pointer("group_index")), _p(launch.pointer("workspace")),
-                np.int32(m), np.int32(n), np.int32(k), np.int32(lda), np.int32(group_size), np.int32(mode)),
-               shared_mem=cfg.smem_bytes, stream=stream)
+    """Launch one GEMM described by a seed-ABI record. Raises ValueError/TypeError before touching the GPU.
+
+    The first record of a layout runs every check of ``check_launch``; later records with the same scalar fields and
+    the same null pointers reuse that verdict and re-check only the addresses (``PreparedLaunch.launch``)."""
+    prepared = prepare_launch(launch)
+    ptr = launch.pointer
+    prepared.launch(ptr("a"), ptr("b"), ptr("c"), ptr("c_tmp"), ptr("b_scales"), ptr("zero_points"),
+                    ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), ptr("stream"))
 
 
 def _p(ptr: int) -> np.uint64:
@@ -528,6 +724,9 @@ def _dtype_is(x, dtype, name: str) -> None:
 
 def _device_ptr(x, name: str) -> tuple[int, int]:
     """(address, device id) of a CUDA array; TypeError naming the array otherwise."""
+    if type(x) is _fast_array_type():  # CuPy: no interface dict, no pointer query
+        mem = x.data
+        return mem.ptr, mem.device_id
     iface = getattr(x, "__cuda_array_interface__", None)
     if iface is None:
         raise TypeError(f"{name} is not on GPU (got {type(x).__module__}.{type(x).__name__}; use a CuPy array)")
@@ -540,18 +739,21 @@ def _device_ptr(x, name: str) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class GemmPlan:
-    """What the shape checks concluded; turned into a request once device pointers are known."""
+    """What the shape checks concluded: the seed's ``MarlinMmProblem`` (m, n, k, lda, groups) plus the types and the
+    act-order flags; turned into a ``MarlinMmRequest`` once device pointers are known."""
 
     act: ScalarType
     weight: ScalarType
-    m: int
-    n: int
-    k: int
-    lda: int
-    num_groups: int
-    group_size: int
+    problem: MarlinMmProblem
     has_act_order: bool
     is_k_full: bool
+
+    m = property(lambda self: self.problem.m)
+    n = property(lambda self: self.problem.n)
+    k = property(lambda self: self.problem.k)
+    lda = property(lambda self: self.problem.lda)
+    num_groups = property(lambda self: self.problem.num_groups)
+    group_size = property(lambda self: self.problem.group_size)  # -1 = channelwise
 
 
 def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m: int, size_n: int,
@@ -651,8 +853,9 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
                              f"{size_n // weight.pack_factor}")
         if not _contiguous(b_zeros):
             raise ValueError("b_zeros is not contiguous")
-    return GemmPlan(act, weight, size_m, size_n, size_k, lda, num_groups,
-                    group_size if num_groups > 1 else -1, has_act_order, bool(is_k_full) or not has_act_order)
+    problem = MarlinMmProblem(m=size_m, n=size_n, k=size_k, lda=lda, num_groups=num_groups,
+                              group_size=group_size if num_groups > 1 else -1)
+    return GemmPlan(act, weight, problem, has_act_order, bool(is_k_full) or not has_act_order)
 
 
 def _check_scratch(plan: GemmPlan, workspace, c_tmp, a_tmp, sms: int, use_fp32_reduce: bool,
@@ -686,14 +889,137 @@ def _stream_ptr(stream) -> int:
     return int(stream.ptr)
 
 
+@dataclasses.dataclass(frozen=True)
+class _ArrayPlan:
+    """A gptq_marlin_gemm call whose every shape/dtype/flag check passed, kept under the key of those inputs."""
+
+    prepared: PreparedLaunch
+    device: int
+    sms: int
+    out_shape: tuple[int, int]
+    out_dtype: Any
+    uses_c_tmp: bool
+    act_order: bool
+
+
+_array_plans: dict[tuple, _ArrayPlan] = {}
+_FAST_ARRAY: Any = None  # cupy.ndarray once looked up; the plan cache serves CuPy arrays only
+
+
+def _fast_array_type():
+    global _FAST_ARRAY
+    if _FAST_ARRAY is None:
+        try:
+            import cupy
+
+            _FAST_ARRAY = cupy.ndarray
+        except ImportError:  # pragma: no cover - environment
+            _FAST_ARRAY = type("NoCuPy", (), {})
+    return _FAST_ARRAY
+
+
+def _meta(x, array_type):
+    """(shape, strides, dtype) of an optional CuPy array, None for None; _SLOW for anything else."""
+    if x is None:
+        return None
+    if type(x) is not array_type:
+        return _SLOW
+    return x.shape, x.strides, x.dtype
+
+
+_SLOW = object()
+_FLAG_TYPES = (bool, int)
+
+
+def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full,
+              use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms):
+    """Everything the checks of gptq_marlin_gemm read except addresses and devices of the other arrays, or None
+    when an input is not of the cached kind (then every check runs). Exact types for the ints: 1.0, True and
+    np.int64(1) compare equal to 1 but are checked differently."""
+    nd = _fast_array_type()
+    if (type(a) is not nd or type(b_q_weight) is not nd or type(b_scales) is not nd or type(workspace) is not nd
+            or type(size_m) is not int or type(size_n) is not int or type(size_k) is not int or type(sms) is not int
+            or type(is_k_full) not in _FLAG_TYPES or type(use_atomic_add) not in _FLAG_TYPES
+            or type(use_fp32_reduce) not in _FLAG_TYPES or type(deterministic) not in _FLAG_TYPES
+            or not isinstance(b_q_type, (str, ScalarType))):
+        return None
+    optional = (_meta(b_zeros, nd), _meta(g_idx, nd), _meta(perm, nd), _meta(c, nd), _meta(c_tmp, nd),
+                _meta(a_tmp, nd))
+    if _SLOW in optional:
+        return None
+    return (a.shape, a.strides, a.dtype, a.data.device_id, b_q_weight.shape, b_q_weight.strides, b_q_weight.dtype,
+            b_scales.shape, b_scales.strides, b_scales.dtype, workspace.shape, workspace.dtype, optional, b_q_type,
+            size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add), bool(use_fp32_reduce),
+            bool(deterministic), sms)
+
+
+def _address_on(x, device: int, name: str) -> int:
+    """Address of an optional CuPy array that must live on ``device``."""
+    if x is None:
+        return 0
+    mem = x.data
+    if mem.device_id != device:
+        raise ValueError(f"{name} is on device {mem.device_id} but A is on device {device}")
+    return mem.ptr
+
+
 def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m: int, size_n: int,
                      size_k: int, is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = True,
                      *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, stream=None, sms: int = -1):
     """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays.
 
-    ``b_zeros``/``g_idx``/``perm`` may be None or empty. ``c`` (M, N) is allocated when None, as are ``c_tmp`` and
-    ``a_tmp`` — pass them (and ``workspace``) to keep allocation out of the call (CUDA-graph capture).
+    ``b_zeros``/``g_idx``/``perm`` may be None or empty. ``c`` (M, N) is allocated when None, and so is ``a_tmp``
+    for act-order; ``c_tmp`` None takes the per-(device, stream, SMs) buffer of ``scratch_buffers``. Pass ``c``,
+    ``c_tmp``/``a_tmp`` and ``workspace`` to keep allocation out of the call (CUDA-graph capture).
+
+    Every check runs on the first call with a given set of shapes, strides, dtypes, flags and device; repeated calls
+    with the same ones (CuPy arrays) reuse that verdict and re-check only what can change under equal shapes: the
+    device of every array and each address (non-null, 16-byte aligned).
     """
+    key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
+                    is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms)
+    plan = _array_plans.get(key) if key is not None else None
+    if plan is None:
+        return _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type,
+                                         size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c,
+                                         c_tmp, a_tmp, deterministic, stream, sms)
+    device = plan.device
+    pointers = (a.data.ptr, _address_on(b_q_weight, device, "b_q_weight"), _address_on(b_scales, device, "b_scales"),
+                _address_on(b_zeros, device, "b_zeros") if plan.prepared.has_zero_points else 0,
+                _address_on(g_idx, device, "g_idx") if plan.act_order else 0,
+                _address_on(perm, device, "perm") if plan.act_order else 0,
+                _address_on(workspace, device, "workspace"))
+    stream_ptr = _stream_ptr(stream)
+    if c is None or (a_tmp is None and plan.act_order):
+        cupy = _cupy()
+        if cupy.cuda.runtime.getDevice() != device:
+            with cupy.cuda.Device(device):
+                c, a_tmp = _outputs(plan, c, a_tmp, cupy)
+        else:
+            c, a_tmp = _outputs(plan, c, a_tmp, cupy)
+    if c_tmp is None and plan.uses_c_tmp:
+        c_tmp = scratch_buffers(device, stream_ptr, plan.sms)[1]
+    c_ptr = _address_on(c, device, "c")
+    c_tmp_ptr = _address_on(c_tmp, device, "c_tmp") if plan.uses_c_tmp else 0
+    a_tmp_ptr = _address_on(a_tmp, device, "a_tmp") if plan.act_order else 0
+    plan.prepared.launch(pointers[0], pointers[1], c_ptr, c_tmp_ptr, pointers[2], pointers[3], pointers[4],
+                         pointers[5], a_tmp_ptr, pointers[6], stream_ptr)
+    return c
+
+
+def _outputs(plan: _ArrayPlan, c, a_tmp, cupy):
+    if c is None:
+        c = cupy.empty(plan.out_shape, dtype=plan.out_dtype)
+    if a_tmp is None and plan.act_order:
+        a_tmp = cupy.empty((max(plan.out_shape[0], 1), plan.prepared.k), dtype=plan.out_dtype)
+    return c, a_tmp
+
+
+def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
+                              size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
+                              deterministic, stream, sms, launch: bool = True):
+    """Every check, in order, then the launch; the verdict is kept under ``key`` (None: not kept). With ``launch``
+    False: the checks only, returning the plan (``plan_marlin_gemm``)."""
     if use_atomic_add and deterministic:
         raise ValueError("use_atomic_add cannot be deterministic: atomics sum in arrival order")
     plan = check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
@@ -703,12 +1029,14 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     a_ptr, device = _device_ptr(a, "A")
     device_sms = device_properties(device)[1]
     sms = device_sms if sms <= 0 else int(sms)
+    stream_ptr = _stream_ptr(stream)
+    uses_c_tmp = bool(use_fp32_reduce) and not use_atomic_add
     cupy = _cupy()
     with cupy.cuda.Device(device):
         if c is None:
             c = cupy.empty((size_m, size_n), dtype=a.dtype)
-        if c_tmp is None and use_fp32_reduce and not use_atomic_add:
-            c_tmp = cupy.empty(c_tmp_numel(sms), dtype=np.float32)
+        if c_tmp is None and uses_c_tmp:
+            c_tmp = scratch_buffers(device, stream_ptr, sms)[1]
         if a_tmp is None and plan.has_act_order:
             a_tmp = cupy.empty((max(size_m, 1), size_k), dtype=a.dtype)
     _check_scratch(plan, workspace, c_tmp, a_tmp, sms, use_fp32_reduce, use_atomic_add)
@@ -716,7 +1044,7 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     for name, x in (("b_q_weight", b_q_weight), ("b_scales", b_scales), ("c", c), ("workspace", workspace),
                     ("b_zeros", None if _is_empty(b_zeros) else b_zeros),
                     ("g_idx", g_idx if plan.has_act_order else None), ("perm", perm if plan.has_act_order else None),
-                    ("c_tmp", c_tmp if use_fp32_reduce and not use_atomic_add else None),
+                    ("c_tmp", c_tmp if uses_c_tmp else None),
                     ("a_tmp", a_tmp if plan.has_act_order else None)):
         if x is None:
             pointers[name] = 0
@@ -726,6 +1054,8 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
             raise ValueError(f"{name} is on device {dev} but A is on device {device}")
         pointers[name] = ptr
     if size_m == 0:
+        if not launch:
+            raise ValueError("size_m = 0: nothing to plan")
         return c
     request = MarlinMmRequest(
         weight_type=plan.weight, act_type=plan.act,
@@ -733,14 +1063,25 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
                                 b_scales=pointers["b_scales"], zero_points=pointers["b_zeros"],
                                 group_index=pointers["g_idx"], permutation=pointers["perm"],
                                 a_tmp=pointers["a_tmp"], workspace=pointers["workspace"]),
-        problem=MarlinMmProblem(m=size_m, n=size_n, k=size_k, lda=plan.lda, num_groups=plan.num_groups,
-                                group_size=plan.group_size if plan.num_groups > 1 else -1),
-        execution=MarlinMmExecution(device=device, stream=_stream_ptr(stream), sms=sms,
+        problem=plan.problem,
+        execution=MarlinMmExecution(device=device, stream=stream_ptr, sms=sms,
                                     has_act_order=plan.has_act_order, is_k_full=plan.is_k_full,
                                     use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce,
                                     deterministic=deterministic),
     )
-    launch_marlin_mm(request.into_launch())
+    record = request.into_launch()
+    prepared = prepare_launch(record)  # every record-level rule (check_launch) on this first call
+    array_plan = _ArrayPlan(prepared, device, sms, (size_m, size_n), np.dtype(a.dtype), uses_c_tmp,
+                            plan.has_act_order)
+    if key is not None:
+        if len(_array_plans) >= _MAX_PLANS:
+            _array_plans.clear()
+        _array_plans[key] = array_plan
+    if not launch:
+        return array_plan
+    ptr = record.pointer
+    prepared.launch(ptr("a"), ptr("b"), ptr("c"), ptr("c_tmp"), ptr("b_scales"), ptr("zero_points"),
+                    ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), stream_ptr)
     return c
 
 
@@ -776,13 +1117,16 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
     """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array."""
     if getattr(weight, "num_experts", None) is not None:
         raise ValueError("weight is a stack of experts; pick one with weight.expert(e) (the fused MoE GEMM is issue 7)")
+    nd = _fast_array_type()
     for field in ("qweight", "scales"):
-        if getattr(getattr(weight, field), "__cuda_array_interface__", None) is None:
+        x = getattr(weight, field)
+        if type(x) is not nd and getattr(x, "__cuda_array_interface__", None) is None:
             raise TypeError(f"weight.{field} is not on GPU; call workbench.gemm.upload_weight(weight) once first")
-    a_ptr, device = _device_ptr(a, "A")
+    device = a.data.device_id if type(a) is nd else _device_ptr(a, "A")[1]
+    stream_ptr = _stream_ptr(stream)
     if workspace is None or (c_tmp is None and use_fp32_reduce and not use_atomic_add):
         n_sms = device_properties(device)[1] if sms <= 0 else sms
-        ws, ct = scratch_buffers(device, _stream_ptr(stream), n_sms)
+        ws, ct = scratch_buffers(device, stream_ptr, n_sms)
         workspace = ws if workspace is None else workspace
         c_tmp = ct if c_tmp is None else c_tmp
     k_full = weight.is_k_full if is_k_full is None else is_k_full
@@ -790,4 +1134,20 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
     return gptq_marlin_gemm(a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm, workspace,
                             weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
                             use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
-                            a_tmp=a_tmp, deterministic=deterministic, stream=stream, sms=sms)
+                            a_tmp=a_tmp, deterministic=deterministic, stream=stream_ptr, sms=sms)
+
+
+def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_full: bool | None = None,
+                     use_atomic_add: bool = False, use_fp32_reduce: bool = True, deterministic: bool = False,
+                     stream=None, sms: int = -1) -> PreparedLaunch:
+    """Every check ``marlin_gemm`` makes on these arrays, without launching: the ``PreparedLaunch`` that runs the
+    same problem on any addresses (``launch``). For callers that launch many GEMMs of one shape at row or expert
+    offsets of buffers already checked once (``MoE.gemm_phase_batched``); M > 0."""
+    if getattr(weight, "num_experts", None) is not None:
+        raise ValueError("weight is a stack of experts; pick one with weight.expert(e)")
+    size_m = int(a.shape[0]) if len(a.shape) == 2 else -1
+    k_full = weight.is_k_full if is_k_full is None else is_k_full
+    return _gptq_marlin_gemm_checked(None, a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm,
+                                     workspace, weight.weight_type, size_m, weight.size_n, weight.size_k, k_full,
+                                     use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms,
+                                     launch=False).prepared

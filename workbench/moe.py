@@ -4,8 +4,9 @@ A stack holds E experts' Marlin tiles for one matmul role (gate_up = w13, or dow
 leading expert axis (``workbench.weight.MarlinWeight`` with ``num_experts``; spec §8.2). Three ways to run it:
 
 * ``gemm_phase_batched(input, dispatches, output)`` — one dense Marlin GEMM per dispatch
-  ``(expert, in_row_offset, out_row_offset, m)`` on row views of input/output, spread round-robin over a few CuPy
-  streams (each with its own lock counters and partial-sum buffer), joined back to the caller's stream by events.
+  ``(expert, in_row_offset, out_row_offset, m)`` at the rows' and the expert's addresses (checked once per row
+  count, see ``gemm.plan_marlin_gemm``), spread round-robin over a few CuPy streams (each with its own lock counters
+  and partial-sum buffer), joined back to the caller's stream by events.
 * ``gemm_phase_fused(input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m,
   moe_block_size, top_k)`` — one launch of ``kernels_cuda/marlin_moe.cu``: every block of ``moe_block_size``
   routed rows reads its expert from ``expert_ids`` inside the kernel, gathers its A rows by sorted id, scatters
@@ -189,7 +190,8 @@ def random_expert_stack(num_experts: int, size_k: int, size_n: int, weight_type,
 # ---------------------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def moe_kernel_source() -> str:
-    """marlin_moe.cu with its local headers (the dense kernel's dequant.cuh / mma.cuh) inlined."""
+    """marlin_moe.cu with its local headers (marlin_mainloop.cuh / dequant.cuh / mma.cuh, shared with the dense
+    kernel) inlined."""
     seen: set[str] = set()
 
     def expand(name: str) -> str:
@@ -389,7 +391,8 @@ def moe_align_block_size(topk_ids, block_size: int, num_experts: int, expert_map
 # The expert stack
 # ---------------------------------------------------------------------------------------------------------------
 def _on_gpu(x) -> bool:
-    return getattr(x, "__cuda_array_interface__", None) is not None
+    # CuPy arrays first: their __cuda_array_interface__ builds a dict on every read
+    return type(x) is gemm._fast_array_type() or getattr(x, "__cuda_array_interface__", None) is not None
 
 
 def _xp(x):
@@ -449,6 +452,9 @@ class MarlinExpertStack:
         self.num_streams = num_streams
         self._sms = _int(sms, "sms")
         self._scratch: dict[int, tuple[Any, Any, list]] = {}
+        self._events: dict[int, tuple[Any, list]] = {}  # device -> (caller-ready event, one event per stream)
+        self._plans: dict[tuple, Any] = {}  # batched-path launches checked once: key -> gemm.PreparedLaunch
+        self._plans_for: tuple = ()  # the weight arrays those plans were checked against
 
     # ---- the seed's surface -----------------------------------------------------------------------------------
     @property
@@ -469,14 +475,18 @@ class MarlinExpertStack:
 
     def expert_views(self) -> list[MarlinWeight]:
         """Single-expert views of the stack (no copies), made once."""
-        if getattr(self, "_experts", None) is None:
+        if getattr(self, "_experts", None) is None or self._experts_of is not self.weight:
             self._experts = [self.weight.expert(e) for e in range(self.num_experts)]
+            self._experts_of = self.weight
         return self._experts
 
     def _device(self) -> int:
-        if not _on_gpu(self.weight.qweight):
+        qweight = self.weight.qweight
+        if type(qweight) is gemm._fast_array_type():
+            return qweight.data.device_id
+        if not _on_gpu(qweight):
             raise TypeError("the stack's arrays are not on GPU; build it from gemm.upload_weight(weight)")
-        return gemm._device_ptr(self.weight.qweight, "weight.qweight")[1]
+        return gemm._device_ptr(qweight, "weight.qweight")[1]
 
     def _scratch_for(self, device: int):
         """(workspace [S·sms] int32 zero, c_tmp [S, c_tmp_numel] fp32, streams [S]), made once per device."""
@@ -500,13 +510,17 @@ class MarlinExpertStack:
         """Validated dispatches (pure: no GPU). Output row ranges of different dispatches must not overlap: they
         may run at the same time."""
         rows_in, rows_out = int(input_shape[0]), int(output_shape[0])
+        num_experts = self.num_experts
         out: list[tuple[int, int, int, int]] = []
         for i, d in enumerate(dispatches):
-            if len(d) != 4:
-                raise ValueError(f"dispatches[{i}] = {d!r} is not (expert_idx, in_row_offset, out_row_offset, m)")
-            e, r_in, r_out, m = (_int(v, f"dispatches[{i}][{j}]") for j, v in enumerate(d))
-            if not 0 <= e < self.num_experts:
-                raise ValueError(f"dispatches[{i}]: expert_idx = {e} is outside [0, {self.num_experts})")
+            if type(d) is tuple and len(d) == 4 and all(type(v) is int for v in d):
+                e, r_in, r_out, m = d  # the common case, without a conversion per field
+            else:
+                if len(d) != 4:
+                    raise ValueError(f"dispatches[{i}] = {d!r} is not (expert_idx, in_row_offset, out_row_offset, m)")
+                e, r_in, r_out, m = (_int(v, f"dispatches[{i}][{j}]") for j, v in enumerate(d))
+            if not 0 <= e < num_experts:
+                raise ValueError(f"dispatches[{i}]: expert_idx = {e} is outside [0, {num_experts})")
             if m < 0 or r_in < 0 or r_out < 0:
                 raise ValueError(f"dispatches[{i}] = {tuple(d)} has a negative offset or m")
             if r_in + m > rows_in:
@@ -543,32 +557,100 @@ class MarlinExpertStack:
 
         input [R_in, K], output [R_out, n_per_expert] (act dtype, on the GPU). Dispatches go round-robin onto
         ``num_streams`` streams that first wait for the caller's stream; the caller's stream then waits for all.
+
+        Every dense-GEMM check runs on the first dispatch of each row count m (on that dispatch's row, expert and
+        scratch views); the others launch the same checked problem at their own addresses (row offset x row
+        stride, expert x expert stride: every expert and every lane's scratch has the same shape), each address
+        re-checked for alignment by ``PreparedLaunch.launch``. No views, records or allocations per dispatch.
         """
         self._check_io(input, output, "output")
         work = self.check_dispatches(input.shape, output.shape, dispatches)
         device = self._device()
         ws, c_tmp, streams, sms = self._scratch_for(device)
+        if not work:
+            return output
         cupy = gemm._cupy()
         caller = gemm._stream(gemm._stream_ptr(stream))
+        nd = gemm._fast_array_type()
+        w = self.weight
+        if w.has_act_order or type(input) is not nd or type(output) is not nd or type(w.qweight) is not nd:
+            lanes = self._join_lanes(caller, streams, len(work), device, before=True)
+            with cupy.cuda.Device(device):  # per-dispatch views through marlin_gemm: every check every time
+                self._batched_through_views(input, work, output, ws, c_tmp, lanes, sms)
+            self._join_lanes(caller, lanes, len(work), device, before=False)
+            return output
+        for name, x in (("input", input), ("output", output)):
+            if x.data.device_id != device:
+                raise ValueError(f"{name} is on device {x.data.device_id} but the stack is on device {device}")
+        arrays = (w, w.qweight, w.scales, w.zeros, w.weight_type, w.is_k_full, w.size_k, w.size_n, w.act_dtype)
+        if len(self._plans_for) != len(arrays) or any(x is not y for x, y in zip(arrays, self._plans_for)):
+            self._plans, self._plans_for = {}, arrays  # the weight changed: nothing checked against it holds
+        in_base, in_row = input.data.ptr, input.strides[0]
+        out_base, out_row = output.data.ptr, output.strides[0]
+        qw_base, qw_step = w.qweight.data.ptr, w.qweight.strides[0]
+        sc_base, sc_step = w.scales.data.ptr, w.scales.strides[0]
+        zp_base, zp_step = (0, 0) if w.zeros is None else (w.zeros.data.ptr, w.zeros.strides[0])
+        ws_base, ws_step = ws.data.ptr, gemm.workspace_numel(sms) * 4
+        ct_base, ct_step = c_tmp.data.ptr, c_tmp.strides[0]
+        lanes = self._join_lanes(caller, streams, len(work), device, before=True)
+        lane_ptrs = [s.ptr for s in lanes]
+        n_lanes = len(lanes)
+        plans = self._plans
+        layout = (input.strides, output.strides, input.dtype, device, sms)
+        for i, (e, r_in, r_out, m) in enumerate(work):
+            lane = i % n_lanes
+            prepared = plans.get((m,) + layout)
+            if prepared is None:
+                prepared = self._plan_dispatch(input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lanes[lane])
+                if len(plans) >= 1024:  # one per row count and layout: bounded for a long-running server
+                    plans.clear()
+                plans[(m,) + layout] = prepared
+            prepared.launch(in_base + r_in * in_row, qw_base + e * qw_step, out_base + r_out * out_row,
+                            ct_base + lane * ct_step, sc_base + e * sc_step, zp_base and zp_base + e * zp_step,
+                            0, 0, 0, ws_base + lane * ws_step, lane_ptrs[lane])
+        self._join_lanes(caller, lanes, len(work), device, before=False)
+        return output
+
+    def _plan_dispatch(self, input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lane_stream):
+        """gemm.plan_marlin_gemm on this dispatch's views: every check of a dense call, no launch."""
+        per_ws = gemm.workspace_numel(sms)
+        return gemm.plan_marlin_gemm(input[r_in:r_in + m], self.expert_views()[e], c=output[r_out:r_out + m],
+                                     workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
+                                     stream=lane_stream, sms=sms)
+
+    def _batched_through_views(self, input, work, output, ws, c_tmp, lanes, sms):
         per_ws = gemm.workspace_numel(sms)
         experts = self.expert_views()
-        if len(work) == 1:  # nothing to overlap: stay on the caller's stream
-            lanes = [caller]
-        else:
-            lanes = streams[:min(len(work), len(streams))]
-            ready = caller.record()
+        for i, (e, r_in, r_out, m) in enumerate(work):
+            lane = i % len(lanes)
+            gemm.marlin_gemm(input[r_in:r_in + m], experts[e], c=output[r_out:r_out + m],
+                             workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
+                             stream=lanes[lane], sms=sms)
+
+    def _join_lanes(self, caller, streams, n_work: int, device: int, *, before: bool):
+        """before=True: the streams the dispatches use, each made to wait for the caller's stream (one dispatch:
+        the caller's stream itself). before=False (``streams`` = those lanes): the caller waits for every lane.
+        The events are made once per device and re-recorded (a wait binds to the record made before it)."""
+        if before and n_work == 1:
+            return [caller]
+        if not before and streams == [caller]:
+            return streams
+        if device not in self._events:
+            cupy = gemm._cupy()
+            with cupy.cuda.Device(device):
+                self._events[device] = (cupy.cuda.Event(disable_timing=True),
+                                        [cupy.cuda.Event(disable_timing=True) for _ in range(self.num_streams)])
+        ready, done = self._events[device]
+        if before:
+            lanes = streams[:min(n_work, len(streams))]
+            ready.record(caller)
             for s in lanes:
                 s.wait_event(ready)
-        with cupy.cuda.Device(device):
-            for i, (e, r_in, r_out, m) in enumerate(work):
-                lane = i % len(lanes)
-                gemm.marlin_gemm(input[r_in:r_in + m], experts[e], c=output[r_out:r_out + m],
-                                 workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
-                                 stream=lanes[lane], sms=sms)
-        if len(lanes) > 1 or lanes[0] is not caller:
-            for s in lanes:
-                caller.wait_event(s.record())
-        return output
+            return lanes
+        for s, event in zip(streams, done):
+            event.record(s)
+            caller.wait_event(event)
+        return streams
 
     def gemm_phase_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m: int,
                          moe_block_size: int, top_k: int, *, topk_weights=None, stream=None):
@@ -738,8 +820,9 @@ def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map,
 # The fused kernel (kernels_cuda/marlin_moe.cu mwb::marlin_moe)
 # ---------------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class MoeConfig:
-    """One instantiation of ``mwb::marlin_moe`` and the geometry it implies (mirrors ``MoeGeometry``)."""
+class MoeConfig(gemm.TileGeometry):
+    """One instantiation of ``mwb::marlin_moe``; block shape and shared memory from ``gemm.TileGeometry`` (the stage
+    layout of kernels_cuda/marlin_mainloop.cuh, shared with the dense kernel)."""
 
     act: Any  # ScalarType F16 / BF16
     weight: Any  # ScalarType of the weights
@@ -747,27 +830,8 @@ class MoeConfig:
     n_tiles: int  # 64-column tiles of one item
     k_warp: int  # k16 tiles per warp per stage
     stages: int
-
-    @property
-    def block_n(self) -> int:
-        return 64 * self.n_tiles
-
-    @property
-    def block_k(self) -> int:
-        return 16 * self.k_warp * (8 // self.n_tiles)
-
-    @property
-    def smem_bytes(self) -> int:
-        pack = 32 // self.weight.bits
-        kt = self.k_warp * (8 // self.n_tiles)
-        a = 16 * self.m_blocks * self.block_k // 8
-        b = kt * self.n_tiles * (16 * 64 // pack // 4)
-        scale_rows = max(1, self.block_k // 32)
-        s = scale_rows * self.block_n // 8
-        z = scale_rows * self.block_n // pack // 4 if self.weight.has_zero_points else 0
-        warps_per_n = 8 // self.n_tiles
-        red = (warps_per_n // 2) * self.n_tiles * 16 * 64 // 4 if warps_per_n > 1 else 0
-        return 16 * (self.stages * (a + b + s + z) + red)
+    group_mode: int = gemm.GROUP_GROUPED  # gemm.GROUP_GROUPED or GROUP_CHANNELWISE (no act-order in the fused kernel)
+    blocks_per_sm: int = 1  # CTAs per SM the registers are cut for (2: 128 registers, 16-row items only)
 
     @property
     def name_expression(self) -> str:
@@ -775,7 +839,7 @@ class MoeConfig:
 
         t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
         return f"mwb::marlin_moe<{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, " \
-               f"{self.stages}>"
+               f"{self.stages}, {self.group_mode}, {self.blocks_per_sm}>"
 
 
 # (n_tiles, k_warp) in order of preference. Few rows per item stream weights: long K stages (BK = 256) spread each
@@ -784,14 +848,29 @@ _MOE_SHAPES_SMALL = ((2, 4), (1, 2), (2, 2), (1, 1), (2, 1))
 _MOE_SHAPES_LARGE = ((1, 1), (2, 1))  # (2, 2) spills 4 bytes with 8-bit weights at M_BLOCKS = 4 on sm_80
 
 
+# Two CTAs per SM for 16-row items (the kernel cut to 128 registers, as the dense kernel's M <= 16 variant): only for
+# 4-bit weights (8-bit stages hold twice the bytes: only shallow rings fit beside a second CTA, which made the dense
+# kernel slower on every 8-bit layer), and only when the one-CTA grid would leave some CTA more than one item to run
+# one after the other (else a second CTA per SM has nothing to do). MOE_BLOCKS_PER_SM forces 1 or 2 (0 = this rule),
+# for bench/bench_moe.py's A/B.
+MOE_TWO_BLOCKS_WEIGHT_BITS = (4,)
+MOE_BLOCKS_PER_SM = 0
+
+
 def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int,
-                      items_hint: int, sms: int, smem_limit: int) -> MoeConfig:
-    """The first (BN, BK) that divides (N, K); 128 columns only when that still gives every SM an item."""
+                      items_hint: int, sms: int, smem_limit: int, sm_smem: int = 0,
+                      blocks_per_sm: int = -1) -> MoeConfig:
+    """The first (BN, BK) that divides (N, K); 128 columns only when that still gives every SM an item.
+
+    ``sm_smem``: shared memory per SM (0 = unknown: one CTA per SM). ``blocks_per_sm``: 1 or 2 to force the one- or
+    two-CTA kernel (2 only where it exists: 16-row items with a ring that fits half an SM), -1 = MOE_BLOCKS_PER_SM.
+    """
     m_blocks = -(-moe_block_size // 16)
+    group_mode = gemm.GROUP_CHANNELWISE if group_size < 0 else gemm.GROUP_GROUPED
     shapes = _MOE_SHAPES_SMALL if m_blocks <= 2 else _MOE_SHAPES_LARGE
     fits = []
     for n_tiles, k_warp in shapes:
-        cfg = MoeConfig(act, weight, m_blocks, n_tiles, k_warp, 4)
+        cfg = MoeConfig(act, weight, m_blocks, n_tiles, k_warp, 4, group_mode)
         if size_k % cfg.block_k or size_n % cfg.block_n:
             continue
         if group_size > 0 and group_size % cfg.block_k and cfg.block_k % group_size:
@@ -803,7 +882,20 @@ def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int
     wide = [c for c in fits if c.n_tiles >= 2 and items_hint * (size_n // c.block_n) >= sms]
     narrow = [c for c in fits if c.n_tiles == 1]
     preferred = wide or narrow or fits
-    for shape in preferred + [c for c in fits if c not in preferred]:
+    order = preferred + [c for c in fits if c not in preferred]
+    if blocks_per_sm < 0:
+        blocks_per_sm = MOE_BLOCKS_PER_SM
+    if blocks_per_sm not in (0, 1, 2):
+        raise ValueError(f"blocks_per_sm = {blocks_per_sm} must be 0 (automatic), 1 or 2")
+    if m_blocks == 1 and sm_smem > 0 and blocks_per_sm != 1:
+        half = min(smem_limit, sm_smem // 2 - gemm._SMEM_RESERVED_PER_BLOCK)
+        two = next((cfg for shape in order for stages in (4, 3)
+                    for cfg in [dataclasses.replace(shape, stages=stages, blocks_per_sm=2)]
+                    if cfg.smem_bytes <= half), None)
+        if two is not None and (blocks_per_sm == 2 or (
+                weight.bits in MOE_TWO_BLOCKS_WEIGHT_BITS and items_hint * (size_n // two.block_n) > sms)):
+            return two
+    for shape in order:
         for stages in ((8, 6, 4, 3) if m_blocks <= 2 else (4, 3)):
             cfg = dataclasses.replace(shape, stages=stages)
             if cfg.smem_bytes <= smem_limit:
@@ -877,15 +969,16 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
         raise ValueError("input must be aligned to 16 bytes")
     if numel == 0 or cap == 0:
         return output
-    props = gemm.device_properties(device)  # (cc, SMs, opt-in smem per block, ...)
-    sms, smem_limit = props[1], props[2]
+    props = gemm.device_properties(device)  # (cc, SMs, opt-in smem per block, smem per SM)
+    sms, smem_limit, sm_smem = props[1], props[2], props[3]
     if stack._sms > 0:
         sms = stack._sms
     n_blocks = cap // moe_block_size
     items_hint = min(n_blocks, numel)
     cfg = choose_moe_config(gemm.act_scalar_type(input.dtype), w.weight_type, moe_block_size, stack.n_per_expert,
-                            stack.k, group, items_hint, sms, smem_limit)
-    grid = max(1, min(sms, items_hint * (stack.n_per_expert // cfg.block_n)))
+                            stack.k, group, items_hint, sms, smem_limit, sm_smem)
+    # No CTA waits on another, so a grid larger than what is resident is correct, only slower.
+    grid = max(1, min(sms * cfg.blocks_per_sm, items_hint * (stack.n_per_expert // cfg.block_n)))
     kernel = get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes)
     null = np.uint64(0)
     cupy = gemm._cupy()

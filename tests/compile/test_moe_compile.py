@@ -15,20 +15,26 @@ from workbench.scalar_types import ScalarType as S
 
 WEIGHTS = (S.U4B8, S.U4, S.U8B128, S.U8, S.FE4M3FN)
 SMEM_SM90 = 227 * 1024
+SM_SMEM_SM90 = 228 * 1024
 
 
 def _configs():
-    """Every (act, weight, block size) with the shape choice for a wide and a narrow problem, plus every shape."""
+    """Every (act, weight, block size) with the shape choice for a wide and a narrow problem, on one and (16-row
+    items) two CTAs per SM; channelwise scales for the smallest and largest blocks; plus every shape."""
     out = set()
     for act in (S.F16, S.BF16):
         for weight in WEIGHTS:
             for bs in SUPPORTED_BLOCK_SIZES:
                 for items in (1, 1000):
-                    out.add(moe.choose_moe_config(act, weight, bs, 4096, 7168, 128, items, 132, SMEM_SM90))
+                    for blocks in (1, 2):
+                        out.add(moe.choose_moe_config(act, weight, bs, 4096, 7168, 128, items, 132, SMEM_SM90,
+                                                      SM_SMEM_SM90, blocks))
+            for bs in (SUPPORTED_BLOCK_SIZES[0], SUPPORTED_BLOCK_SIZES[-1]):
+                out.add(moe.choose_moe_config(act, weight, bs, 4096, 7168, -1, 1000, 132, SMEM_SM90))
     for n_tiles, k_warp in moe._MOE_SHAPES_SMALL:
         out.add(moe.MoeConfig(S.F16, S.U4, 2, n_tiles, k_warp, 8))
     for n_tiles, k_warp in moe._MOE_SHAPES_LARGE:
-        out.add(moe.MoeConfig(S.BF16, S.U8, 4, n_tiles, k_warp, 4))
+        out.add(moe.MoeConfig(S.BF16, S.U8, 4, n_tiles, k_warp, 4, gemm.GROUP_CHANNELWISE))
     return sorted(out, key=lambda c: c.name_expression)
 
 
@@ -42,7 +48,7 @@ NAMES = [c.name_expression for c in CONFIGS] + list(ELEMENTWISE)
 def test_source_inlines_the_shared_headers():
     src = moe.moe_kernel_source()
     assert '#include "' not in src
-    for header in ("dequant.cuh", "mma.cuh"):  # shared with the dense kernel, not copied
+    for header in ("dequant.cuh", "mma.cuh", "marlin_mainloop.cuh"):  # shared with the dense kernel, not copied
         assert (gemm.KERNEL_DIR / header).read_text().splitlines()[0] in src
 
 
@@ -70,6 +76,44 @@ def test_config_choice():
         assert cfg.m_blocks * 16 >= bs and cfg.smem_bytes <= 163 * 1024
     with pytest.raises(ValueError, match=r"no fused MoE tile shape divides \(size_k, size_n\) = \(96, 64\)"):
         moe.choose_moe_config(S.F16, S.U4B8, 16, 64, 96, -1, 1, 132, SMEM_SM90)
+    # channelwise scales are a template argument of the kernel (no runtime branch in the loop)
+    assert moe.choose_moe_config(S.F16, S.U4B8, 8, 4096, 4096, -1, 8, 132, SMEM_SM90).group_mode == \
+        gemm.GROUP_CHANNELWISE
+
+
+def test_two_ctas_per_sm_choice():
+    """16-row items with 4-bit weights run two CTAs per SM (128-register kernel, ring within half an SM) when the
+    one-CTA grid would leave some CTA several items; never for 8-bit weights, 32+-row items or unknown SM memory."""
+    half = SM_SMEM_SM90 // 2 - gemm._SMEM_RESERVED_PER_BLOCK
+    # Mixtral-like decode: 2 blocks x 112 column tiles > 132 SMs
+    two = moe.choose_moe_config(S.F16, S.U4B8, 8, 14336, 4096, 128, 2, 132, SMEM_SM90, SM_SMEM_SM90)
+    assert two.blocks_per_sm == 2 and two.smem_bytes <= half and two.name_expression.endswith(", 2>")
+    # DeepSeek-V2-Lite-like decode: 6 x 22 = 132 items, one per SM already
+    assert moe.choose_moe_config(S.F16, S.U4B8, 8, 1408, 2048, 128, 6, 132, SMEM_SM90, SM_SMEM_SM90).blocks_per_sm == 1
+    assert moe.choose_moe_config(S.F16, S.U8B128, 8, 14336, 4096, 128, 2, 132, SMEM_SM90,
+                                 SM_SMEM_SM90).blocks_per_sm == 1
+    assert moe.choose_moe_config(S.F16, S.U4B8, 32, 14336, 4096, 128, 64, 132, SMEM_SM90, SM_SMEM_SM90,
+                                 2).blocks_per_sm == 1  # no two-CTA kernel for 32-row items
+    assert moe.choose_moe_config(S.F16, S.U4B8, 8, 14336, 4096, 128, 2, 132, SMEM_SM90).blocks_per_sm == 1
+    # forced either way (the A/B)
+    assert moe.choose_moe_config(S.F16, S.U4B8, 8, 14336, 4096, 128, 2, 132, SMEM_SM90, SM_SMEM_SM90,
+                                 1).blocks_per_sm == 1
+    assert moe.choose_moe_config(S.BF16, S.U8, 16, 1408, 2048, 64, 1, 132, SMEM_SM90, SM_SMEM_SM90,
+                                 2).blocks_per_sm == 2
+    with pytest.raises(ValueError, match="blocks_per_sm = 3 must be 0"):
+        moe.choose_moe_config(S.F16, S.U4B8, 8, 14336, 4096, 128, 2, 132, SMEM_SM90, SM_SMEM_SM90, 3)
+
+
+def test_moe_and_dense_configs_share_the_geometry():
+    """One place for block shapes and shared memory: MoeConfig's equal KernelConfig's for the same template
+    arguments (the kernels share marlin_mainloop.cuh's Geometry)."""
+    for weight in WEIGHTS:
+        for m_blocks, n_tiles, k_warp, stages in ((1, 2, 4, 8), (2, 1, 2, 4), (4, 2, 1, 3)):
+            for mode in (gemm.GROUP_GROUPED, gemm.GROUP_CHANNELWISE):
+                d = gemm.KernelConfig(S.F16, weight, m_blocks, n_tiles, k_warp, stages, mode)
+                m = moe.MoeConfig(S.F16, weight, m_blocks, n_tiles, k_warp, stages, mode)
+                assert (m.block_m, m.block_n, m.block_k, m.smem_bytes) == (d.block_m, d.block_n, d.block_k,
+                                                                           d.smem_bytes)
 
 
 def test_numba_moe_align_compiles_for_sm90():

@@ -55,13 +55,15 @@ def compile_everything_once():
     from workbench.formats.moe_align import aligned_capacity
 
     device = cp.cuda.Device().id
-    props = gemm.device_properties(device)  # (cc, SMs, opt-in smem per block, ...)
-    sms, smem = props[1], props[2]
+    props = gemm.device_properties(device)  # (cc, SMs, opt-in smem per block, smem per SM)
+    sms, smem, sm_smem = props[1], props[2], props[3]
     fused, dense = set(), set()
 
     def add_fused(act, wt, bs, n, k, gs, numel, e):
         items = min(aligned_capacity(numel, bs, e) // bs, numel)
-        fused.add(moe.choose_moe_config(gemm.act_scalar_type(act), wt, bs, n, k, gs, items, sms, smem))
+        for blocks_per_sm in (0, 1, 2):  # the automatic choice and both forced variants (test_fused_phase_every_type)
+            fused.add(moe.choose_moe_config(gemm.act_scalar_type(act), wt, bs, n, k, gs, items, sms, smem, sm_smem,
+                                            blocks_per_sm))
 
     def add_dense(act, wt, n, k, gs):
         for m in (1, 17, 33, 49):
@@ -225,7 +227,10 @@ def phase_reference(a, w_ref, ids_flat, top_k, weights_flat, act):
 
 
 @pytest.mark.parametrize("wt,gs,act,blocks", phase_cases(), ids=str)
-def test_fused_phase_every_type(wt, gs, act, blocks, rng):
+def test_fused_phase_every_type(wt, gs, act, blocks, rng, monkeypatch):
+    """Every weight type, both activation types, two block sizes each, with and without router weights, on the
+    one-CTA-per-SM kernel and (16-row items) the 128-register two-CTA kernel, which must give the same bits when it
+    runs the same tile shape (same arithmetic in the same order; only the ring depth differs)."""
     e, k, n, m, top_k = 8, 256, 192, 19, 2
     w, w_ref = moe.random_expert_stack(e, k, n, wt, gs, act_dtype=act, seed=int(rng.integers(1 << 20)))
     stack = moe.MarlinExpertStack(gemm.upload_weight(w))
@@ -234,13 +239,24 @@ def test_fused_phase_every_type(wt, gs, act, blocks, rng):
     for block in blocks:
         sorted_ids, expert_ids, post = align_ref.moe_align_block_size(ids, block, e)
         for mul in (False, True):
-            out = cp.full((m * top_k, n), np.nan, dtype=act)
-            stack.gemm_phase_fused(cp.asarray(a), cp.asarray(sorted_ids), cp.asarray(expert_ids), cp.asarray(post),
-                                   out, m, block, top_k, topk_weights=cp.asarray(weights) if mul else None)
             ref, bound = phase_reference(a, w_ref, ids.reshape(-1), top_k, weights.reshape(-1) if mul else None, act)
-            got = cp.asnumpy(out).astype(np.float32)
-            assert np.all(np.isfinite(got)), f"block={block} mul={mul}: unwritten rows"
-            assert np.all(np.abs(got - ref) <= bound), f"block={block} mul={mul}: max err {np.max(np.abs(got - ref))}"
+            outs = {}
+            for blocks_per_sm in (1, 2):
+                monkeypatch.setattr(moe, "MOE_BLOCKS_PER_SM", blocks_per_sm)
+                out = cp.full((m * top_k, n), np.nan, dtype=act)
+                stack.gemm_phase_fused(cp.asarray(a), cp.asarray(sorted_ids), cp.asarray(expert_ids),
+                                       cp.asarray(post), out, m, block, top_k,
+                                       topk_weights=cp.asarray(weights) if mul else None)
+                got = cp.asnumpy(out).astype(np.float32)
+                where = f"block={block} mul={mul} blocks_per_sm={blocks_per_sm}"
+                assert np.all(np.isfinite(got)), f"{where}: unwritten rows"
+                assert np.all(np.abs(got - ref) <= bound), f"{where}: max err {np.max(np.abs(got - ref))}"
+                outs[blocks_per_sm] = cp.asnumpy(out).view(np.uint16)
+            props = gemm.device_properties(cp.cuda.Device().id)
+            cfgs = [moe.choose_moe_config(gemm.act_scalar_type(act), wt, block, n, k, gs, min(expert_ids.size,
+                                          m * top_k), props[1], props[2], props[3], b) for b in (1, 2)]
+            if (cfgs[0].n_tiles, cfgs[0].k_warp) == (cfgs[1].n_tiles, cfgs[1].k_warp):
+                assert np.array_equal(outs[1], outs[2]), f"block={block} mul={mul}: two-CTA kernel changed bits"
 
 
 def test_fused_phase_skips_minus_one_experts_and_sentinels(rng):

@@ -1,0 +1,343 @@
+"""The launch path's caches, on a stand-in CuPy and driver (tests/fake_device.py): a repeated call reuses the
+checked plan and launches with the same arguments as the first; anything that changed under the key (shape, dtype,
+device, flags, exact int types) runs the checks again; what the key leaves out (addresses, devices of the other
+arrays) is checked on every call. The stand-in driver decodes cuLaunchKernel's void* table, so a wrong argument
+block fails here too.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fake_device import PROPS, SMS, FakeArray, _Stream, installed
+from workbench import gemm, gemm_abi
+from workbench.scalar_types import ScalarType as S
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture
+def fake():
+    with installed() as (cupy, driver):
+        yield cupy, driver
+
+
+def dense(m=1, k=512, n=256, group=128, act=np.float16, wt=S.U4B8, zeros=False, act_order=False, device=0):
+    pf = wt.pack_factor
+    ng = 1 if group == -1 else k // group
+    arrays = dict(a=FakeArray((m, k), act, device=device),
+                  b_q_weight=FakeArray((k // 16, n * 16 // pf), np.int32, device=device),
+                  b_scales=FakeArray((ng, n), act, device=device),
+                  b_zeros=FakeArray((ng, n // pf), np.int32, device=device) if zeros else None,
+                  g_idx=FakeArray((k,), np.int32, device=device) if act_order else None,
+                  perm=FakeArray((k,), np.int32, device=device) if act_order else None,
+                  workspace=FakeArray((gemm.workspace_numel(SMS),), np.int32, device=device),
+                  b_q_type=wt, size_m=m, size_n=n, size_k=k,
+                  c=FakeArray((m, n), act, device=device),
+                  c_tmp=FakeArray((gemm.c_tmp_numel(SMS),), np.float32, device=device))
+    return arrays
+
+
+def call(args, **changes):
+    kw = dict(args)
+    kw.update(changes)
+    return gemm.gptq_marlin_gemm(**kw)
+
+
+def kernel_args(launch):
+    """(pointers a, b, c, c_tmp, scales, zeros, g_idx, locks), (m, n, k, lda, group_size, mode) of one launch."""
+    args = launch[5]
+    return args[:8], args[8:]
+
+
+def test_repeated_call_reuses_the_plan_and_launches_identically(fake):
+    cupy, driver = fake
+    args = dense()
+    call(args)
+    assert len(gemm._array_plans) == 1 and len(gemm._prepared) == 1
+    allocations, switches = cupy.state.allocations, cupy.state.switches
+    for _ in range(3):
+        call(args)
+    assert len(driver.launches) == 4 and all(x == driver.launches[0] for x in driver.launches)
+    assert (cupy.state.allocations, cupy.state.switches) == (allocations, switches), "no allocation, no switch"
+    pointers, scalars = kernel_args(driver.launches[0])
+    a = args
+    assert pointers == (a["a"].data.ptr, a["b_q_weight"].data.ptr, a["c"].data.ptr, a["c_tmp"].data.ptr,
+                        a["b_scales"].data.ptr, 0, 0, a["workspace"].data.ptr)
+    assert scalars == (1, 256, 512, 512, 128, gemm.REDUCE_FP32)
+    cfg, sms, grid = gemm.check_launch(_record_of(args), *PROPS)
+    assert driver.launches[0][1:4] == ((grid, 1, 1), (gemm.THREADS, 1, 1), cfg.smem_bytes)
+
+
+def _record_of(args, stream=0):
+    p = args
+    return gemm_abi.MarlinMmRequest(
+        weight_type=p["b_q_type"],
+        buffers=gemm_abi.MarlinMmBuffers(a=p["a"].data.ptr, b=p["b_q_weight"].data.ptr, c=p["c"].data.ptr,
+                                         c_tmp=p["c_tmp"].data.ptr, b_scales=p["b_scales"].data.ptr,
+                                         workspace=p["workspace"].data.ptr),
+        problem=gemm_abi.MarlinMmProblem(m=p["size_m"], n=p["size_n"], k=p["size_k"], lda=p["size_k"],
+                                         num_groups=p["b_scales"].shape[0], group_size=128),
+        execution=gemm_abi.MarlinMmExecution(stream=stream, sms=SMS)).into_launch()
+
+
+def test_new_addresses_reach_the_kernel_without_a_new_plan(fake):
+    _, driver = fake
+    args = dense()
+    call(args)
+    other_a, other_c = FakeArray((1, 512), np.float16), FakeArray((1, 256), np.float16)
+    call(args, a=other_a, c=other_c)
+    assert len(gemm._array_plans) == 1
+    pointers, _ = kernel_args(driver.launches[-1])
+    assert pointers[0] == other_a.data.ptr and pointers[2] == other_c.data.ptr
+
+
+def test_a_changed_shape_gets_its_own_plan(fake):
+    _, driver = fake
+    call(dense(m=1))
+    call(dense(m=16))
+    assert len(gemm._array_plans) == 2
+    assert kernel_args(driver.launches[0])[1][0] == 1 and kernel_args(driver.launches[1])[1][0] == 16
+
+
+@pytest.mark.parametrize("change,exc,message", [
+    (dict(b_scales=FakeArray((4, 256), np.float32)), TypeError, "b_scales dtype = float32"),
+    (dict(b_scales=FakeArray((4, 256), BF16)), TypeError, "b_scales dtype = bfloat16"),  # same strides as fp16
+    (dict(b_q_weight=FakeArray((32, 512), np.float32)), TypeError, "b_q_weight dtype = float32"),
+    (dict(b_scales=FakeArray((4, 128), np.float16)), ValueError, "b_scales dim 1 = 128 is not size_n = 256"),
+    (dict(a=FakeArray((1, 512), BF16)), TypeError, "c dtype = float16 must equal a dtype = bfloat16"),
+    (dict(size_n=256.0), TypeError, "size_n must be an int"),
+    (dict(size_m=True), TypeError, "size_m must be an int"),
+    (dict(sms=True), TypeError, "sms must be an int"),
+    (dict(c=FakeArray((2, 256), np.float16)), ValueError, "Shape mismatch: c.size"),
+    (dict(c=FakeArray((1, 256), np.float16, strides=(1024, 4))), ValueError, "c is not contiguous"),
+    (dict(workspace=FakeArray((10,), np.int32)), ValueError, "workspace.numel = 10 is below"),
+    (dict(c_tmp=FakeArray((10,), np.float32)), ValueError, "c_tmp.numel = 10 is below"),
+    (dict(use_atomic_add=True, deterministic=True), ValueError, "cannot be deterministic"),
+    (dict(b_q_type=S.U4), ValueError, "b_type must be u4b8, u8b128 or fe4m3fn when has_zp = False"),
+    (dict(sms=500), ValueError, "workspace.numel = 264 is below min_workspace_size = 1000"),
+    (dict(sms=500, workspace=FakeArray((1000,), np.int32), c_tmp=FakeArray((gemm.c_tmp_numel(500),), np.float32)),
+     ValueError, "sms = 500 exceeds the device's 132 SMs"),
+])
+def test_a_cached_call_does_not_excuse_a_changed_input(fake, change, exc, message):
+    args = dense()
+    call(args)
+    call(args)
+    with pytest.raises(exc, match=message):
+        call(args, **change)
+
+
+@pytest.mark.parametrize("name", ["b_q_weight", "b_scales", "workspace", "c", "c_tmp"])
+def test_every_array_s_device_is_checked_on_every_call(fake, name):
+    args = dense()
+    call(args)
+    moved = args[name]
+    elsewhere = FakeArray(moved.shape, moved.dtype, device=1, strides=moved.strides)
+    with pytest.raises(ValueError, match=f"{name} is on device 1 but A is on device 0"):
+        call(args, **{name: elsewhere})
+
+
+def test_addresses_are_checked_on_every_call(fake):
+    args = dense(m=2)
+    call(args)
+    with pytest.raises(ValueError, match=r"a must be aligned to 16 bytes \(address 0x[0-9a-f]+ % 16 = 2\)"):
+        call(args, a=FakeArray((2, 512), np.float16, ptr=args["a"].data.ptr + 2))
+    with pytest.raises(ValueError, match="b_scales must be aligned to 16 bytes"):
+        call(args, b_scales=FakeArray((4, 256), np.float16, ptr=args["b_scales"].data.ptr + 8))
+
+
+def test_inputs_on_another_device_take_their_own_plan_and_switch_device(fake):
+    cupy, driver = fake
+    call(dense(device=0))
+    call(dense(device=1))
+    assert len(gemm._array_plans) == 2 and cupy.state.switches >= 1
+    assert cupy.state.current == 0, "the caller's device is restored"
+
+
+def test_output_allocated_on_the_inputs_device_and_scratch_reused(fake):
+    cupy, driver = fake
+    args = dense(device=1)
+    args.pop("c")
+    args.pop("c_tmp")
+    c1 = call(args)
+    c2 = call(args)
+    assert c1.data.device_id == 1 and c2.data.device_id == 1 and c1.data.ptr != c2.data.ptr
+    assert c1.shape == (1, 256) and c1.dtype == np.float16
+    c_tmps = {kernel_args(x)[0][3] for x in driver.launches}
+    assert c_tmps == {gemm._scratch[(1, 0, SMS)][1].data.ptr}
+
+
+def test_atomic_mode_zeroes_c_before_each_launch(fake):
+    cupy, driver = fake
+    args = dense(m=3)
+    for _ in range(2):
+        call(args, use_atomic_add=True, use_fp32_reduce=False)
+    assert cupy.state.memsets == [(args["c"].data.ptr, 0, 3 * 256 * 2, 0)] * 2
+    assert all(kernel_args(x)[1][5] == gemm.REDUCE_ATOMIC and kernel_args(x)[0][3] == 0 for x in driver.launches)
+
+
+def test_act_order_gathers_into_a_tmp_first(fake):
+    _, driver = fake
+    args = dense(m=3, act_order=True)
+    a_tmp = FakeArray((3, 512), np.float16)
+    for _ in range(2):
+        call(args, a_tmp=a_tmp)
+    assert len(driver.launches) == 4
+    permute, kernel = driver.launches[2:]
+    assert permute[1][0] == 3 and permute[5] == (args["a"].data.ptr, args["perm"].data.ptr, a_tmp.data.ptr, 3,
+                                                   512, 512)
+    pointers, scalars = kernel_args(kernel)
+    assert pointers[0] == a_tmp.data.ptr and pointers[6] == args["g_idx"].data.ptr
+    assert scalars[3] == 512
+
+
+def test_zero_points_are_passed_and_required(fake):
+    _, driver = fake
+    args = dense(wt=S.U4, zeros=True)
+    call(args)
+    call(args)
+    assert kernel_args(driver.launches[-1])[0][5] == args["b_zeros"].data.ptr
+    with pytest.raises(ValueError, match="b_zeros is on device 1"):
+        call(args, b_zeros=FakeArray(args["b_zeros"].shape, np.int32, device=1))
+
+
+# ---- the record path ----------------------------------------------------------------------------------------------
+def test_record_layout_is_checked_once_and_addresses_every_time(fake):
+    _, driver = fake
+    args = dense()
+    gemm.launch_marlin_mm(_record_of(args))
+    gemm.launch_marlin_mm(_record_of(args))
+    assert len(gemm._prepared) == 1 and driver.launches[0] == driver.launches[1]
+    bad = _record_of(args)
+    bad.c = args["c"].data.ptr + 4
+    with pytest.raises(ValueError, match="c must be aligned to 16 bytes"):
+        gemm.launch_marlin_mm(bad)
+    null = _record_of(args)
+    null.workspace = None
+    with pytest.raises(ValueError, match="workspace is null"):
+        gemm.launch_marlin_mm(null)
+    other = _record_of(args)
+    other.prob_n = 96
+    with pytest.raises(ValueError, match="size_n = 96 is not divisible"):
+        gemm.launch_marlin_mm(other)
+    with pytest.raises(TypeError, match="MarlinLaunch"):
+        gemm.launch_marlin_mm(object())
+
+
+def test_record_stream_reaches_the_launch(fake):
+    _, driver = fake
+    gemm.launch_marlin_mm(_record_of(dense(), stream=0x7770))
+    assert driver.launches[-1][4] == 0x7770
+
+
+# ---- marlin_gemm and the MoE batched path --------------------------------------------------------------------------
+def device_weight(k=512, n=256, experts=None, wt=S.U4B8, group=128):
+    from workbench.weight import MarlinWeight
+
+    lead = () if experts is None else (experts,)
+    pf = wt.pack_factor
+    return MarlinWeight(FakeArray(lead + (k // 16, n * 16 // pf), np.int32), FakeArray(lead + (k // group, n),
+                        np.float16), None, None, None, k, n, group, wt, np.dtype(np.float16), num_experts=experts)
+
+
+def test_marlin_gemm_uses_the_stream_s_scratch(fake):
+    _, driver = fake
+    w = device_weight()
+    a = FakeArray((1, 512), np.float16)
+    gemm.marlin_gemm(a, w, stream=0x7770)
+    gemm.marlin_gemm(a, w, stream=0x7770)
+    ws, ct = gemm._scratch[(0, 0x7770, SMS)]
+    pointers, _ = kernel_args(driver.launches[-1])
+    assert (pointers[3], pointers[7], driver.launches[-1][4]) == (ct.data.ptr, ws.data.ptr, 0x7770)
+    assert len(gemm._array_plans) == 1
+
+
+def test_batched_dispatches_launch_at_their_rows_and_experts(fake):
+    from workbench.moe import MarlinExpertStack
+
+    _, driver = fake
+    _Stream.log.clear()
+    w = device_weight(experts=8)
+    stack = MarlinExpertStack(w, num_streams=4)
+    x = FakeArray((12, 512), np.float16)
+    y = FakeArray((12, 256), np.float16)
+    dispatches = [(e, e, 11 - e, 1) for e in range(8)] + [(3, 8, 0, 3)]
+    for _ in range(2):
+        stack.gemm_phase_batched(x, dispatches, y)
+    ws, c_tmp, streams, sms = stack._scratch[0]
+    launches = driver.launches[-len(dispatches):]
+    for i, ((e, r_in, r_out, m), launch) in enumerate(zip(dispatches, launches)):
+        lane = i % 4
+        pointers, scalars = kernel_args(launch)
+        assert pointers[0] == x.data.ptr + r_in * 1024 and pointers[2] == y.data.ptr + r_out * 512
+        assert pointers[1] == w.qweight.data.ptr + e * w.qweight.strides[0]
+        assert pointers[4] == w.scales.data.ptr + e * w.scales.strides[0]
+        assert pointers[3] == c_tmp.data.ptr + lane * c_tmp.strides[0]
+        assert pointers[7] == ws.data.ptr + lane * gemm.workspace_numel(sms) * 4
+        assert scalars[0] == m and launch[4] == streams[lane].ptr
+    assert len(stack._plans) == 2  # m = 1 and m = 3
+    # the lanes wait for the caller's event, the caller for each lane's
+    log = _Stream.log[-13:]
+    ready = log[0][1]
+    assert log[0] == ("record", ready, 0)
+    assert log[1:5] == [("wait", s.ptr, ready) for s in streams]
+    for lane, s in enumerate(streams):
+        kind, event, where = log[5 + 2 * lane]
+        assert (kind, where) == ("record", s.ptr) and log[6 + 2 * lane] == ("wait", 0, event)
+
+
+def test_batched_path_keeps_every_check(fake):
+    from workbench.moe import MarlinExpertStack
+
+    stack = MarlinExpertStack(device_weight(experts=4))
+    x, y = FakeArray((4, 512), np.float16), FakeArray((4, 256), np.float16)
+    stack.gemm_phase_batched(x, [(0, 0, 0, 2)], y)
+    with pytest.raises(ValueError, match=r"expert_idx = 4 is outside \[0, 4\)"):
+        stack.gemm_phase_batched(x, [(4, 0, 0, 2)], y)
+    with pytest.raises(ValueError, match="overlapping output rows"):
+        stack.gemm_phase_batched(x, [(0, 0, 0, 2), (1, 2, 1, 2)], y)
+    with pytest.raises(ValueError, match="input is on device 1 but the stack is on device 0"):
+        stack.gemm_phase_batched(FakeArray((4, 512), np.float16, device=1), [(0, 0, 0, 2)], y)
+    with pytest.raises(ValueError, match="a must be aligned to 16 bytes"):
+        stack.gemm_phase_batched(FakeArray((4, 512), np.float16, ptr=x.data.ptr + 2), [(0, 0, 0, 2)], y)
+    with pytest.raises(ValueError, match=r"A.stride\(0\) = 516 must be"):
+        stack.gemm_phase_batched(FakeArray((4, 512), np.float16, strides=(1032, 2)), [(0, 0, 0, 2)], y)
+
+
+def test_batched_plans_follow_a_replaced_weight(fake):
+    from workbench.moe import MarlinExpertStack
+
+    stack = MarlinExpertStack(device_weight(experts=4))
+    x, y = FakeArray((4, 512), np.float16), FakeArray((4, 256), np.float16)
+    stack.gemm_phase_batched(x, [(0, 0, 0, 2)], y)
+    bad = device_weight(experts=4)
+    bad.scales = FakeArray((4, 4, 256), np.float32)
+    stack.weight = bad
+    with pytest.raises(TypeError, match="b_scales dtype = float32"):
+        stack.gemm_phase_batched(x, [(0, 0, 0, 2)], y)
+
+
+@pytest.mark.parametrize("name", ["marlin_gemm", "permute_cols"])
+def test_argument_blocks_follow_the_kernels_parameter_lists(name):
+    """The direct launch writes 64-bit addresses and int32 scalars in a fixed order: the kernel's signature."""
+    import re
+
+    source = gemm.kernel_source()
+    match = re.search(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+" + name + r"\(([^{]*)\)\s*\{", source)
+    assert match, f"{name} not found in marlin_gemm.cu"
+    params = [re.sub(r"//[^\n]*", "", p).strip() for p in re.sub(r"//[^\n]*", "", match.group(1)).split(",")]
+    kinds = "".join("p" if "*" in p else "i" if re.match(r"(const )?int\b", p) else "?" for p in params)
+    assert kinds == gemm.KERNEL_ARG_KINDS[name], params
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_cupy_call_fallback_passes_the_same_arguments(fake, monkeypatch, act_order):
+    """WORKBENCH_DIRECT_LAUNCH=0 / DIRECT_LAUNCH = False: the same kernels, grids and argument values."""
+    _, driver = fake
+    args = dense(m=3, act_order=act_order)
+    extra = dict(a_tmp=FakeArray((3, 512), np.float16)) if act_order else {}
+    call(args, **extra)
+    monkeypatch.setattr(gemm, "DIRECT_LAUNCH", False)
+    call(args, **extra)
+    assert len(driver.cupy_calls) == len(driver.launches) == (2 if act_order else 1)
+    for direct, via_cupy in zip(driver.launches, driver.cupy_calls):
+        assert via_cupy == (direct[0], (direct[1][0],), direct[3], direct[4], direct[5])
