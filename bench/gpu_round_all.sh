@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# One device call for every engineer's round-3 script (bench/gpu_r3_<name>.sh): set-up once, the test phases
+# One device call for every engineer's script of a round (bench/gpu_<round>_<name>.sh): set-up once, the test phases
 # (SKIP_AB=1) in parallel, then the A/B timing phases (ONLY_AB=1) one after another so timings do not share the GPU.
-#   usage (device machine, repo root, .whl and artifacts/r3_*_old carried):  bash bench/gpu_r3_all.sh [names...]
-# Everything lands in $OUT/r3.tgz (one file comes back) plus $OUT/summary.txt.
+#   usage (device machine, repo root, .whl and artifacts/<round>_*_old carried):
+#     ROUND=r4 bash bench/gpu_round_all.sh [names...]
+# Everything lands in $OUT/results.tgz (one file comes back) plus $OUT/summary.txt.
 set -u
 OUT=${OUT:-$PWD/artifacts/gpu_out}
 mkdir -p "$OUT/logs"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 export CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache
+ROUND=${ROUND:-r4}
 names=${*:-"kernels repack host"}
 # packed again after every phase, so a call that hits its time limit still brings back what was done
-pack() { tar czf "$OUT/r3.tgz.part" -C "$OUT" --exclude 'r3.tgz*' --exclude summary.txt . && mv "$OUT/r3.tgz.part" "$OUT/r3.tgz"; }
+pack() { tar czf "$OUT/results.tgz.part" -C "$OUT" --exclude 'results.tgz*' --exclude summary.txt . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
 { date -u; git log -1 --format=%h 2>/dev/null; nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv; } \
   > "$OUT/logs/machine.txt" 2>&1
 start=$(date +%s)
 for n in $names; do
-  [ -f "bench/gpu_r3_$n.sh" ] || { echo "no bench/gpu_r3_$n.sh" >> "$OUT/summary.txt"; continue; }
-  ( SKIP_AB=1 timeout 170 bash "bench/gpu_r3_$n.sh" > "$OUT/logs/$n.tests.log" 2>&1
+  [ -f "bench/gpu_${ROUND}_$n.sh" ] || { echo "no bench/gpu_${ROUND}_$n.sh" >> "$OUT/summary.txt"; continue; }
+  ( SKIP_AB=1 timeout 170 bash "bench/gpu_${ROUND}_$n.sh" > "$OUT/logs/$n.tests.log" 2>&1
     echo "[$n tests] rc=$? after $(( $(date +%s) - start ))s" >> "$OUT/logs/$n.tests.log" ) &
 done
 ( timeout 120 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_notebook_gpu_paths.py \
@@ -27,9 +29,9 @@ for n in $names; do tail -4 "$OUT/logs/$n.tests.log" 2>/dev/null; done | tee -a 
 tail -3 "$OUT/logs/notebook_gpu.log" | tee -a "$OUT/summary.txt"
 pack
 for n in $names; do
-  [ -f "bench/gpu_r3_$n.sh" ] || continue
+  [ -f "bench/gpu_${ROUND}_$n.sh" ] || continue
   s=$(date +%s)
-  ONLY_AB=1 timeout "${AB_LIMIT:-170}" bash "bench/gpu_r3_$n.sh" > "$OUT/logs/$n.ab.log" 2>&1
+  ONLY_AB=1 timeout "${AB_LIMIT:-170}" bash "bench/gpu_${ROUND}_$n.sh" > "$OUT/logs/$n.ab.log" 2>&1
   echo "[$n ab] rc=$? in $(( $(date +%s) - s ))s" >> "$OUT/logs/$n.ab.log"
   tail -40 "$OUT/logs/$n.ab.log" >> "$OUT/summary.txt"
   pack
