@@ -11,6 +11,8 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
   new-striped workbench.gemm with the striped grid of every block count <= #SMs (ALIGN_SLICES off: blocks may
               straddle two slices), to tell the kernel change from the slice-aligned grid
   new-legacy  workbench.gemm with the fbd47ed blocks-per-SM rule (two blocks for every M <= 16 kernel)
+  new-noswap  workbench.gemm without the operand swap for M <= 8 (SWAP_MAX_M = 0)
+  new-deferall workbench.gemm with the deferred slice count for every kernel (DEFER_COUNT_MIN_M_BLOCKS = 1)
 Method as bench/bench_gemm.py (CUDA graphs over rotated inputs > 3 x L2). Also records max |new - old| / max |old|
 per cell (same inputs) and whether the outputs are bitwise equal (bits_equal_old: what a change that keeps the
 summation order must give); correctness itself is tests/gpu's job.
@@ -48,15 +50,24 @@ def load_old(old_dir: pathlib.Path):
     return mod
 
 
+def forget_plans():
+    """Drop workbench.gemm's cached launch plans: they are keyed by shapes and flags, not by the module switches the
+    variants below set, so a plan made under one variant would otherwise launch that variant's kernel for another."""
+    gemm._array_plans.clear()
+    gemm._prepared.clear()
+
+
 class Striped:
     """Context: workbench.gemm with the striped grid only (no slice-aligned grids)."""
 
     def __enter__(self):
         self.saved = gemm.ALIGN_SLICES
         gemm.ALIGN_SLICES = False
+        forget_plans()
 
     def __exit__(self, *exc):
         gemm.ALIGN_SLICES = self.saved
+        forget_plans()
 
 
 class Legacy:
@@ -65,9 +76,32 @@ class Legacy:
     def __enter__(self):
         self.saved = gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS
         gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS = (4, 8), 0
+        forget_plans()
 
     def __exit__(self, *exc):
         gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS = self.saved
+        forget_plans()
+
+
+class Setting:
+    """Context: workbench.gemm with some module switches set (e.g. SWAP_MAX_M = 0)."""
+
+    def __init__(self, **values):
+        self.values = values
+
+    def __call__(self):
+        return self
+
+    def __enter__(self):
+        self.saved = {k: getattr(gemm, k) for k in self.values}
+        for k, v in self.values.items():
+            setattr(gemm, k, v)
+        forget_plans()
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            setattr(gemm, k, v)
+        forget_plans()
 
 
 def main(argv=None) -> int:
@@ -97,7 +131,9 @@ def main(argv=None) -> int:
     dtypes = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
     m_values = tuple(int(x) for x in args.m.split(","))
     all_variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),
-                    "new-striped": (gemm, Striped), "new-legacy": (gemm, Legacy)}
+                    "new-striped": (gemm, Striped), "new-legacy": (gemm, Legacy),
+                    "new-noswap": (gemm, Setting(SWAP_MAX_M=0)),
+                    "new-deferall": (gemm, Setting(DEFER_COUNT_MIN_M_BLOCKS=1))}
     names = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(names) - set(all_variants))
     if unknown or "old" not in names:
@@ -184,7 +220,9 @@ def main(argv=None) -> int:
                         grid = mod.grid_blocks(cfg, m, n, k, sms)  # (as planned; fewer if fewer are resident)
                     outs[name] = cp.asnumpy(c)
                     record(f"{label} [{name}]", us, weight_bytes(k, n, wt, gs) + base, fp16_us,
-                           config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}", grid=grid)
+                           config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}"
+                           + ("s" if getattr(cfg, "swap", False) else "")
+                           + ("d" if getattr(cfg, "defer_count", True) else ""), grid=grid)
                 ref = outs["old"].astype(np.float32)
                 scale = float(np.max(np.abs(ref))) or 1.0
                 for name, raw in outs.items():

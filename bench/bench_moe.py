@@ -19,9 +19,13 @@ Writes DIR/moe_<gpu>.json and DIR/moe_<gpu>.md.
 A/B mode (--ab-old OLD): OLD holds a previous commit's workbench/moe.py and kernels_cuda/{marlin_moe.cu, *.cuh}
 (``git show REV:path > OLD/name``), loaded as a second module with its own kernels. The fused GEMM phase is timed as
 above (L2 flush, events, median) for the variants, interleaved call by call on the same inputs: "old" (OLD), "new"
-(as checked out, automatic CTAs-per-SM choice), and, where the 16-row two-CTA kernel exists, "new-b1" / "new-b2"
-(forced one / two CTAs per SM). Records whether each variant's output is bitwise equal to old's and max
-|variant - old| / max |old|. Writes DIR/ab_moe.json and prints a table.
+(as checked out, automatic CTAs-per-SM choice), and each of --variants whose kernel differs from new's in that cell
+("new-b1" / "new-b2": forced one / two CTAs per SM; "new-noswap": moe_block_size 8 without the operand swap). Every
+variant is warmed first; the call order rotates from round to round; before each timed call the GPU spins (SPIN_US)
+so that the events bracket device work only, not the call's host side (round 3 showed host time leaking into some
+calls: one config timed 25 and 44 us). Reports the median with the interquartile range. Records whether each
+variant's output is bitwise equal to old's and max |variant - old| / max |old|. Writes DIR/ab_moe.json and prints
+a table.
 """
 from __future__ import annotations
 
@@ -119,18 +123,35 @@ def load_old(old_dir: pathlib.Path):
     return mod
 
 
-class _Forced:
-    """Context: workbench.moe with MOE_BLOCKS_PER_SM forced (0 = the automatic rule)."""
+# A/B timing: each variant warmed WARM_CALLS times; before each timed call the GPU spins SPIN_US (one thread) while
+# the host queues the flush, the events and the call
+WARM_CALLS = 3
+SPIN_US = 1000
+SPIN_SOURCE = r"""
+extern "C" __global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+"""
 
-    def __init__(self, blocks: int):
-        self.blocks = blocks
+# A/B variants of the checked-out module: (MOE_BLOCKS_PER_SM, operand swap on)
+AB_VARIANTS = {"new": (0, True), "new-b1": (1, True), "new-b2": (2, True), "new-noswap": (0, False)}
+
+
+class _Forced:
+    """Context: workbench.moe with MOE_BLOCKS_PER_SM forced (0 = the automatic rule) and the operand swap on or off."""
+
+    def __init__(self, blocks: int, swap: bool = True):
+        self.blocks, self.swap_max = blocks, (8 if swap else 0)
 
     def __enter__(self):
-        self.saved = moe.MOE_BLOCKS_PER_SM
-        moe.MOE_BLOCKS_PER_SM = self.blocks
+        # (a tree without the swap has no MOE_SWAP_MAX_BLOCK: setting it there changes nothing)
+        self.saved = moe.MOE_BLOCKS_PER_SM, getattr(moe, "MOE_SWAP_MAX_BLOCK", 0)
+        moe.MOE_BLOCKS_PER_SM, moe.MOE_SWAP_MAX_BLOCK = self.blocks, self.swap_max
 
     def __exit__(self, *exc):
-        moe.MOE_BLOCKS_PER_SM = self.saved
+        moe.MOE_BLOCKS_PER_SM, moe.MOE_SWAP_MAX_BLOCK = self.saved
 
 
 def ab_main(args) -> int:
@@ -141,8 +162,13 @@ def ab_main(args) -> int:
 
     from workbench.formats.moe_align import aligned_capacity
 
+    unknown = sorted(set(args.variants.split(",")) - set(AB_VARIANTS) - {"old", ""})
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(AB_VARIANTS)}")
     old = load_old(args.ab_old)
     assert old.moe_kernel_source() != moe.moe_kernel_source(), "OLD is the checked-out kernel"
+    spin = cp.RawKernel(SPIN_SOURCE, "spin")
+    spin_cycles = SPIN_US * 2100  # cycles at 2.1 GHz (above an H100/H200's SM clock): at least SPIN_US
     args.out.mkdir(parents=True, exist_ok=True)
     device = cp.cuda.Device().id
     gpu_props = cp.cuda.runtime.getDeviceProperties(device)
@@ -157,13 +183,15 @@ def ab_main(args) -> int:
     def cfg_of(variant, block, n, k, items):
         if variant == "old":
             return old.choose_moe_config(S.F16, S.U4B8, block, n, k, GROUP, items, sms, smem)
-        forced = {"new": -1, "new-b1": 1, "new-b2": 2}[variant]
-        return moe.choose_moe_config(S.F16, S.U4B8, block, n, k, GROUP, items, sms, smem, sm_smem, forced)
+        with _Forced(*AB_VARIANTS[variant]):
+            return moe.choose_moe_config(S.F16, S.U4B8, block, n, k, GROUP, items, sms, smem, sm_smem)
 
     def variants_of(block, n, k, items):
+        """old, new, and each other requested variant whose kernel differs from new's in this cell."""
         out = ["old", "new"]
-        if cfg_of("new-b1", block, n, k, items) != cfg_of("new-b2", block, n, k, items):
-            out += ["new-b1", "new-b2"]
+        for v in args.variants.split(","):
+            if v not in out and cfg_of(v, block, n, k, items) != cfg_of("new", block, n, k, items):
+                out.append(v)
         return out
 
     # compile every instantiation of both versions first, in threads
@@ -198,29 +226,44 @@ def ab_main(args) -> int:
 
             def call(v):
                 stack = stacks["old" if v == "old" else "new"]
-                forced = {"old": 0, "new": 0, "new-b1": 1, "new-b2": 2}[v]
-                with _Forced(forced):
+                with _Forced(*AB_VARIANTS["new" if v == "old" else v]):
                     stack.gemm_phase_fused(a, sorted_ids, expert_ids, post, outs[v], m, block, top_k,
                                            topk_weights=weights)
 
             times = {v: [] for v in variants}
-            for v in variants:
-                call(v)  # warm-up
-            cp.cuda.Device().synchronize()
-            for _ in range(args.reps):  # interleaved call by call
+            host_us = []
+            for _ in range(WARM_CALLS):  # every variant warm (compiled, plans cached, clocks up) before any timing
                 for v in variants:
+                    call(v)
+            cp.cuda.Device().synchronize()
+            for rep in range(args.reps):
+                # interleaved call by call, in an order that rotates (and reverses every other round), so that no
+                # variant always follows the same one
+                order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+                for v in (order if rep % 2 == 0 else order[::-1]):
+                    # The GPU spins first, so everything after it (flush, start event, the call's host work, stop
+                    # event) is queued before the start event runs: the events then bracket device work only. Without
+                    # it, a call whose host side outlasts the flush had that host time counted (round 3's outliers).
+                    t0 = time.perf_counter()
+                    spin((1,), (1,), (np.int64(spin_cycles),))
                     flush.fill(0)
                     start, stop = cp.cuda.Event(), cp.cuda.Event()
                     start.record()
                     call(v)
                     stop.record()
+                    host_us.append((time.perf_counter() - t0) * 1e6)
                     stop.synchronize()
                     times[v].append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
+            covered = max(host_us) < SPIN_US
+            if not covered:
+                print(f"WARNING {name} M={m}: host enqueue took up to {max(host_us):.0f} us, longer than the "
+                      f"{SPIN_US} us spin: host time may be in these numbers", flush=True)
             ref_raw = cp.asnumpy(outs["old"])
             ref = ref_raw.astype(np.float32)
             scale = float(np.nanmax(np.abs(ref))) or 1.0
             for v in variants:
                 us = float(np.median(times[v]))
+                q25, q75 = (float(x) for x in np.percentile(times[v], (25, 75)))
                 raw = cp.asnumpy(outs[v])
                 got = raw.astype(np.float32)
                 same = bool(np.array_equal(raw.view(np.uint16), ref_raw.view(np.uint16)))
@@ -229,26 +272,31 @@ def ab_main(args) -> int:
                 gbs = nbytes / (us * 1e-6) / 1e9
                 c = cfg_of(v, block, n, k, items)
                 row = dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m, moe_block_size=block,
-                           variant=v, us=round(us, 2), us_min=round(float(np.min(times[v])), 2), gbs=round(gbs, 1),
+                           variant=v, us=round(us, 2), us_min=round(float(np.min(times[v])), 2),
+                           us_q25=round(q25, 2), us_q75=round(q75, 2), us_max=round(float(np.max(times[v])), 2),
+                           host_covered=covered, gbs=round(gbs, 1),
                            pct_copy=round(100 * gbs / copy_gbs, 1), rel_diff_vs_old=diff, bits_equal_old=same,
-                           shape=f"bn{c.block_n},bk{c.block_k},st{c.stages},b{getattr(c, 'blocks_per_sm', 1)}")
+                           shape=f"bn{c.block_n},bk{c.block_k},st{c.stages},b{getattr(c, 'blocks_per_sm', 1)}"
+                                 + ("s" if getattr(c, "swap", False) else ""))
                 rows.append(row)
-                print(f"{name:10s} M={m:4d} {v:7s} {us:9.2f} us {row['pct_copy']:5.1f}% copy {row['shape']:22s} "
-                      f"bitwise equal to old: {same} (rel diff {diff:.1e})", flush=True)
+                print(f"{name:10s} M={m:4d} {v:10s} {us:9.2f} us [IQR {q25:.2f}-{q75:.2f}] {row['pct_copy']:5.1f}% "
+                      f"copy {row['shape']:22s} bitwise equal to old: {same} (rel diff {diff:.1e})", flush=True)
             (args.out / "ab_moe.json").write_text(json.dumps(dict(gpu=gpu, copy_gbs=round(copy_gbs, 1),
                                                                   reps=args.reps, rows=rows), indent=1))
         del w, stacks
         cp.get_default_memory_pool().free_all_blocks()
-    print("\n| config | M | block | old µs | new µs | old/new | new-b1 µs | new-b2 µs | new shape | bits = old |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    others = [v for v in args.variants.split(",") if v not in ("old", "new")]
+    print("\n| config | M | block | old µs | new µs | old/new | " + " | ".join(f"{v} µs" for v in others)
+          + " | new shape | bits = old |")
+    print("|---|---|---|---|---|---|" + "---|" * len(others) + "---|---|")
     by = {}
     for r in rows:
         by.setdefault((r["config"], r["m"]), {})[r["variant"]] = r
     for (cfg, m), d in by.items():
-        b1, b2 = d.get("new-b1", {}).get("us", "—"), d.get("new-b2", {}).get("us", "—")
-        equal = all(r["bits_equal_old"] for v, r in d.items() if v != "old")
+        equal = ", ".join(v for v, r in d.items() if v != "old" and not r["bits_equal_old"]) or "all"
         print(f"| {cfg} | {m} | {d['old']['moe_block_size']} | {d['old']['us']} | {d['new']['us']} | "
-              f"{d['old']['us'] / d['new']['us']:.3f} | {b1} | {b2} | {d['new']['shape']} | {equal} |")
+              f"{d['old']['us'] / d['new']['us']:.3f} | " + " | ".join(str(d.get(v, {}).get("us", "—")) for v in others)
+              + f" | {d['new']['shape']} | {'all' if equal == 'all' else 'not: ' + equal} |")
     return 0
 
 
@@ -260,6 +308,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ab-old", type=pathlib.Path, help="A/B mode: directory of the old moe.py + kernels")
     parser.add_argument("--m", default="1,8,64", help="A/B mode: token counts")
     parser.add_argument("--reps", type=int, default=11, help="A/B mode: timed calls per variant and cell")
+    parser.add_argument("--variants", default="new-b1,new-b2",
+                        help=f"A/B mode: variants besides old and new, of {sorted(AB_VARIANTS)}")
     args = parser.parse_args(argv)
     if args.ab_old is not None:
         return ab_main(args)
