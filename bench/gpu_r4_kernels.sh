@@ -108,11 +108,11 @@ if [ -z "${SKIP_AB:-}" ]; then
 # old vs new-noswap isolates the immediate slice count) and new-deferall (the swap with HEAD's deferred count).
 # M = 16 / 64: bits_equal_old must be true (unswapped loop, same partition). Small layers first (JSON per layer).
 start=$(date +%s)
-timeout 55 python3 bench/ab_gemm.py --out "$D/ab_gemm" --old-dir "$OLD" --variants new,old,new-noswap,new-deferall \
+timeout 50 python3 bench/ab_gemm.py --out "$D/ab_gemm" --old-dir "$OLD" --variants new,old,new-noswap,new-deferall \
   --m 1,8 --no-tinygemm --labels "u4b8 g128 fp16" > "$D/ab_gemm.log" 2>&1
 echo "ab gemm u4b8 M<=8: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$D/ab_gemm.log"
 start=$(date +%s)
-timeout 30 python3 bench/ab_gemm.py --out "$D/ab_gemm16" --old-dir "$OLD" --variants new,old --m 16,64 \
+timeout 35 python3 bench/ab_gemm.py --out "$D/ab_gemm16" --old-dir "$OLD" --variants new,old --m 16,64 \
   --no-tinygemm --labels "u4b8 g128 fp16" > "$D/ab_gemm16.log" 2>&1
 echo "ab gemm u4b8 M=16,64: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$D/ab_gemm16.log"
 start=$(date +%s)
