@@ -57,7 +57,10 @@ GROUP = 128
 # kernel configuration, not to the launch path compared here)
 GEMM_SHARED = ("KernelConfig", "choose_config", "grid_blocks", "c_tmp_numel", "workspace_numel", "kernel_source",
                "MAX_BLOCKS_PER_SM")
-MOE_SHARED = ("MoeConfig", "choose_moe_config", "moe_kernel_source", "get_moe_kernel", "_launch_fused")
+MOE_SHARED = ("MoeConfig", "choose_moe_config", "moe_kernel_source", "get_moe_kernel")
+# fused_moe cells (round 4): (label, experts, hidden, intermediate, top_k) x M
+MOE_MODELS = (("Mixtral", 8, 4096, 14336, 2), ("DeepSeek", 64, 2048, 1408, 6))
+MOE_MS = (1, 8, 64)
 
 
 def load_old(old_dir: pathlib.Path):
@@ -123,7 +126,28 @@ def make_ops(v: Variant, xp, arrays):
         stack2 = arrays["stacks"][v.name][1]
         hidden, tw, ti = arrays["hidden"], arrays["topk_weights"], arrays["topk_ids"]
         ops["fused_moe (fused, M=1)"] = (1, lambda: m.fused_moe(hidden, stack13, stack2, tw, ti, path="fused"))
+    if arrays.get("moe_only"):
+        ops = {}
+    for (label, mm), layer in arrays.get("layers", {}).items():
+        s13, s2 = arrays["model_stacks"][label][v.name]
+        ops[f"fused_moe {label} M={mm}"] = (1, (lambda h, a, b, w, i: lambda: m.fused_moe(h, a, b, w, i))(
+            layer[0], s13, s2, layer[1], layer[2]))
     return ops
+
+
+def moe_layers(xp, variants, array_fn, ids_fn):
+    """(model stacks per variant, {(model, M): (hidden, topk_weights, topk_ids)}) for MOE_MODELS x MOE_MS."""
+    stacks, layers = {}, {}
+    rng = np.random.default_rng(1)
+    for label, e, hid, inter, top_k in MOE_MODELS:
+        w13 = dense_weight(xp, hid, 2 * inter, e)
+        w2 = dense_weight(xp, inter, hid, e)
+        stacks[label] = {v.name: (v.moe.MarlinExpertStack(w13), v.moe.MarlinExpertStack(w2)) for v in variants}
+        for mm in MOE_MS:
+            ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(mm)]).astype(np.int32)
+            weights = rng.uniform(0.1, 1, (mm, top_k)).astype(np.float32)
+            layers[(label, mm)] = (array_fn((mm, hid)), ids_fn(weights), ids_fn(ids))
+    return stacks, layers
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -177,6 +201,8 @@ def gpu_arrays(cp, variants):
     arrays["topk_ids"] = cp.asarray(np.random.default_rng(0).choice(EXPERTS, size=(1, TOP_K), replace=False)
                                     .astype(np.int32))
     arrays["topk_weights"] = cp.asarray(np.array([[0.6, 0.4]], np.float32))
+    arrays["model_stacks"], arrays["layers"] = moe_layers(
+        cp, variants, lambda shape: rng.standard_normal(shape, dtype=np.float32).astype(np.float16), cp.asarray)
     return arrays
 
 
@@ -184,6 +210,7 @@ def run_gpu(args, variants) -> dict:
     import cupy as cp
 
     arrays = gpu_arrays(cp, variants)
+    arrays["moe_only"] = args.moe_only
     sms = gemm.device_properties(0)[1]
     # compile first, in parallel threads (NVRTC runs outside the GIL): the dense kernels, and the MoE chain through
     # one warm-up fused_moe call (align, two fused GEMMs, SiLU, top-k sum)
@@ -193,10 +220,14 @@ def run_gpu(args, variants) -> dict:
     dense = [gemm.choose_config(S.F16, S.U4B8, 1, n, k, GROUP, False, smem_limit, sm_smem=sm_smem, sms=sms)
              for k, n in ((K, N), (HIDDEN, 2 * INTER))]
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = [pool.submit(gemm.precompile, dense, 0, 4),
-                pool.submit(lambda: moe.fused_moe(arrays["hidden"], *arrays["stacks"]["new"], arrays["topk_weights"],
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        jobs = [pool.submit(lambda: moe.fused_moe(arrays["hidden"], *arrays["stacks"]["new"], arrays["topk_weights"],
                                                   arrays["topk_ids"]))]
+        if not args.moe_only:
+            jobs.append(pool.submit(gemm.precompile, dense, 0, 4))
+        jobs += [pool.submit((lambda h, st, w, i: lambda: moe.fused_moe(h, *st, w, i))(
+            hidden, arrays["model_stacks"][label]["new"], tw, ti)) for (label, _), (hidden, tw, ti) in
+            arrays["layers"].items()]
         for job in jobs:
             job.result()
     cp.cuda.Device().synchronize()
@@ -206,7 +237,7 @@ def run_gpu(args, variants) -> dict:
     for v in variants:
         with v:
             for name, (per, fn) in make_ops(v, cp, arrays).items():
-                calls = 20 if name.startswith("fused_moe") else (25 if per > 1 else 200)
+                calls = 50 if name.startswith("fused_moe") else (25 if per > 1 else 200)
                 t0 = time.perf_counter()
                 try:
                     r = time_gpu(cp, fn, calls, spin)
@@ -230,8 +261,9 @@ def run_gpu(args, variants) -> dict:
         ops = make_ops(v, cp, arrays)
         profiles = {}
         for name, calls in (("gptq_marlin_gemm (buffers given)", 2000), ("gemm_phase_batched (8 dispatches)", 200),
-                            ("fused_moe (fused, M=1)", 100)):
-            profiles[name] = profile(ops[name][1], calls)
+                            ("fused_moe (fused, M=1)", 100), ("fused_moe Mixtral M=1", 200)):
+            if name in ops:
+                profiles[name] = profile(ops[name][1], calls)
             cp.cuda.Device().synchronize()
     return dict(rows=rows, profiles=profiles, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode())
 
@@ -262,6 +294,9 @@ def run_cpu(args, variants) -> dict:
                            resident_blocks=lambda name, device: 2)
         for name, value in old_patches.items():
             setattr(gemm_old, name, value)
+        for name in ("_cupy_module", "_driver_module", "_FAST_ARRAY", "function_ptr"):  # HEAD's launch on the fakes
+            if hasattr(gemm_old, name):
+                setattr(gemm_old, name, getattr(gemm, name))
         driver.launchKernel = lambda *a: None  # the stand-in's decoding is test machinery, not launch cost
         no_kernel = (lambda *a, **k: (lambda *x, **y: None))  # the MoE helper kernels (CuPy calls) as no-ops
         saved_moe = [(mod, mod.get_moe_kernel) for mod in (variants[0].moe, moe)]
@@ -276,7 +311,9 @@ def run_cpu(args, variants) -> dict:
         w2 = dense_weight(np, INTER, HIDDEN, EXPERTS)
         arrays["stacks"] = {v.name: (v.moe.MarlinExpertStack(w13), v.moe.MarlinExpertStack(w2)) for v in variants}
         arrays.update(hidden=FakeArray((1, HIDDEN), np.float16), topk_ids=FakeArray((1, TOP_K), np.int32),
-                      topk_weights=FakeArray((1, TOP_K), np.float32))
+                      topk_weights=FakeArray((1, TOP_K), np.float32), moe_only=args.moe_only)
+        arrays["model_stacks"], arrays["layers"] = moe_layers(
+            np, variants, lambda shape: FakeArray(shape, np.float16), lambda x: FakeArray(x.shape, x.dtype))
         for v in variants:
             with v:
                 for name, (per, fn) in make_ops(v, np, arrays).items():
@@ -291,8 +328,9 @@ def run_cpu(args, variants) -> dict:
         with variants[1]:
             ops = make_ops(variants[1], np, arrays)
             for name in ("gptq_marlin_gemm (buffers given)", "gemm_phase_batched (8 dispatches)",
-                         "fused_moe (fused, M=1)"):
-                profiles[name] = profile(ops[name][1], 500)
+                         "fused_moe (fused, M=1)", "fused_moe Mixtral M=1"):
+                if name in ops:
+                    profiles[name] = profile(ops[name][1], 500)
         for mod, fn in saved_moe:
             mod.get_moe_kernel = fn
     return dict(rows=rows, profiles=profiles, gpu="cpu stand-ins")
@@ -326,8 +364,9 @@ def table(rows) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=pathlib.Path, required=True)
-    parser.add_argument("--old-dir", type=pathlib.Path, default=ROOT / "artifacts" / "r3_host_old")
+    parser.add_argument("--old-dir", type=pathlib.Path, default=ROOT / "artifacts" / "r4_host_old")
     parser.add_argument("--cpu", action="store_true", help="stand-in arrays and driver (no GPU)")
+    parser.add_argument("--moe-only", action="store_true", help="only the fused_moe cells (MOE_MODELS x MOE_MS)")
     args = parser.parse_args()
     gemm_old, moe_old = load_old(args.old_dir)
     variants = [Variant("old", gemm_old, moe_old), Variant("new", gemm, moe),
