@@ -38,10 +38,10 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=25, help="timed repetitions per transform (median reported)")
     parser.add_argument("--sweep", action="store_true", help="also sweep the repack launch shape")
     parser.add_argument("--ab", action="store_true",
-                        help="round-3 A/B only: HEAD kernels (--ab-old) vs the working tree's, same inputs")
+                        help="round-4 A/B only: HEAD kernels (--ab-old) vs the working tree's, same inputs")
     parser.add_argument("--ab-shapes", default="8192x28672,28672x8192,64x2048x1408",
                         help="comma list of KxN or EXPERTSxKxN cells for --ab")
-    parser.add_argument("--ab-old", default="artifacts/r3_repack_old",
+    parser.add_argument("--ab-old", default="artifacts/r4_repack_old",
                         help="folder holding the HEAD copy of kernels_numba/marlin_repack.py")
     args = parser.parse_args()
     if args.reps < 20:
@@ -123,8 +123,9 @@ def main() -> int:
                      "row_major_bytes": (experts, n, k // 4)}[target]
         out = cuda.device_array(shape_out, np.uint32, stream=stream)
         if target == "awq":
-            kernel = kr._awq_direct_unpack_kernel(bits, kr.AWQ_UNPACK_WIDE_STORES)
-            grid = kr.awq_grid(k, n, bits, experts, 1)
+            nfast = kr.AWQ_UNPACK_N_FASTEST and kr.grid_n_fastest_fits(k)  # as the wrapper
+            kernel = kr._awq_direct_unpack_kernel(bits, kr.AWQ_UNPACK_WIDE_STORES, kr.AWQ_UNPACK_TRANSPOSE, nfast)
+            grid = kr.awq_grid(k, n, bits, experts, 1, kr.DIRECT_THREADS, nfast)
             target_words = out.view(np.uint64) if kr.AWQ_UNPACK_WIDE_STORES else out
             launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, target_words, n)  # noqa: E731
         elif target == "row_major_bytes":
@@ -319,10 +320,10 @@ def load_old_module(old_dir: str):
 
 
 def ab_main(out_dir: str, reps: int, cells, old_dir: str) -> int:
-    """Round-3 A/B: for each changed path, the HEAD kernel (loaded from ``old_dir``) against the working tree's
+    """Round-4 A/B: for each changed path, the HEAD kernel (loaded from ``old_dir``) against the working tree's
     variants, in one process, on the same fresh random inputs; every output starts poisoned (0xDEADBEEF) and every
     new output is compared bit for bit with the old one. ``cells``: (experts, K, N). Writes
-    OUT/ab_repack_r3_<gpu>.json after every cell; prints µs and % of copy per variant."""
+    OUT/ab_repack_r4_<gpu>.json after every cell; prints µs and % of copy per variant."""
     import cupy as cp
     from numba import cuda
 
@@ -339,7 +340,7 @@ def ab_main(out_dir: str, reps: int, cells, old_dir: str) -> int:
 
     rows = []
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"ab_repack_r3_{timer.gpu.replace(' ', '_')}.json")
+    path = os.path.join(out_dir, f"ab_repack_r4_{timer.gpu.replace(' ', '_')}.json")
     for experts, k, n in cells:
         shape = f"{experts}x{k}x{n}" if experts > 1 else f"{k}x{n}"
         # (path, bytes one way, extra bytes read, out shape (uint32), [(variant, out -> launch, compared)])
@@ -349,77 +350,67 @@ def ab_main(out_dir: str, reps: int, cells, old_dir: str) -> int:
             mshape = (experts, k // 16, n * 16 // pf)
             q = timer.rand_words((experts, k // pf, n))
             perm = timer.rand_perms(experts, k)
-            variants = [(f"old one-pass ktpt={old.PERM_K_TILES_PER_THREAD[bits]}",
-                         launcher(old._perm_repack_kernel(bits), old.perm_grid(k, n, bits, experts), threads,
-                                  (q, perm), n),
-                         True)]
             temp = cuda.device_array((1, k, n // pf), np.uint32, stream=stream)
-            if experts == 1:
-                npk = new._npacked_kernel(bits)
-                npk_grid = new.npacked_grid(k, n, bits, 1)
-                for ktpt in (1, 2):
-                    gather = new._awq_direct_repack_kernel(bits, ktpt, threads, True, True)
-                    grid2 = new.awq_grid(k, n, bits, 1, ktpt)
-
-                    def two_pass(out, gather=gather, grid2=grid2, npk=npk, npk_grid=npk_grid, q=q, perm=perm,
-                                 temp=temp):
-                        def launch():
-                            npk[npk_grid, new.NPACK_THREADS, stream](q, temp, n)
-                            gather[grid2, threads, stream](temp, perm, out, n)
-                        return launch
-
-                    variants.append((f"new two-pass ktpt={ktpt}", two_pass, True))
-                for strip_mib in (8, 16):  # column strips whose intermediate can stay in the 50 MB L2
-                    strip = new.act_order_strip_cols(k, n, bits, strip_mib << 20)
-                    strip_temp = cuda.device_array((1, k, strip // pf), np.uint32, stream=stream)  # as the wrapper
-
-                    def strips(out, strip=strip, q=q, perm=perm, temp=strip_temp, bits=bits):
-                        return lambda: new.launch_act_order_two_pass(q, perm, out, k, n, bits, stream, temp, strip)
-
-                    variants.append((f"new two-pass strips {strip_mib} MiB ({strip} cols)", strips, True))
-                variants.append(("new pass 1 only", lambda out, npk=npk, npk_grid=npk_grid, q=q, temp=temp: (
-                    lambda: npk[npk_grid, new.NPACK_THREADS, stream](q, temp, n)), False))
-                gather1 = new._awq_direct_repack_kernel(bits, 1, threads, True, True)
-                pass2 = launcher(gather1, new.awq_grid(k, n, bits, 1, 1), threads, (temp, perm), n)
-                variants.append(("new pass 2 only", pass2, True))  # temp holds pass 1 of q by then
-            else:  # stacks keep the one-pass kernel; this is the per-expert two-pass loop, for information
-                views = [(q[e:e + 1], perm[e:e + 1]) for e in range(experts)]
-
-                def per_expert(out, views=views, temp=temp, bits=bits):
-                    outs = [out[e:e + 1] for e in range(experts)]
-
-                    def launch():
-                        for (qe, pe), oe in zip(views, outs):
-                            new.launch_act_order_two_pass(qe, pe, oe, k, n, bits, stream, temp)
-                    return launch
-
-                variants.append((f"info: two-pass per expert ({2 * experts} launches)", per_expert, True))
+            if experts == 1:  # HEAD's route for one matrix: its two-pass launcher (k-fastest pass 2)
+                variants = [("old two-pass", lambda out, q=q, perm=perm, temp=temp, bits=bits: (
+                    lambda: old.launch_act_order_two_pass(q, perm, out, k, n, bits, stream, temp)), True)]
+                for nfast in (True, False):
+                    variants.append((f"new two-pass pass2 n_fastest={nfast}",
+                                     lambda out, q=q, perm=perm, temp=temp, bits=bits, nfast=nfast: (
+                                         lambda: new.launch_act_order_two_pass(q, perm, out, k, n, bits, stream, temp,
+                                                                               nfast)), True))
+                for label, mod in (("old", old), ("new", new)):  # pass 1 alone writes temp, not out
+                    npk = mod._npacked_kernel(bits)
+                    npk_grid = mod.npacked_grid(k, n, bits, 1)
+                    variants.append((f"{label} pass 1 only", lambda out, npk=npk, npk_grid=npk_grid, q=q, temp=temp,
+                                     block=mod.NPACK_THREADS: (lambda: npk[npk_grid, block, stream](q, temp, n)),
+                                     False))
+                ktpt2 = new.ACT_ORDER_PASS2_K_TILES_PER_THREAD[bits]
+                for nfast in (False, True):  # temp holds pass 1 of q by then
+                    gather = new._awq_direct_repack_kernel(bits, ktpt2, threads, True, True, nfast)
+                    variants.append((f"new pass 2 only n_fastest={nfast}",
+                                     launcher(gather, new.awq_grid(k, n, bits, 1, ktpt2, threads, nfast), threads,
+                                              (temp, perm), n), True))
+            else:  # stacks keep the one-pass kernel (round 4: its opening and stores are shared device functions)
+                variants = [(f"{label} one-pass ktpt={mod.PERM_K_TILES_PER_THREAD[bits]}",
+                             launcher(mod._perm_repack_kernel(bits), mod.perm_grid(k, n, bits, experts), threads,
+                                      (q, perm), n), True) for label, mod in (("old", old), ("new", new))]
             cases.append((f"act-order u{bits}", experts * k * n // pf * 4, experts * k * 4, mshape, variants))
 
+            # GPTQ -> Marlin, the direct kernel (round 4: tidied into shared device functions; SASS unchanged but
+            # for register numbering): must not move
+            variants = [(f"{label} direct", launcher(mod._direct_repack_kernel(bits, "gptq"),
+                                                     mod.direct_grid(k, n, bits, experts), threads, (q,), n), True)
+                        for label, mod in (("old", old), ("new", new))]
+            cases.append((f"gptq->marlin u{bits} (tidy)", experts * k * n // pf * 4, 0, mshape, variants))
+
+            aw = timer.rand_words((experts, k, n // pf))  # AWQ -> Marlin: the n-fastest grid, for information
+            variants = [("old", launcher(old._awq_direct_repack_kernel(bits), old.awq_grid(k, n, bits, experts),
+                                         threads, (aw,), n), True)]
+            for nfast in (False, True):  # the wrapper's kernel (unsigned indices) on both grid orders
+                fwd = new._awq_direct_repack_kernel(bits, None, threads, False, False, nfast)
+                variants.append((f"new n_fastest={nfast}", launcher(fwd, new.awq_grid(k, n, bits, experts, None,
+                                                                                      threads, nfast),
+                                                                   threads, (aw,), n), True))
+            cases.append((f"awq->marlin u{bits}", experts * k * n // pf * 4, 0, mshape, variants))
+
             m = timer.rand_words(mshape)  # any words are a valid Marlin layer
-            awq_grid = old.awq_grid(k, n, bits, experts, 1)
-            wide = new._awq_direct_unpack_kernel(bits, True)
-            variants = [("old 4-byte stores", launcher(old._awq_direct_unpack_kernel(bits), awq_grid, threads, (m,), n),
-                         True),
-                        ("new 8-byte stores", lambda out, m=m, wide=wide: (
-                            lambda: wide[awq_grid, threads, stream](m, out.view(np.uint64), n)), True)]
+            old_grid = old.awq_grid(k, n, bits, experts, 1)
+            old_kernel = old._awq_direct_unpack_kernel(bits, True)
+            variants = [("old 8-byte stores", lambda out, m=m, kernel=old_kernel: (
+                lambda: kernel[old_grid, threads, stream](m, out.view(np.uint64), n)), True)]
+            for use_transpose, nfast in ((True, True), (True, False), (False, True)):
+                kernel = new._awq_direct_unpack_kernel(bits, True, use_transpose, nfast)
+                grid = new.awq_grid(k, n, bits, experts, 1, threads, nfast)
+                variants.append((f"new transpose={use_transpose} n_fastest={nfast}",
+                                 lambda out, m=m, kernel=kernel, grid=grid: (
+                                     lambda: kernel[grid, threads, stream](m, out.view(np.uint64), n)), True))
             cases.append((f"marlin->awq u{bits}", experts * k * n // pf * 4, 0, (experts, k, n // pf), variants))
-            if bits == 8:
-                ktpt_old = old.DIRECT_UNPACK_K_TILES_PER_THREAD[8]
-                variants = [(f"old direct ktpt={ktpt_old}", launcher(old._direct_unpack_kernel(8, "gptq", ktpt_old),
-                                                                     old.direct_grid(k, n, 8, experts, ktpt_old),
-                                                                     threads, (m,), n), True)]
-                for ktpt in (1, 2):
-                    paired = new._paired_unpack_8bit_kernel(ktpt)
-                    grid = new.paired_unpack_grid(k, n, experts, ktpt)
-                    variants.append((f"new paired ktpt={ktpt}", lambda out, m=m, paired=paired, grid=grid: (
-                        lambda: paired[grid, threads, stream](m, out.view(np.uint64), n)), True))
-                cases.append(("marlin->gptq u8", experts * k * n * 4 // 4, 0, (experts, k // 4, n), variants))
         m8 = timer.rand_words((experts, k // 16, 4 * n))
         tgrid = old.transpose_grid(k, n, experts)
-        variants = [("old tile (round 2)", launcher(old._transpose_repack_kernel(True), tgrid, old.TRANSPOSE_THREADS,
-                                                    (m8,), n), True)]
-        for mode in new.TRANSPOSE_INVERSE_MODES[1:]:
+        variants = [(f"old tile ({old.TRANSPOSE_INVERSE_MODE})", launcher(old._transpose_repack_kernel(True), tgrid,
+                                                                         old.TRANSPOSE_THREADS, (m8,), n), True)]
+        for mode in ("staged_marlin", "loads_first"):
             kernel = new._transpose_repack_kernel(True, mode)
             variants.append((f"new {mode}", launcher(kernel, new.transpose_grid(k, n, experts), new.TRANSPOSE_THREADS,
                                                       (m8,), n), True))

@@ -243,6 +243,52 @@ def stage_words_from_marlin_8bit(stage, s, mw, i):
         stage[s + r] = gptq_word_from_marlin_8bit(mw, i, r)
 
 
+def direct_layout(bits: int, threads: int):
+    """(four_bit, lanes_per_tile, tiles_per_block, lane_shift, wpt) of the direct kernels' thread layout: 32 (4-bit)
+    or 64 (8-bit) lanes per n-tile, ``threads // lanes`` n-tiles per block, wpt Marlin words per tile."""
+    four_bit = bits == 4
+    lanes_per_tile = 32 if four_bit else 64
+    return four_bit, lanes_per_tile, threads // lanes_per_tile, 5 if four_bit else 6, 128 if four_bit else 256
+
+
+@cuda.jit(device=True, inline=True)
+def tile_and_lane(n_block, tiles_per_block, lane_shift):
+    """(nt, lane): the n-tile of this thread (block n_block holds tiles_per_block n-tiles, 2**lane_shift lanes
+    each) and its lane in that tile."""
+    tid = cuda.threadIdx.x
+    return n_block * tiles_per_block + (tid >> lane_shift), tid & ((1 << lane_shift) - 1)
+
+
+@cuda.jit(device=True, inline=True)
+def direct_thread_column(nt, lane, four_bit):
+    """(col, sub, n): the direct kernels' thread layout for ``lane`` of n-tile ``nt``. 4-bit: col = lane & 7, sub =
+    warp = lane >> 3, n = 64*nt + 16*warp + col (the thread also owns column n + 8); 8-bit: col = lane >> 3, sub =
+    slot = lane & 7 = 2*warp + half (lanes (warp, half) fastest: each col's 8 output words are consecutive),
+    n = 64*nt + 16*warp + 8*half + col."""
+    if four_bit:
+        col = lane & 7
+        sub = lane >> 3
+        return col, sub, (nt << 6) + (sub << 4) + col
+    col = lane >> 3
+    sub = lane & 7
+    return col, sub, (nt << 6) + ((sub >> 1) << 4) + col + ((sub & 1) << 3)
+
+
+@cuda.jit(device=True, inline=True)
+def store_direct_marlin_words(out, e, kt, base, col, sub, words, i, four_bit):
+    """The 4 Marlin words of k-tile kt that the thread (col, sub) of the direct layout owns, built from its 4
+    GPTQ-form words words[i .. i+3] (4-bit: a, b, c, d; 8-bit: rows 4r .. 4r+3, r = 0..3); ``base`` = first word of
+    the n-tile in row kt."""
+    if four_bit:
+        for row2 in range(4):
+            out[e, kt, base + (col << 4) + (row2 << 2) + sub] = marlin_words_4bit(
+                words[i], words[i + 1], words[i + 2], words[i + 3], row2)
+    else:
+        o = base + (col << 5) + sub
+        for row2 in range(4):
+            out[e, kt, o + (row2 << 3)] = marlin_words_8bit(words[i + (row2 >> 1)], words[i + 2 + (row2 >> 1)], row2)
+
+
 def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int | None = None,
                                 threads: int = DIRECT_THREADS):
     """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .].
@@ -253,11 +299,7 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
     """
     if source not in ("gptq", "row_major_bytes") or (source == "row_major_bytes" and bits != 8):
         raise ValueError(f"direct repack has no {bits}-bit source {source!r}")
-    four_bit = bits == 4
-    lanes_per_tile = 32 if four_bit else 64
-    tiles_per_block = threads // lanes_per_tile
-    lane_shift = 5 if four_bit else 6
-    wpt = 128 if four_bit else 256
+    four_bit, _, tiles_per_block, lane_shift, wpt = direct_layout(bits, threads)
     row_major = source == "row_major_bytes"
     ktpt = k_tiles_per_thread or DIRECT_K_TILES_PER_THREAD[bits]
     held = 4 * ktpt  # source words a thread holds between its loads and its stores (registers after unrolling)
@@ -265,21 +307,12 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
     def repack_direct(src, out, size_n):
         """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
         e = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        nt, lane = tile_and_lane(cuda.blockIdx.y, tiles_per_block, lane_shift)
         k_tiles = out.shape[1]
         if nt < (size_n >> 6):
-            lane = tid & (lanes_per_tile - 1)
             base = nt * wpt
             words = cuda.local.array(held, dtype=uint32)
-            if four_bit:
-                col = lane & 7
-                warp = lane >> 3
-                n = (nt << 6) + (warp << 4) + col
-            else:
-                col = lane >> 3  # lanes (warp, half) fastest: each col's 8 output words are consecutive
-                slot = lane & 7  # 2*warp + half
-                n = (nt << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
+            col, sub, n = direct_thread_column(nt, lane, four_bit)
             # loads of all this thread's k-tiles first ...
             for j in range(ktpt):
                 kt = cuda.blockIdx.x * ktpt + j
@@ -299,15 +332,7 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
             for j in range(ktpt):
                 kt = cuda.blockIdx.x * ktpt + j
                 if kt < k_tiles:
-                    if four_bit:
-                        for row2 in range(4):
-                            out[e, kt, base + (col << 4) + (row2 << 2) + warp] = marlin_words_4bit(
-                                words[4 * j], words[4 * j + 1], words[4 * j + 2], words[4 * j + 3], row2)
-                    else:
-                        o = base + (col << 5) + slot
-                        for row2 in range(4):
-                            out[e, kt, o + (row2 << 3)] = marlin_words_8bit(
-                                words[4 * j + (row2 >> 1)], words[4 * j + 2 + (row2 >> 1)], row2)
+                    store_direct_marlin_words(out, e, kt, base, col, sub, words, 4 * j, four_bit)
 
     return repack_direct
 
@@ -320,11 +345,7 @@ def direct_unpack_kernel_source(bits: int, target: str, k_tiles_per_thread: int 
     """
     if target not in ("gptq", "row_major_bytes") or (target == "row_major_bytes" and bits != 8):
         raise ValueError(f"direct unpack has no {bits}-bit target {target!r}")
-    four_bit = bits == 4
-    lanes_per_tile = 32 if four_bit else 64
-    tiles_per_block = DIRECT_THREADS // lanes_per_tile
-    lane_shift = 5 if four_bit else 6
-    wpt = 128 if four_bit else 256
+    four_bit, _, tiles_per_block, lane_shift, wpt = direct_layout(bits, DIRECT_THREADS)
     row_major = target == "row_major_bytes"
     ktpt = k_tiles_per_thread or DIRECT_UNPACK_K_TILES_PER_THREAD[bits]
     held = 4 * ktpt
@@ -332,25 +353,15 @@ def direct_unpack_kernel_source(bits: int, target: str, k_tiles_per_thread: int 
     def unpack_direct(marlin, out, size_n):
         """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), DIRECT_THREADS threads."""
         e = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        nt, lane = tile_and_lane(cuda.blockIdx.y, tiles_per_block, lane_shift)
         k_tiles = marlin.shape[1]
         if nt < (size_n >> 6):
-            lane = tid & (lanes_per_tile - 1)
             base = nt * wpt
             mw = cuda.local.array(held, dtype=uint32)
-            if four_bit:
-                col = lane & 7
-                warp = lane >> 3
-                n = (nt << 6) + (warp << 4) + col
-                o = base + (col << 4) + warp
-                step = 4  # Marlin words 16*col + 4*row2 + warp, row2 = 0..3
-            else:
-                col = lane >> 3
-                slot = lane & 7
-                n = (nt << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
-                o = base + (col << 5) + slot
-                step = 8  # words 32*col + 8*row2 + slot
+            col, sub, n = direct_thread_column(nt, lane, four_bit)
+            # the thread's Marlin words: 16*col + 4*row2 + warp (4-bit) / 32*col + 8*row2 + slot (8-bit), row2 = 0..3
+            o = base + (col << (4 if four_bit else 5)) + sub
+            step = 4 if four_bit else 8
             for j in range(ktpt):
                 kt = cuda.blockIdx.x * ktpt + j
                 if kt < k_tiles:
@@ -491,32 +502,19 @@ PERM_K_TILES_PER_THREAD = {4: 2, 8: 1}
 
 def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
     """GPTQ words [E, K/pf, N] with rows gathered through perm int32 [E, K] -> Marlin [E, K/16, .], direct shape."""
-    four_bit = bits == 4
-    lanes_per_tile = 32 if four_bit else 64
-    tiles_per_block = threads // lanes_per_tile
-    lane_shift = 5 if four_bit else 6
-    wpt = 128 if four_bit else 256
+    four_bit, _, tiles_per_block, lane_shift, wpt = direct_layout(bits, threads)
     ktpt = k_tiles_per_thread or PERM_K_TILES_PER_THREAD[bits]
     held = 4 * ktpt
 
     def repack_perm(src, perm, out, size_n):
         """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
         e = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        nt, lane = tile_and_lane(cuda.blockIdx.y, tiles_per_block, lane_shift)
         k_tiles = out.shape[1]
         if nt < (size_n >> 6):
-            lane = tid & (lanes_per_tile - 1)
             base = nt * wpt
             words = cuda.local.array(held, dtype=uint32)
-            if four_bit:
-                col = lane & 7
-                warp = lane >> 3
-                n = (nt << 6) + (warp << 4) + col
-            else:
-                col = lane >> 3
-                slot = lane & 7
-                n = (nt << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
+            col, sub, n = direct_thread_column(nt, lane, four_bit)
             for j in range(ktpt):
                 kt = cuda.blockIdx.x * ktpt + j
                 if kt < k_tiles:
@@ -558,15 +556,7 @@ def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, 
             for j in range(ktpt):
                 kt = cuda.blockIdx.x * ktpt + j
                 if kt < k_tiles:
-                    if four_bit:
-                        for row2 in range(4):
-                            out[e, kt, base + (col << 4) + (row2 << 2) + warp] = marlin_words_4bit(
-                                words[4 * j], words[4 * j + 1], words[4 * j + 2], words[4 * j + 3], row2)
-                    else:
-                        o = base + (col << 5) + slot
-                        for row2 in range(4):
-                            out[e, kt, o + (row2 << 3)] = marlin_words_8bit(
-                                words[4 * j + (row2 >> 1)], words[4 * j + 2 + (row2 >> 1)], row2)
+                    store_direct_marlin_words(out, e, kt, base, col, sub, words, 4 * j, four_bit)
 
     return repack_perm
 
@@ -579,6 +569,33 @@ def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, 
 # half), columns 16*warp + 8*half + {0..7} = AWQ words 2*slot, 2*slot+1; Marlin words 32*col + lane.
 # Measured (round-2 A/B, H200, 8192×28672): 4-bit 84% of copy at 1, 81% at 2, 80% at 4; 8-bit 89% / 83% / 82%.
 AWQ_K_TILES_PER_THREAD = {4: 1, 8: 1}
+# Grid order of the forward AWQ repack: n-blocks fastest, so the blocks in flight write whole Marlin rows (measured,
+# round-4 A/B, H200, 8192x28672: u4 87.7% -> 96.7% of copy, u8 89.6% -> 98.6%); False keeps the k-fastest grid.
+AWQ_REPACK_N_FASTEST = True
+
+
+def awq_layout(bits: int, threads: int):
+    """(four_bit, tiles_per_block, lane_shift, wpt) of the AWQ kernels' thread layout: 16 (4-bit) or 32 (8-bit)
+    lanes per n-tile."""
+    four_bit = bits == 4
+    return four_bit, threads // (16 if four_bit else 32), 4 if four_bit else 5, 128 if four_bit else 256
+
+
+@cuda.jit(device=True, inline=True)
+def awq_thread_rows_words(nt, lane, four_bit):
+    """(row2, c0): the AWQ kernels' thread layout for ``lane`` of n-tile ``nt``: rows k0, k0+1, k0+8, k0+9 of the
+    k-tile (k0 = 2*row2) and AWQ words c0, c0 + 1 of each (see the comment above)."""
+    if four_bit:
+        return lane >> 2, nt * 8 + ((lane & 3) << 1)
+    return lane >> 3, nt * 16 + ((lane & 7) << 1)
+
+
+@cuda.jit(device=True, inline=True)
+def block_indices(n_fastest):
+    """(n-block, k-block) of this block: blockIdx (x, y) for an n-fastest grid, (y, x) for a k-fastest one."""
+    if n_fastest:
+        return cuda.blockIdx.x, cuda.blockIdx.y
+    return cuda.blockIdx.y, cuda.blockIdx.x
 
 
 @cuda.jit(device=True, inline=True)
@@ -588,50 +605,41 @@ def awq_field(w, field, bits):
 
 def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None,
                                     threads: int = DIRECT_THREADS, natural_order: bool = False,
-                                    gathered: bool = False):
+                                    gathered: bool = False, n_fastest: bool = False):
     """AWQ words [E, K, N/pf] -> Marlin [E, K/16, N*16/pf], direct shape (see the comment above).
 
     ``natural_order``: the source is plainly column-packed (field i of word c = column c*pf + i, no AWQ interleave);
     ``gathered``: Marlin row k reads source row perm[e, k] and the kernel takes (src, perm, out, size_n). Both
-    together are pass 2 of the two-pass act-order repack (see gptq_to_npacked_kernel_source).
+    together are pass 2 of the two-pass act-order repack (see gptq_to_npacked_kernel_source). ``n_fastest``: the
+    grid is (n-blocks, k-blocks, E) instead of (k-blocks, n-blocks, E) (see awq_grid).
     """
-    four_bit = bits == 4
-    lanes_per_tile = 16 if four_bit else 32
-    tiles_per_block = threads // lanes_per_tile
-    lane_shift = 4 if four_bit else 5
-    wpt = 128 if four_bit else 256
-    awq_words_per_tile = 8 if four_bit else 16
+    four_bit, tiles_per_block, lane_shift, wpt = awq_layout(bits, threads)
     ktpt = k_tiles_per_thread or AWQ_K_TILES_PER_THREAD[bits]
     held = 8 * ktpt
 
     @cuda.jit(device=True, inline=True)
     def repack_awq_body(src, perm, out, size_n):
         e = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        n_block, k_block = block_indices(n_fastest)
+        nt, lane = tile_and_lane(n_block, tiles_per_block, lane_shift)
         k_tiles = out.shape[1]
         if nt < (size_n >> 6):
-            lane = tid & (lanes_per_tile - 1)
-            if four_bit:
-                row2 = lane >> 2
-                c0 = nt * awq_words_per_tile + ((lane & 3) << 1)
-            else:
-                row2 = lane >> 3
-                c0 = nt * awq_words_per_tile + ((lane & 7) << 1)
+            row2, c0 = awq_thread_rows_words(nt, lane, four_bit)
+            ue = uint64(e)  # unsigned indices: no wraparound code (see awq_direct_unpack_kernel_source)
             words = cuda.local.array(held, dtype=uint32)  # [j][dr: k0, k0+1, k0+8, k0+9][h]
             for j in range(ktpt):
-                kt = cuda.blockIdx.x * ktpt + j
+                kt = k_block * ktpt + j
                 if kt < k_tiles:
                     k0 = kt * 16 + (row2 << 1)
                     for dr in range(4):
                         k = k0 + (dr & 1) + ((dr >> 1) << 3)
                         if gathered:
-                            k = perm[e, k]  # a whole source row, still read along N (coalesced)
-                        words[8 * j + 2 * dr] = src[e, k, c0]
-                        words[8 * j + 2 * dr + 1] = src[e, k, c0 + 1]
+                            k = perm[ue, uint64(k)]  # a whole source row, still read along N (coalesced)
+                        words[8 * j + 2 * dr] = src[ue, uint64(k), uint64(c0)]
+                        words[8 * j + 2 * dr + 1] = src[ue, uint64(k), uint64(c0 + 1)]
             base = nt * wpt + lane
             for j in range(ktpt):
-                kt = cuda.blockIdx.x * ktpt + j
+                kt = k_block * ktpt + j
                 if kt < k_tiles:
                     for col in range(8):
                         if four_bit:
@@ -645,7 +653,7 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
                                  | uint32(awq_field(words[8 * j + 6], f, 4) << uint32(20))
                                  | uint32(awq_field(words[8 * j + 3], f, 4) << uint32(24))
                                  | uint32(awq_field(words[8 * j + 7], f, 4) << uint32(28)))
-                            out[e, kt, base + (col << 4)] = m
+                            out[ue, uint64(kt), uint64(base + (col << 4))] = m
                         else:
                             # column 16*warp + 8*half + col: word h = col >> 2, field of col & 3;
                             # bytes: rows k0, k0+8, k0+1, k0+9
@@ -656,7 +664,7 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
                                  | uint32(awq_field(words[8 * j + 4 + h], f, 8) << uint32(8))
                                  | uint32(awq_field(words[8 * j + 2 + h], f, 8) << uint32(16))
                                  | uint32(awq_field(words[8 * j + 6 + h], f, 8) << uint32(24)))
-                            out[e, kt, base + (col << 5)] = m
+                            out[ue, uint64(kt), uint64(base + (col << 5))] = m
 
     if gathered:
         def repack_awq_gathered(src, perm, out, size_n):
@@ -711,24 +719,28 @@ def gptq_to_npacked_kernel_source(bits: int):
         e = cuda.blockIdx.z
         tid = cuda.threadIdx.x
         n0 = cuda.blockIdx.y * cols_per_block
+        ue = uint64(e)  # unsigned indices: no wraparound code (see awq_direct_unpack_kernel_source)
         held = cuda.local.array(TILE_K, dtype=uint32)  # [h][i]: registers after unrolling
         # coalesced loads (consecutive threads, consecutive columns); a column past N reloads the last one (no
         # branch, so all 16 loads issue before the first shared store); its stage slot is never read
         for h in range(row_words):
             for i in range(pf):
                 n = min(n0 + tid + NPACK_THREADS * i, size_n - 1)
-                held[h * pf + i] = src[e, kt * row_words + h, n]
+                held[h * pf + i] = src[ue, uint64(kt * row_words + h), uint64(n)]
+        # round 4: a barrier between the loads and the shared stores keeps ptxas from interleaving them (the SASS
+        # without it issues 4 loads, waits for the first in a shared store, 3 more, ...); all 16 are in flight first
+        cuda.syncthreads()
         for h in range(row_words):
             for i in range(pf):
                 j = h * cols_per_block + tid + NPACK_THREADS * i
-                stage[j + (j >> 5)] = held[h * pf + i]
+                stage[uint64(j + (j >> 5))] = held[h * pf + i]
         cuda.syncthreads()
         if n0 + pf * tid < size_n:  # N % 64 == 0: the thread's pf columns exist together
             m = cuda.local.array(8, dtype=uint32)
             for h in range(row_words):
                 for i in range(pf):
                     j = h * cols_per_block + pf * tid + i
-                    m[i] = stage[j + (j >> 5)]  # column pf*tid + i, rows h*pf .. h*pf + pf - 1
+                    m[i] = stage[uint64(j + (j >> 5))]  # column pf*tid + i, rows h*pf .. h*pf + pf - 1
                 for st in range(n_stages):
                     d = stage_dist[st]
                     for i in range(pf):
@@ -737,7 +749,7 @@ def gptq_to_npacked_kernel_source(bits: int):
                             m[i + d] = m[i + d] ^ t
                             m[i] = m[i] ^ uint32(t << uint32(stage_shift[st]))
                 for f in range(pf):  # now word f = row h*pf + f of the thread's pf columns
-                    out[e, kt * TILE_K + h * pf + f, (n0 >> log_pf) + tid] = m[f]
+                    out[ue, uint64(kt * TILE_K + h * pf + f), uint64((n0 >> log_pf) + tid)] = m[f]
 
     return to_npacked
 
@@ -751,43 +763,29 @@ def npacked_grid(size_k: int, size_n: int, bits: int, experts: int):
     return (size_k // TILE_K, -(-size_n // ((32 // bits) * NPACK_THREADS)), experts)
 
 
-# Column strips (A/B only until measured): both passes run per strip of ``strip_cols`` columns, so the strip's
-# intermediate (K * strip_cols/pf words, e.g. 8 MiB) can stay in the L2 between pass 1 and pass 2 and is reused by
-# the next strip: DRAM then sees about one read of the layer and one write, at the price of 2 launches per strip.
-# The kernels take column views (strided arrays) of src, out and the intermediate; no kernel change.
-ACT_ORDER_STRIP_BYTES = 0  # 0: one pass pair over the whole layer
-
-
-def act_order_strip_cols(size_k: int, size_n: int, bits: int, strip_bytes: int) -> int:
-    """Columns per strip whose N-packed intermediate is at most strip_bytes (a multiple of 64; N when 0)."""
-    if not strip_bytes:
-        return size_n
-    cols = strip_bytes * (32 // bits) // (4 * size_k) // TILE_N * TILE_N
-    return max(TILE_N, min(size_n, cols))
+# Act-order pass 2 grid order (round 4): with the n-blocks in blockIdx.x (fastest), the blocks in flight cover whole
+# rows: every perm-gathered source row is read along its full length by neighbouring blocks and the Marlin rows are
+# written front to back (the k-fastest grid spread both over a ~1 KiB-wide column strip of every row).
+# (Round 3 measured column strips of both passes, 8 / 16 MiB of intermediate, at 0.1-1% of copy: 6-250 ms per layer
+# for a few dozen launches on strided views, far beyond launch overhead; cause not investigated; removed.)
+ACT_ORDER_PASS2_N_FASTEST = True
 
 
 def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: int, stream, temp=None,
-                              strip_cols: int | None = None):
+                              n_fastest: bool | None = None):
     """Two-pass act-order repack of one matrix (src [1, K/pf, N], perm [1, K], out [1, K/16, N*16/pf]) on
-    ``stream``, in column strips of ``strip_cols`` (default: all N at once); ``temp`` is the N-packed intermediate
-    [1, K, strip_cols/pf] (allocated here when None)."""
+    ``stream``; ``temp`` is the N-packed intermediate [1, K, N/pf] (allocated here when None)."""
     pf = 32 // bits
-    strip = strip_cols or size_n
     if temp is None:
-        temp = cuda.device_array((1, size_k, strip // pf), np.uint32, stream=stream)
+        temp = cuda.device_array((1, size_k, size_n // pf), np.uint32, stream=stream)
     ktpt = ACT_ORDER_PASS2_K_TILES_PER_THREAD[bits]
+    nfast = ACT_ORDER_PASS2_N_FASTEST if n_fastest is None else n_fastest
+    nfast = nfast and grid_n_fastest_fits(size_k, ktpt)
     pass1 = _npacked_kernel(bits)
-    pass2 = _awq_direct_repack_kernel(bits, ktpt, DIRECT_THREADS, True, True)
-    for n0 in range(0, size_n, strip):
-        cols = min(strip, size_n - n0)
-        if cols == size_n:  # one strip: the contiguous arrays themselves
-            src_s, temp_s, out_s = src, temp, out
-        else:  # strided column views: src columns, the strip's first cols/pf words of temp, the strip's tiles
-            src_s = src[:, :, n0:n0 + cols]
-            temp_s = temp[:, :, :cols // pf]
-            out_s = out[:, :, n0 * TILE_K // pf:(n0 + cols) * TILE_K // pf]
-        pass1[npacked_grid(size_k, cols, bits, 1), NPACK_THREADS, stream](src_s, temp_s, cols)
-        pass2[awq_grid(size_k, cols, bits, 1, ktpt), DIRECT_THREADS, stream](temp_s, perm, out_s, cols)
+    pass2 = _awq_direct_repack_kernel(bits, ktpt, DIRECT_THREADS, True, True, nfast)
+    pass1[npacked_grid(size_k, size_n, bits, 1), NPACK_THREADS, stream](src, temp, size_n)
+    pass2[awq_grid(size_k, size_n, bits, 1, ktpt, DIRECT_THREADS, nfast), DIRECT_THREADS, stream](temp, perm, out,
+                                                                                                    size_n)
     return temp
 
 
@@ -796,58 +794,110 @@ def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: in
 # sector of a store instruction half written. ``wide_stores`` writes them as one 8-byte store into the output
 # viewed as uint64 [E, K, N/pf/2]: a warp store instruction then covers 64 contiguous bytes of each of its 4 rows
 # (4-bit; 8-bit: 128 bytes of each of 2 rows), full sectors, half the store instructions.
+# Measured (round-3 A/B, H200): u4 68 -> 73% on the 70B layers but 91.5% on 64 x 2048 x 1408; u8 78 -> 88 / 97%.
 AWQ_UNPACK_WIDE_STORES = True
+# Round 4. Why the stack runs at 91.5% and the 70B layers at 73% with the same kernel, bytes and instructions: the
+# grid order. blockIdx.x (fastest) ran over k-tiles, so the ~2000 blocks resident at a time covered every k-tile of
+# only ~4 n-blocks: reads of a ~16 KiB piece of each of the 512 Marlin rows and writes of a ~1 KiB-wide column strip
+# of each of the 8192 AWQ rows (row pitch 14 KiB). In the stack a whole expert (128 k-tiles x 3 n-blocks, rows of
+# 704 bytes) is one contiguous 1.4 MB block of output, so the resident blocks stream through memory. With
+# AWQ_UNPACK_N_FASTEST the grid is (n-blocks, k-tiles, E): the resident blocks cover ~40 whole Marlin rows and ~600
+# whole AWQ rows, both contiguous, as in the stack.
+AWQ_UNPACK_N_FASTEST = True
+# Round 4, compute: the round-3 body built each AWQ word from 8 (u4) / 4 (u8) single-field extracts (shift, mask,
+# shift, or per field: 64 / 32 extracts per thread). The fields a thread moves form an 8 x 8 nibble (u4) or two 4 x 4
+# byte (u8) matrices: AWQ word p, field f = Marlin word col(f), field p. With the Marlin words loaded in field order
+# f, a 3-stage (2-stage) mask-and-shift transpose (the one of pass 1) gives all AWQ words: 4 ops per pair and stage.
+AWQ_UNPACK_TRANSPOSE = True
 
 
-def awq_direct_unpack_kernel_source(bits: int, wide_stores: bool | None = None):
+@cuda.jit(device=True, inline=True)
+def transpose_fields(m, base, pf, stages_dist, stages_shift, stages_mask):
+    """In-place transpose of the pf x pf field matrix in m[base .. base + pf - 1] (word = row, field = column):
+    stage (d, shift, mask) swaps field f + d of word i with field f of word i + d for every i, f with bit d clear."""
+    for st in range(len(stages_dist)):
+        d = stages_dist[st]
+        for i in range(pf):
+            if (i & d) == 0:
+                t = uint32(uint32(m[base + i] >> uint32(stages_shift[st])) ^ m[base + i + d]) & uint32(stages_mask[st])
+                m[base + i + d] = m[base + i + d] ^ t
+                m[base + i] = m[base + i] ^ uint32(t << uint32(stages_shift[st]))
+
+
+def transpose_stages(bits: int):
+    """(distances, shifts, masks) of the field transpose network for bits = 4 (8 x 8 nibbles) or 8 (4 x 4 bytes)."""
+    stages = ((4, 16, 0x0000FFFF), (2, 8, 0x00FF00FF), (1, 4, 0x0F0F0F0F)) if bits == 4 else (
+        (2, 16, 0x0000FFFF), (1, 8, 0x00FF00FF))
+    return tuple(d for d, _, _ in stages), tuple(sh for _, sh, _ in stages), tuple(m for _, _, m in stages)
+
+
+def awq_direct_unpack_kernel_source(bits: int, wide_stores: bool | None = None, transpose: bool | None = None,
+                                    n_fastest: bool | None = None):
     """Marlin [E, K/16, N*16/pf] -> AWQ words [E, K, N/pf] (``wide_stores``: out is that array viewed as uint64
-    [E, K, N/pf/2]): the direct AWQ repack backwards, one k-tile a thread."""
+    [E, K, N/pf/2]): the direct AWQ repack backwards, one k-tile a thread. ``transpose``: fields moved by the
+    transpose network instead of one at a time; ``n_fastest``: grid (n-blocks, K/16, E) instead of (K/16, n-blocks,
+    E). The defaults are the module switches."""
     wide = AWQ_UNPACK_WIDE_STORES if wide_stores is None else wide_stores
-    four_bit = bits == 4
-    lanes_per_tile = 16 if four_bit else 32
-    tiles_per_block = DIRECT_THREADS // lanes_per_tile
-    lane_shift = 4 if four_bit else 5
-    wpt = 128 if four_bit else 256
-    awq_words_per_tile = 8 if four_bit else 16
+    use_transpose = AWQ_UNPACK_TRANSPOSE if transpose is None else transpose
+    nfast = AWQ_UNPACK_N_FASTEST if n_fastest is None else n_fastest
+    four_bit, tiles_per_block, lane_shift, wpt = awq_layout(bits, DIRECT_THREADS)
     col_shift = 4 if four_bit else 5
+    t_dist, t_shift, t_mask = transpose_stages(bits)
 
     def unpack_awq(marlin, out, size_n):
-        """Grid (K/16, ceil(N/64 / tiles_per_block), E), DIRECT_THREADS threads."""
-        kt = cuda.blockIdx.x
+        """Grid awq_grid(K, N, bits, E, 1, DIRECT_THREADS, n_fastest), DIRECT_THREADS threads."""
+        n_block, kt = block_indices(nfast)
         e = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        nt = cuda.blockIdx.y * tiles_per_block + (tid >> lane_shift)
+        nt, lane = tile_and_lane(n_block, tiles_per_block, lane_shift)
         if nt < (size_n >> 6):
-            lane = tid & (lanes_per_tile - 1)
             base = nt * wpt + lane
-            if four_bit:
-                row2 = lane >> 2
-                c0 = nt * awq_words_per_tile + ((lane & 3) << 1)
-            else:
-                row2 = lane >> 3
-                c0 = nt * awq_words_per_tile + ((lane & 7) << 1)
+            row2, c0 = awq_thread_rows_words(nt, lane, four_bit)
+            # unsigned indices: Numba adds a negative-index wraparound (compare + select, 64-bit) per signed index
+            # and dimension; these are never negative (about a fifth of the SASS of this kernel)
+            ue = uint64(e)
+            ukt = uint64(kt)
             mw = cuda.local.array(8, dtype=uint32)
             for col in range(8):
-                mw[col] = marlin[e, kt, base + (col << col_shift)]  # Marlin word 16*col (32*col) + lane
+                if use_transpose:
+                    # AWQ field of column col: u4 (col >> 1) + 4*(col & 1); u8 word col >> 2, field as u4 in 2 bits
+                    if four_bit:
+                        slot = (col >> 1) + 4 * (col & 1)
+                    else:
+                        slot = 4 * (col >> 2) + ((col & 3) >> 1) + 2 * (col & 1)
+                else:
+                    slot = col
+                mw[slot] = marlin[ue, ukt, uint64(base + (col << col_shift))]  # Marlin word 16*col (32*col) + lane
+            if use_transpose:
+                # now mw[p] (u4) / mw[4h + p] (u8) = the AWQ word whose fields come from Marlin field p
+                if four_bit:
+                    transpose_fields(mw, 0, 8, t_dist, t_shift, t_mask)
+                else:
+                    transpose_fields(mw, 0, 4, t_dist, t_shift, t_mask)
+                    transpose_fields(mw, 4, 4, t_dist, t_shift, t_mask)
             k0 = kt * 16 + (row2 << 1)
             pair = cuda.local.array(2, dtype=uint32)  # AWQ words c0, c0 + 1 of one row
             for dr in range(4):  # rows k0, k0+1, k0+8, k0+9
                 k = k0 + (dr & 1) + ((dr >> 1) << 3)
                 for h in range(2):
-                    w = uint32(0)
                     if four_bit:
                         pos = (dr >> 1) + (h << 1) + ((dr & 1) << 2)  # nibble of the Marlin word (see the repack)
-                        for col in range(8):
-                            f = (col >> 1) + 4 * (col & 1)
-                            w = w | uint32(awq_field(mw[col], pos, 4) << uint32(f << 2))
                     else:
                         pos = (dr >> 1) + ((dr & 1) << 1)  # byte: rows k0, k0+8, k0+1, k0+9
-                        for i in range(4):
-                            f = (i >> 1) + 2 * (i & 1)
-                            w = w | uint32(awq_field(mw[4 * h + i], pos, 8) << uint32(f << 3))
-                    pair[h] = w
+                    if use_transpose:
+                        pair[h] = mw[pos] if four_bit else mw[4 * h + pos]
+                    else:
+                        w = uint32(0)
+                        if four_bit:
+                            for col in range(8):
+                                f = (col >> 1) + 4 * (col & 1)
+                                w = w | uint32(awq_field(mw[col], pos, 4) << uint32(f << 2))
+                        else:
+                            for i in range(4):
+                                f = (i >> 1) + 2 * (i & 1)
+                                w = w | uint32(awq_field(mw[4 * h + i], pos, 8) << uint32(f << 3))
+                        pair[h] = w
                 if wide:
-                    out[e, k, c0 >> 1] = uint64(pair[0]) | (uint64(pair[1]) << uint64(32))
+                    out[ue, uint64(k), uint64(c0 >> 1)] = uint64(pair[0]) | (uint64(pair[1]) << uint64(32))
                 else:
                     out[e, k, c0] = pair[0]
                     out[e, k, c0 + 1] = pair[1]
@@ -872,8 +922,17 @@ TRANSPOSE_LOADS_PER_THREAD = TILE_N * TRANSPOSE_ROW_WORDS // TRANSPOSE_THREADS  
 # as the forward tile does with its 16 row loads; "loads_first_barrier" puts a barrier between the loads and the
 # shared stores (a guard, in case ptxas interleaves them again: the PTX of "loads_first" is already 16 loads, then
 # stores without it; ptxas may or may not hoist: the A/B decides); "round2" is the round-2 kernel (kept for the A/B).
-TRANSPOSE_INVERSE_MODES = ("round2", "loads_first", "loads_first_barrier")
-TRANSPOSE_INVERSE_MODE = "loads_first"
+# Round 4 (loads_first measured 65% of copy at all three shapes, loads_first_barrier the same): the SASS (ptxas
+# 13.0, sm_90) of "loads_first" issues the 16 Marlin loads as 8 + 8 around the first shared stores, and every
+# Marlin load instruction of a warp touches 4 runs of 32 bytes in 4 different 128-byte lines (lanes own columns).
+# "staged_marlin" turns the tile around: the block's 8 k-tiles x 256 Marlin words (8 contiguous KiB runs of 1 KiB)
+# are copied raw into shared memory with 16 fully coalesced loads per thread (a warp reads one 128-byte line per
+# instruction, no arithmetic between the loads and the shared stores: the forward tile's shape, which ptxas keeps
+# as 16 loads then 16 stores), barrier, then each thread builds its 16 row-major words from 2 staged Marlin words
+# each and stores them row-contiguously (a warp writes one row's 128 bytes). Every global access is a whole line.
+TRANSPOSE_INVERSE_MODES = ("round2", "loads_first", "loads_first_barrier", "staged_marlin")
+TRANSPOSE_INVERSE_MODE = "staged_marlin"
+MARLIN_TILE_STRIDE = 257  # staged words per k-tile (256 + 1 pad: the 8 k-tiles of a row's words hit 8 banks)
 
 
 def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | None = None):
@@ -885,6 +944,7 @@ def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | No
         raise ValueError(f"inverse_mode = {mode!r} is not one of {TRANSPOSE_INVERSE_MODES}")
     loads_first = mode != "round2"
     barrier_after_loads = mode == "loads_first_barrier"
+    staged_marlin = mode == "staged_marlin"
     held_marlin = 4 * per_group  # Marlin words a thread holds: 16
 
     def transpose_repack(src, out, size_n):
@@ -931,6 +991,37 @@ def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | No
                     out[e, kt0 + ktl, o + 8] = marlin_words_8bit(p0, p2, 1)
                     out[e, kt0 + ktl, o + 16] = marlin_words_8bit(p1, p3, 2)
                     out[e, kt0 + ktl, o + 24] = marlin_words_8bit(p1, p3, 3)
+        elif staged_marlin:
+            # raw copy: flat word i = j*256 + m of the block's k-tile j, Marlin word m of tile nt; a k-tile past K
+            # reloads the last one (no branch; its row words are never stored)
+            held = cuda.local.array(TRANSPOSE_LOADS_PER_THREAD, dtype=uint32)
+            halves = 256 // TRANSPOSE_THREADS  # load instructions per k-tile and thread
+            for j in range(TRANSPOSE_K_TILES):
+                ktc = min(kt0 + j, k_tiles - 1)
+                for hh in range(halves):
+                    held[halves * j + hh] = src[uint64(e), uint64(ktc), uint64((nt << 8) + hh * TRANSPOSE_THREADS + tid)]
+            # a barrier here keeps ptxas from pulling shared stores (each waiting on its load) between the loads:
+            # all 16 are in flight before the first wait (without it the SASS interleaves 7 loads, a store, 3 ...)
+            cuda.syncthreads()
+            for j in range(TRANSPOSE_K_TILES):
+                for hh in range(halves):
+                    stage[uint64(j * MARLIN_TILE_STRIDE + hh * TRANSPOSE_THREADS + tid)] = held[halves * j + hh]
+            cuda.syncthreads()
+            # row-major word w of row r = GPTQ-form word q = w & 3 of k-tile w >> 2, column r; it takes its bytes
+            # from the column's Marlin words row2 = 2*(q & 1) and +1 (see gptq_word_from_marlin_8bit)
+            w = tid & (TRANSPOSE_ROW_WORDS - 1)
+            q = w & 3
+            s0 = (w >> 2) * MARLIN_TILE_STRIDE + ((q & 1) << 4)
+            for it in range(TRANSPOSE_LOADS_PER_THREAD):
+                r = (tid >> 5) + it * (TRANSPOSE_THREADS >> 5)
+                # Marlin word 32*col + slot + 8*row2 of column r (inverse of n_local above)
+                m = s0 + ((r & 7) << 5) + ((r >> 4) << 1) + ((r >> 3) & 1)
+                held[it] = gptq_half_from_marlin_8bit(stage[uint64(m)], q >> 1) | uint32(
+                    gptq_half_from_marlin_8bit(stage[uint64(m + 8)], q >> 1) << uint32(16))
+            for it in range(TRANSPOSE_LOADS_PER_THREAD):
+                r = (tid >> 5) + it * (TRANSPOSE_THREADS >> 5)
+                if w < row_words:  # unsigned indices: no wraparound code (see awq_direct_unpack_kernel_source)
+                    out[uint64(e), uint64((nt << 6) + r), uint64(4 * kt0 + w)] = held[it]
         else:
             mw = cuda.local.array(held_marlin, dtype=uint32)  # [j][row2]: registers after unrolling
             if loads_first:
@@ -970,13 +1061,23 @@ def _perm_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, thread
 
 @functools.lru_cache(maxsize=None)
 def _awq_direct_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS,
-                              natural_order: bool = False, gathered: bool = False):
-    return cuda.jit(awq_direct_repack_kernel_source(bits, k_tiles_per_thread, threads, natural_order, gathered))
+                              natural_order: bool = False, gathered: bool = False, n_fastest: bool = False):
+    return cuda.jit(awq_direct_repack_kernel_source(bits, k_tiles_per_thread, threads, natural_order, gathered,
+                                                    n_fastest))
+
+
+def _awq_direct_unpack_kernel(bits: int, wide_stores: bool | None = None, transpose: bool | None = None,
+                              n_fastest: bool | None = None):
+    # None means the module switch; resolved here so the cache key names the kernel actually built
+    wide = AWQ_UNPACK_WIDE_STORES if wide_stores is None else wide_stores
+    use_transpose = AWQ_UNPACK_TRANSPOSE if transpose is None else transpose
+    nfast = AWQ_UNPACK_N_FASTEST if n_fastest is None else n_fastest
+    return _awq_direct_unpack_kernel_built(bits, wide, use_transpose, nfast)
 
 
 @functools.lru_cache(maxsize=None)
-def _awq_direct_unpack_kernel(bits: int, wide_stores: bool | None = None):
-    return cuda.jit(awq_direct_unpack_kernel_source(bits, wide_stores))
+def _awq_direct_unpack_kernel_built(bits: int, wide: bool, use_transpose: bool, nfast: bool):
+    return cuda.jit(awq_direct_unpack_kernel_source(bits, wide, use_transpose, nfast))
 
 
 @functools.lru_cache(maxsize=None)
@@ -988,11 +1089,22 @@ def perm_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DI
     return direct_grid(size_k, size_n, bits, experts, k_tiles_per_thread or PERM_K_TILES_PER_THREAD[bits], threads)
 
 
-def awq_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS):
-    """Launch grid of the direct AWQ repack (the unpack: k_tiles_per_thread = 1, DIRECT_THREADS)."""
+def awq_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS, n_fastest=False):
+    """Launch grid of the direct AWQ repack (the unpack: k_tiles_per_thread = 1, DIRECT_THREADS): (k-blocks,
+    n-blocks, E), or (n-blocks, k-blocks, E) for the kernels built with n_fastest (check grid_n_fastest_fits)."""
     tiles_per_block = threads // (16 if bits == 4 else 32)
     ktpt = k_tiles_per_thread or AWQ_K_TILES_PER_THREAD[bits]
-    return (-(-(size_k // TILE_K) // ktpt), -(-(size_n // TILE_N) // tiles_per_block), experts)
+    k_blocks = -(-(size_k // TILE_K) // ktpt)
+    n_blocks = -(-(size_n // TILE_N) // tiles_per_block)
+    return (n_blocks, k_blocks, experts) if n_fastest else (k_blocks, n_blocks, experts)
+
+
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (x allows 2**31 - 1)
+
+
+def grid_n_fastest_fits(size_k: int, k_tiles_per_thread: int = 1) -> bool:
+    """Whether the k-blocks fit in gridDim.y (K up to ~1M rows); the wrappers fall back to the k-fastest grid."""
+    return -(-(size_k // TILE_K) // k_tiles_per_thread) <= MAX_GRID_Y
 
 
 def transpose_grid(size_k, size_n, experts):
@@ -1221,7 +1333,6 @@ def compile_targets():
     u32_3d = types.Array(types.uint32, 3, "C")
     i32_2d = types.Array(types.int32, 2, "C")
     u64_3d = types.Array(types.uint64, 3, "C")  # outputs written as 8-byte words (two packed words per store)
-    u32_3d_a = types.Array(types.uint32, 3, "A")  # column views (act-order strips)
     for bits in (4, 8):
         for source in SOURCES:
             if source == "row_major_bytes" and bits == 4:
@@ -1247,17 +1358,19 @@ def compile_targets():
     for bits in (4, 8):
         yield f"perm_gather[{bits}-bit]", perm_repack_kernel_source(bits), (u32_3d, i32_2d, u32_3d, types.int64)
         yield f"awq_direct_repack[{bits}-bit]", awq_direct_repack_kernel_source(bits), (u32_3d, u32_3d, types.int64)
-        for wide in (False, True):
-            yield (f"awq_direct_unpack[{bits}-bit,wide_stores={wide}]", awq_direct_unpack_kernel_source(bits, wide),
+        for wide, use_transpose, nfast in ((False, False, False), (True, False, False), (True, True, False),
+                                           (True, False, True), (True, True, True)):
+            yield (f"awq_direct_unpack[{bits}-bit,wide_stores={wide},transpose={use_transpose},n_fastest={nfast}]",
+                   awq_direct_unpack_kernel_source(bits, wide, use_transpose, nfast),
                    (u32_3d, u64_3d if wide else u32_3d, types.int64))
         yield f"npacked[{bits}-bit]", gptq_to_npacked_kernel_source(bits), (u32_3d, u32_3d, types.int64)
-        yield (f"awq_natural_gathered[{bits}-bit]", awq_direct_repack_kernel_source(bits, natural_order=True,
-                                                                                     gathered=True),
-               (u32_3d, i32_2d, u32_3d, types.int64))
-        yield f"npacked[{bits}-bit,strip views]", gptq_to_npacked_kernel_source(bits), (u32_3d_a, u32_3d_a, types.int64)
-        yield (f"awq_natural_gathered[{bits}-bit,strip views]",
-               awq_direct_repack_kernel_source(bits, natural_order=True, gathered=True),
-               (u32_3d_a, i32_2d, u32_3d_a, types.int64))
+        for nfast in (False, True):
+            yield (f"awq_natural_gathered[{bits}-bit,n_fastest={nfast}]",
+                   awq_direct_repack_kernel_source(bits, ACT_ORDER_PASS2_K_TILES_PER_THREAD[bits], natural_order=True,
+                                                   gathered=True, n_fastest=nfast),
+                   (u32_3d, i32_2d, u32_3d, types.int64))
+        yield (f"awq_direct_repack[{bits}-bit,n_fastest=True]", awq_direct_repack_kernel_source(bits, n_fastest=True),
+               (u32_3d, u32_3d, types.int64))
         yield (f"unpack_ktpt[{bits}-bit,gptq,ktpt=1]", direct_unpack_kernel_source(bits, "gptq", 1),
                (u32_3d, u32_3d, types.int64))
     for inverse in (False, True):
@@ -1313,15 +1426,15 @@ def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: in
         _direct_repack_kernel(bits, source)[grid, DIRECT_THREADS, stream](src, out, size_n)
     elif source == "gptq_perm" and ACT_ORDER_TWO_PASS and experts == 1:
         # two passes through an N-packed temporary of the layer's size (stacks keep the one-pass kernel below)
-        strip = act_order_strip_cols(size_k, size_n, bits, ACT_ORDER_STRIP_BYTES)
-        temp = arrays.empty((1, size_k, strip // pf), np.uint32)
-        launch_act_order_two_pass(src, perm, out, size_k, size_n, bits, stream, temp, strip)
+        temp = arrays.empty((1, size_k, size_n // pf), np.uint32)
+        launch_act_order_two_pass(src, perm, out, size_k, size_n, bits, stream, temp)
     elif source == "gptq_perm":
         grid = perm_grid(size_k, size_n, bits, experts)
         _perm_repack_kernel(bits)[grid, DIRECT_THREADS, stream](src, perm, out, size_n)
     elif source == "awq":
-        grid = awq_grid(size_k, size_n, bits, experts)
-        _awq_direct_repack_kernel(bits)[grid, DIRECT_THREADS, stream](src, out, size_n)
+        nfast = AWQ_REPACK_N_FASTEST and grid_n_fastest_fits(size_k, AWQ_K_TILES_PER_THREAD[bits])
+        grid = awq_grid(size_k, size_n, bits, experts, n_fastest=nfast)
+        _awq_direct_repack_kernel(bits, n_fastest=nfast)[grid, DIRECT_THREADS, stream](src, out, size_n)
     else:
         grid = transpose_grid(size_k, size_n, experts)
         _transpose_repack_kernel(False)[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
@@ -1433,10 +1546,11 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
         grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
         _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
     elif target == "awq":
-        grid = awq_grid(size_k, size_n, bits, experts, 1)
+        nfast = AWQ_UNPACK_N_FASTEST and grid_n_fastest_fits(size_k)
+        grid = awq_grid(size_k, size_n, bits, experts, 1, DIRECT_THREADS, nfast)
         target_words = out.view(np.uint64) if AWQ_UNPACK_WIDE_STORES else out  # N/pf is even (N % 64 == 0)
-        _awq_direct_unpack_kernel(bits, AWQ_UNPACK_WIDE_STORES)[grid, DIRECT_THREADS, arrays.stream](
-            src, target_words, size_n)
+        _awq_direct_unpack_kernel(bits, AWQ_UNPACK_WIDE_STORES, AWQ_UNPACK_TRANSPOSE, nfast)[
+            grid, DIRECT_THREADS, arrays.stream](src, target_words, size_n)
     elif target == "row_major_bytes":
         kernel = _transpose_repack_kernel(True, TRANSPOSE_INVERSE_MODE)  # mode named in the cache key
         kernel[transpose_grid(size_k, size_n, experts), TRANSPOSE_THREADS, arrays.stream](src, out, size_n)

@@ -47,19 +47,49 @@ def _codes(rng, k, n, bits):
     return rng.integers(0, 1 << bits, size=(k, n), dtype=np.uint8)
 
 
+_CASES = {}
+
+
+class _Case(dict):
+    """Fresh random codes of one (K, N, bits) and their NumPy references, each computed on first use."""
+
+    def __init__(self, k, n, bits):
+        super().__init__()
+        rng = np.random.default_rng()
+        self.codes = _codes(rng, k, n, bits)
+        self.bits = bits
+        self["perm"] = rng.permutation(k).astype(np.int32)
+
+    def __missing__(self, name):
+        codes, bits = self.codes, self.bits
+        make = {"gptq": lambda: packing.pack_rows(codes, bits), "awq": lambda: packing.awq_pack(codes, bits),
+                "marlin": lambda: marlin_tile.marlin_repack_codes(codes, bits),
+                "act_order": lambda: marlin_tile.marlin_repack_codes(codes, bits, self["perm"])}[name]
+        self[name] = make()
+        return self[name]
+
+
+def _case(k, n, bits):
+    """The _Case of (K, N, bits), shared by every test and switch setting in this module run: the references at
+    8B/70B shapes cost seconds each on the host, and the tests that share them check different kernels (or switch
+    settings) against the same expected arrays."""
+    if (k, n, bits) not in _CASES:
+        _CASES[(k, n, bits)] = _Case(k, n, bits)
+    return _CASES[(k, n, bits)]
+
+
 @pytest.mark.parametrize("k,n", LLAMA3_8B + LLAMA3_70B[:1] + SMALLEST)
 @pytest.mark.parametrize("bits", [4, 8])
-def test_gptq_repack_real_shapes_cupy_in_cupy_out(k, n, bits, rng):
-    codes = _codes(rng, k, n, bits)
-    perm = rng.permutation(k).astype(np.int32)
-    qweight = packing.pack_rows(codes, bits)
+def test_gptq_repack_real_shapes_cupy_in_cupy_out(k, n, bits):
+    case = _case(k, n, bits)
+    perm, qweight = case["perm"], case["gptq"]
     d_q, d_perm = cupy.asarray(qweight), cupy.asarray(perm)
     with poison_outputs():
         plain = ops.gptq_marlin_repack(d_q, None, k, n, bits, backend="auto")
         act_order = ops.gptq_marlin_repack(d_q, d_perm, k, n, bits, backend="auto")
     assert isinstance(plain, cupy.ndarray) and plain.dtype == np.int32
-    assert np.array_equal(plain.get(), marlin_tile.marlin_repack_codes(codes, bits))
-    assert np.array_equal(act_order.get(), marlin_tile.marlin_repack_codes(codes, bits, perm))
+    assert np.array_equal(plain.get(), case["marlin"])
+    assert np.array_equal(act_order.get(), case["act_order"])
     with poison_outputs():
         back = kr.marlin_to_gptq_qweight(act_order, d_perm, k, n, bits)
     assert isinstance(back, cupy.ndarray) and np.array_equal(back.get(), qweight)
@@ -68,13 +98,13 @@ def test_gptq_repack_real_shapes_cupy_in_cupy_out(k, n, bits, rng):
 
 @pytest.mark.parametrize("k,n", LLAMA3_8B + SMALLEST)
 @pytest.mark.parametrize("bits", [4, 8])
-def test_awq_repack_and_inverse_real_shapes(k, n, bits, rng):
-    codes = _codes(rng, k, n, bits)
-    awq = packing.awq_pack(codes, bits)
+def test_awq_repack_and_inverse_real_shapes(k, n, bits):
+    case = _case(k, n, bits)
+    awq = case["awq"]
     with poison_outputs():
         got = ops.awq_marlin_repack(awq, k, n, bits, backend="numba")
         back = kr.marlin_to_awq_qweight(got, k, n, bits)
-    assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
+    assert np.array_equal(got, case["marlin"])
     assert np.array_equal(back, awq)
 
 
@@ -198,53 +228,60 @@ def test_non_contiguous_cupy_array_is_a_clear_error(rng):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Round 3 variants at real shapes: every switch value of the wrappers, compiled integer semantics, poisoned outputs
+# Round 3/4 variants at real shapes: every switch value of the wrappers, compiled integer semantics, poisoned outputs
 # ---------------------------------------------------------------------------------------------------------------
 ROUND3_SHAPES = [(4096, 14336), (14336, 4096), (16, 64)]
 
 
 @pytest.mark.parametrize("k,n", ROUND3_SHAPES)
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("new", [False, True], ids=["round2", "round3"])
-def test_round3_inverse_and_act_order_switches(k, n, bits, new, rng, monkeypatch):
+@pytest.mark.parametrize("new", [False, True], ids=["round2", "round4"])
+def test_round3_inverse_and_act_order_switches(k, n, bits, new, monkeypatch):
+    """round2: every switch off (one-pass act-order, 4-byte AWQ stores, direct GPTQ u8 inverse); round4: the
+    defaults (two-pass act-order with pass 2 on the n-fastest grid, AWQ inverse with 8-byte stores, the transpose
+    network and the n-fastest grid, paired GPTQ u8 inverse)."""
     monkeypatch.setattr(kr, "ACT_ORDER_TWO_PASS", new)
+    monkeypatch.setattr(kr, "ACT_ORDER_PASS2_N_FASTEST", new)
     monkeypatch.setattr(kr, "AWQ_UNPACK_WIDE_STORES", new)
+    monkeypatch.setattr(kr, "AWQ_UNPACK_TRANSPOSE", new)
+    monkeypatch.setattr(kr, "AWQ_UNPACK_N_FASTEST", new)
     monkeypatch.setattr(kr, "PAIRED_UNPACK_8BIT", new)
-    codes = _codes(rng, k, n, bits)
-    perm = rng.permutation(k).astype(np.int32)
-    marlin = marlin_tile.marlin_repack_codes(codes, bits)
-    d_marlin = cupy.asarray(marlin)
+    case = _case(k, n, bits)
+    d_marlin = cupy.asarray(case["marlin"])
     with poison_outputs():
-        act_order = kr.gptq_marlin_repack(cupy.asarray(packing.pack_rows(codes, bits)), cupy.asarray(perm), k, n,
-                                          bits)
+        act_order = kr.gptq_marlin_repack(cupy.asarray(case["gptq"]), cupy.asarray(case["perm"]), k, n, bits)
         awq = kr.marlin_to_awq_qweight(d_marlin, k, n, bits)
         gptq = kr.marlin_to_gptq_qweight(d_marlin, None, k, n, bits)
-    assert np.array_equal(act_order.get(), marlin_tile.marlin_repack_codes(codes, bits, perm))
-    assert np.array_equal(awq.get(), packing.awq_pack(codes, bits))
-    assert np.array_equal(gptq.get(), packing.pack_rows(codes, bits))
-    assert np.array_equal(d_marlin.get(), marlin)  # input untouched
+    assert np.array_equal(act_order.get(), case["act_order"])
+    assert np.array_equal(awq.get(), case["awq"])
+    assert np.array_equal(gptq.get(), case["gptq"])
+    assert np.array_equal(d_marlin.get(), case["marlin"])  # input untouched
 
 
-@pytest.mark.parametrize("strip_mib", [1, 8])
+@pytest.mark.parametrize("k,n", ROUND3_SHAPES[:2])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_round3_act_order_two_pass_in_column_strips(bits, strip_mib, rng, monkeypatch):
-    """Two-pass act-order over strided column strips (14336 x 4096: 1 MiB = 64 / 128 columns, 8 MiB more)."""
-    k, n = 14336, 4096
-    monkeypatch.setattr(kr, "ACT_ORDER_TWO_PASS", True)
-    monkeypatch.setattr(kr, "ACT_ORDER_STRIP_BYTES", strip_mib << 20)
-    codes = _codes(rng, k, n, bits)
-    perm = rng.permutation(k).astype(np.int32)
+@pytest.mark.parametrize("transpose,n_fastest", [(True, False), (False, True)])
+def test_round4_awq_inverse_mixed_switches(k, n, bits, transpose, n_fastest, monkeypatch):
+    """The AWQ inverse's two round-4 switches one at a time (both on and both off: the switch test above)."""
+    monkeypatch.setattr(kr, "AWQ_UNPACK_TRANSPOSE", transpose)
+    monkeypatch.setattr(kr, "AWQ_UNPACK_N_FASTEST", n_fastest)
+    case = _case(k, n, bits)
     with poison_outputs():
-        got = kr.gptq_marlin_repack(cupy.asarray(packing.pack_rows(codes, bits)), cupy.asarray(perm), k, n, bits)
-    assert np.array_equal(got.get(), marlin_tile.marlin_repack_codes(codes, bits, perm))
+        awq = kr.marlin_to_awq_qweight(cupy.asarray(case["marlin"]), k, n, bits)
+    assert np.array_equal(awq.get(), case["awq"])
+
+
+_ROW_MAJOR = {}
 
 
 @pytest.mark.parametrize("k,n", ROUND3_SHAPES + [(144, 128)])
 @pytest.mark.parametrize("mode", kr.TRANSPOSE_INVERSE_MODES)
-def test_round3_row_major_inverse_modes(k, n, mode, rng, monkeypatch):
+def test_round3_row_major_inverse_modes(k, n, mode, monkeypatch):
     monkeypatch.setattr(kr, "TRANSPOSE_INVERSE_MODE", mode)
-    raw = rng.integers(0, 256, size=(n, k), dtype=np.uint8)
-    marlin = marlin_tile.marlin_repack_codes(np.ascontiguousarray(raw.T), 8)
+    if (k, n) not in _ROW_MAJOR:  # one fresh input per shape and module run, shared by the modes
+        raw = np.random.default_rng().integers(0, 256, size=(n, k), dtype=np.uint8)
+        _ROW_MAJOR[(k, n)] = raw, marlin_tile.marlin_repack_codes(np.ascontiguousarray(raw.T), 8)
+    raw, marlin = _ROW_MAJOR[(k, n)]
     with poison_outputs():
         back = kr.marlin_to_block_fp8_row_major(cupy.asarray(marlin), k, n)
     assert np.array_equal(back.get(), raw)

@@ -279,14 +279,16 @@ def test_transpose_tile_inverse_modes(mode, rng):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("wide_stores", [False, True])
-def test_awq_unpack_store_widths(bits, wide_stores, rng):
-    """Marlin -> AWQ with 4-byte and 8-byte stores; 2 experts, N = 576 (the last block of n-tiles is partial)."""
+@pytest.mark.parametrize("wide_stores,transpose,n_fastest", [(False, False, False), (True, False, False),
+                                                             (True, True, False), (True, True, True)])
+def test_awq_unpack_store_widths(bits, wide_stores, transpose, n_fastest, rng):
+    """Marlin -> AWQ with 4-byte and 8-byte stores, fields one at a time or through the transpose network, k- or
+    n-fastest grid; 2 experts, N = 576 (the last block of n-tiles is partial)."""
     experts, k, n = 2, 32, 576
     codes = [_codes(rng, k, n, bits) for _ in range(experts)]
     marlin = np.stack([marlin_tile.marlin_repack_codes(c, bits) for c in codes]).view(np.uint32)
-    kernel = kr._awq_direct_unpack_kernel(bits, wide_stores)
-    grid = kr.awq_grid(k, n, bits, experts, 1)
+    kernel = kr._awq_direct_unpack_kernel(bits, wide_stores, transpose, n_fastest)
+    grid = kr.awq_grid(k, n, bits, experts, 1, kr.DIRECT_THREADS, n_fastest)
     out_shape = (experts, k, n * bits // 32)
     got = _run_kernel(kernel, grid, kr.DIRECT_THREADS, out_shape, [marlin], n, np.uint64 if wide_stores else None)
     for e in range(experts):
@@ -321,15 +323,13 @@ def test_npacked_pass_of_the_two_pass_act_order(bits, rng):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("route", ["one-pass", "two-pass", "two-pass strips"])
+@pytest.mark.parametrize("route", ["one-pass", "two-pass", "two-pass k-fastest"])
 def test_act_order_wrapper_routes(bits, route, rng, monkeypatch):
-    """gptq_marlin_repack with a perm on one matrix: the one-pass gather, the two-pass route, and the two-pass
-    route in column strips (2 KiB of intermediate: 128 (u4) / 64 (u8) columns, N = 576 leaves a partial strip)."""
+    """gptq_marlin_repack with a perm on one matrix: the one-pass gather and the two-pass route with pass 2 on an
+    n-fastest (default) or k-fastest grid; K = 48 (a partial k-block at 2 k-tiles per thread), N = 576."""
     monkeypatch.setattr(kr, "ACT_ORDER_TWO_PASS", route != "one-pass")
-    monkeypatch.setattr(kr, "ACT_ORDER_STRIP_BYTES", 2048 if route == "two-pass strips" else 0)
-    k, n = 32, 576
-    if route == "two-pass strips":
-        assert kr.act_order_strip_cols(k, n, bits, 2048) == (128 if bits == 4 else 64)
+    monkeypatch.setattr(kr, "ACT_ORDER_PASS2_N_FASTEST", route == "two-pass")
+    k, n = 48, 576
     codes = _codes(rng, k, n, bits)
     perm = rng.permutation(k).astype(np.int32)
     with poison_outputs():
@@ -337,11 +337,36 @@ def test_act_order_wrapper_routes(bits, route, rng, monkeypatch):
     assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits, perm))
 
 
+@pytest.mark.parametrize("n_fastest", [False, True])
+def test_awq_repack_wrapper_on_both_grid_orders(n_fastest, rng, monkeypatch):
+    """The AWQ repack wrapper with the grid-order switch both ways (True is the default): K = 48, N = 320."""
+    monkeypatch.setattr(kr, "AWQ_REPACK_N_FASTEST", n_fastest)
+    k, n, bits = 48, 320, 4
+    codes = _codes(rng, k, n, bits)
+    with poison_outputs():
+        got = kr.awq_marlin_repack(packing.awq_pack(codes, bits), k, n, bits)
+    assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
+
+
+def test_awq_repack_on_an_n_fastest_grid(rng):
+    """The direct AWQ repack built for an n-fastest grid (the default): 2 experts, K = 32, N = 576."""
+    experts, k, n, bits = 2, 32, 576, 4
+    codes = [_codes(rng, k, n, bits) for _ in range(experts)]
+    src = np.stack([packing.awq_pack(c, bits) for c in codes]).view(np.uint32)
+    got = _run_kernel(kr._awq_direct_repack_kernel(bits, 1, kr.DIRECT_THREADS, False, False, True),
+                      kr.awq_grid(k, n, bits, experts, 1, kr.DIRECT_THREADS, True), kr.DIRECT_THREADS,
+                      (experts, k // 16, n * 16 * bits // 32), [src], n)
+    for e in range(experts):
+        assert np.array_equal(got[e], marlin_tile.marlin_repack_codes(codes[e], bits))
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_round3_switches_off_give_the_round2_kernels_exactly(bits, rng, monkeypatch):
     """The A/B's old variants stay reachable through the wrappers: Marlin -> AWQ with 4-byte stores, Marlin -> GPTQ
     8-bit through the direct unpack."""
     monkeypatch.setattr(kr, "AWQ_UNPACK_WIDE_STORES", False)
+    monkeypatch.setattr(kr, "AWQ_UNPACK_TRANSPOSE", False)
+    monkeypatch.setattr(kr, "AWQ_UNPACK_N_FASTEST", False)
     monkeypatch.setattr(kr, "PAIRED_UNPACK_8BIT", False)
     k, n = 32, 128
     codes = _codes(rng, k, n, bits)
@@ -351,3 +376,28 @@ def test_round3_switches_off_give_the_round2_kernels_exactly(bits, rng, monkeypa
         gptq = kr.marlin_to_gptq_qweight(marlin, None, k, n, bits)
     assert np.array_equal(awq, packing.awq_pack(codes, bits))
     assert np.array_equal(gptq, packing.pack_rows(codes, bits))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_n_fastest_grids_fall_back_when_k_blocks_exceed_grid_y(bits, rng, monkeypatch):
+    """K/16 above gridDim.y's limit (65535, K > ~1M rows) sends the AWQ inverse and act-order pass 2 back to the
+    k-fastest grid; the limit is lowered (to 0) here so a small K takes that path."""
+    monkeypatch.setattr(kr, "MAX_GRID_Y", 0)
+    k, n = 32, 128
+    assert not kr.grid_n_fastest_fits(k)
+    grid_orders = []  # the n_fastest argument of every AWQ-kernel grid the wrappers build
+    awq_grid = kr.awq_grid
+
+    def recording_awq_grid(*args, **kwargs):
+        grid_orders.append(args[6] if len(args) > 6 else kwargs.get("n_fastest", False))
+        return awq_grid(*args, **kwargs)
+
+    monkeypatch.setattr(kr, "awq_grid", recording_awq_grid)
+    codes = _codes(rng, k, n, bits)
+    perm = rng.permutation(k).astype(np.int32)
+    with poison_outputs():
+        awq = kr.marlin_to_awq_qweight(marlin_tile.marlin_repack_codes(codes, bits), k, n, bits)
+        act_order = kr.gptq_marlin_repack(packing.pack_rows(codes, bits), perm, k, n, bits)
+    assert grid_orders == [False, False]  # the inverse's grid and pass 2's, both k-fastest
+    assert np.array_equal(awq, packing.awq_pack(codes, bits))
+    assert np.array_equal(act_order, marlin_tile.marlin_repack_codes(codes, bits, perm))
