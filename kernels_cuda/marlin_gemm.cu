@@ -274,7 +274,13 @@ __device__ __noinline__ void settle_deferred(int slice, int rank, int KI, int co
 // MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
 // LDS -> dequant -> mma chain of one block's 8 warps, but only pay when every block has a long run of pipeline steps
 // (workbench/gemm.py chooses; measured in bench/NOTES_gemm.md); the 64-row accumulators need one block's registers.
-template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS>
+//
+// SWAP: at most 8 rows (M_BLOCKS = 1): one mma per 16x16 sub-block on the transposed problem (WarpLoop).
+// DEFER_COUNT: a block whose first slice ends mid-range counts itself in for that slice inline and looks at its
+// arrival rank only when its range is done (see finish_slice's `defer`); false = the immediate count (it waits for the
+// atomic's result there). Only striped grids have such slice ends (a slice-aligned grid keeps every block in one).
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
+          bool SWAP, bool DEFER_COUNT>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
             const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
@@ -289,7 +295,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
             int reduce_mode) {
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
-  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
+  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP>;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
   constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;  // float4 loads per lane in the fp32 cross-block sum
 
@@ -311,14 +317,16 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;  // group of row k = k >> shift
   const unsigned long long weight_policy = evict_first_policy();
 
-  // ---- fetch: global -> shared for linear iteration (slice, kit) into ring slot `slot` -----------------------
-  auto fetch_stage = [&](int slot, int slice, int kit) {
-    const int chunk = slice / cols, col = slice % cols;
+  // ---- fetch: global -> shared for linear iteration (slice = chunk * cols + col, kit) into ring slot `slot` ----
+  auto fetch_stage = [&](int slot, int chunk, int col, int kit) {
     const int row0 = chunk * BM, k0 = kit * BK;
     // A: BM rows x BK columns (swizzled, Geometry::a_index).
     int4* a_dst = ring.A + slot * G::kAI4;
+    // compile-time trip count (see fetch_weight_stage)
 #pragma unroll
-    for (int i = tid; i < G::kAI4; i += kThreads) {
+    for (int n = 0; n < (G::kAI4 + kThreads - 1) / kThreads; ++n) {
+      const int i = tid + n * kThreads;
+      if (G::kAI4 % kThreads != 0 && i >= G::kAI4) break;
       const int r = i / (BK / 8), c = i % (BK / 8);
       const int row = row0 + r;
       const bool valid = row < prob_m;
@@ -346,19 +354,29 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   // ---- main loop -------------------------------------------------------------------------------------------
   zero_acc();
   int f_slice = it_begin / KI, f_kit = it_begin % KI;  // next iteration to fetch
+  int f_chunk = f_slice / cols, f_col = f_slice % cols;  // its slice's (chunk, col), kept without a division per stage
   auto advance = [&](int& sl, int& kk) {
     if (++kk == KI) {
       kk = 0;
       ++sl;
     }
   };
+  auto advance_fetch = [&]() {
+    if (++f_kit == KI) {
+      f_kit = 0;
+      if (++f_col == cols) {
+        f_col = 0;
+        ++f_chunk;
+      }
+    }
+  };
   int it_fetch = it_begin;
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (it_fetch < it_end) fetch_stage(st, f_slice, f_kit);
+    if (it_fetch < it_end) fetch_stage(st, f_chunk, f_col, f_kit);
     cp_async_commit();
     ++it_fetch;
-    advance(f_slice, f_kit);
+    advance_fetch();
   }
   int slot = 0;
   int slice = it_begin / KI, kit = it_begin % KI;
@@ -369,22 +387,18 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
     }
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage `slot` is visible to all warps; the slot fetched below was released by all of them
-    if (it_fetch < it_end) fetch_stage((slot + STAGES - 1) % STAGES, f_slice, f_kit);
+    if (it_fetch < it_end) fetch_stage((slot + STAGES - 1) % STAGES, f_chunk, f_col, f_kit);
     cp_async_commit();
     ++it_fetch;
-    advance(f_slice, f_kit);
+    advance_fetch();
     compute_stage(slot, slice, kit);
     slot = (slot + 1 == STAGES) ? 0 : slot + 1;
     if (kit + 1 == KI || it + 1 == it_end) {
       float partial[M_BLOCKS][8][4];
-#pragma unroll
-      for (int mb = 0; mb < M_BLOCKS; ++mb)
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) partial[mb][nb][r] = loop.acc[mb][nb][r];
+      loop.rows_layout(partial);
       const int lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
-          partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, it + 1 < it_end);
+          partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode,
+          DEFER_COUNT && it + 1 < it_end);
       if (lock >= 0) {  // block-uniform
         deferred_slice = slice;
         if (tid == 0) {

@@ -88,26 +88,38 @@ __device__ __forceinline__ void fetch_weight_stage(int4* b_dst, int4* s_dst, int
   constexpr int N_TILES = G::BN / 64;
   const int tid = threadIdx.x;
   const int k0 = kit * G::BK;
+  // A trip count known at compile time (not `i = tid; i < n; i += kThreads`, whose count depends on tid): the copies
+  // unroll fully, without the remainder tests and per-copy index arithmetic the runtime loop compiled to.
+  const int4* b_stage = B + (static_cast<long long>(kit) * G::KT * n_tiles_total + col * N_TILES) * G::kTileI4;
 #pragma unroll
-  for (int i = tid; i < G::kBI4; i += kThreads) {
+  for (int n = 0; n < (G::kBI4 + kThreads - 1) / kThreads; ++n) {
+    const int i = tid + n * kThreads;
+    if (G::kBI4 % kThreads != 0 && i >= G::kBI4) break;
     const int kt = i / (N_TILES * G::kTileI4);
     const int rem = i % (N_TILES * G::kTileI4);
     const int j = rem % G::kTileI4;
     const int swz = (G::kTileI4 == 64) ? (j % 2) * 32 + j / 2 : j;
-    const int4* src = B + (static_cast<long long>(kit * G::KT + kt) * n_tiles_total + col * N_TILES) * G::kTileI4 + rem;
+    const int4* src = b_stage + static_cast<long long>(kt) * n_tiles_total * G::kTileI4 + rem;
     cp_async16_stream(b_dst + kt * N_TILES * G::kTileI4 + (rem - j) + swz, src, weight_policy);
   }
   if constexpr (GROUP_MODE == kGrouped) {
     // The group rows this stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
     const int g0 = k0 >> group_shift;
-    const int rows = G::BK > group_size ? G::BK >> group_shift : 1;
-    for (int i = tid; i < rows * (G::BN / 8); i += kThreads) {
+    const int rows = G::BK > group_size ? G::BK >> group_shift : 1;  // <= kScaleRows
+    // Bounded by the stage's capacity (kSI4 / kZI4) at compile time, the row count tested at run time (as above).
+#pragma unroll
+    for (int n = 0; n < (G::kSI4 + kThreads - 1) / kThreads; ++n) {
+      const int i = tid + n * kThreads;
+      if (i >= rows * (G::BN / 8)) break;
       const int r = i / (G::BN / 8), c = i % (G::BN / 8);
       cp_async16(s_dst + i, scales + (static_cast<long long>(g0 + r) * prob_n + col * G::BN) / 8 + c);
     }
     if constexpr (Weight<W>::kHasZero) {
       constexpr int kZRowI4 = G::BN / Weight<W>::kPack / 4;
-      for (int i = tid; i < rows * kZRowI4; i += kThreads) {
+#pragma unroll
+      for (int n = 0; n < (G::kZI4 + kThreads - 1) / kThreads; ++n) {
+        const int i = tid + n * kThreads;
+        if (i >= rows * kZRowI4) break;
         const int r = i / kZRowI4, c = i % kZRowI4;
         cp_async16(z_dst + i, zeros + (static_cast<long long>(g0 + r) * prob_n / Weight<W>::kPack +
                                        col * G::BN / Weight<W>::kPack) / 4 + c);
@@ -115,7 +127,12 @@ __device__ __forceinline__ void fetch_weight_stage(int4* b_dst, int4* s_dst, int
     }
   }
   if constexpr (GROUP_MODE == kPerRow) {
-    for (int i = tid; i < G::BK / 4; i += kThreads) cp_async16(g_dst + i, g_idx + k0 + 4 * i);
+#pragma unroll
+    for (int n = 0; n < (G::kGI4 + kThreads - 1) / kThreads; ++n) {
+      const int i = tid + n * kThreads;
+      if (G::kGI4 % kThreads != 0 && i >= G::kGI4) break;
+      cp_async16(g_dst + i, g_idx + k0 + 4 * i);
+    }
   }
 }
 
@@ -124,14 +141,24 @@ __device__ __forceinline__ void fetch_weight_stage(int4* b_dst, int4* s_dst, int
 //
 // Pairs for sub-block s, column half h are valid for every row of the current group (channelwise: the whole
 // column tile). They are rebuilt only when the group changes, so the per-tile work is dequant + mma.
-template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE>
+//
+// SWAP (at most 8 rows, M_BLOCKS = 1): the four registers a lane dequantizes for a 16x16 sub-block are exactly the
+// mma A fragment of its transpose (rows n0, n0 + 8 of W^T, k pairs 2t, 2t + 8), and the A tile's first 8 rows
+// loaded by ldmatrix.x2 are the B fragment of A^T, so one mma.m16n8k16 gives C^T for the sub-block's 16 columns x
+// 8 rows, instead of two mma (16 rows x 8 columns each, half of the rows padding). Same products, same k order.
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, bool SWAP = false>
 struct WarpLoop {
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   using Pair = typename Act<T>::Pair;
+  static_assert(!SWAP || M_BLOCKS == 1, "the swapped mma covers 8 rows");
   static constexpr bool kHasZero = Weight<W>::kHasZero;
   static constexpr int kWordsPerLane = 16 * 64 / Weight<W>::kPack / 32;  // 4 (4-bit) or 8 (8-bit) words of a tile
+  static constexpr int kAccN = SWAP ? 4 : 8;
 
-  float acc[M_BLOCKS][8][4];  // [m16 block][n8 block = 2 s + h][mma C registers]
+  // [m16 block][n8 block = 2 s + h][mma C registers]: C rows lane/4 (+8 for registers 2, 3), columns 8 nb + 2 (lane
+  // % 4) (+1). SWAP: [0][sub-block s][r]: C^T, i.e. C columns 16 s + lane/4 (+8 for r = 2, 3), rows 2 (lane % 4)
+  // (+1 for odd r); see rows_layout.
+  float acc[M_BLOCKS][kAccN][4];
   Pair g_sc[4][2];
   unsigned g_off[4][2];    // (magic + zero) pairs
   unsigned g_off16[4][2];  // -(64 + zero) fp16 pairs (fp16 4-bit high nibbles)
@@ -140,9 +167,38 @@ struct WarpLoop {
 #pragma unroll
     for (int mb = 0; mb < M_BLOCKS; ++mb)
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
+      for (int nb = 0; nb < kAccN; ++nb)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[mb][nb][r] = 0.f;
+  }
+
+  // The accumulators in the row layout (acc's when !SWAP) that the kernels' finishing code reads. SWAP: a transpose
+  // across lanes (two shuffles per value, once per finished tile); rows 8..15 (padding) are zero.
+  __device__ __forceinline__ void rows_layout(float (&out)[M_BLOCKS][8][4]) const {
+    if constexpr (!SWAP) {
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) out[mb][nb][r] = acc[mb][nb][r];
+    } else {
+      // out[0][nb][r] (r < 2) = C[row i = lane / 4][column 8 nb + 2 (lane % 4) + r], held by the lane with
+      // lane / 4 = that column's offset in its sub-block s = nb / 2 (modulo 8) and lane % 4 = i / 2, in acc
+      // register 2 (nb % 2) + i % 2.
+      const int lane = threadIdx.x % 32;
+      const int row = lane / 4;
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int src = 4 * (2 * (lane % 4) + r) + row / 2;
+          const float even = __shfl_sync(0xffffffffu, acc[0][nb / 2][2 * (nb % 2)], src);
+          const float odd = __shfl_sync(0xffffffffu, acc[0][nb / 2][2 * (nb % 2) + 1], src);
+          out[0][nb][r] = (row % 2) ? odd : even;
+          out[0][nb][r + 2] = 0.f;
+        }
+    }
   }
 
   // Offsets of (s, h) from this lane's zero-point words (or the fixed bias).
@@ -271,13 +327,19 @@ struct WarpLoop {
         }
       }
 
-      // A fragments of every m16 block for this k16 tile (lane -> row lane % 16, column block lane / 16).
+      // A fragments of every m16 block for this k16 tile (lane -> row lane % 16, column block lane / 16); SWAP: the
+      // B fragment of the first 8 rows' transpose (lane -> row lane % 8, column block (lane / 8) % 2).
       unsigned a[M_BLOCKS][4];
+      unsigned a_t[2];
+      if constexpr (SWAP) {
+        ldmatrix_x2(a_t, a_src + G::a_index(lane % 8, 2 * kt + (lane / 8) % 2));
+      } else {
 #pragma unroll
-      for (int mb = 0; mb < M_BLOCKS; ++mb) {
-        const int r = mb * 16 + lane % 16;
-        const int c = 2 * kt + lane / 16;
-        ldmatrix_x4(a[mb], a_src + G::a_index(r, c));
+        for (int mb = 0; mb < M_BLOCKS; ++mb) {
+          const int r = mb * 16 + lane % 16;
+          const int c = 2 * kt + lane / 16;
+          ldmatrix_x4(a[mb], a_src + G::a_index(r, c));
+        }
       }
 
 #pragma unroll
@@ -287,10 +349,15 @@ struct WarpLoop {
         group_params(s, sc, off, off16);
         unsigned b[2][2];
         dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off, off16, sc, b);
+        if constexpr (SWAP) {
+          const unsigned w_t[4] = {b[0][0], b[1][0], b[0][1], b[1][1]};  // A fragment of the sub-block's W^T
+          mma_m16n8k16<Act<T>::kIsBf16>(w_t, a_t, acc[0][s]);
+        } else {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+          for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int mb = 0; mb < M_BLOCKS; ++mb) mma_m16n8k16<Act<T>::kIsBf16>(a[mb], b[h], acc[mb][2 * s + h]);
+            for (int mb = 0; mb < M_BLOCKS; ++mb) mma_m16n8k16<Act<T>::kIsBf16>(a[mb], b[h], acc[mb][2 * s + h]);
+        }
       }
     }
   }
@@ -299,8 +366,9 @@ struct WarpLoop {
 // Warps sharing a 64-column tile fold their accumulators pairwise through shared memory (red: kRedI4 of the
 // Geometry), one m16 block at a time so the buffer stays 16 KiB. Afterwards warps kg = 0 (warps 0..N_TILES-1) hold
 // the tile's sums. Every thread of the block must call it (barriers).
-template <int M_BLOCKS, int N_TILES>
-__device__ __forceinline__ void fold_warps(float (&acc)[M_BLOCKS][8][4], float* red) {
+// Elementwise, so it works on either accumulator layout (NB = 8: rows; NB = 4: WarpLoop's SWAP layout).
+template <int M_BLOCKS, int N_TILES, int NB>
+__device__ __forceinline__ void fold_warps(float (&acc)[M_BLOCKS][NB][4], float* red) {
   constexpr int kWarpsPerN = kWarps / N_TILES;
   if constexpr (kWarpsPerN > 1) {
     const int lane = threadIdx.x % 32;
@@ -314,7 +382,7 @@ __device__ __forceinline__ void fold_warps(float (&acc)[M_BLOCKS][8][4], float* 
         if (kg >= step && kg < 2 * step) {
           float* dst = red + ((kg - step) * N_TILES + nt) * 1024;
 #pragma unroll
-          for (int nb = 0; nb < 8; ++nb)
+          for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
             for (int r = 0; r < 4; ++r) dst[(nb * 4 + r) * 32 + lane] = acc[mb][nb][r];
         }
@@ -322,7 +390,7 @@ __device__ __forceinline__ void fold_warps(float (&acc)[M_BLOCKS][8][4], float* 
         if (kg < step) {
           const float* src = red + (kg * N_TILES + nt) * 1024;
 #pragma unroll
-          for (int nb = 0; nb < 8; ++nb)
+          for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[mb][nb][r] += src[(nb * 4 + r) * 32 + lane];
         }

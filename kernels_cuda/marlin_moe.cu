@@ -157,7 +157,9 @@ moe_align(const int* __restrict__ topk_ids,    // (numel,) expert per routed ent
   }
 }
 
-template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS>
+// SWAP (moe_block_size 8, M_BLOCKS = 1): one mma per 16x16 sub-block on the transposed problem (WarpLoop).
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
+          bool SWAP>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations, lda % 8 == 0
            const int4* __restrict__ B,              // (E, K/16, N*16/pack) int32 Marlin tiles
@@ -172,8 +174,9 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
            int num_experts) {
   static_assert(GROUP_MODE == kChannelwise || GROUP_MODE == kGrouped, "act-order stacks take the batched path");
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two CTAs per SM only with 16-row blocks");
+  static_assert(!SWAP || M_BLOCKS == 1, "the swapped loop covers 8-row blocks");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
-  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
+  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP>;
   constexpr int BN = G::BN, BK = G::BK;
   constexpr bool kHasZero = Weight<W>::kHasZero;
   constexpr int kPack = Weight<W>::kPack;
@@ -210,8 +213,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
 
   // ---- fetch: global -> shared of k-stage kit of item w into ring slot `slot` ---------------------------------
   long long a_row[kAChunks];  // int4 offset of each A row this thread fetches, -1 = padding
-  auto gather_rows_of = [&](int w) {
-    const int b = w / cols;
+  auto gather_rows_of = [&](int b) {
 #pragma unroll
     for (int j = 0; j < kAChunks; ++j) {
       const int i = tid + j * kThreads;
@@ -223,11 +225,18 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
       }
     }
   };
+  // The fetched item's column tile and expert, set at its first stage (every item's fetches start at kit 0): no
+  // division and no expert_ids load per stage.
+  int f_col = 0, f_expert = 0;
   auto fetch_stage = [&](int slot, int w, int kit) {
-    const int b = w / cols, col = w % cols;
-    const int e = expert_ids[b];
+    if (kit == 0) {
+      const int b = w / cols;
+      f_col = w - b * cols;
+      f_expert = expert_ids[b];
+      gather_rows_of(b);
+    }
+    const int col = f_col, e = f_expert;
     const int k0 = kit * BK;
-    if (kit == 0) gather_rows_of(w);
     int4* a_dst = ring.A + slot * G::kAI4;
 #pragma unroll
     for (int j = 0; j < kAChunks; ++j) {
@@ -255,8 +264,13 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
 
   // ---- finish an item: fold the warps of each 64-column tile, then scatter rows to C --------------------------
   auto finish_item = [&](int w) {
+    // Fold in the loop's own layout (elementwise: the same sums as folding after the transpose, on half the values
+    // when swapped), then only the warps holding the item's sums take the row layout (keeps the 128-register
+    // two-CTA kernels free of spills).
     fold_warps<M_BLOCKS, N_TILES>(loop.acc, ring.red);
     if (kg != 0) return;  // warps 0..N_TILES-1 hold the item's sums
+    float acc[M_BLOCKS][8][4];  // the item's sums in row layout
+    loop.rows_layout(acc);
     const int b = w / cols, col = w % cols;
 #pragma unroll
     for (int mb = 0; mb < M_BLOCKS; ++mb)
@@ -270,7 +284,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
         T* c_row = C + static_cast<long long>(id) * prob_n + col * BN + nt * 64 + 2 * (lane % 4);
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
-          store_moe_pair(c_row + nb * 8, scale * loop.acc[mb][nb][2 * half], scale * loop.acc[mb][nb][2 * half + 1]);
+          store_moe_pair(c_row + nb * 8, scale * acc[mb][nb][2 * half], scale * acc[mb][nb][2 * half + 1]);
       }
   };
 

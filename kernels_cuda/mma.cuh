@@ -68,6 +68,14 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem_r
                : "r"(addr));
 }
 
+// ldmatrix.x2: two 8x8 b16 matrices whose row addresses lanes 0-7 and 8-15 supply (lanes 16-31: ignored, any
+// valid address). With lane l pointing at row l%8, column block (l/8)%2 of an 8x16 A tile, the registers are the
+// mma B fragment of that tile's transpose (PTX ISA "ldmatrix").
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* smem_row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
 // ---- cp.async (PTX ISA "cp.async") --------------------------------------------------------------------
 // 16-byte global->shared copy that bypasses L1 (.cg). When `valid` is false the source size is 0, so nothing is
 // read and the 16 shared bytes are zero-filled: rows past M cost no memory traffic and need no branch.

@@ -201,8 +201,9 @@ PROPS = (90, SMS, 227 * 1024, 228 * 1024)
 
 @contextlib.contextmanager
 def installed(monkeypatch=None):
-    """workbench.gemm on the fakes: yields (fake cupy, fake driver). Restores everything on exit."""
-    from workbench import gemm
+    """workbench.gemm and workbench.moe's launches on the fakes: yields (fake cupy, fake driver). Restores everything
+    on exit."""
+    from workbench import gemm, moe
 
     fake, driver = FakeCuPy(), FakeDriver()
     functions = itertools.count(0x1000)
@@ -229,15 +230,44 @@ def installed(monkeypatch=None):
                    device_properties=lambda device: PROPS, function_ptr=function_ptr, get_kernel=get_kernel,
                    resident_blocks=lambda name, device: 2)
     saved = {name: getattr(gemm, name) for name in patches}
-    caches = (gemm._prepared, gemm._array_plans, gemm._scratch, gemm._streams)
+    caches = (gemm._prepared, gemm._array_plans, gemm._scratch, gemm._streams, moe._config_cache)
     saved_caches = [dict(c) for c in caches]
     for c in caches:
         c.clear()
     for name, value in patches.items():
         setattr(gemm, name, value)
+
+    # marlin_moe.cu's kernels: the layer plans' driver launches and the CuPy calls of the checked path
+    def moe_function_ptr(name, device, smem_bytes=0):
+        key = ("moe", name, device)
+        if key not in kernels:
+            kernels[key] = next(functions)
+            kind = next((k for k in moe.PLAN_ARG_KINDS if f"mwb::{k}" in name), None)
+            if kind is not None:
+                driver.arg_kinds[kernels[key]] = tuple(moe.PLAN_ARG_KINDS[kind])
+            moe_names[kernels[key]] = name
+        return kernels[key]
+
+    def get_moe_kernel(name, device, smem_bytes=0):
+        function = moe_function_ptr(name, device, smem_bytes)
+
+        def kernel(grid, block, args, shared_mem=0, stream=None):
+            values = tuple(x.data.ptr if isinstance(x, FakeArray) else int(x) for x in args)
+            driver.cupy_calls.append((function, tuple(grid), shared_mem, stream.ptr, values))
+
+        return kernel
+
+    moe_names: dict[int, str] = {}
+    driver.moe_names = moe_names  # function handle -> marlin_moe.cu name expression
+    moe_patches = dict(get_moe_kernel=get_moe_kernel, _moe_function_ptr=moe_function_ptr)
+    saved_moe = {name: getattr(moe, name) for name in moe_patches}
+    for name, value in moe_patches.items():
+        setattr(moe, name, value)
     try:
         yield fake, driver
     finally:
+        for name, value in saved_moe.items():
+            setattr(moe, name, value)
         for name, value in saved.items():
             setattr(gemm, name, value)
         for c, content in zip(caches, saved_caches):

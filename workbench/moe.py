@@ -455,6 +455,7 @@ class MarlinExpertStack:
         self._events: dict[int, tuple[Any, list]] = {}  # device -> (caller-ready event, one event per stream)
         self._plans: dict[tuple, Any] = {}  # batched-path launches checked once: key -> gemm.PreparedLaunch
         self._plans_for: tuple = ()  # the weight arrays those plans were checked against
+        self._fused_plans: dict[tuple, Any] = {}  # fused_moe layer plans with this stack as w13 (_LayerPlan)
 
     # ---- the seed's surface -----------------------------------------------------------------------------------
     @property
@@ -745,9 +746,19 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     * ``"fused"``: moe_align_block_size (CUDA kernel) + two fused Marlin MoE launches + SiLU + top-k sum;
     * ``"batched"``: rows gathered per expert on the host's orders, one dense GEMM per expert over streams;
     * ``"dense_loop"``: the same, one dense GEMM after another on one stream (the baseline).
+
+    The fused path checks everything on the first call with given shapes, dtypes, devices, top_k, block size,
+    expert-map layout and stream, then keeps a plan (``_LayerPlan``) on w13: later such calls re-check the stacks
+    and hidden's alignment and launch the five kernels straight through the driver. No call synchronises.
     """
     if path not in PATHS:
         raise ValueError(f"path = {path!r} is not one of {PATHS}")
+    key = None
+    if path == "fused" and LAYER_PLANS and gemm.DIRECT_LAUNCH:
+        key = _layer_key(hidden, w13_stack, w2_stack, topk_weights, topk_ids, block_size, expert_map, stream)
+        plan = None if key is None else w13_stack._fused_plans.get(key)
+        if plan is not None and plan.matches(w13_stack, w2_stack):
+            return plan.run(hidden, topk_weights, topk_ids, expert_map)
     m, top_k = _check_layer(hidden, w13_stack, w2_stack, topk_weights, topk_ids)
     cupy = gemm._cupy()
     caller = gemm._stream(gemm._stream_ptr(stream))
@@ -755,8 +766,19 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
         return cupy.empty((0, w13_stack.k), dtype=hidden.dtype)
     with caller:
         if path == "fused":
-            return _fused_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, block_size,
-                               expert_map, caller)
+            out = _fused_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, block_size,
+                              expert_map, caller)
+            if key is not None and top_k >= 1 and topk_ids.flags["C_CONTIGUOUS"] and (
+                    expert_map is None or expert_map.flags["C_CONTIGUOUS"]):  # else the checked path copies them
+                # every check passed on these arguments: later calls with the same key launch from a plan
+                num_global = w13_stack.num_experts if expert_map is None else int(expert_map.shape[0])
+                block = block_size or choose_block_size(m, top_k, num_global)
+                plans = w13_stack._fused_plans  # on the stack: its plans (and their buffers) go when it goes
+                if len(plans) >= _MAX_PLANS_PER_STACK:
+                    plans.clear()
+                plans[key] = _LayerPlan(hidden, w13_stack, w2_stack, top_k, block, num_global, expert_map,
+                                               caller.ptr)
+            return out
         return _grouped_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, expert_map, caller,
                              batched=(path == "batched"))
 
@@ -832,6 +854,7 @@ class MoeConfig(gemm.TileGeometry):
     stages: int
     group_mode: int = gemm.GROUP_GROUPED  # gemm.GROUP_GROUPED or GROUP_CHANNELWISE (no act-order in the fused kernel)
     blocks_per_sm: int = 1  # CTAs per SM the registers are cut for (2: 128 registers, 16-row items only)
+    swap: bool = False  # moe_block_size 8: one mma per 16x16 sub-block on the transposed problem
 
     @property
     def name_expression(self) -> str:
@@ -839,7 +862,7 @@ class MoeConfig(gemm.TileGeometry):
 
         t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
         return f"mwb::marlin_moe<{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, " \
-               f"{self.stages}, {self.group_mode}, {self.blocks_per_sm}>"
+               f"{self.stages}, {self.group_mode}, {self.blocks_per_sm}, {str(self.swap).lower()}>"
 
 
 # (n_tiles, k_warp) in order of preference. Few rows per item stream weights: long K stages (BK = 256) spread each
@@ -855,6 +878,8 @@ _MOE_SHAPES_LARGE = ((1, 1), (2, 1))  # (2, 2) spills 4 bytes with 8-bit weights
 # for bench/bench_moe.py's A/B.
 MOE_TWO_BLOCKS_WEIGHT_BITS = (4,)
 MOE_BLOCKS_PER_SM = 0
+# moe_block_size <= MOE_SWAP_MAX_BLOCK (8 or 0 = never): the operand-swapped loop (MoeConfig.swap).
+MOE_SWAP_MAX_BLOCK = 8
 
 
 def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int,
@@ -870,7 +895,8 @@ def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int
     shapes = _MOE_SHAPES_SMALL if m_blocks <= 2 else _MOE_SHAPES_LARGE
     fits = []
     for n_tiles, k_warp in shapes:
-        cfg = MoeConfig(act, weight, m_blocks, n_tiles, k_warp, 4, group_mode)
+        cfg = MoeConfig(act, weight, m_blocks, n_tiles, k_warp, 4, group_mode,
+                        swap=moe_block_size <= min(MOE_SWAP_MAX_BLOCK, 8))
         if size_k % cfg.block_k or size_n % cfg.block_n:
             continue
         if group_size > 0 and group_size % cfg.block_k and cfg.block_k % group_size:
@@ -969,16 +995,8 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
         raise ValueError("input must be aligned to 16 bytes")
     if numel == 0 or cap == 0:
         return output
-    props = gemm.device_properties(device)  # (cc, SMs, opt-in smem per block, smem per SM)
-    sms, smem_limit, sm_smem = props[1], props[2], props[3]
-    if stack._sms > 0:
-        sms = stack._sms
-    n_blocks = cap // moe_block_size
-    items_hint = min(n_blocks, numel)
-    cfg = choose_moe_config(gemm.act_scalar_type(input.dtype), w.weight_type, moe_block_size, stack.n_per_expert,
-                            stack.k, group, items_hint, sms, smem_limit, sm_smem)
-    # No CTA waits on another, so a grid larger than what is resident is correct, only slower.
-    grid = max(1, min(sms * cfg.blocks_per_sm, items_hint * (stack.n_per_expert // cfg.block_n)))
+    cfg, grid, n_blocks = _fused_grid(stack, device, gemm.act_scalar_type(input.dtype), moe_block_size, numel, cap,
+                                      group)
     kernel = get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes)
     null = np.uint64(0)
     cupy = gemm._cupy()
@@ -991,3 +1009,245 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
                 np.int32(stack.num_experts)),
                shared_mem=cfg.smem_bytes, stream=gemm._stream(gemm._stream_ptr(stream)))
     return output
+
+
+def _fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int, numel: int, cap: int, group: int):
+    """(config, grid, n_blocks) of one fused launch on checked arguments (shared by _launch_fused and the layer
+    plans, so both launch the same kernel on the same grid)."""
+    props = gemm.device_properties(device)  # (cc, SMs, opt-in smem per block, smem per SM)
+    sms, smem_limit, sm_smem = props[1], props[2], props[3]
+    if stack._sms > 0:
+        sms = stack._sms
+    n_blocks = cap // moe_block_size
+    items_hint = min(n_blocks, numel)
+    cfg = cached_moe_config(act, stack.weight.weight_type, moe_block_size, stack.n_per_expert, stack.k, group,
+                            items_hint, sms, smem_limit, sm_smem)
+    # No CTA waits on another, so a grid larger than what is resident is correct, only slower.
+    grid = max(1, min(sms * cfg.blocks_per_sm, items_hint * (stack.n_per_expert // cfg.block_n)))
+    return cfg, grid, n_blocks
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host cost of fused_moe: a cached kernel configuration, and per-layer plans launched straight through the driver
+# ---------------------------------------------------------------------------------------------------------------
+_config_cache: dict[tuple, MoeConfig] = {}
+_knob_names: tuple[str, ...] | None = None
+_MAX_CACHED = 1024  # entries per cache: a serving loop sees a few dozen shapes; the bound keeps a sweep finite
+
+
+def _knobs() -> tuple:
+    """The values of every module-level MOE_* setting (MOE_BLOCKS_PER_SM, ...): choose_moe_config reads them, so
+    they are part of every cache key here (bench/bench_moe.py flips them between runs)."""
+    global _knob_names
+    g = globals()
+    if _knob_names is None:
+        _knob_names = tuple(sorted(n for n in g if n.startswith("MOE_") and n.isupper()))
+    return tuple(g[n] for n in _knob_names)
+
+
+def cached_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int, items_hint: int,
+                      sms: int, smem_limit: int, sm_smem: int) -> MoeConfig:
+    """choose_moe_config, remembered per arguments, MOE_* settings and the function itself (a patched or
+    re-defined choose_moe_config gets its own entries). ~26 us per call uncached, twice per layer."""
+    key = (act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms, smem_limit, sm_smem,
+           choose_moe_config, _knobs())
+    try:
+        cfg = _config_cache.get(key)
+    except TypeError:  # an unhashable setting: no caching
+        return choose_moe_config(act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms,
+                                 smem_limit, sm_smem)
+    if cfg is None:
+        cfg = choose_moe_config(act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms, smem_limit,
+                                sm_smem)
+        if len(_config_cache) >= _MAX_CACHED:
+            _config_cache.clear()
+        _config_cache[key] = cfg
+    return cfg
+
+
+# Parameter lists of the kernels the layer plans launch through cuLaunchKernel, 'p' = 64-bit address, 'i' = int32
+# (checked against kernels_cuda/marlin_moe.cu by tests/cpu/test_moe_plan.py).
+PLAN_ARG_KINDS = {"marlin_moe": "ppppppppp" + "iiiiiiiii", "moe_align": "piiippipp", "silu_and_mul": "ppii",
+                        "moe_sum": "ppppiiii"}
+# Intermediates a layer plan keeps (sorted ids, expert ids, gate_up output, SiLU output, down output); larger
+# layers allocate them per call (the GEMMs then dwarf an allocation).
+PLAN_MAX_WORKSPACE_BYTES = 64 << 20
+# fused_moe through cached layer plans (False: every call takes the checked path, as HEAD did; for A/Bs)
+LAYER_PLANS = True
+
+
+def _moe_function_ptr(name_expression: str, device: int, smem_bytes: int = 0) -> int:
+    """The CUfunction handle of one marlin_moe.cu instantiation on one device (compiled on first use)."""
+    kernel = get_moe_kernel(name_expression, device, smem_bytes)
+    cupy = gemm._cupy()
+    with cupy.cuda.Device(device):
+        return int(kernel.kernel.ptr)
+
+
+class _Args:
+    """One kernel's argument block, reused by every launch: a slot per parameter (u64 or i32) and the void* table
+    cuLaunchKernel reads them through."""
+
+    def __init__(self, kinds: str):
+        import ctypes
+
+        self.slots = [ctypes.c_uint64() if k == "p" else ctypes.c_int32() for k in kinds]
+        self.table = (ctypes.c_void_p * len(kinds))(*[ctypes.addressof(s) for s in self.slots])
+        self.address = ctypes.addressof(self.table)
+
+
+class _LayerPlan:
+    """One fused_moe layer (stacks, shapes, dtypes, devices, top_k, block size, stream, expert-map layout) whose
+    every check passed on a first call through the checked path. ``run`` re-checks what the key leaves out (the
+    stacks' arrays and fields, hidden's alignment) and then launches align, gate_up, SiLU, down and the top-k sum
+    through cuLaunchKernel on argument blocks made once, into intermediates kept per plan (the plan is per stream:
+    stream order keeps one call's reads before the next call's writes). No device -> host synchronisation."""
+
+    def __init__(self, hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, top_k: int, block: int,
+                 num_global: int, expert_map, stream_ptr: int):
+        from workbench.formats.moe_align import aligned_capacity
+
+        cupy = gemm._cupy()
+        m, k = (int(s) for s in hidden.shape)
+        act = gemm.act_scalar_type(hidden.dtype)
+        self.device = device = w13._device()
+        self.dtype = hidden.dtype
+        self.m, self.k, self.top_k, self.stream = m, k, top_k, stream_ptr
+        self.w2 = w2  # keeps id(w2) in the key unique while the plan lives; w13 holds the plan (no cycle with it)
+        self.state13, self.state2 = _stack_state(w13), _stack_state(w2)
+        numel = m * top_k
+        cap = aligned_capacity(numel, block, num_global)
+        n13, n2 = w13.n_per_expert, w2.n_per_expert
+        item = np.dtype(hidden.dtype).itemsize
+        lda = int(hidden.strides[0]) // item if m > 1 else w13.k
+        launches = []
+        # moe_align: one block of ALIGN_THREADS
+        f = _moe_function_ptr("mwb::moe_align", device)
+        launches.append((f, 1, ALIGN_THREADS, 0, _Args(PLAN_ARG_KINDS["moe_align"]),
+                         ("ids", numel, num_global, block, "emap", "sorted", cap, "experts", "post")))
+        for stack, a, c, weights, rows, tk, a_lda in ((w13, "hidden", "g1", 0, m, top_k, lda),
+                                                      (w2, "h", "y", "weights", numel, 1, w2.k)):
+            ng = int(stack.weight.scales.shape[1])
+            group = -1 if ng == 1 else stack.k // ng
+            cfg, grid, n_blocks = _fused_grid(stack, device, act, block, rows * tk, cap, group)
+            f = _moe_function_ptr(cfg.name_expression, device, cfg.smem_bytes)
+            w = stack.weight
+            launches.append((f, grid, 256, cfg.smem_bytes, _Args(PLAN_ARG_KINDS["marlin_moe"]),
+                             (a, w.qweight.data.ptr, c, w.scales.data.ptr, 0 if w.zeros is None else w.zeros.data.ptr,
+                              "sorted", "experts", "post", weights, n_blocks, block, rows * tk, tk,
+                              stack.n_per_expert, stack.k, a_lda, group, stack.num_experts)))
+            if stack is w13:  # SiLU-and-multiply between the GEMMs
+                f = _moe_function_ptr(f"mwb::silu_and_mul<{_ctype(hidden.dtype)}>", device)
+                half = n13 // 2
+                launches.append((f, min(65535, -(-(numel * half) // 256)), 256, 0,
+                                 _Args(PLAN_ARG_KINDS["silu_and_mul"]), ("g1", "h", numel, half)))
+        f = _moe_function_ptr(f"mwb::moe_sum<{_ctype(hidden.dtype)}>", device)
+        launches.append((f, min(65535, -(-(m * k) // 256)), 256, 0, _Args(PLAN_ARG_KINDS["moe_sum"]),
+                         ("y", 0, 0, "out", m, top_k, k, numel)))
+        self.y_bytes = numel * n2 * item
+        shapes = dict(sorted=((cap,), np.int32), experts=((cap // block,), np.int32), post=((1,), np.int32),
+                      g1=((numel, n13), hidden.dtype), h=((numel, n13 // 2), hidden.dtype),
+                      y=((numel, n2), hidden.dtype))
+        self.shapes = shapes
+        total = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
+        self.buffers = None
+        if total <= PLAN_MAX_WORKSPACE_BYTES:
+            with cupy.cuda.Device(device), gemm._stream(stream_ptr):
+                self.buffers = {name: cupy.empty(s, dtype=d) for name, (s, d) in shapes.items()}
+        fixed = {} if self.buffers is None else {name: b.data.ptr for name, b in self.buffers.items()}
+        # per launch: (function, grid, threads, shared memory, argument table, [(slot, name) filled per call]);
+        # scalars, weights and kept intermediates are written once here
+        self.launches = []
+        for f, grid, threads, smem, args, values in launches:
+            dynamic = []
+            for slot, v in zip(args.slots, values):
+                if type(v) is not str:
+                    slot.value = v
+                elif v in fixed:
+                    slot.value = fixed[v]
+                else:
+                    dynamic.append((slot, v))
+            self.launches.append((f, grid, threads, smem, args.address, dynamic, args))
+        self._lock = threading.Lock()
+
+    def matches(self, w13, w2) -> bool:
+        return _same_state(_stack_state(w13), self.state13) and _same_state(_stack_state(w2), self.state2)
+
+    def run(self, hidden, topk_weights, topk_ids, expert_map):
+        a = hidden.data.ptr
+        if a % 16:
+            raise ValueError("input must be aligned to 16 bytes")
+        cupy = gemm._cupy()
+        runtime = cupy.cuda.runtime
+        if runtime.getDevice() != self.device:  # switch only when another device is current
+            with cupy.cuda.Device(self.device):
+                return self._run(cupy, runtime, a, topk_weights, topk_ids, expert_map)
+        return self._run(cupy, runtime, a, topk_weights, topk_ids, expert_map)
+
+    def _run(self, cupy, runtime, a, topk_weights, topk_ids, expert_map):
+        stream = self.stream
+        if stream == cupy.cuda.get_current_stream().ptr:
+            out = cupy.empty((self.m, self.k), dtype=self.dtype)  # (M, K): the caller's, fresh every call
+            bufs = self.buffers or {name: cupy.empty(s, dtype=d) for name, (s, d) in self.shapes.items()}
+        else:
+            with gemm._stream(stream):  # allocated in the launch stream's order
+                out = cupy.empty((self.m, self.k), dtype=self.dtype)
+                bufs = self.buffers or {name: cupy.empty(s, dtype=d) for name, (s, d) in self.shapes.items()}
+        ptrs = {name: b.data.ptr for name, b in bufs.items()}
+        ptrs.update(hidden=a, out=out.data.ptr, ids=topk_ids.data.ptr, weights=topk_weights.data.ptr,
+                    emap=0 if expert_map is None else expert_map.data.ptr)
+        driver = gemm._driver()
+        launch = driver.launchKernel
+        with self._lock:  # the argument blocks are shared by every call of this plan
+            for i, (f, grid, threads, smem, params, dynamic, _) in enumerate(self.launches):
+                if i == 3:  # before the down GEMM: rows of entries no local expert takes stay 0 (cupy.zeros in HEAD)
+                    runtime.memsetAsync(ptrs["y"], 0, self.y_bytes, stream)
+                for slot, name in dynamic:
+                    slot.value = ptrs[name]
+                launch(f, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
+        return out
+
+
+def _stack_state(stack: MarlinExpertStack):
+    """What a layer plan read from a stack: (objects compared by identity, values compared by ==)."""
+    w = stack.weight
+    return ((w, w.qweight, w.scales, w.zeros, w.g_idx, w.perm),
+            (w.size_k, w.size_n, w.num_experts, w.weight_type, w.act_dtype, w.group_size, stack._sms,
+             tuple(w.qweight.shape), tuple(w.scales.shape), None if w.zeros is None else tuple(w.zeros.shape)))
+
+
+def _same_state(now, then) -> bool:
+    return all(x is y for x, y in zip(now[0], then[0])) and now[1] == then[1]
+
+
+_MAX_PLANS_PER_STACK = 64  # (M, top_k, stream, ...) combinations of one layer: a serving loop sees a handful
+
+
+def _array_key(x, array_type):
+    """(shape, strides, dtype, device) of a CuPy array; None for anything else (those take the checked path)."""
+    if type(x) is not array_type:
+        return None
+    return x.shape, x.strides, x.dtype, x.data.device_id
+
+
+def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, stream):
+    """Everything a layer plan depends on but the stacks' contents (checked by _LayerPlan.matches) and the
+    addresses of the per-call arrays (read on every call); None: no plan for these arguments."""
+    array_type = gemm._fast_array_type()
+    keys = (_array_key(hidden, array_type), _array_key(topk_weights, array_type), _array_key(topk_ids, array_type))
+    if None in keys or type(w13) is not MarlinExpertStack or type(w2) is not MarlinExpertStack:
+        return None
+    if expert_map is None:
+        emap = None
+    else:
+        emap = _array_key(expert_map, array_type)
+        if emap is None:  # a NumPy map is uploaded on every call by the checked path
+            return None
+    stream_ptr = gemm._stream_ptr(stream)  # after the type checks: no CUDA call for host arrays
+    # kept in w13's _fused_plans; a plan holds w2, so id(w2) is not reused while the plan lives
+    key = (id(w2),) + keys + (type(block_size), block_size, emap, stream_ptr, choose_moe_config, _knobs())
+    try:
+        hash(key)
+    except TypeError:  # an unhashable block_size or setting: the checked path
+        return None
+    return key

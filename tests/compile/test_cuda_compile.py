@@ -16,9 +16,14 @@ CONFIGS = (
     gemm.KernelConfig(S.BF16, S.U4, 4, 4, 2, 4, gemm.GROUP_GROUPED),
     gemm.KernelConfig(S.F16, S.U8B128, 3, 1, 1, 4, gemm.GROUP_PER_ROW),
     gemm.KernelConfig(S.BF16, S.U8, 2, 2, 1, 8, gemm.GROUP_PER_ROW),
-    gemm.KernelConfig(S.F16, S.U4, 1, 1, 1, 4, gemm.GROUP_CHANNELWISE),
+    gemm.KernelConfig(S.F16, S.U4, 1, 1, 1, 4, gemm.GROUP_CHANNELWISE, swap=True, defer_count=False),
     gemm.KernelConfig(S.F16, S.FE4M3FN, 1, 2, 2, 6, gemm.GROUP_CHANNELWISE),
     gemm.KernelConfig(S.BF16, S.FE4M3FN, 4, 2, 2, 4, gemm.GROUP_GROUPED),
+    # the operand-swapped loop (M <= 8): every group mode, both activation types, one and two blocks per SM, 8-bit
+    # words; the immediate slice count (what choose_config gives M <= 16)
+    gemm.KernelConfig(S.BF16, S.U4B8, 1, 2, 4, 4, gemm.GROUP_GROUPED, blocks_per_sm=2, swap=True, defer_count=False),
+    gemm.KernelConfig(S.F16, S.U8, 1, 1, 2, 6, gemm.GROUP_PER_ROW, swap=True, defer_count=False),
+    gemm.KernelConfig(S.BF16, S.FE4M3FN, 1, 2, 4, 8, gemm.GROUP_CHANNELWISE, swap=True, defer_count=False),
 )
 EXTRA_KERNELS = ("mwb::permute_cols<__half>", "mwb::permute_cols<__nv_bfloat16>")
 NAMES = [c.name_expression for c in CONFIGS] + list(EXTRA_KERNELS)

@@ -20,13 +20,20 @@ SM_SMEM_SM90 = 228 * 1024
 
 def _configs():
     """Every (act, weight, block size) with the shape choice for a wide and a narrow problem, on one and (16-row
-    items) two CTAs per SM; channelwise scales for the smallest and largest blocks; plus every shape."""
+    items) two CTAs per SM; channelwise scales for the smallest and largest blocks; plus every shape.
+
+    Block size 16 only with fp16 on two CTAs per SM (the 128-register cut, where spills would show): its kernels
+    are block size 8's without the operand swap (MoeConfig.swap); the rest of the unswapped 16-row loop is the
+    dense list's and the shapes loop below. Block size 48 only with fp16. (Both kept out to hold the CI compile
+    time: 125 instantiations, as before the swap.)"""
     out = set()
     for act in (S.F16, S.BF16):
         for weight in WEIGHTS:
             for bs in SUPPORTED_BLOCK_SIZES:
+                if bs in (16, 48) and act is S.BF16:  # 48: bf16's 64-row blocks hold more registers
+                    continue
                 for items in (1, 1000):
-                    for blocks in (1, 2):
+                    for blocks in ((2,) if bs == 16 else (1, 2)):
                         out.add(moe.choose_moe_config(act, weight, bs, 4096, 7168, 128, items, 132, SMEM_SM90,
                                                       SM_SMEM_SM90, blocks))
             for bs in (SUPPORTED_BLOCK_SIZES[0], SUPPORTED_BLOCK_SIZES[-1]):
@@ -87,7 +94,7 @@ def test_two_ctas_per_sm_choice():
     half = SM_SMEM_SM90 // 2 - gemm._SMEM_RESERVED_PER_BLOCK
     # Mixtral-like decode: 2 blocks x 112 column tiles > 132 SMs
     two = moe.choose_moe_config(S.F16, S.U4B8, 8, 14336, 4096, 128, 2, 132, SMEM_SM90, SM_SMEM_SM90)
-    assert two.blocks_per_sm == 2 and two.smem_bytes <= half and two.name_expression.endswith(", 2>")
+    assert two.blocks_per_sm == 2 and two.smem_bytes <= half and two.name_expression.endswith(", 2, true>")
     # DeepSeek-V2-Lite-like decode: 6 x 22 = 132 items, one per SM already
     assert moe.choose_moe_config(S.F16, S.U4B8, 8, 1408, 2048, 128, 6, 132, SMEM_SM90, SM_SMEM_SM90).blocks_per_sm == 1
     assert moe.choose_moe_config(S.F16, S.U8B128, 8, 14336, 4096, 128, 2, 132, SMEM_SM90,

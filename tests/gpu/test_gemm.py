@@ -87,6 +87,30 @@ def test_identity_activations_give_the_dequantized_weight_exactly(wt, gs, act_or
         np.testing.assert_array_equal(out, q.w_ref)
 
 
+# (weight, group size, act-order shard: is_k_full False, the per-row group mode)
+SWAP_CASES = [(S.U4B8, 128, False), (S.U4, 64, False), (S.U8B128, -1, False), (S.FE4M3FN, 128, False),
+              (S.U8, 32, True)]
+
+
+@pytest.mark.parametrize("wt,gs,shard", SWAP_CASES, ids=str)
+@pytest.mark.parametrize("act", ACTS, ids=str)
+def test_identity_rows_exact_on_the_swapped_loop(wt, gs, shard, act):
+    """M <= 8 runs the operand-swapped loop (KernelConfig.swap: C^T = W^T A^T, transposed back across lanes): rows
+    i0 .. i0 + M - 1 of the identity must give exactly those rows of the dequantized weight, in every reduction mode
+    (a wrong lane or register in the transpose moves a value: caught here bit for bit)."""
+    k, n = 256, 256
+    mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + gs + 8)
+    w_dev = gemm.upload_weight(mw)
+    assert gemm.config_for(gemm.act_scalar_type(act), wt, 8, n, k, gs, shard).swap
+    eye = np.eye(k, dtype=np.float32).astype(act)
+    for m, i0 in ((8, 0), (8, 120), (1, 255), (5, 37)):
+        for mode in ("fp32", "in_c", "atomic", "deterministic"):
+            kw = dict(is_k_full=False) if shard else {}
+            out = run(eye[i0:i0 + m], w_dev, mode, **kw)
+            # exact: one product 1 * w per output, the rest exact zeros (as the full identity test above)
+            np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
+
+
 def arange_coded_weight(k, n, wt, gs, act):
     """Codes walk through every value (FP8: every finite byte), scales 1, zero points a second walk."""
     levels = 1 << wt.bits
@@ -162,6 +186,7 @@ def compile_everything_once():
         for wt in INT_TYPES + (S.FE4M3FN,):
             wanted += [(act, wt, 128, 192, 128, gs, False) for gs in group_sizes(wt)]
     wanted += [(np.float16, wt, m, n, k, 128, False) for m, k, n in SHARED_CASES for wt in (S.U4B8, S.U4)]
+    wanted += [(act, wt, m, 256, 256, gs, shard) for wt, gs, shard in SWAP_CASES for act in ACTS for m in (1, 8)]
     configs = [gemm.config_for(gemm.act_scalar_type(act), wt, m, n, k, gs, per_row, device)
                for act, wt, m, n, k, gs, per_row in wanted]
     gemm.precompile(configs, device, workers=16)

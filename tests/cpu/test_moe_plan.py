@@ -1,0 +1,365 @@
+"""fused_moe's layer plans and cached kernel configuration, on the stand-in CuPy and driver (tests/fake_device.py).
+
+The first call with a key takes the checked path (HEAD's: every rule, CuPy-called kernels); later calls launch the
+same five kernels (align, gate_up, SiLU, down, top-k sum) from the plan through the driver. Here: a cached call
+launches exactly what the checked call launched (same kernels, grids, shared memory, stream, scalars; the caller's
+addresses; one consistent set of intermediates), allocates only its output, and every change under the key
+(shape, dtype, device, top_k, block size, expert map, stream, stacks, MOE_* settings) gets a fresh check.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fake_device import FakeArray, installed
+from workbench import moe
+from workbench.scalar_types import ScalarType as S
+from workbench.weight import MarlinWeight
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+E, HID, INTER = 8, 512, 256  # experts, hidden size (w13 K, w2 N), intermediate size (w2 K; w13 N = 2 x)
+
+
+@pytest.fixture
+def fake():
+    with installed() as (cupy, driver):
+        yield cupy, driver
+
+
+def stack(k, n, experts=E, act=np.float16, wt=S.U4B8, group=128, device=0, zeros=False):
+    pf = wt.pack_factor
+    ng = k // group
+    w = MarlinWeight(FakeArray((experts, k // 16, n * 16 // pf), np.int32, device=device),
+                     FakeArray((experts, ng, n), act, device=device),
+                     FakeArray((experts, ng, n // pf), np.int32, device=device) if zeros else None,
+                     None, None, k, n, group, wt, np.dtype(act), num_experts=experts)
+    return moe.MarlinExpertStack(w)
+
+
+def layer(m=1, top_k=2, act=np.float16, device=0, experts=E, **kw):
+    w13 = stack(HID, 2 * INTER, experts, act, device=device, **kw)
+    w2 = stack(INTER, HID, experts, act, device=device, **kw)
+    return dict(hidden=FakeArray((m, HID), act, device=device), w13_stack=w13, w2_stack=w2,
+                topk_weights=FakeArray((m, top_k), np.float32, device=device),
+                topk_ids=FakeArray((m, top_k), np.int32, device=device))
+
+
+def plans(args):
+    """The layer plans kept for the layer (on its w13 stack)."""
+    return len(args["w13_stack"]._fused_plans)
+
+
+def call(args, **changes):
+    kw = dict(args)
+    kw.update(changes)
+    return moe.fused_moe(**kw)
+
+
+def named(driver, records):
+    """[(kernel name, grid, smem, stream, args)] of CuPy calls or driver launches."""
+    out = []
+    for r in records:
+        if len(r) == 6:  # driver launch: (f, grid3, block3, smem, stream, args)
+            f, grid, _, smem, stream, args = r
+            out.append((driver.moe_names[f], grid[0], smem, stream, args))
+        else:  # CuPy call: (f, grid, smem, stream, args)
+            f, grid, smem, stream, args = r
+            out.append((driver.moe_names[f], grid[0], smem, stream, args))
+    return out
+
+
+KINDS = ("moe_align", "marlin_moe", "silu_and_mul", "marlin_moe", "moe_sum")
+
+
+def check_same_launches(checked, cached, args, checked_args=None):
+    """The cached call's launches equal the checked call's up to the intermediates' addresses, which must be used
+    consistently (align's outputs feed both GEMMs, gate_up's output feeds SiLU, ...)."""
+    assert [c[0].split("<")[0] for c in checked] == [f"mwb::{k}" for k in KINDS]
+    assert [c[:4] for c in cached] == [c[:4] for c in checked], "kernel, grid, shared memory, stream"
+    a1, m1, s1, m2, sum1 = (c[4] for c in cached)
+    b1, n1, t1, n2, sum2 = (c[4] for c in checked)
+    # scalars equal
+    for got, want, kinds in ((a1, b1, "piiippipp"), (m1, n1, "ppppppppp" + "i" * 9), (s1, t1, "ppii"),
+                             (m2, n2, "ppppppppp" + "i" * 9), (sum1, sum2, "ppppiiii")):
+        assert [g for g, k in zip(got, kinds) if k == "i"] == [w for w, k in zip(want, kinds) if k == "i"]
+    for launches, args in (((a1, m1, s1, m2, sum1), args), ((b1, n1, t1, n2, sum2), checked_args or args)):
+        h, w13, w2 = args["hidden"], args["w13_stack"].weight, args["w2_stack"].weight
+        ids, tw = args["topk_ids"], args["topk_weights"]
+        al, g, si, d, su = launches
+        sorted_ids, experts, post = al[5], al[7], al[8]
+        assert al[0] == ids.data.ptr and al[4] == (0 if args.get("expert_map") is None
+                                                   else args["expert_map"].data.ptr)
+        assert g[:2] == (h.data.ptr, w13.qweight.data.ptr) and g[3] == w13.scales.data.ptr
+        assert g[5:9] == (sorted_ids, experts, post, 0) and d[5:9] == (sorted_ids, experts, post, tw.data.ptr)
+        assert d[1] == w2.qweight.data.ptr and d[3] == w2.scales.data.ptr
+        assert si[0] == g[2] and si[1] == d[0] and su[0] == d[2], "gate_up -> SiLU -> down -> sum"
+        assert len({sorted_ids, experts, post, g[2], si[1], d[2], su[3]}) == 7, "distinct buffers"
+
+
+def test_cached_call_launches_what_the_checked_call_launched(fake):
+    cupy, driver = fake
+    args = layer(m=3, top_k=2)
+    out1 = call(args)
+    checked = named(driver, driver.cupy_calls)
+    assert not driver.launches and plans(args) == 1
+    allocations = cupy.state.allocations
+    out2 = call(args)
+    cached = named(driver, driver.launches)
+    assert cupy.state.allocations == allocations + 1, "only the output is allocated"
+    assert out2.shape == out1.shape == (3, HID) and out2.dtype == np.float16
+    assert cached[4][4][3] == out2.data.ptr
+    check_same_launches(checked, cached, args)
+    # the down GEMM's output is zeroed in stream order before that GEMM (non-local rows stay 0), as cupy.zeros did
+    (ptr, value, size, stream), = cupy.state.memsets
+    assert (ptr, value, size, stream) == (cached[3][4][2], 0, 3 * 2 * HID * 2, 0)
+    # a third call: the same intermediates, a new output
+    driver.launches.clear()
+    out3 = call(args)
+    again = named(driver, driver.launches)
+    assert [c[4] for c in again[:4]] == [c[4] for c in cached[:4]] and again[4][4][3] == out3.data.ptr
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 6, 8])
+@pytest.mark.parametrize("act", [np.float16, BF16])
+def test_cached_launches_follow_the_checked_path(fake, top_k, act):
+    _, driver = fake
+    args = layer(m=5, top_k=top_k, act=act, experts=64 if top_k > 2 else E, zeros=top_k == 6, wt=S.U4
+                 if top_k == 6 else S.U4B8)
+    call(args)
+    call(args)
+    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), args)
+
+
+def test_expert_map_and_stream_and_block_size(fake):
+    _, driver = fake
+    args = layer(m=2, top_k=2)
+    emap = FakeArray((16,), np.int32)
+    for kw in (dict(expert_map=emap), dict(stream=0x7770), dict(block_size=32)):
+        driver.cupy_calls.clear(), driver.launches.clear()
+        call(args, **kw)
+        call(args, **kw)
+        full = dict(args, **kw)
+        checked, cached = named(driver, driver.cupy_calls), named(driver, driver.launches)
+        check_same_launches(checked, cached, full)
+        if "stream" in kw:
+            assert {c[3] for c in cached} == {0x7770}
+        if "block_size" in kw:
+            assert cached[0][4][3] == 32
+        if "expert_map" in kw:
+            assert cached[0][4][2] == 16, "num_experts of the align = the map's global experts"
+    assert plans(args) == 3
+
+
+def test_each_stream_gets_its_own_plan_and_intermediates(fake):
+    _, driver = fake
+    args = layer(m=2, top_k=2)
+    call(args)
+    call(args)
+    default = named(driver, driver.launches)
+    driver.launches.clear()
+    call(args, stream=0x7770)
+    call(args, stream=0x7770)
+    other = named(driver, driver.launches)
+    assert {c[3] for c in default} == {0} and {c[3] for c in other} == {0x7770}
+    assert default[1][4][2] != other[1][4][2], "concurrent streams never share intermediates"
+    assert plans(args) == 2
+
+
+def test_a_dropped_layer_frees_its_plans_without_the_garbage_collector(fake):
+    import gc
+    import weakref
+
+    args = layer(m=2, top_k=2)
+    call(args)
+    call(args)
+    assert plans(args) == 1
+    refs = [weakref.ref(args["w13_stack"]), weakref.ref(args["w2_stack"])]
+    gc.disable()
+    try:
+        del args
+        assert [r() for r in refs] == [None, None], "a plan kept its stacks alive (a reference cycle)"
+    finally:
+        gc.enable()
+
+
+def test_large_layers_allocate_intermediates_per_call(fake, monkeypatch):
+    cupy, driver = fake
+    monkeypatch.setattr(moe, "PLAN_MAX_WORKSPACE_BYTES", 0)
+    args = layer(m=3, top_k=2)
+    call(args)
+    allocations = cupy.state.allocations
+    call(args)
+    assert cupy.state.allocations == allocations + 7, "the output and the six intermediates"
+    first = named(driver, driver.launches)
+    check_same_launches(named(driver, driver.cupy_calls), first, args)
+    driver.launches.clear()
+    call(args)
+    second = named(driver, driver.launches)
+    check_same_launches(named(driver, driver.cupy_calls), second, args)
+    assert first[1][4][2] != second[1][4][2], "fresh intermediates reach the kernels"
+    assert cupy.state.memsets[-1][0] == second[3][4][2]
+
+
+def test_new_addresses_reach_the_kernels(fake):
+    _, driver = fake
+    args = layer(m=4, top_k=2)
+    call(args)
+    call(args)
+    fresh = dict(args, hidden=FakeArray((4, HID), np.float16), topk_ids=FakeArray((4, 2), np.int32),
+                 topk_weights=FakeArray((4, 2), np.float32))
+    driver.launches.clear()
+    call(fresh)
+    assert plans(args) == 1
+    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), fresh, args)
+
+
+CHANGES = {
+    # name: (change to the layer's arguments, the error a checked call raises, or None: a new plan, no error)
+    "M": (lambda a: dict(hidden=FakeArray((2, HID), np.float16), topk_ids=FakeArray((2, 2), np.int32),
+                         topk_weights=FakeArray((2, 2), np.float32)), None),
+    "hidden dtype": (lambda a: dict(hidden=FakeArray((4, HID), BF16)), (TypeError, "hidden dtype = bfloat16")),
+    "hidden shape": (lambda a: dict(hidden=FakeArray((4, 2 * HID), np.float16)), (ValueError, "hidden has shape")),
+    "hidden device": (lambda a: dict(hidden=FakeArray((4, HID), np.float16, device=1)),
+                      (ValueError, "input is on device 1 but the stack is on 0")),
+    "hidden strides": (lambda a: dict(hidden=FakeArray((4, HID), np.float16, strides=(2 * HID + 2, 2))),
+                       (ValueError, "input.stride")),
+    "ids dtype": (lambda a: dict(topk_ids=FakeArray((4, 2), np.int64)), (TypeError, "topk_ids dtype = int64")),
+    "weights dtype": (lambda a: dict(topk_weights=FakeArray((4, 2), np.float16)),
+                      (TypeError, "topk_weights dtype = float16")),
+    "top_k": (lambda a: dict(topk_ids=FakeArray((4, 3), np.int32)), (ValueError, "must both be")),
+    "ids device": (lambda a: dict(topk_ids=FakeArray((4, 2), np.int32, device=1)),
+                   (ValueError, "sorted_token_ids is on device 1")),
+    "weights device": (lambda a: dict(topk_weights=FakeArray((4, 2), np.float32, device=1)),
+                       (ValueError, "topk_weights is on device 1")),
+    "block size": (lambda a: dict(block_size=24), (ValueError, "unsupported moe_block_size=24")),
+    "block size type": (lambda a: dict(block_size=16.0), (TypeError, "block_size must be an int")),
+    "expert map dtype": (lambda a: dict(expert_map=FakeArray((8,), np.int64)), (TypeError, "expert_map dtype")),
+    "expert map device": (lambda a: dict(expert_map=FakeArray((8,), np.int32, device=1)),
+                          (ValueError, "expert_map is on device 1")),
+    "w2 stack": (lambda a: dict(w2_stack=stack(INTER, 2 * HID)), (ValueError, "w2 n_per_expert")),
+    "w13 stack act": (lambda a: dict(w13_stack=stack(HID, 2 * INTER, act=BF16)), (TypeError, "stacks bfloat16")),
+    "misaligned hidden": (lambda a: dict(hidden=FakeArray((4, HID), np.float16, ptr=a["hidden"].data.ptr + 2)),
+                          (ValueError, "input must be aligned to 16 bytes")),
+}
+
+
+@pytest.mark.parametrize("name", list(CHANGES))
+def test_a_warm_plan_does_not_excuse_a_changed_input(fake, name):
+    """Warm the plan (and a plan with an expert map), then change one thing: the checked path's verdict."""
+    args = layer(m=4, top_k=2)
+    call(args)
+    call(args)
+    for _ in range(2):
+        call(args, expert_map=FakeArray((8,), np.int32))
+        call(args, block_size=16)
+    change, error = CHANGES[name]
+    changed = change(args)
+    if error is None:
+        before = plans(args)
+        call(args, **changed)
+        assert plans(args) == before + 1
+    else:
+        exc, message = error
+        for _ in range(2):  # and it never becomes a plan
+            with pytest.raises(exc, match=message):
+                call(args, **changed)
+
+
+def test_replaced_stack_weight_is_not_served_a_stale_plan(fake):
+    _, driver = fake
+    args = layer(m=2, top_k=2)
+    call(args)
+    call(args)
+    w13 = args["w13_stack"]
+    # new arrays, same shapes: a new plan reads the new addresses
+    w13.weight = stack(HID, 2 * INTER).weight
+    driver.cupy_calls.clear(), driver.launches.clear()
+    call(args)
+    call(args)
+    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), args)
+    # an array replaced inside the weight (same shape and dtype): its address reaches the kernel
+    w13.weight.scales = FakeArray(w13.weight.scales.shape, np.float16)
+    driver.cupy_calls.clear(), driver.launches.clear()
+    call(args)
+    call(args)
+    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), args)
+    # a field changed: checked again
+    w13.weight = stack(HID, 2 * INTER).weight
+    call(args)
+    w13.weight.size_n = 4 * INTER
+    with pytest.raises(ValueError):
+        call(args)
+
+
+def test_changed_settings_change_the_configuration(fake, monkeypatch):
+    _, driver = fake
+    args = layer(m=1, top_k=2)
+    call(args)
+    call(args)
+    first = named(driver, driver.launches)[1][0]
+    monkeypatch.setattr(moe, "MOE_BLOCKS_PER_SM", 1 if "1>" not in first.split(",")[-2] + ">" else 2)
+    expected = moe.choose_moe_config(S.F16, S.U4B8, 8, 2 * INTER, HID, 128, 2, 132, 227 * 1024, 228 * 1024)
+    driver.launches.clear()
+    call(args)
+    call(args)
+    assert named(driver, driver.launches)[1][0] == expected.name_expression
+    # a replaced choose_moe_config is obeyed too
+    forced = moe.MoeConfig(S.F16, S.U4B8, 1, 1, 1, 3)
+    monkeypatch.setattr(moe, "choose_moe_config", lambda *a, **k: forced)
+    driver.launches.clear()
+    call(args)
+    call(args)
+    assert named(driver, driver.launches)[1][0] == forced.name_expression
+
+
+def test_config_cache_keys_on_arguments_and_settings(monkeypatch):
+    moe._config_cache.clear()
+    calls = []
+    real = moe.choose_moe_config
+
+    def counting(*a):
+        calls.append(a)
+        return real(*a)
+
+    monkeypatch.setattr(moe, "choose_moe_config", counting)
+    args = (S.F16, S.U4B8, 8, 28672, 4096, 128, 2, 132, 227 * 1024, 228 * 1024)
+    first = moe.cached_moe_config(*args)
+    assert moe.cached_moe_config(*args) is first and len(calls) == 1
+    for i, other in ((2, 16), (3, 14336), (4, 7168), (5, 64), (6, 200), (7, 66), (8, 100 * 1024), (9, 0)):
+        changed = list(args)
+        changed[i] = other
+        assert moe.cached_moe_config(*changed) == real(*changed)
+    assert moe.cached_moe_config(S.BF16, *args[1:]).act is S.BF16
+    assert moe.cached_moe_config(args[0], S.U8B128, *args[2:]).weight is S.U8B128
+    n = len(calls)
+    monkeypatch.setattr(moe, "MOE_BLOCKS_PER_SM", 1)
+    assert moe.cached_moe_config(*args) == real(*args) and len(calls) == n + 1
+
+
+def test_no_plan_for_non_cupy_or_non_contiguous_arguments(fake):
+    _, driver = fake
+    args = layer(m=2, top_k=2)
+    ids = FakeArray((2, 2), np.int32, strides=(16, 4))  # rows 16 bytes apart: not contiguous
+    with pytest.raises(AssertionError):  # the stand-in's ascontiguousarray only passes contiguous arrays through
+        call(args, topk_ids=ids)
+    assert not plans(args)
+    monkeypatch_flag = moe.LAYER_PLANS
+    try:
+        moe.LAYER_PLANS = False
+        call(args)
+        call(args)
+        assert not plans(args) and not driver.launches
+    finally:
+        moe.LAYER_PLANS = monkeypatch_flag
+
+
+@pytest.mark.parametrize("name", list(moe.PLAN_ARG_KINDS))
+def test_argument_kinds_follow_the_kernels_parameter_lists(name):
+    """The plans write 64-bit addresses and int32 scalars per parameter: the kernels' signatures."""
+    import re
+
+    source = moe.moe_kernel_source()
+    match = re.search(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+" + name + r"\(([^{]*)\)\s*\{", source)
+    assert match, f"{name} not found in marlin_moe.cu"
+    params = [p.strip() for p in re.sub(r"//[^\n]*", "", match.group(1)).split(",")]
+    kinds = "".join("p" if "*" in p else "i" if re.match(r"(const )?int\b", p) else "?" for p in params)
+    assert kinds == moe.PLAN_ARG_KINDS[name], params
