@@ -9,8 +9,7 @@ mkdir -p "$OUT/logs" "$OUT/results"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 export CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
-pack() { tar czf "$OUT/results.tgz.part" -C "$OUT" --exclude 'results.tgz*' --exclude summary.txt . \
-           && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
+pack() { tar czf /tmp/results.tgz.part -C "$OUT" --exclude summary.txt --exclude results.tgz . ; mv /tmp/results.tgz.part "$OUT/results.tgz"; }  # archive written outside $OUT, which tar is reading
 { date -u; git log -1 --format=%h 2>/dev/null; nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv; } \
   > "$OUT/logs/machine.txt" 2>&1
 step() {  # step NAME LIMIT_S COMMAND...

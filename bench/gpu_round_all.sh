@@ -13,7 +13,7 @@ export CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache
 ROUND=${ROUND:-r4}
 names=${*:-"kernels repack host"}
 # packed again after every phase, so a call that hits its time limit still brings back what was done
-pack() { tar czf "$OUT/results.tgz.part" -C "$OUT" --exclude 'results.tgz*' --exclude summary.txt . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
+pack() { tar czf /tmp/results.tgz.part -C "$OUT" --exclude summary.txt --exclude results.tgz . ; mv /tmp/results.tgz.part "$OUT/results.tgz"; }  # archive written outside $OUT, which tar is reading
 { date -u; git log -1 --format=%h 2>/dev/null; nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv; } \
   > "$OUT/logs/machine.txt" 2>&1
 start=$(date +%s)
