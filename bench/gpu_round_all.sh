@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for every engineer's script of a round (bench/gpu_<round>_<name>.sh): set-up once, the test phases
+# One device call for every engineer's script of a round (bench/device_runs/gpu_<round>_<name>.sh): set-up once, the test phases
 # (SKIP_AB=1) in parallel, then the A/B timing phases (ONLY_AB=1) one after another so timings do not share the GPU.
 #   usage (device machine, repo root, .whl and artifacts/<round>_*_old carried):
 #     ROUND=r4 bash bench/gpu_round_all.sh [names...]
@@ -18,8 +18,8 @@ pack() { tar czf /tmp/results.tgz.part -C "$OUT" --exclude summary.txt --exclude
   > "$OUT/logs/machine.txt" 2>&1
 start=$(date +%s)
 for n in $names; do
-  [ -f "bench/gpu_${ROUND}_$n.sh" ] || { echo "no bench/gpu_${ROUND}_$n.sh" >> "$OUT/summary.txt"; continue; }
-  ( SKIP_AB=1 timeout 170 bash "bench/gpu_${ROUND}_$n.sh" > "$OUT/logs/$n.tests.log" 2>&1
+  [ -f "bench/device_runs/gpu_${ROUND}_$n.sh" ] || { echo "no bench/device_runs/gpu_${ROUND}_$n.sh" >> "$OUT/summary.txt"; continue; }
+  ( SKIP_AB=1 timeout 170 bash "bench/device_runs/gpu_${ROUND}_$n.sh" > "$OUT/logs/$n.tests.log" 2>&1
     echo "[$n tests] rc=$? after $(( $(date +%s) - start ))s" >> "$OUT/logs/$n.tests.log" ) &
 done
 ( timeout 120 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_notebook_gpu_paths.py \
@@ -29,9 +29,9 @@ for n in $names; do tail -4 "$OUT/logs/$n.tests.log" 2>/dev/null; done | tee -a 
 tail -3 "$OUT/logs/notebook_gpu.log" | tee -a "$OUT/summary.txt"
 pack
 for n in $names; do
-  [ -f "bench/gpu_${ROUND}_$n.sh" ] || continue
+  [ -f "bench/device_runs/gpu_${ROUND}_$n.sh" ] || continue
   s=$(date +%s)
-  ONLY_AB=1 timeout "${AB_LIMIT:-170}" bash "bench/gpu_${ROUND}_$n.sh" > "$OUT/logs/$n.ab.log" 2>&1
+  ONLY_AB=1 timeout "${AB_LIMIT:-170}" bash "bench/device_runs/gpu_${ROUND}_$n.sh" > "$OUT/logs/$n.ab.log" 2>&1
   echo "[$n ab] rc=$? in $(( $(date +%s) - s ))s" >> "$OUT/logs/$n.ab.log"
   tail -40 "$OUT/logs/$n.ab.log" >> "$OUT/summary.txt"
   pack

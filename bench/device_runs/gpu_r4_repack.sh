@@ -4,11 +4,11 @@
 # array indices (no wraparound code) in those kernels and in pass 1, pass 1 with all its loads before the shared
 # stores. Column-strip act-order removed.
 #   usage (device machine, repo root, numpy wheel installed, PYTHONPATH exported, $OUT set):
-#     bash bench/gpu_r4_repack.sh            # tests, then the A/B
-#     SKIP_AB=1 bash bench/gpu_r4_repack.sh  # tests only (<= 120 s): tests/gpu/test_numba_gpu.py (the tests of this
+#     bash bench/device_runs/gpu_r4_repack.sh            # tests, then the A/B
+#     SKIP_AB=1 bash bench/device_runs/gpu_r4_repack.sh  # tests only (<= 120 s): tests/gpu/test_numba_gpu.py (the tests of this
 #                                            # round's kernels first, then the rest of the module in the time left)
 #                                            # and tests/sim/test_numba_weights.py on the real GPU, in parallel
-#     ONLY_AB=1 bash bench/gpu_r4_repack.sh  # A/B only (<= 150 s): bench_repack.py --ab, HEAD kernels loaded from
+#     ONLY_AB=1 bash bench/device_runs/gpu_r4_repack.sh  # A/B only (<= 150 s): bench_repack.py --ab, HEAD kernels loaded from
 #                                            # artifacts/r4_repack_old/ vs the working tree, same inputs, bit-compared
 # Carry: artifacts/r4_repack_old (the HEAD copy of kernels_numba/marlin_repack.py).
 # Writes $OUT/repack/{gpu_tests.log, weights_on_gpu.log, ab.log, ab_repack_r4_<gpu>.json, summary.txt}.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Round 2, GEMM: tests/gpu/test_gemm.py on the working tree, then an A/B of the HEAD GEMM (copies in
 # artifacts/round2_gemm_old/, carried by the lead) against the working tree, in one process on the same inputs.
-#   usage (device machine, repo root, numpy wheel installed, PYTHONPATH exported):  bash bench/gpu_round2_gemm.sh
+#   usage (device machine, repo root, numpy wheel installed, PYTHONPATH exported):  bash bench/device_runs/gpu_round2_gemm.sh
 # Writes $OUT/gemm/{gpu_tests.log, partition_check.log, ab.log, ab/, probe.log, probe/, summary.txt}; ends by printing
 # old / new / ratio per cell.
 set -u

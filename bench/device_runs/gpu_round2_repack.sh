@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Round 2, repack: the direct act-order / AWQ kernels and the row-major FP8 transpose tile.
-#   usage (device machine, repo root, numpy wheel installed, PYTHONPATH exported):  bash bench/gpu_round2_repack.sh
+#   usage (device machine, repo root, numpy wheel installed, PYTHONPATH exported):  bash bench/device_runs/gpu_round2_repack.sh
 # (1) tests/gpu/test_numba_gpu.py, and tests/sim/test_numba_weights.py on the real GPU (NUMBA_ENABLE_CUDASIM=0:
 #     compiled integer semantics, every new kernel variant incl. partial k-blocks, poisoned outputs);
 # (2) bench/bench_repack.py --ab: old kernels (HEAD code, still in the module, unchanged: staged kernel, direct

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for MoE: tests/gpu/test_moe.py, then bench/bench_moe.py (issue 7).
-#   usage (device machine, repo root):  bash bench/gpu_session_moe.sh [--quick]
+#   usage (device machine, repo root):  bash bench/device_runs/gpu_session_moe.sh [--quick]
 # Logs and results go to $OUT (default ./artifacts/gpu_out).
 set -u
 OUT=${OUT:-$PWD/artifacts/gpu_out}

@@ -3,10 +3,10 @@
 # Marlin -> AWQ with 8-byte stores, Marlin -> GPTQ 8-bit with two columns per thread and 8-byte stores, and the
 # two-pass act-order repack (GPTQ rows -> N-packed rows -> Marlin through perm).
 #   usage (device machine, repo root, numpy wheel installed, PYTHONPATH exported, $OUT set):
-#     bash bench/gpu_r3_repack.sh            # tests, then the A/B
-#     SKIP_AB=1 bash bench/gpu_r3_repack.sh  # tests only (<= 120 s): the repack part of tests/gpu/test_numba_gpu.py
+#     bash bench/device_runs/gpu_r3_repack.sh            # tests, then the A/B
+#     SKIP_AB=1 bash bench/device_runs/gpu_r3_repack.sh  # tests only (<= 120 s): the repack part of tests/gpu/test_numba_gpu.py
 #                                            # and tests/sim/test_numba_weights.py on the real GPU, in parallel
-#     ONLY_AB=1 bash bench/gpu_r3_repack.sh  # A/B only (<= 150 s): bench_repack.py --ab, HEAD kernels loaded from
+#     ONLY_AB=1 bash bench/device_runs/gpu_r3_repack.sh  # A/B only (<= 150 s): bench_repack.py --ab, HEAD kernels loaded from
 #                                            # artifacts/r3_repack_old/ vs the working tree, same inputs, bit-compared
 # Carry: artifacts/r3_repack_old (the HEAD copy of kernels_numba/marlin_repack.py).
 # GPU test subset: the round-3 switch tests (every switch value at 4096x14336, 14336x4096, 16x64), the row-major

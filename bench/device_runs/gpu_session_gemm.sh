@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the Marlin GEMM: environment, tests/gpu (GEMM), then the benchmark.
-#   usage (on the device machine, repo root):  bash bench/gpu_session_gemm.sh [--quick] [pytest -k expression]
+#   usage (on the device machine, repo root):  bash bench/device_runs/gpu_session_gemm.sh [--quick] [pytest -k expression]
 # Logs and results go to $OUT (default ./artifacts/gpu_out).
 set -u
 OUT=${OUT:-$PWD/artifacts/gpu_out}

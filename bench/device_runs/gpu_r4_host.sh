@@ -4,12 +4,12 @@
 # and the top-k sum through cuLaunchKernel on argument blocks made once, into intermediates kept per (layer, stream).
 # Run from the repo root on the H200 with $OUT set, the numpy wheel installed and PYTHONPATH exported (by the lead);
 # carry artifacts/r4_host_old (HEAD's gemm.py, gemm_abi.py, moe.py).
-#   SKIP_AB=1 bash bench/gpu_r4_host.sh   tests only (<= 120 s), in parallel:
+#   SKIP_AB=1 bash bench/device_runs/gpu_r4_host.sh   tests only (<= 120 s), in parallel:
 #       plan_check.log   fused_moe new (first call = checked path, then plan calls with fresh values, a changed
 #                        expert map in place, ids out of range, another stream) vs HEAD's fused_moe, bitwise, on
 #                        top_k 1/2/6/8, every weight type, fp16/bf16, expert -1; one case against moe_reference
 #       moe_tests.log    tests/gpu/test_moe.py fused/batched/layer tests; tests/cpu/test_moe_plan.py
-#   ONLY_AB=1 bash bench/gpu_r4_host.sh   A/B only (<= 90 s): bench/bench_host.py --moe-only, old (HEAD) vs new
+#   ONLY_AB=1 bash bench/device_runs/gpu_r4_host.sh   A/B only (<= 90 s): bench/bench_host.py --moe-only, old (HEAD) vs new
 #                        host / wall / device us per fused_moe call, Mixtral-like and DeepSeek-like, M = 1, 8, 64
 # Writes $OUT/host/; ends by printing old / new / ratio per cell.
 set -u

@@ -3,13 +3,13 @@
 # block, batched MoE dispatches without per-dispatch views). Run from the repo root on the H200 with $OUT set, the
 # numpy wheel installed and PYTHONPATH exported (by the lead); carry artifacts/r3_host_old (HEAD's gemm.py,
 # gemm_abi.py, moe.py).
-#   SKIP_AB=1 bash bench/gpu_r3_host.sh   tests only (<= 120 s), in parallel:
+#   SKIP_AB=1 bash bench/device_runs/gpu_r3_host.sh   tests only (<= 120 s), in parallel:
 #       launch_check.log  every launch branch, new (direct launch, first call and cached call) vs the CuPy-call launch
 #                         vs HEAD's launch path, bitwise, and within tests/gpu's fp32 bound; graph capture of a cached
 #                         call; batched MoE new vs HEAD vs a dense loop, bitwise; fused_moe new vs HEAD, bitwise
 #       gemm_tests.log    tests/gpu/test_gemm.py without the random grid (streams, graphs, M = 0, strides, refusals)
 #       moe_tests.log     tests/gpu/test_moe.py batched/fused/layer tests
-#   ONLY_AB=1 bash bench/gpu_r3_host.sh   A/B only (<= 90 s): bench/bench_host.py, old vs new host/wall/device us
+#   ONLY_AB=1 bash bench/device_runs/gpu_r3_host.sh   A/B only (<= 90 s): bench/bench_host.py, old vs new host/wall/device us
 # Writes $OUT/host/; ends by printing old / new / ratio per cell.
 set -u
 OUT=${OUT:-$PWD/artifacts/gpu_out}

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Round 4, engineer "kernels" (issues #4 / #7): Phase B of the shared main loop -- operand swap for M <= 8 (dense) and
-# moe_block_size 8 (fused MoE): one mma per 16x16 sub-block on C^T = W^T A^T, transposed back with shuffles once per
-# finished tile; the deferred slice count only for kernels with >= 2 m16 blocks. And a trustworthy MoE A/B
-# (bench/bench_moe.py: warm-up, rotating order, GPU spin so host time stays out of the events, median + IQR).
-#   usage (device machine, repo root, numpy wheel installed, PYTHONPATH exported, carry artifacts/r4_kernels_old):
-#     bash bench/gpu_r4_kernels.sh            tests, then A/B
-#     SKIP_AB=1 bash bench/gpu_r4_kernels.sh  tests only (<= 140 s): tests/gpu/test_gemm.py, tests/gpu/test_moe.py
-#                                             and a dense partition check against HEAD, in parallel
-#     ONLY_AB=1 bash bench/gpu_r4_kernels.sh  A/B only (<= 150 s): dense GEMM (bench/ab_gemm.py: old, new,
-#                                             new-noswap, new-deferall) and fused MoE (bench/bench_moe.py --ab-old:
-#                                             old, new, new-b1, new-b2, new-noswap); old = HEAD copies in $R4_KERNELS_OLD
+# Round 5, engineer "kernels" (issues #4 / #7): register double buffering in the shared main loop
+# (kernels_cuda/marlin_mainloop.cuh): a warp's k16 tile i + 1 (B words, A ldmatrix, the group's scale / zero data,
+# per-row scales) is loaded before tile i's dequant + mma, and a stage's first tile right after the stage barrier,
+# before the next stage's global fetch is issued. Only load timing changes: every output must be bitwise = HEAD.
+#   usage (device machine, repo root, numpy wheel installed, PYTHONPATH exported, carry artifacts/r5_kernels_old):
+#     bash bench/device_runs/gpu_r5_kernels.sh            tests, then A/B
+#     SKIP_AB=1 bash bench/device_runs/gpu_r5_kernels.sh  tests only (<= 140 s): tests/gpu/test_gemm.py, tests/gpu/test_moe.py
+#                                             and a dense partition check against HEAD (bitwise), in parallel
+#     ONLY_AB=1 bash bench/device_runs/gpu_r5_kernels.sh  A/B only (<= 150 s): dense GEMM (bench/ab_gemm.py: old, new) and fused
+#                                             MoE (bench/bench_moe.py --ab-old: old, new); old = HEAD copies in
+#                                             $R5_KERNELS_OLD
 # Writes $OUT/kernels/{gemm_tests.log, moe_tests.log, partition_check.log, ab_gemm*.log, ab_gemm*/, ab_moe.log,
-# ab_moe/, summary.txt}; ends by printing old / new / ratio per cell.
+# ab_moe/, summary.txt}; ends by printing old / new / ratio / bitwise per cell.
 set -u
 OUT=${OUT:-$PWD/artifacts/gpu_out}
 D="$OUT/kernels"
-OLD=${R4_KERNELS_OLD:-artifacts/r4_kernels_old}
+OLD=${R5_KERNELS_OLD:-artifacts/r5_kernels_old}
 mkdir -p "$D"
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/artifacts/cupy_cache} NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
   NUMBA_CUDA_WARN_ON_IMPLICIT_COPY=0
@@ -31,9 +31,8 @@ timeout 140 python3 -m pytest -p no:cacheprovider -x -q -rs tests/gpu/test_moe.p
 p_moe=$!
 # Partitions the test module does not reach (it runs on all SMs, where small shapes give every block <= 1 step):
 # few "SMs", so blocks straddle slices / share them with the deferred or immediate count. Within the fp32 bound, C
-# fully written, bitwise repeatable; new == HEAD bitwise required where the loop is not swapped (same partition, same
-# summation order); on the swapped loop (M <= 8) bitwise equality with HEAD is recorded, not required (the mma of
-# the transpose adds the same products; whether in the same order inside the tensor core is what it tells).
+# fully written, bitwise repeatable, and new == HEAD bitwise in every run (same configuration, same partition, same
+# fp operations in the same order: double buffering moves only loads).
 timeout 140 python3 - "$OLD" > "$D/partition_check.log" 2>&1 <<'PY' &
 import importlib.util, pathlib, sys
 import numpy as np, cupy as cp
@@ -58,9 +57,8 @@ _, _, smem_limit, sm_smem = gemm.device_properties(0)
 cfgs = {name: [mod.choose_config(gemm.act_scalar_type(act), wt, m, n, k, gs, False, smem_limit, sm_smem=sm_smem,
                                  sms=sms) for m, k, n, wt, gs, act, sms in CASES]
         for name, mod in (("new", gemm), ("old", old))}
-# same tile geometry and grid as HEAD (the names differ by SWAP / DEFER_COUNT), so the same partition
-geo = lambda c: (c.m_blocks, c.n_tiles, c.k_warp, c.stages, c.group_mode, c.blocks_per_sm)
-assert [geo(c) for c in cfgs["new"]] == [geo(c) for c in cfgs["old"]], cfgs
+# the same kernel configuration and grid as HEAD, so the same partition
+assert [c.name_expression for c in cfgs["new"]] == [c.name_expression for c in cfgs["old"]], cfgs
 assert all(gemm.grid_blocks(a, m, n, k, sms) == old.grid_blocks(b, m, n, k, sms)
            for (m, k, n, wt, gs, act, sms), a, b in zip(CASES, cfgs["new"], cfgs["old"]))
 gemm.precompile(cfgs["new"], workers=8); old.precompile(cfgs["old"], workers=8)
@@ -84,7 +82,7 @@ for (m, k, n, wt, gs, act, sms), cfg in zip(CASES, cfgs["new"]):
             same = np.array_equal(out, old_run(a, w, mode, sms))
             swap_same.setdefault(cfg.swap, []).append(same)
             if not (np.all(np.isfinite(out)) and excess <= 0 and np.array_equal(out, again)
-                    and (same or cfg.swap)):
+                    and same):
                 failures += 1
                 print(f"FAIL m={m} k={k} n={n} {wt} {np.dtype(act)} sms={sms} {mode} align={align}: "
                       f"excess {excess:.3g}, bitwise = HEAD: {same}, repeatable: {np.array_equal(out, again)}")
@@ -104,25 +102,23 @@ tail -3 "$D/gemm_tests.log" "$D/moe_tests.log" "$D/partition_check.log"
 fi
 
 if [ -z "${SKIP_AB:-}" ]; then
-# Dense: old (HEAD) vs new on the same weights, interleaved (CUDA graphs). M <= 8 also: new-noswap (the swap off:
-# old vs new-noswap isolates the immediate slice count) and new-deferall (the swap with HEAD's deferred count).
-# M = 16 / 64: bits_equal_old must be true (unswapped loop, same partition). Small layers first (JSON per layer).
+# Dense: old (HEAD) vs new on the same weights, interleaved (CUDA graphs); bits_equal_old must be true in every cell.
 start=$(date +%s)
-timeout 50 python3 bench/ab_gemm.py --out "$D/ab_gemm" --old-dir "$OLD" --variants new,old,new-noswap,new-deferall \
-  --m 1,8 --no-tinygemm --labels "u4b8 g128 fp16" > "$D/ab_gemm.log" 2>&1
+timeout 55 python3 bench/ab_gemm.py --out "$D/ab_gemm" --old-dir "$OLD" --variants new,old --m 1,8 \
+  --no-tinygemm --labels "u4b8 g128 fp16" > "$D/ab_gemm.log" 2>&1
 echo "ab gemm u4b8 M<=8: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$D/ab_gemm.log"
 start=$(date +%s)
-timeout 35 python3 bench/ab_gemm.py --out "$D/ab_gemm16" --old-dir "$OLD" --variants new,old --m 16,64 \
+timeout 40 python3 bench/ab_gemm.py --out "$D/ab_gemm16" --old-dir "$OLD" --variants new,old --m 16,64 \
   --no-tinygemm --labels "u4b8 g128 fp16" > "$D/ab_gemm16.log" 2>&1
 echo "ab gemm u4b8 M=16,64: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$D/ab_gemm16.log"
 start=$(date +%s)
-timeout 20 python3 bench/ab_gemm.py --out "$D/ab_gemm8" --old-dir "$OLD" --variants new,old,new-noswap --m 1 \
+timeout 20 python3 bench/ab_gemm.py --out "$D/ab_gemm8" --old-dir "$OLD" --variants new,old --m 1 \
   --no-tinygemm --shapes 8192x8192 --labels "u8b128,fe4m3fn" > "$D/ab_gemm8.log" 2>&1
 echo "ab gemm 8-bit: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$D/ab_gemm8.log"
-# MoE: old (HEAD), new (automatic), and the forced / unswapped variants where their kernel differs from new's.
+# MoE: old (HEAD) vs new (automatic configuration, the same kernel template arguments as HEAD's).
 start=$(date +%s)
-timeout 40 python3 bench/bench_moe.py --out "$D/ab_moe" --ab-old "$OLD" --m 1,8,64 --reps 15 \
-  --variants new-b1,new-b2,new-noswap > "$D/ab_moe.log" 2>&1
+timeout 35 python3 bench/bench_moe.py --out "$D/ab_moe" --ab-old "$OLD" --m 1,8,64 --reps 15 \
+  --variants new > "$D/ab_moe.log" 2>&1
 echo "ab moe: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$D/ab_moe.log"
 
 python3 - "$D" <<'PY' 2>&1 | tee "$D/summary.txt"
@@ -135,36 +131,31 @@ for r in rows:
         label, variant = r["method"].rsplit(" [", 1)
         cells.setdefault((r["k"], r["n"], r["m"], label.replace("marlin ", "")), {})[variant[:-1]] = r
 nan = float("nan")
-print("dense GEMM (us; noswap / deferall = new without the swap / with HEAD's deferred count; bits = new bitwise = HEAD)")
-print(f"{'K x N':>12} {'M':>3} {'weights':16} {'old':>8} {'new':>8} {'new/old':>8} {'noswap':>8} {'deferall':>8} "
-      f"{'config':>14} {'bits':>5}")
+print("dense GEMM (us; bits = new bitwise = HEAD, required)")
+print(f"{'K x N':>12} {'M':>3} {'weights':16} {'old':>8} {'new':>8} {'new/old':>8} {'config':>14} {'bits':>5}")
 for (k, n, m, label), v in cells.items():
     if "old" in v and "new" in v:
         o, nw = v["old"]["us"], v["new"]["us"]
-        ns, da = (v.get(x, {}).get("us", nan) for x in ("new-noswap", "new-deferall"))
-        print(f"{k:>5}x{n:<6} {m:>3} {label:16} {o:8.2f} {nw:8.2f} {nw / o:8.3f} {ns:8.2f} {da:8.2f} "
+        print(f"{k:>5}x{n:<6} {m:>3} {label:16} {o:8.2f} {nw:8.2f} {nw / o:8.3f} "
               f"{v['new'].get('config', ''):>14} {str(v['new'].get('bits_equal_old')):>5}")
 if not rows:
     print("  no dense A/B results (see ab_gemm*.log)")
 moe = glob.glob(f"{d}/ab_moe/ab_moe.json")
-print("\nfused MoE (median us [IQR] of interleaved, warmed, host-free calls; b1 / b2 = forced one / two CTAs per SM;"
-      " noswap = block 8 without the swap; bits = every new variant bitwise = HEAD)")
+print("\nfused MoE (median us [IQR] of interleaved, warmed, host-free calls; bits = new bitwise = HEAD, required)")
 if not moe:
     print("  no MoE A/B results (see ab_moe.log)")
 else:
     by = {}
     for r in json.load(open(moe[0]))["rows"]:
         by.setdefault((r["config"], r["m"]), {})[r["variant"]] = r
-    print(f"{'config':>10} {'M':>3} {'old':>17} {'new':>17} {'new/old':>8} {'b1':>8} {'b2':>8} {'noswap':>8} "
-          f"{'new shape':>22} {'bits':>5}")
+    print(f"{'config':>10} {'M':>3} {'old':>17} {'new':>17} {'new/old':>8} {'new shape':>22} {'bits':>5}")
     iq = lambda r: f"{r['us']:7.2f}[{r.get('us_q75', nan) - r.get('us_q25', nan):4.1f}]"
     for (cfg, m), v in by.items():
         if "old" not in v or "new" not in v:
             continue
         o, nw = v["old"]["us"], v["new"]["us"]
-        b1, b2, ns = (v.get(x, {}).get("us", nan) for x in ("new-b1", "new-b2", "new-noswap"))
         bits = all(r["bits_equal_old"] for x, r in v.items() if x != "old")
-        print(f"{cfg:>10} {m:>3} {iq(v['old']):>17} {iq(v['new']):>17} {nw / o:8.3f} {b1:8.2f} {b2:8.2f} {ns:8.2f} "
-              f"{v['new']['shape']:>22} {str(bits):>5}")
+        print(f"{cfg:>10} {m:>3} {iq(v['old']):>17} {iq(v['new']):>17} {nw / o:8.3f} {v['new']['shape']:>22} "
+              f"{str(bits):>5}")
 PY
 fi

@@ -2,10 +2,10 @@
 # Round 3, engineer "kernels" (issues #7 / #4): the dense and fused-MoE Marlin kernels share one main loop
 # (kernels_cuda/marlin_mainloop.cuh); the MoE kernel gains the per-group cached pairs and a two-CTA-per-SM variant.
 #   usage (device machine, repo root, numpy wheel installed, PYTHONPATH exported, carry artifacts/r3_kernels_old):
-#     bash bench/gpu_r3_kernels.sh            tests, then A/B
-#     SKIP_AB=1 bash bench/gpu_r3_kernels.sh  tests only (<= 120 s): tests/gpu/test_gemm.py, tests/gpu/test_moe.py
+#     bash bench/device_runs/gpu_r3_kernels.sh            tests, then A/B
+#     SKIP_AB=1 bash bench/device_runs/gpu_r3_kernels.sh  tests only (<= 120 s): tests/gpu/test_gemm.py, tests/gpu/test_moe.py
 #                                             and a dense partition check (bitwise = HEAD), in parallel
-#     ONLY_AB=1 bash bench/gpu_r3_kernels.sh  A/B only (<= 150 s): dense GEMM (bench/ab_gemm.py) and fused MoE
+#     ONLY_AB=1 bash bench/device_runs/gpu_r3_kernels.sh  A/B only (<= 150 s): dense GEMM (bench/ab_gemm.py) and fused MoE
 #                                             (bench/bench_moe.py --ab-old), old = HEAD copies in $R3_KERNELS_OLD
 # Writes $OUT/kernels/{gemm_tests.log, moe_tests.log, partition_check.log, ab_gemm*.log, ab_gemm*/, ab_moe.log,
 # ab_moe/, summary.txt}; ends by printing old / new / ratio per cell.
