@@ -2,12 +2,13 @@
 launches for Nsight Compute.
 
     python bench/profile_gemm.py sweep            # prints µs per (shape, M, config, sms)
-    ncu ... python bench/profile_gemm.py launch M K N   # 3 launches of the default config (profile the last)
+    ncu ... python bench/profile_gemm.py launch M K N [u4b8|u8b128|fe4m3fn]   # 3 launches (profile the last)
 
 Weights are random words (timing does not depend on their values). Results feed bench/NOTES_gemm.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
@@ -25,10 +26,12 @@ def forced(config_fields):
     """Replace choose_config so that every launch uses the given (n_tiles, k_warp, stages)."""
     original = gemm.choose_config
 
-    def choose(act, weight, size_m, size_n, size_k, group_size, per_row, smem_limit, thread_k=-1, thread_n=-1):
-        base = original(act, weight, size_m, size_n, size_k, group_size, per_row, smem_limit)
+    def choose(act, weight, size_m, size_n, size_k, group_size, per_row, smem_limit, thread_k=-1, thread_n=-1,
+               **kwargs):
+        base = original(act, weight, size_m, size_n, size_k, group_size, per_row, smem_limit, **kwargs)
         n_tiles, k_warp, stages = config_fields
-        return gemm.KernelConfig(act, weight, base.m_blocks, n_tiles, k_warp, stages, base.group_mode)
+        # one block per SM: the forced shape need not fit the 128-register two-block variant
+        return dataclasses.replace(base, n_tiles=n_tiles, k_warp=k_warp, stages=stages, blocks_per_sm=1)
 
     return original, choose
 
@@ -76,11 +79,12 @@ def sweep() -> None:
         print(f"M=1 8192x8192 {wt} g{gs}: {us:.2f} us", flush=True)
 
 
-def launch(m: int, k: int, n: int) -> None:
+def launch(m: int, k: int, n: int, weight: str = "u4b8") -> None:
     import cupy as cp
 
+    wt = S[weight.upper()]
     rng = np.random.default_rng(0)
-    w = random_weight(cp, k, n, S.U4B8, 128, np.float16, rng)
+    w = random_weight(cp, k, n, wt, -1 if wt is S.FE4M3FN else 128, np.float16, rng)
     a = cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(np.float16))
     for _ in range(3):
         gemm.marlin_gemm(a, w)
@@ -91,4 +95,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "sweep":
         sweep()
     else:
-        launch(*(int(x) for x in sys.argv[2:5]))
+        launch(*(int(x) for x in sys.argv[2:5]), *sys.argv[5:6])
