@@ -750,6 +750,11 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     The fused path checks everything on the first call with given shapes, dtypes, devices, top_k, block size,
     expert-map layout and stream, then keeps a plan (``_LayerPlan``) on w13: later such calls re-check the stacks
     and hidden's alignment and launch the five kernels straight through the driver. No call synchronises.
+
+    CUDA graphs: a captured call keeps the addresses of its intermediates — the plan's buffers (freed when the stack
+    is dropped or its plans are cleared after ``_MAX_PLANS_PER_STACK`` different call signatures) or, on a first
+    call, CuPy pool blocks that later allocations may reuse. For graph capture prefer ``gemm_phase_fused`` with
+    buffers you own; replaying a captured ``fused_moe`` after its buffers were released is not safe.
     """
     if path not in PATHS:
         raise ValueError(f"path = {path!r} is not one of {PATHS}")
