@@ -92,9 +92,10 @@ def main() -> int:
             kernel = kr._perm_repack_kernel(bits)
             grid = kr.perm_grid(k, n, bits, experts)
             launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](src, perm, out, n)  # noqa: E731
-        elif source == "awq" and not staged:
-            kernel = kr._awq_direct_repack_kernel(bits)
-            grid = kr.awq_grid(k, n, bits, experts)
+        elif source == "awq" and not staged:  # the wrapper's choice of grid order (kr._launch_repack)
+            nfast = kr.AWQ_REPACK_N_FASTEST and kr.grid_n_fastest_fits(k, kr.AWQ_K_TILES_PER_THREAD[bits])
+            kernel = kr._awq_direct_repack_kernel(bits, n_fastest=nfast)
+            grid = kr.awq_grid(k, n, bits, experts, n_fastest=nfast)
             launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](src, out, n)  # noqa: E731
         elif source == "row_major_bytes" and not staged and not direct_row_major:
             kernel = kr._transpose_repack_kernel(False)
