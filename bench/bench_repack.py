@@ -85,23 +85,12 @@ def main() -> int:
                       direct_row_major=False):
         pf = 32 // bits
         out = cuda.device_array((experts, k // 16, n * 16 // pf), np.uint32, stream=stream)
-        if source == "gptq_perm" and not staged and kr.ACT_ORDER_TWO_PASS and experts == 1:  # the wrapper's route
-            temp = cuda.device_array((1, k, n // pf), np.uint32, stream=stream)
-            launch = lambda: kr.launch_act_order_two_pass(src, perm, out, k, n, bits, stream, temp)  # noqa: E731
-        elif source == "gptq_perm" and not staged:
-            kernel = kr._perm_repack_kernel(bits)
-            grid = kr.perm_grid(k, n, bits, experts)
-            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](src, perm, out, n)  # noqa: E731
-        elif source == "awq" and not staged:  # the wrapper's choice of grid order (kr._launch_repack)
-            nfast = kr.AWQ_REPACK_N_FASTEST and kr.grid_n_fastest_fits(k, kr.AWQ_K_TILES_PER_THREAD[bits])
-            kernel = kr._awq_direct_repack_kernel(bits, n_fastest=nfast)
-            grid = kr.awq_grid(k, n, bits, experts, n_fastest=nfast)
-            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](src, out, n)  # noqa: E731
-        elif source == "row_major_bytes" and not staged and not direct_row_major:
-            kernel = kr._transpose_repack_kernel(False)
-            grid = kr.transpose_grid(k, n, experts)
-            launch = lambda: kernel[grid, kr.TRANSPOSE_THREADS, stream](src, out, n)  # noqa: E731
-        elif source in ("gptq", "row_major_bytes") and not staged:
+        sweep = ktpt is not None or direct_threads != kr.DIRECT_THREADS or direct_row_major
+        if not staged and not sweep:  # exactly the wrappers' kernel and grid
+            temp = cuda.device_array((1, k, n // pf), np.uint32, stream=stream) if kr.uses_two_pass(source, experts) \
+                else None
+            launch = kr.weight_repack_launch(src, perm, out, bits, source, k, n, stream, temp)
+        elif source in ("gptq", "row_major_bytes") and not staged:  # launch-shape sweep of the direct kernel
             kernel = kr._direct_repack_kernel(bits, source, ktpt, direct_threads)
             grid = kr.direct_grid(k, n, bits, experts, ktpt, direct_threads)
             launch = lambda: kernel[grid, direct_threads, stream](src, out, n)  # noqa: E731

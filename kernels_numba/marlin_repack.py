@@ -1406,12 +1406,37 @@ def _check_sizes(size_k: int, size_n: int, bits: int) -> None:
         raise ValueError(f"size_n = {size_n} is not divisible by tile_n_size = {TILE_N}")
 
 
+def uses_two_pass(source: str, experts: int) -> bool:
+    """Whether the act-order repack goes through the two-pass route (it needs an N-packed temporary [1, K, N/pf])."""
+    return source == "gptq_perm" and ACT_ORDER_TWO_PASS and experts == 1
+
+
+def weight_repack_launch(src, perm, out, bits: int, source: str, size_k: int, size_n: int, stream, temp=None):
+    """The kernel and grid the wrappers use for one (stacked) weight repack, as a zero-argument launch, so that the
+    benchmark times exactly what the wrappers run. GPTQ rows go through the direct kernel, act-order through the
+    two-pass repack for one matrix (``temp``: see uses_two_pass) and the one-pass perm gather for stacked experts,
+    AWQ through the direct AWQ kernel, row-major FP8 through the shared-memory transpose tile."""
+    experts = src.shape[0]
+    if source == "gptq":
+        grid = direct_grid(size_k, size_n, bits, experts)
+        return lambda: _direct_repack_kernel(bits, source)[grid, DIRECT_THREADS, stream](src, out, size_n)
+    if uses_two_pass(source, experts):
+        return lambda: launch_act_order_two_pass(src, perm, out, size_k, size_n, bits, stream, temp)
+    if source == "gptq_perm":
+        grid = perm_grid(size_k, size_n, bits, experts)
+        return lambda: _perm_repack_kernel(bits)[grid, DIRECT_THREADS, stream](src, perm, out, size_n)
+    if source == "awq":
+        nfast = AWQ_REPACK_N_FASTEST and grid_n_fastest_fits(size_k, AWQ_K_TILES_PER_THREAD[bits])
+        grid = awq_grid(size_k, size_n, bits, experts, n_fastest=nfast)
+        return lambda: _awq_direct_repack_kernel(bits, n_fastest=nfast)[grid, DIRECT_THREADS, stream](src, out, size_n)
+    grid = transpose_grid(size_k, size_n, experts)
+    return lambda: _transpose_repack_kernel(False)[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
+
+
 def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool,
                    staged: bool = False):
-    """GPTQ rows go through the direct kernel, act-order through the two-pass repack for one matrix and the
-    one-pass direct perm gather for stacked experts, AWQ through the direct AWQ kernel, row-major FP8 through the
-    shared-memory transpose tile. ``staged=True`` forces the staged kernel
-    (kept for the benchmark's comparison and tested like the rest)."""
+    """The repack through weight_repack_launch's kernel; ``staged=True`` forces the staged kernel (kept for the
+    benchmark's comparison and tested like the rest)."""
     experts = src.shape[0]
     pf = 32 // bits
     out = arrays.empty((experts, size_k // TILE_K, size_n * TILE_K // pf), np.uint32)
@@ -1421,23 +1446,9 @@ def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: in
             perm = arrays.take(np.zeros((1, 1), np.int32), "perm")
         grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
         _repack_kernel(bits, source)[grid, THREADS, stream](src, perm, out, size_n)
-    elif source == "gptq":
-        grid = direct_grid(size_k, size_n, bits, experts)
-        _direct_repack_kernel(bits, source)[grid, DIRECT_THREADS, stream](src, out, size_n)
-    elif source == "gptq_perm" and ACT_ORDER_TWO_PASS and experts == 1:
-        # two passes through an N-packed temporary of the layer's size (stacks keep the one-pass kernel below)
-        temp = arrays.empty((1, size_k, size_n // pf), np.uint32)
-        launch_act_order_two_pass(src, perm, out, size_k, size_n, bits, stream, temp)
-    elif source == "gptq_perm":
-        grid = perm_grid(size_k, size_n, bits, experts)
-        _perm_repack_kernel(bits)[grid, DIRECT_THREADS, stream](src, perm, out, size_n)
-    elif source == "awq":
-        nfast = AWQ_REPACK_N_FASTEST and grid_n_fastest_fits(size_k, AWQ_K_TILES_PER_THREAD[bits])
-        grid = awq_grid(size_k, size_n, bits, experts, n_fastest=nfast)
-        _awq_direct_repack_kernel(bits, n_fastest=nfast)[grid, DIRECT_THREADS, stream](src, out, size_n)
     else:
-        grid = transpose_grid(size_k, size_n, experts)
-        _transpose_repack_kernel(False)[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
+        temp = arrays.empty((1, size_k, size_n // pf), np.uint32) if uses_two_pass(source, experts) else None
+        weight_repack_launch(src, perm, out, bits, source, size_k, size_n, stream, temp)()
     return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
 
 
