@@ -640,10 +640,16 @@ def _record_key(launch: MarlinLaunch) -> tuple:
     return (bytes(launch)[_SCALARS_OFFSET:],) + tuple(not getattr(launch, f) for f in _POINTER_FIELDS)
 
 
-def prepare_launch(launch: MarlinLaunch) -> PreparedLaunch:
-    """check_launch on the device's properties, then the prepared launch (cached per record layout)."""
+def prepare_launch(launch: MarlinLaunch, *, config: KernelConfig | None = None, grid: int | None = None
+                   ) -> PreparedLaunch:
+    """check_launch on the device's properties, then the prepared launch (cached per record layout).
+
+    ``config`` / ``grid`` force the kernel configuration and the number of blocks instead of choose_config /
+    grid_blocks (bench/sweep_gemm.py times the alternatives): checked by ``_prepare_forced``, never cached."""
     if not isinstance(launch, MarlinLaunch):
         raise TypeError(f"expected a MarlinLaunch record, got {type(launch).__name__}")
+    if config is not None or grid is not None:
+        return _prepare_forced(launch, config, grid)
     key = _record_key(launch)
     prepared = _prepared.get(key)
     if prepared is None:
@@ -653,6 +659,58 @@ def prepare_launch(launch: MarlinLaunch) -> PreparedLaunch:
         if len(_prepared) >= _MAX_PLANS:
             _prepared.clear()
         _prepared[key] = prepared
+    return prepared
+
+
+def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int | None) -> PreparedLaunch:
+    """prepare_launch with a forced configuration and/or grid: every rule of check_launch, then ValueError unless the
+    configuration is one the kernel computes this problem correctly with (same types and group mode, tile divides
+    (K, N) and the group size, swap only for M <= 8, two blocks per SM only with 16-row tiles, shared memory fits)
+    and every block of the grid can be resident (the in-C reduction waits on other blocks; the scratch buffers
+    hold sms x blocks_per_sm blocks)."""
+    cc, device_sms, smem_limit, sm_smem = device_properties(launch.device)
+    default, sms, _ = check_launch(launch, cc, device_sms, smem_limit, sm_smem)
+    cfg = default if config is None else config
+    if not isinstance(cfg, KernelConfig):
+        raise TypeError(f"config must be a KernelConfig, got {type(cfg).__name__}")
+    m, n, k = max(launch.prob_m, 1), launch.prob_n, launch.prob_k
+    if (cfg.act, cfg.weight, cfg.group_mode) != (default.act, default.weight, default.group_mode):
+        raise _err(f"config (act, weight, group_mode) = ({cfg.act}, {cfg.weight}, {cfg.group_mode}) does not match "
+                   f"the problem's ({default.act}, {default.weight}, {default.group_mode})")
+    if (cfg.n_tiles, cfg.k_warp) not in _THREAD_SHAPES or not 1 <= cfg.m_blocks <= 4:
+        raise _err(f"config (m_blocks, n_tiles, k_warp) = ({cfg.m_blocks}, {cfg.n_tiles}, {cfg.k_warp}) is not a "
+                   f"kernel shape (m_blocks 1..4, (n_tiles, k_warp) in {sorted(_THREAD_SHAPES)})")
+    if k % cfg.block_k or n % cfg.block_n:
+        raise _err(f"config tile (thread_k, thread_n) = ({cfg.block_k}, {cfg.block_n}) does not divide "
+                   f"(size_k, size_n) = ({k}, {n})")
+    group_size = -1 if launch.num_groups == 1 else launch.group_size
+    if cfg.group_mode == GROUP_GROUPED and group_size % cfg.block_k and cfg.block_k % group_size:
+        raise _err(f"config thread_k = {cfg.block_k} and group_size = {group_size}: neither divides the other")
+    if cfg.blocks_per_sm not in (1, 2) or (cfg.blocks_per_sm == 2 and cfg.m_blocks != 1):
+        raise _err(f"config blocks_per_sm = {cfg.blocks_per_sm} with m_blocks = {cfg.m_blocks}: 1, or 2 with "
+                   f"m_blocks = 1")
+    if cfg.swap and (cfg.m_blocks != 1 or m > 8):
+        raise _err(f"config swap = True needs m_blocks = 1 and size_m <= 8 (got {cfg.m_blocks}, {m})")
+    limit = smem_limit if cfg.blocks_per_sm == 1 else min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)
+    if cfg.smem_bytes > limit:
+        raise _err(f"config needs {cfg.smem_bytes} bytes of shared memory; {cfg.blocks_per_sm} block(s) per SM "
+                   f"leave {limit}")
+    iterations = math.ceil(m / cfg.block_m) * (n // cfg.block_n) * (k // cfg.block_k)
+    if iterations >= 2**31:
+        raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
+    if grid is None:
+        grid = grid_blocks(cfg, m, n, k, sms)
+    most = min(iterations, sms * cfg.blocks_per_sm)
+    if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or not 1 <= grid <= most:
+        raise _err(f"grid = {grid!r} must be an int in [1, {most}] (min(pipeline steps = {iterations}, sms = {sms} "
+                   f"x blocks_per_sm = {cfg.blocks_per_sm}))")
+    prepared = PreparedLaunch(launch, cfg, sms, int(grid))
+    if launch.prob_m > 0:
+        resident = resident_blocks(cfg.name_expression, launch.device)
+        if grid > sms * resident:
+            raise _err(f"grid = {grid} blocks cannot all be resident: the driver keeps {resident} block(s) of "
+                       f"{cfg.name_expression} per SM on {sms} SMs")
+        prepared.grid = int(grid)  # (PreparedLaunch shrinks the planned grid when fewer blocks are resident)
     return prepared
 
 
