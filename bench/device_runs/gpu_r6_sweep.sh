@@ -10,7 +10,7 @@
 #                                             sweep's own reference (identity activations = the dequantized weight,
 #                                             bit for bit); plus tests/cpu/test_sweep_gemm.py (fake device)
 #     ONLY_AB=1 bash bench/device_runs/gpu_r6_sweep.sh  the sweep (<= 150 s): 24 cells, ~5900 candidates, 264
-#                                             instantiations compiled in 16 threads while earlier cells are timed;
+#                                             instantiations compiled in 14 threads while earlier cells are timed;
 #                                             stops cleanly at its budget (128 s) with every finished cell written;
 #                                             SWEEP_KERNEL_DIR=DIR sweeps a copy of kernels_cuda/ (e.g. HEAD's)
 # Writes $OUT/sweep/{selfcheck.log, cpu_tests.log, sweep.log, sweep/sweep_<gpu>.{json,md}, summary.txt}; ends by
@@ -34,7 +34,7 @@ fi
 if [ -z "${SKIP_AB:-}" ]; then
 start=$(date +%s)
 # SWEEP_KERNEL_DIR: sweep another copy of kernels_cuda/ (e.g. HEAD's, if the tree's kernel change is not kept)
-timeout 148 python3 bench/sweep_gemm.py --out "$D/sweep" --budget-s 128 --workers 16 \
+timeout 148 python3 bench/sweep_gemm.py --out "$D/sweep" --budget-s 128 --workers 14 \
   ${SWEEP_KERNEL_DIR:+--kernel-dir "$SWEEP_KERNEL_DIR"} > "$D/sweep.log" 2>&1
 echo "sweep: rc=$? in $(( $(date +%s) - start ))s" | tee -a "$D/sweep.log"
 python3 - "$D" <<'PY' 2>&1 | tee "$D/summary.txt"
