@@ -13,6 +13,8 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
   new-legacy  workbench.gemm with the fbd47ed blocks-per-SM rule (two blocks for every M <= 16 kernel)
   new-noswap  workbench.gemm without the operand swap for M <= 8 (SWAP_MAX_M = 0)
   new-deferall workbench.gemm with the deferred slice count for every kernel (DEFER_COUNT_MIN_M_BLOCKS = 1)
+  new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
+              different configuration, so its bits may differ from old's (another K split)
 Method as bench/bench_gemm.py (CUDA graphs over rotated inputs > 3 x L2). Also records max |new - old| / max |old|
 per cell (same inputs) and whether the outputs are bitwise equal (bits_equal_old: what a change that keeps the
 summation order must give); correctness itself is tests/gpu's job.
@@ -133,7 +135,8 @@ def main(argv=None) -> int:
     all_variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),
                     "new-striped": (gemm, Striped), "new-legacy": (gemm, Legacy),
                     "new-noswap": (gemm, Setting(SWAP_MAX_M=0)),
-                    "new-deferall": (gemm, Setting(DEFER_COUNT_MIN_M_BLOCKS=1))}
+                    "new-deferall": (gemm, Setting(DEFER_COUNT_MIN_M_BLOCKS=1)),
+                    "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8)))}
     names = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(names) - set(all_variants))
     if unknown or "old" not in names:
