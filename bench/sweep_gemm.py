@@ -81,6 +81,8 @@ def _cells() -> list[Cell]:
     cells += [u4(4096, 14336, 1), u4(14336, 4096, 1)]
     cells += [u4(k, n, m) for m in (2, 8, 16) for k, n in ((4096, 4096), (8192, 8192), (4096, 14336), (14336, 4096))]
     cells += [u8(8192, 8192, 1), u8(8192, 28672, 1), u8(8192, 8192, 16), u8(8192, 28672, 16)]
+    # the two large u4b8 layers (two blocks per SM at M <= 16 today), last: HEAD's run had not swept them
+    cells += [u4(k, n, m) for m in (1, 16) for k, n in ((8192, 28672), (28672, 8192))]
     return cells
 
 
@@ -439,6 +441,10 @@ def run(args) -> int:
     dtypes = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
     rng = np.random.default_rng()
     stream = cp.cuda.Stream(non_blocking=True)
+    # everything on the candidates' stream from here on (weights, reference, bound, zeroed locks): work on CuPy's
+    # legacy default stream is not ordered with a non-blocking stream, and HEAD's run checked candidates against
+    # a reference still being computed there (WRONG defaults, whole cells WRONG)
+    stream.use()
     workspace = cp.zeros(gemm.workspace_numel(sms), dtype=np.int32)
     c_tmp = cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32)
     layers = {}  # (weight, gs, act, k, n) -> (rotated weight copies, W (K, N) fp32 of copy 0, |W|)
@@ -500,6 +506,9 @@ def time_cell(cp, gemm_abi, cell, cands, copies, w_exact, w_abs, act, stream, wo
     u = {np.dtype(np.float16): 2.0 ** -11}.get(np.dtype(act), 2.0 ** -8)
     bound = (u + k * 2.0 ** -22) * (cp.abs(a32) @ w_abs) + 1e-30
     c = cp.empty((m, n), dtype=act)
+    # and the whole device idle before the first check: nothing issued elsewhere (another stream, the compile
+    # threads' module loads) can still be writing what the check reads
+    cp.cuda.Device().synchronize()
     nbytes = weight_bytes(k, n, cell.weight, cell.group_size) + m * k * 2 + m * n * 2
     default = cands[0]
     rows = []
@@ -539,8 +548,8 @@ def time_cell(cp, gemm_abi, cell, cands, copies, w_exact, w_abs, act, stream, wo
             out = c.astype(cp.float32)
             # one device -> host transfer for all the verdicts (a non-finite element makes the excess infinite)
             finite = cp.isfinite(out)
-            stats = [cp.max(cp.where(finite, cp.abs(out - ref) - bound, cp.float32(np.inf))),
-                     cp.any(workspace).astype(cp.float32)]
+            gap = cp.where(finite, cp.abs(out - ref) - bound, cp.float32(np.inf))  # (M, N)
+            stats = [cp.max(gap), cp.any(workspace).astype(cp.float32)]
             if out_default is not None:
                 stats += [cp.max(cp.abs(out - out_default)) / max_default, cp.all(c == c_default).astype(cp.float32)]
             values = [float(x) for x in cp.stack(stats).get()]
@@ -548,6 +557,10 @@ def time_cell(cp, gemm_abi, cell, cands, copies, w_exact, w_abs, act, stream, wo
             if not locks_zero:
                 workspace.fill(0)
             row.update(ok=bool(excess <= 0 and locks_zero), excess_over_bound=excess, locks_left_zero=locks_zero)
+            if not row["ok"]:  # where and what, so that a kernel error can be told from a bad reference
+                i, j = divmod(int(cp.argmax(gap).get()), n)
+                row["worst"] = dict(row=i, col=j, out=float(out[i, j].get()), ref=float(ref[i, j].get()),
+                                    bound=float(bound[i, j].get()))
             if out_default is not None:
                 row["rel_diff_vs_default"] = values[2] if math.isfinite(excess) else None
                 row["values_equal_default"] = values[3] == 1  # (fp16 == compares values: +0 == -0)
@@ -557,7 +570,7 @@ def time_cell(cp, gemm_abi, cell, cands, copies, w_exact, w_abs, act, stream, wo
                 max_default = cp.maximum(cp.max(cp.abs(out_default)), cp.float32(1e-30))
         if not row["ok"]:
             print(f"  WRONG {cell.label} {row['config']} grid {cand.grid}: excess over bound {excess:.3g}, locks left "
-                  f"zero {locks_zero}", flush=True)
+                  f"zero {locks_zero}, worst {row.get('worst')}", flush=True)
             return
         us_all = timed(prep)
         us = float(np.median(us_all))
@@ -618,9 +631,10 @@ def selfcheck(args) -> int:
     print(f"compiled in {time.monotonic() - t0:.0f}s ({len(unbuilt)} of {len(errors)} instantiations did not build)",
           flush=True)
     rng = np.random.default_rng()
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.use()  # one stream for everything (see run)
     workspace = cp.zeros(gemm.workspace_numel(sms), dtype=np.int32)
     c_tmp = cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32)
-    stream = cp.cuda.Stream(non_blocking=True)
     failures = checked = 0
     for cell, cands in zip(cells, per_cell):
         mw, q = random_marlin_weight(k, n, cell.weight, cell.group_size, act_dtype=np.float16,
