@@ -37,6 +37,10 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results", help="directory for the JSON and CSV results")
     parser.add_argument("--reps", type=int, default=25, help="timed repetitions per transform (median reported)")
     parser.add_argument("--sweep", action="store_true", help="also sweep the repack launch shape")
+    parser.add_argument("--inverse-only", action="store_true",
+                        help="only the inverse repacks (Marlin -> GPTQ u4/u8, AWQ u4/u8, row-major FP8) on every "
+                             "shape incl. the stacked experts, each input made by the wrappers' forward launch "
+                             "(untimed) and each output checked to round-trip")
     parser.add_argument("--ab", action="store_true",
                         help="round-4 A/B only: HEAD kernels (--ab-old) vs the working tree's, same inputs")
     parser.add_argument("--ab-shapes", default="8192x28672,28672x8192,64x2048x1408",
@@ -84,17 +88,16 @@ def main() -> int:
                       threads=kr.THREADS, note="", staged=False, ktpt=None, direct_threads=kr.DIRECT_THREADS,
                       direct_row_major=False):
         pf = 32 // bits
-        out = cuda.device_array((experts, k // 16, n * 16 // pf), np.uint32, stream=stream)
         sweep = ktpt is not None or direct_threads != kr.DIRECT_THREADS or direct_row_major
         if not staged and not sweep:  # exactly the wrappers' kernel and grid
-            temp = cuda.device_array((1, k, n // pf), np.uint32, stream=stream) if kr.uses_two_pass(source, experts) \
-                else None
-            launch = kr.weight_repack_launch(src, perm, out, bits, source, k, n, stream, temp)
+            out, launch = repack_launch(kr, src, perm, bits, source, k, n, stream)
         elif source in ("gptq", "row_major_bytes") and not staged:  # launch-shape sweep of the direct kernel
+            out = cuda.device_array((experts, k // 16, n * 16 // pf), np.uint32, stream=stream)
             kernel = kr._direct_repack_kernel(bits, source, ktpt, direct_threads)
             grid = kr.direct_grid(k, n, bits, experts, ktpt, direct_threads)
             launch = lambda: kernel[grid, direct_threads, stream](src, out, n)  # noqa: E731
         else:
+            out = cuda.device_array((experts, k // 16, n * 16 // pf), np.uint32, stream=stream)
             kernel = kr._repack_kernel(bits, source, tiles, threads)
             grid = (k // 16, -(-n // (64 * tiles)), experts)
             p = perm if perm is not None else dummy_perm
@@ -107,34 +110,15 @@ def main() -> int:
         record(name, shape, nbytes + extra, nbytes, timed(launch), note)
         return out
 
-    def weight_unpack(name, bits, target, k, n, marlin, experts=1):
-        pf = 32 // bits
-        shape_out = {"gptq": (experts, k // pf, n), "awq": (experts, k, n // pf),
-                     "row_major_bytes": (experts, n, k // 4)}[target]
-        out = cuda.device_array(shape_out, np.uint32, stream=stream)
-        if target == "awq":
-            nfast = kr.AWQ_UNPACK_N_FASTEST and kr.grid_n_fastest_fits(k)  # as the wrapper
-            kernel = kr._awq_direct_unpack_kernel(bits, kr.AWQ_UNPACK_WIDE_STORES, kr.AWQ_UNPACK_TRANSPOSE, nfast)
-            grid = kr.awq_grid(k, n, bits, experts, 1, kr.DIRECT_THREADS, nfast)
-            target_words = out.view(np.uint64) if kr.AWQ_UNPACK_WIDE_STORES else out
-            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, target_words, n)  # noqa: E731
-        elif target == "row_major_bytes":
-            kernel = kr._transpose_repack_kernel(True, kr.TRANSPOSE_INVERSE_MODE)
-            grid = kr.transpose_grid(k, n, experts)
-            launch = lambda: kernel[grid, kr.TRANSPOSE_THREADS, stream](marlin, out, n)  # noqa: E731
-        elif bits == 8 and kr.PAIRED_UNPACK_8BIT:
-            kernel = kr._paired_unpack_8bit_kernel()
-            grid = kr.paired_unpack_grid(k, n, experts)
-            out64 = out.view(np.uint64)
-            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, out64, n)  # noqa: E731
-        else:
-            kernel = kr._direct_unpack_kernel(bits, target)
-            grid = kr.direct_grid(k, n, bits, experts, kr.DIRECT_UNPACK_K_TILES_PER_THREAD[bits])
-            launch = lambda: kernel[grid, kr.DIRECT_THREADS, stream](marlin, out, n)  # noqa: E731
+    def weight_unpack(name, bits, target, k, n, marlin):
+        out, launch = unpack_launch(kr, marlin, bits, target, k, n, stream)  # exactly the wrappers' kernel and grid
+        cp.asarray(out).fill(0xDEADBEEF)  # poisoned: an unwritten word fails the round-trip check
+        cp.cuda.Device().synchronize()  # the fill ran on CuPy's stream
         launch()
         stream.synchronize()
-        nbytes = experts * k * n // pf * 4
-        record(name, f"{k}x{n}", nbytes, nbytes, timed(launch))
+        experts = marlin.shape[0]
+        nbytes = experts * k * n // (32 // bits) * 4
+        record(name, f"{experts}x{k}x{n}" if experts > 1 else f"{k}x{n}", nbytes, nbytes, timed(launch))
         return out
 
     def elementwise(name, shape, kernel, total, launch_args, nbytes_read, nbytes_written, note=""):
@@ -274,10 +258,34 @@ def main() -> int:
             print(f"stacked loader, {route}: {wall * 1e3:.2f} ms wall for {experts} experts", flush=True)
             checks[f"loader wall ms ({route})"] = round(wall * 1e3, 2)
 
-    for k, n in SHAPES:
-        guarded(f"layer {k}x{n}", layer, k, n)
-    guarded("stacked loader wall time", loader_wall_time)
-    guarded("stacked experts", stacked_experts)
+    def inverses(experts, k, n):
+        """Every inverse the wrappers run, on a layer made by the wrappers' forward launch (not timed)."""
+        for bits in (4, 8):
+            pf = 32 // bits
+            for source, target, label, src_shape in (
+                    ("gptq", "gptq", f"marlin_to_gptq_qweight u{bits}", (experts, k // pf, n)),
+                    ("awq", "awq", f"marlin_to_awq_qweight u{bits}", (experts, k, n // pf)),
+                    ("row_major_bytes", "row_major_bytes", "marlin_to_block_fp8 (row-major)", (experts, n, k // 4))):
+                if source == "row_major_bytes" and bits == 4:
+                    continue
+                src = rand_words(src_shape)
+                marlin, forward = repack_launch(kr, src, None, bits, source, k, n, stream)
+                forward()
+                stream.synchronize()
+                back = weight_unpack(("stacked " if experts > 1 else "") + label, bits, target, k, n, marlin)
+                cell = f"{experts}x{k}x{n}" if experts > 1 else f"{k}x{n}"
+                checks[f"{label} round trip {cell}"] = bool(cp.array_equal(cp.asarray(back), cp.asarray(src)))
+                del src, marlin, back
+
+    if args.inverse_only:
+        for k, n in SHAPES:
+            guarded(f"inverses {k}x{n}", inverses, 1, k, n)
+        guarded("stacked inverses", inverses, *MOE)
+    else:
+        for k, n in SHAPES:
+            guarded(f"layer {k}x{n}", layer, k, n)
+        guarded("stacked loader wall time", loader_wall_time)
+        guarded("stacked experts", stacked_experts)
 
     commit = os.environ.get("BENCH_COMMIT") or _git_commit()
     meta = dict(date=datetime.date.today().isoformat(), gpu=gpu, compute_capability=timer.compute_capability,
@@ -285,7 +293,8 @@ def main() -> int:
                 "sleep kernel; copy = cudaMemcpyAsync D2D of max(read, written) bytes", checks=checks,
                 errors=errors)
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"repack_{meta['date']}_{gpu.replace(' ', '_')}")
+    stem = os.path.join(args.out, f"repack{'_inverse' if args.inverse_only else ''}_{meta['date']}_"
+                                  f"{gpu.replace(' ', '_')}")
     with open(stem + ".json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     if rows:
@@ -296,6 +305,27 @@ def main() -> int:
     print(json.dumps(meta))
     print(markdown_table(rows))
     return 0 if all(v for v in checks.values() if isinstance(v, bool)) and not errors else 1
+
+
+def repack_launch(kr, src, perm, bits: int, source: str, k: int, n: int, stream):
+    """(out, launch): the table's weight repack, a fresh output [E, K/16, N*16/pf] and the wrappers' own launch
+    (``kr.weight_repack_launch``, with the two-pass temporary where the wrapper allocates one). Module level so a
+    simulator test can check it against the wrappers (tests/sim/test_bench_dispatch.py)."""
+    from numba import cuda
+
+    experts, pf = src.shape[0], 32 // bits
+    out = cuda.device_array((experts, k // 16, n * 16 // pf), np.uint32, stream=stream)
+    temp = cuda.device_array((1, k, n // pf), np.uint32, stream=stream) if kr.uses_two_pass(source, experts) else None
+    return out, kr.weight_repack_launch(src, perm, out, bits, source, k, n, stream, temp)
+
+
+def unpack_launch(kr, marlin, bits: int, target: str, k: int, n: int, stream):
+    """(out, launch): the table's inverse repack, a fresh uint32 output (``kr.unpack_shape``) and the wrappers' own
+    launch (``kr.weight_unpack_launch``). Module level for the same simulator test."""
+    from numba import cuda
+
+    out = cuda.device_array(kr.unpack_shape(target, k, n, bits, marlin.shape[0]), np.uint32, stream=stream)
+    return out, kr.weight_unpack_launch(marlin, out, bits, target, k, n, stream)
 
 
 def load_old_module(old_dir: str):

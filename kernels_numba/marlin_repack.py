@@ -289,23 +289,17 @@ def store_direct_marlin_words(out, e, kt, base, col, sub, words, i, four_bit):
             out[e, kt, o + (row2 << 3)] = marlin_words_8bit(words[i + (row2 >> 1)], words[i + 2 + (row2 >> 1)], row2)
 
 
-def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int | None = None,
-                                threads: int = DIRECT_THREADS):
-    """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .].
-
-    ``k_tiles_per_thread`` (default DIRECT_K_TILES_PER_THREAD[bits]) makes each thread issue the loads of that many
-    k-tiles before its first store (memory parallelism per thread); it and ``threads`` are parameters for the
-    benchmark's sweep.
-    """
-    if source not in ("gptq", "row_major_bytes") or (source == "row_major_bytes" and bits != 8):
-        raise ValueError(f"direct repack has no {bits}-bit source {source!r}")
+def direct_kernel_body(load_k_tile, bits: int, threads: int, ktpt: int):
+    """The device body shared by the direct repack and the one-pass act-order gather: the direct layout's thread
+    set-up, then ``load_k_tile(src, perm, e, kt, n, words, i)`` for each of the thread's ``ktpt`` k-tiles inside K
+    (it puts the k-tile's 4 GPTQ-form words of column n — 4-bit: a, b, c, d; 8-bit: rows 4r..4r+3 — at
+    words[i .. i+3]), all before the first store, then the Marlin words of each k-tile. Called as
+    ``body(src, perm, out, size_n)`` on grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E)."""
     four_bit, _, tiles_per_block, lane_shift, wpt = direct_layout(bits, threads)
-    row_major = source == "row_major_bytes"
-    ktpt = k_tiles_per_thread or DIRECT_K_TILES_PER_THREAD[bits]
     held = 4 * ktpt  # source words a thread holds between its loads and its stores (registers after unrolling)
 
-    def repack_direct(src, out, size_n):
-        """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
+    @cuda.jit(device=True, inline=True)
+    def body(src, perm, out, size_n):
         e = cuda.blockIdx.z
         nt, lane = tile_and_lane(cuda.blockIdx.y, tiles_per_block, lane_shift)
         k_tiles = out.shape[1]
@@ -317,22 +311,49 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
             for j in range(ktpt):
                 kt = cuda.blockIdx.x * ktpt + j
                 if kt < k_tiles:
-                    if four_bit:
-                        words[4 * j] = src[e, 2 * kt, n]  # a: rows 0-7 of column n
-                        words[4 * j + 1] = src[e, 2 * kt + 1, n]  # b: rows 8-15
-                        words[4 * j + 2] = src[e, 2 * kt, n + 8]  # c: column n + 8
-                        words[4 * j + 3] = src[e, 2 * kt + 1, n + 8]  # d
-                    elif row_major:  # the 16 bytes of row n for this k-tile: 4 consecutive words
-                        for r in range(4):
-                            words[4 * j + r] = src[e, n, 4 * kt + r]
-                    else:
-                        for r in range(4):
-                            words[4 * j + r] = src[e, 4 * kt + r, n]
+                    load_k_tile(src, perm, e, kt, n, words, 4 * j)
             # ... then the stores
             for j in range(ktpt):
                 kt = cuda.blockIdx.x * ktpt + j
                 if kt < k_tiles:
                     store_direct_marlin_words(out, e, kt, base, col, sub, words, 4 * j, four_bit)
+
+    return body
+
+
+def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int | None = None,
+                                threads: int = DIRECT_THREADS):
+    """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .].
+
+    ``k_tiles_per_thread`` (default DIRECT_K_TILES_PER_THREAD[bits]) makes each thread issue the loads of that many
+    k-tiles before its first store (memory parallelism per thread); it and ``threads`` are parameters for the
+    benchmark's sweep.
+    """
+    if source not in ("gptq", "row_major_bytes") or (source == "row_major_bytes" and bits != 8):
+        raise ValueError(f"direct repack has no {bits}-bit source {source!r}")
+    four_bit = bits == 4
+    row_major = source == "row_major_bytes"
+    ktpt = k_tiles_per_thread or DIRECT_K_TILES_PER_THREAD[bits]
+
+    @cuda.jit(device=True, inline=True)
+    def load_k_tile(src, perm, e, kt, n, words, i):
+        if four_bit:
+            words[i] = src[e, 2 * kt, n]  # a: rows 0-7 of column n
+            words[i + 1] = src[e, 2 * kt + 1, n]  # b: rows 8-15
+            words[i + 2] = src[e, 2 * kt, n + 8]  # c: column n + 8
+            words[i + 3] = src[e, 2 * kt + 1, n + 8]  # d
+        elif row_major:  # the 16 bytes of row n for this k-tile: 4 consecutive words
+            for r in range(4):
+                words[i + r] = src[e, n, 4 * kt + r]
+        else:
+            for r in range(4):
+                words[i + r] = src[e, 4 * kt + r, n]
+
+    body = direct_kernel_body(load_k_tile, bits, threads, ktpt)
+
+    def repack_direct(src, out, size_n):
+        """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
+        body(src, src, out, size_n)  # (the direct load reads no perm)
 
     return repack_direct
 
@@ -502,61 +523,52 @@ PERM_K_TILES_PER_THREAD = {4: 2, 8: 1}
 
 def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
     """GPTQ words [E, K/pf, N] with rows gathered through perm int32 [E, K] -> Marlin [E, K/16, .], direct shape."""
-    four_bit, _, tiles_per_block, lane_shift, wpt = direct_layout(bits, threads)
+    four_bit = bits == 4
     ktpt = k_tiles_per_thread or PERM_K_TILES_PER_THREAD[bits]
-    held = 4 * ktpt
+
+    @cuda.jit(device=True, inline=True)
+    def gather_k_tile(src, perm, e, kt, n, words, i):
+        if four_bit:  # a, b: rows 0-7 / 8-15 of column n; c, d: the same of column n + 8
+            a = uint32(0)
+            b = uint32(0)
+            c = uint32(0)
+            d = uint32(0)
+            # four small loops rather than one: LLVM unrolls these (one loop with 4 gathers per
+            # iteration stayed rolled, serializing the 32 loads)
+            for f in range(8):
+                k_src = perm[e, kt * 16 + f]
+                a = a | uint32(uint32(uint32(src[e, k_src >> 3, n] >> uint32((k_src & 7) << 2))
+                                      & uint32(0xF)) << uint32(f << 2))
+            for f in range(8):
+                k_src = perm[e, kt * 16 + f]
+                c = c | uint32(uint32(uint32(src[e, k_src >> 3, n + 8] >> uint32((k_src & 7) << 2))
+                                      & uint32(0xF)) << uint32(f << 2))
+            for f in range(8):
+                k_src = perm[e, kt * 16 + 8 + f]
+                b = b | uint32(uint32(uint32(src[e, k_src >> 3, n] >> uint32((k_src & 7) << 2))
+                                      & uint32(0xF)) << uint32(f << 2))
+            for f in range(8):
+                k_src = perm[e, kt * 16 + 8 + f]
+                d = d | uint32(uint32(uint32(src[e, k_src >> 3, n + 8] >> uint32((k_src & 7) << 2))
+                                      & uint32(0xF)) << uint32(f << 2))
+            words[i] = a
+            words[i + 1] = b
+            words[i + 2] = c
+            words[i + 3] = d
+        else:  # word r: rows 4r..4r+3 of column n
+            for r in range(4):
+                w = uint32(0)
+                for f in range(4):
+                    k_src = perm[e, kt * 16 + 4 * r + f]
+                    byte = uint32(src[e, k_src >> 2, n] >> uint32((k_src & 3) << 3)) & uint32(0xFF)
+                    w = w | uint32(byte << uint32(f << 3))
+                words[i + r] = w
+
+    body = direct_kernel_body(gather_k_tile, bits, threads, ktpt)
 
     def repack_perm(src, perm, out, size_n):
-        """Grid (ceil(K/16 / ktpt), ceil(N/64 / tiles_per_block), E), ``threads`` threads."""
-        e = cuda.blockIdx.z
-        nt, lane = tile_and_lane(cuda.blockIdx.y, tiles_per_block, lane_shift)
-        k_tiles = out.shape[1]
-        if nt < (size_n >> 6):
-            base = nt * wpt
-            words = cuda.local.array(held, dtype=uint32)
-            col, sub, n = direct_thread_column(nt, lane, four_bit)
-            for j in range(ktpt):
-                kt = cuda.blockIdx.x * ktpt + j
-                if kt < k_tiles:
-                    if four_bit:  # a, b: rows 0-7 / 8-15 of column n; c, d: the same of column n + 8
-                        a = uint32(0)
-                        b = uint32(0)
-                        c = uint32(0)
-                        d = uint32(0)
-                        # four small loops rather than one: LLVM unrolls these (one loop with 4 gathers per
-                        # iteration stayed rolled, serializing the 32 loads)
-                        for f in range(8):
-                            k_src = perm[e, kt * 16 + f]
-                            a = a | uint32(uint32(uint32(src[e, k_src >> 3, n] >> uint32((k_src & 7) << 2))
-                                                  & uint32(0xF)) << uint32(f << 2))
-                        for f in range(8):
-                            k_src = perm[e, kt * 16 + f]
-                            c = c | uint32(uint32(uint32(src[e, k_src >> 3, n + 8] >> uint32((k_src & 7) << 2))
-                                                  & uint32(0xF)) << uint32(f << 2))
-                        for f in range(8):
-                            k_src = perm[e, kt * 16 + 8 + f]
-                            b = b | uint32(uint32(uint32(src[e, k_src >> 3, n] >> uint32((k_src & 7) << 2))
-                                                  & uint32(0xF)) << uint32(f << 2))
-                        for f in range(8):
-                            k_src = perm[e, kt * 16 + 8 + f]
-                            d = d | uint32(uint32(uint32(src[e, k_src >> 3, n + 8] >> uint32((k_src & 7) << 2))
-                                                  & uint32(0xF)) << uint32(f << 2))
-                        words[4 * j] = a
-                        words[4 * j + 1] = b
-                        words[4 * j + 2] = c
-                        words[4 * j + 3] = d
-                    else:  # word r: rows 4r..4r+3 of column n
-                        for r in range(4):
-                            w = uint32(0)
-                            for f in range(4):
-                                k_src = perm[e, kt * 16 + 4 * r + f]
-                                byte = uint32(src[e, k_src >> 2, n] >> uint32((k_src & 3) << 3)) & uint32(0xFF)
-                                w = w | uint32(byte << uint32(f << 3))
-                            words[4 * j + r] = w
-            for j in range(ktpt):
-                kt = cuda.blockIdx.x * ktpt + j
-                if kt < k_tiles:
-                    store_direct_marlin_words(out, e, kt, base, col, sub, words, 4 * j, four_bit)
+        """Grid as the direct repack's; Marlin row k of expert e takes source row perm[e, k]."""
+        body(src, perm, out, size_n)
 
     return repack_perm
 
@@ -1538,6 +1550,45 @@ def _grid_stride(total: int) -> int:
     return max(1, min(132 * 16, -(-total // THREADS)))
 
 
+def unpack_shape(target: str, size_k: int, size_n: int, bits: int, experts: int) -> tuple:
+    """Shape of the uint32 output [E, ...] of the inverse repack to ``target`` (row-major FP8: [E, N, K/4] words)."""
+    pf = 32 // bits
+    if target == "gptq":
+        return (experts, size_k // pf, size_n)
+    if target == "awq":
+        return (experts, size_k, size_n // pf)
+    if target == "row_major_bytes":
+        return (experts, size_n, size_k // 4)
+    raise ValueError(f"unpack target {target!r} is not one of 'gptq', 'awq', 'row_major_bytes'")
+
+
+def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: int, stream):
+    """The kernel and grid the wrappers use for one (stacked) inverse repack Marlin [E, K/16, N*16/pf] -> ``out``
+    (uint32, unpack_shape), as a zero-argument launch, so that the benchmark times exactly what the wrappers run.
+    AWQ goes through the direct AWQ unpack (8-byte stores, transpose, n-fastest grid where it fits), row-major FP8
+    through the inverse transpose tile, 8-bit GPTQ / FP8 raw bits through the paired kernel, 4-bit GPTQ through the
+    direct unpack. Rows come out in Marlin order (an act-order perm is undone by the caller)."""
+    experts = src.shape[0]
+    if target == "awq":
+        nfast = AWQ_UNPACK_N_FASTEST and grid_n_fastest_fits(size_k)
+        grid = awq_grid(size_k, size_n, bits, experts, 1, DIRECT_THREADS, nfast)
+        kernel = _awq_direct_unpack_kernel(bits, AWQ_UNPACK_WIDE_STORES, AWQ_UNPACK_TRANSPOSE, nfast)
+        target_words = out.view(np.uint64) if AWQ_UNPACK_WIDE_STORES else out  # N/pf is even (N % 64 == 0)
+        return lambda: kernel[grid, DIRECT_THREADS, stream](src, target_words, size_n)
+    if target == "row_major_bytes":
+        kernel = _transpose_repack_kernel(True, TRANSPOSE_INVERSE_MODE)  # mode named in the cache key
+        grid = transpose_grid(size_k, size_n, experts)
+        return lambda: kernel[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
+    if bits == 8 and PAIRED_UNPACK_8BIT:
+        kernel = _paired_unpack_8bit_kernel()
+        grid = paired_unpack_grid(size_k, size_n, experts)
+        out64 = out.view(np.uint64)  # two GPTQ columns per 8-byte store
+        return lambda: kernel[grid, DIRECT_THREADS, stream](src, out64, size_n)
+    kernel = _direct_unpack_kernel(bits, target)
+    grid = direct_grid(size_k, size_n, bits, experts, DIRECT_UNPACK_K_TILES_PER_THREAD[bits])
+    return lambda: kernel[grid, DIRECT_THREADS, stream](src, out, size_n)
+
+
 def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream, perm=None,
                    staged: bool = False):
     _check_sizes(size_k, size_n, bits)
@@ -1546,32 +1597,14 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
     src, stacked = _as_3d(arrays.take(qweight, "qweight", np.uint32), "qweight", size_k // TILE_K,
                           size_n * TILE_K // pf)
     experts = src.shape[0]
-    if target == "gptq":
-        shape = (experts, size_k // pf, size_n)
-    elif target == "awq":
-        shape = (experts, size_k, size_n // pf)
-    else:
-        shape = (experts, size_n, size_k // 4)
+    shape = unpack_shape(target, size_k, size_n, bits, experts)
+    perm_d = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else None  # checked before any launch
     out = arrays.empty(shape, np.uint32)
     if staged:
         grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
         _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
-    elif target == "awq":
-        nfast = AWQ_UNPACK_N_FASTEST and grid_n_fastest_fits(size_k)
-        grid = awq_grid(size_k, size_n, bits, experts, 1, DIRECT_THREADS, nfast)
-        target_words = out.view(np.uint64) if AWQ_UNPACK_WIDE_STORES else out  # N/pf is even (N % 64 == 0)
-        _awq_direct_unpack_kernel(bits, AWQ_UNPACK_WIDE_STORES, AWQ_UNPACK_TRANSPOSE, nfast)[
-            grid, DIRECT_THREADS, arrays.stream](src, target_words, size_n)
-    elif target == "row_major_bytes":
-        kernel = _transpose_repack_kernel(True, TRANSPOSE_INVERSE_MODE)  # mode named in the cache key
-        kernel[transpose_grid(size_k, size_n, experts), TRANSPOSE_THREADS, arrays.stream](src, out, size_n)
-    elif bits == 8 and PAIRED_UNPACK_8BIT:
-        _paired_unpack_8bit_kernel()[paired_unpack_grid(size_k, size_n, experts), DIRECT_THREADS, arrays.stream](
-            src, out.view(np.uint64), size_n)
     else:
-        grid = direct_grid(size_k, size_n, bits, experts, DIRECT_UNPACK_K_TILES_PER_THREAD[bits])
-        _direct_unpack_kernel(bits, target)[grid, DIRECT_THREADS, arrays.stream](src, out, size_n)
-    perm_d = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else None
+        weight_unpack_launch(src, out, bits, target, size_k, size_n, arrays.stream)()
     if perm_d is not None:  # rows come out in Marlin order; put row perm[k] back at checkpoint row perm[k]
         inverse_perm = arrays.empty(perm_d.shape, np.int32)
         _invert_perm_kernel()[_grid_stride(experts * size_k), THREADS, arrays.stream](perm_d, inverse_perm)
