@@ -15,6 +15,8 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
   new-deferall workbench.gemm with the deferred slice count for every kernel (DEFER_COUNT_MIN_M_BLOCKS = 1)
   new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
               different configuration, so its bits may differ from old's (another K split)
+  new-oldpolicy workbench.gemm's kernels with the policy before round 6 (OLD_POLICY: 8 stages first for M <= 16,
+              the (2, 4) tile first for 8-bit, aligned grids only when no longer than the striped one)
 Method as bench/bench_gemm.py (CUDA graphs over rotated inputs > 3 x L2). Also records max |new - old| / max |old|
 per cell (same inputs) and whether the outputs are bitwise equal (bits_equal_old: what a change that keeps the
 summation order must give); correctness itself is tests/gpu's job.
@@ -40,6 +42,8 @@ from bench_gemm import (OURS, SHAPES, LAUNCHES_PER_GRAPH, copies_for, copy_bandw
 from workbench import gemm  # noqa: E402
 
 LEGACY_LABELS = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
+# workbench.gemm's policy constants before round 6's sweep (variant new-oldpolicy; tests/cpu pins what they choose)
+OLD_POLICY = gemm.PRE_R6_POLICY
 
 
 def load_old(old_dir: pathlib.Path):
@@ -136,7 +140,8 @@ def main(argv=None) -> int:
                     "new-striped": (gemm, Striped), "new-legacy": (gemm, Legacy),
                     "new-noswap": (gemm, Setting(SWAP_MAX_M=0)),
                     "new-deferall": (gemm, Setting(DEFER_COUNT_MIN_M_BLOCKS=1)),
-                    "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8)))}
+                    "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8))),
+                    "new-oldpolicy": (gemm, Setting(**OLD_POLICY))}
     names = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(names) - set(all_variants))
     if unknown or "old" not in names:

@@ -1,7 +1,7 @@
 """MoE GEMM-phase speed on the lent GPU: the fused Marlin MoE kernel vs the batched path (one dense Marlin GEMM per
 expert over streams) vs a loop of dense calls on one stream vs dequantize-and-matmul in PyTorch, in one run.
 
-    python bench/bench_moe.py --out DIR [--quick]
+    python bench/bench_moe.py --out DIR [--quick] [--m 1,8] [--paths fused,batched]
     python bench/bench_moe.py --out DIR --ab-old OLD [--m 1,8,64]   (A/B of the fused kernel against an older one)
 
 Method
@@ -13,7 +13,13 @@ Method
   (host launch gaps inside a path are part of that path's cost); the median of REPS calls is reported.
 * Bytes touched = weights + scales of the experts that receive at least one token. Effective GB/s = those bytes /
   time; "% copy" compares it with a device-to-device copy (read + written bytes) measured in the same run.
-* The fused time covers the GEMM launch only; moe_align_block_size (Numba) is timed separately.
+* The fused time covers the GEMM launch only; moe_align_block_size is timed separately, three ways: "align CUDA µs"
+  is the CUDA C++ kernel that fused_moe launches (``workbench.moe.moe_align_block_size``, ``mwb::moe_align``), device
+  time only (the GPU spins SPIN_US ahead of the start event while the host queues the call, as in the A/B mode);
+  "align CUDA call µs" is the same wrapper timed as a direct caller sees it (events around the call on an idle GPU:
+  its host-side checks and output allocation included; a planned fused_moe call skips both); "align Numba call µs"
+  is the Numba ``kernels_numba.moe_align.moe_align_block_size`` timed the same way (host-dispatch bound; kept for
+  comparison, fused_moe does not use it).
 Writes DIR/moe_<gpu>.json and DIR/moe_<gpu>.md.
 
 A/B mode (--ab-old OLD): OLD holds a previous commit's workbench/moe.py and kernels_cuda/{marlin_moe.cu, *.cuh}
@@ -81,13 +87,17 @@ def touched_bytes(experts: int, k: int, n: int) -> int:
     return experts * (k * n // 2 + (k // GROUP) * n * 2)
 
 
-def timed(cp, fn, flush) -> float:
-    """Median µs of fn() over REPS calls, each after an L2 flush, each alone between two events."""
+def timed(cp, fn, flush, before_start=None) -> float:
+    """Median µs of fn() over REPS calls, each after an L2 flush, each alone between two events. ``before_start``
+    (a launch, e.g. a spin kernel) is queued after the flush and before the start event: while the GPU runs it the
+    host queues the events and fn, so the events bracket fn's device work rather than its host side."""
     fn()  # warm-up (compilation, allocator)
     cp.cuda.Device().synchronize()
     times = []
     for _ in range(REPS):
         flush.fill(0)
+        if before_start is not None:
+            before_start()
         start, stop = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         fn()
@@ -95,6 +105,30 @@ def timed(cp, fn, flush) -> float:
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
     return float(np.median(times))
+
+
+def table_lines(rows) -> list[str]:
+    """The markdown table of the table mode's rows, one line per (config, M); a path not timed shows '—'.
+    "align CUDA µs" is the CUDA C++ align fused_moe uses (device time); the two "call" columns include host time."""
+    lines = ["| config | M | experts touched | block | fused µs | batched µs | dense loop µs | torch µs | fused GB/s "
+             "| fused % copy | align CUDA µs | align CUDA call µs | align Numba call µs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    by = {}
+    for r in rows:
+        by.setdefault((r["config"], r["m"]), {})[r["method"]] = r
+    for (cfg, m), d in by.items():
+        any_row = next(iter(d.values()))
+        f = d.get("fused", {})
+
+        def us(method):
+            return d[method]["us"] if method in d else "—"
+
+        lines.append(f"| {cfg} (E={any_row['experts']}, K={any_row['k']}, N={any_row['n']}, top-{any_row['top_k']}) "
+                     f"| {m} | {any_row['experts_touched']} | {any_row['moe_block_size']} | {us('fused')} | "
+                     f"{us('batched')} | {us('dense loop')} | {us('torch dequant+matmul')} | {f.get('gbs', '—')} | "
+                     f"{f.get('pct_copy', '—')} | {any_row['align_cuda_us']} | {any_row['align_cuda_call_us']} | "
+                     f"{any_row['align_numba_call_us']} |")
+    return lines
 
 
 def load_old(old_dir: pathlib.Path):
@@ -306,16 +340,21 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="first config, M = 1 and 64 only")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--ab-old", type=pathlib.Path, help="A/B mode: directory of the old moe.py + kernels")
-    parser.add_argument("--m", default="1,8,64", help="A/B mode: token counts")
+    parser.add_argument("--m", default=None, help="token counts, comma list (default: 1,8,64,256; A/B mode 1,8,64)")
+    parser.add_argument("--paths", default=None,
+                        help="table mode: the GEMM paths to time, comma list of fused, batched, dense loop, torch "
+                             "(default all; the align columns are always timed; 'align' alone: only them)")
     parser.add_argument("--reps", type=int, default=11, help="A/B mode: timed calls per variant and cell")
     parser.add_argument("--variants", default="new-b1,new-b2",
                         help=f"A/B mode: variants besides old and new, of {sorted(AB_VARIANTS)}")
     args = parser.parse_args(argv)
     if args.ab_old is not None:
+        if args.m is None:
+            args.m = "1,8,64"
         return ab_main(args)
     import cupy as cp
 
-    from kernels_numba.moe_align import moe_align_block_size
+    from kernels_numba.moe_align import moe_align_block_size as numba_align
 
     torch = None
     if not args.no_torch:
@@ -333,11 +372,18 @@ def main(argv=None) -> int:
     rows = []
     configs = CONFIGS[:1] if args.quick else CONFIGS
     m_values = (1, 64) if args.quick else M_VALUES
+    if args.m is not None:
+        m_values = tuple(int(v) for v in args.m.split(","))
+    wanted = None if args.paths is None else {p.strip() for p in args.paths.split(",")}
+    spin = cp.RawKernel(SPIN_SOURCE, "spin")
+    spin_cycles = np.int64(SPIN_US * 2100)  # at least SPIN_US at any SM clock up to 2.1 GHz
+    # the weights only where a GEMM path is timed (--paths align: the align columns need none)
+    need_weights = wanted is None or bool(wanted & {"fused", "batched", "dense", "dense loop", "torch"})
     for name, e, k, n, top_k in configs:
-        w = random_stack(cp, e, k, n)
-        stack = moe.MarlinExpertStack(w)
+        w = random_stack(cp, e, k, n) if need_weights else None
+        stack = moe.MarlinExpertStack(w) if need_weights else None
         t_scales = None
-        if torch is not None:
+        if torch is not None and need_weights:
             t_words = torch.from_dlpack(w.qweight)  # (E, K/16, 2N) int32, read as GPTQ (E, K/8, N) words
             t_scales = torch.from_dlpack(w.scales)
             shifts = torch.arange(0, 32, 4, device="cuda", dtype=torch.int32).view(1, 8, 1)
@@ -357,7 +403,7 @@ def main(argv=None) -> int:
                 dispatches.append((int(x), start, start, c))
                 start += c
             out_rows = cp.empty((m * top_k, n), dtype=np.float16)
-            experts = [w.expert(int(x)) for x in range(e)]
+            experts = [w.expert(int(x)) for x in range(e)] if need_weights else []
             d_ids = cp.asarray(ids)
 
             def fused():
@@ -370,11 +416,14 @@ def main(argv=None) -> int:
                 for x, r0, _, c in dispatches:
                     gemm.marlin_gemm(a_sorted[r0:r0 + c], experts[x], c=out_rows[r0:r0 + c])
 
-            def align():
-                moe_align_block_size(d_ids, block, e)
+            def align_cuda():
+                moe.moe_align_block_size(d_ids, block, e)  # the kernel fused_moe launches (its plan: same kernel)
+
+            def align_numba():
+                numba_align(d_ids, block, e)
 
             paths = {"fused": fused, "batched": batched, "dense loop": dense_loop}
-            if torch is not None:
+            if torch is not None and need_weights:
                 t_a = torch.from_dlpack(a_sorted)
 
                 def torch_dequant_matmul():
@@ -385,13 +434,24 @@ def main(argv=None) -> int:
                         torch.matmul(t_a[r0:r0 + c], wx)
 
                 paths["torch dequant+matmul"] = torch_dequant_matmul
-            align_us = timed(cp, align, flush)
+            if wanted is not None:
+                paths = {k_: v for k_, v in paths.items() if k_ in wanted or k_.split()[0] in wanted}
+            align = dict(align_cuda_us=timed(cp, align_cuda, flush, lambda: spin((1,), (1,), (spin_cycles,))),
+                         align_cuda_call_us=timed(cp, align_cuda, flush),
+                         align_numba_call_us=timed(cp, align_numba, flush))
+            if not paths:  # --paths align: the align columns alone, one row per cell
+                rows.append(dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m,
+                                 experts_touched=int(len(used)), moe_block_size=block, method="align only",
+                                 **{k_: round(v, 2) for k_, v in align.items()}))
+                print(f"{name:10s} M={m:4d} align CUDA {align['align_cuda_us']:.1f} us (device), call "
+                      f"{align['align_cuda_call_us']:.1f} us; Numba call {align['align_numba_call_us']:.1f} us",
+                      flush=True)
             for method, fn in paths.items():
                 us = timed(cp, fn, flush)
                 gbs = nbytes / (us * 1e-6) / 1e9
                 row = dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m, experts_touched=int(len(used)),
                            moe_block_size=block, method=method, us=round(us, 2), gbs=round(gbs, 1),
-                           pct_copy=round(100 * gbs / copy_gbs, 1), align_us=round(align_us, 2))
+                           pct_copy=round(100 * gbs / copy_gbs, 1), **{k_: round(v, 2) for k_, v in align.items()})
                 rows.append(row)
                 print(f"{name:10s} M={m:4d} touched={len(used):3d} {method:22s} {us:10.1f} us {gbs:7.0f} GB/s "
                       f"{row['pct_copy']:5.1f}% copy", flush=True)
@@ -404,18 +464,7 @@ def main(argv=None) -> int:
                                                               reps=REPS, rows=rows), indent=1))
     lines = [f"GPU: {gpu}; device copy {copy_gbs:.0f} GB/s (read + write); u4b8 g128 fp16 experts; median of {REPS} "
              f"calls after an L2 flush; {stamp}", "",
-             "| config | M | experts touched | block | fused µs | batched µs | dense loop µs | torch µs | fused GB/s "
-             "| fused % copy | align µs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    by = {}
-    for r in rows:
-        by.setdefault((r["config"], r["m"]), {})[r["method"]] = r
-    for (cfg, m), d in by.items():
-        f = d["fused"]
-        t = d.get("torch dequant+matmul")
-        lines.append(f"| {cfg} (E={f['experts']}, K={f['k']}, N={f['n']}, top-{f['top_k']}) | {m} | "
-                     f"{f['experts_touched']} | {f['moe_block_size']} | {f['us']} | {d['batched']['us']} | "
-                     f"{d['dense loop']['us']} | {t['us'] if t else '—'} | {f['gbs']} | {f['pct_copy']} | "
-                     f"{f['align_us']} |")
+             ] + table_lines(rows)
     (args.out / f"moe_{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -121,6 +121,16 @@ _LARGE_M_SHAPES = ((4, 2), (2, 2), (2, 1), (1, 1))
 _THREAD_SHAPES = {(2, 4): (256, 128), (2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128)}
 # 8 stages keep ~7 weight stages in flight per SM for small M (HBM needs tens of KiB in flight per SM); 4 else.
 _DEEP_STAGES, _STAGES = 8, 4
+# Kernels with one m16 block (M <= 16) and one block per SM: stage counts in order of preference, per weight bits
+# (round-6 sweep of every configuration, H200, bench/results/sweep_head16b6c93_*, µs 8 -> 6 stages): 4-bit: 6 beat 8
+# on every one-block cell by 3-6% (4096^2 M = 1 10.89 -> 10.26, 14336x4096 M = 2 20.45 -> 19.45, M = 16 24.02 ->
+# 22.67); 8-bit on the (4, 2) tile (EIGHT_BIT_ONE_M_BLOCK_SHAPES): 4 beat 6 and 8 on 4 of its 5 cells (FP8
+# 8192x28672 M = 1, grid 112: 123.7 / 125.2 / 126.4). Two m16 blocks keep 8, 6, 4 (not swept).
+ONE_M_BLOCK_STAGES = {4: (6, _DEEP_STAGES, _STAGES), 8: (_STAGES, 6, _DEEP_STAGES)}
+# 8-bit weights, M <= 16: the (4, 2) tile (64 x 256) first (same sweep, default (2, 4) -> (4, 2), µs): FP8 / u8b128
+# 8192^2 M = 16 47.1 -> 44.9 / 48.6 -> 45.3; 8192x28672 M = 1 130.1 -> 123.7 / ~132 -> 124.7-128.9 (with the
+# slice-aligned 112 grid, ALIGNED_MAX_LONGER); 8192^2 M = 1 44.9 -> 44.3 / 48.0 -> 47.3.
+EIGHT_BIT_ONE_M_BLOCK_SHAPES = ((4, 2),) + tuple(s for s in _SMALL_M_SHAPES if s != (4, 2))
 
 
 def thread_shapes() -> dict[tuple[int, int], tuple[int, int]]:
@@ -158,6 +168,10 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     variant = dict(swap=size_m <= min(SWAP_MAX_M, 8), defer_count=m_blocks >= DEFER_COUNT_MIN_M_BLOCKS)
     order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
+    if m_blocks == 1 and weight.bits == 8:
+        order = EIGHT_BIT_ONE_M_BLOCK_SHAPES
+    stage_order = ((_DEEP_STAGES, 6, _STAGES) if m_blocks == 2 else (_STAGES, 3)) if m_blocks > 1 else \
+        ONE_M_BLOCK_STAGES.get(weight.bits, (_DEEP_STAGES, 6, _STAGES))
 
     def shapes():
         for n_tiles, k_warp in order:
@@ -189,7 +203,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             continue
         if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
             continue
-        for stages in ((_DEEP_STAGES, 6, _STAGES) if m_blocks <= 2 else (_STAGES, 3)):
+        for stages in stage_order:
             cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode, **variant)
             if cfg.smem_bytes <= smem_limit:
                 return cfg
@@ -199,10 +213,29 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
         f"size_k % 128 == 0 and size_n % 64 == 0 always works")
 
 
-# Slice-aligned grids (see grid_blocks): taken when no block then gets more than ALIGNED_EXTRA_STEPS pipeline steps
-# beyond the striped grid's longest range. A switch so that bench/ab_gemm.py can time the striped grid beside it.
+# Slice-aligned grids (see grid_blocks): taken when no block then gets more than ALIGNED_MAX_LONGER times the striped
+# grid's longest range (+ ALIGNED_EXTRA_STEPS) pipeline steps — for kernels with one block per SM; two-block kernels
+# keep the aligned grid only where it is no longer at all. A switch so that bench/ab_gemm.py can time the striped
+# grid beside it. Measured on the H200 (round-6 sweep and A/B, bench/NOTES_gemm.md "Round 6 — policy"): a block
+# that straddles a slice end costs more than a few steps (fence, atomic round trip, the cross-block sum on the
+# critical path) when ranges are short: u4b8 4096x14336, aligned 112 (16 steps) vs striped 132 (14): 25.1 -> 18.7 µs
+# (M = 1), 29.1 -> 22.9 (M = 16), 50.8 -> 47.3 (M = 64, 32 vs 28 steps); 28672x8192 M = 64 (112 vs 109) 134.0 ->
+# 127.5. Where the aligned grid is 17% longer it lost or tied (8192x28672 M = 64, 128 vs 109 steps: 131.3 -> 136.3;
+# u8b128 8192x28672 M = 1: 130.7 -> 137.6, FP8 the same cell 130.3 -> 123.2), and two blocks per SM on 8192x28672
+# (aligned 224, 32 steps vs 28) lost 5% at M = 16 (63.6 -> 67.1): hence 1.15, one block per SM only.
 ALIGN_SLICES = True
+ALIGNED_MAX_LONGER = 1.15
 ALIGNED_EXTRA_STEPS = 0
+
+# The policy before round 6 (bench/ab_gemm.py's variant new-oldpolicy). WORKBENCH_GEMM_POLICY=pre-r6 selects it at
+# import, so that a check that must match an older commit's partition bit for bit (bench/partition_check.py,
+# ab_gemm's bits_equal_old) can run on a tree that also holds the new policy.
+PRE_R6_POLICY = dict(ONE_M_BLOCK_STAGES={4: (8, 6, 4), 8: (8, 6, 4)}, EIGHT_BIT_ONE_M_BLOCK_SHAPES=_SMALL_M_SHAPES,
+                     ALIGNED_MAX_LONGER=1.0)
+if os.environ.get("WORKBENCH_GEMM_POLICY", "") == "pre-r6":
+    globals().update(PRE_R6_POLICY)
+elif os.environ.get("WORKBENCH_GEMM_POLICY", ""):
+    raise ValueError(f"WORKBENCH_GEMM_POLICY={os.environ['WORKBENCH_GEMM_POLICY']!r}: only 'pre-r6' (or unset)")
 
 
 def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:
@@ -212,7 +245,8 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
     The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block
     c s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
     finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range for a fence and
-    an atomic round trip, and may have to sum that slice too). Chosen when it does not lengthen the longest range.
+    an atomic round trip, and may have to sum that slice too). Chosen unless it lengthens the longest range by more
+    than ALIGNED_MAX_LONGER (x, one block per SM; two blocks per SM: not at all) + ALIGNED_EXTRA_STEPS.
     """
     chunks = math.ceil(size_m / cfg.block_m)
     slices = chunks * (size_n // cfg.block_n)
@@ -222,7 +256,8 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
     striped = max(1, min(max_grid, iterations))
     if ALIGN_SLICES and slices <= max_grid:
         splits = min(ki, max_grid // slices)
-        if math.ceil(ki / splits) <= math.ceil(iterations / striped) + ALIGNED_EXTRA_STEPS:
+        longer = ALIGNED_MAX_LONGER if max_grid <= sms else 1.0
+        if math.ceil(ki / splits) <= math.ceil(iterations / striped) * longer + ALIGNED_EXTRA_STEPS:
             return slices * splits
     return striped
 

@@ -203,7 +203,9 @@ def test_grid_never_exceeds_sms_or_work():
 @pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (1, 4096, 14336), (16, 8192, 28672), (64, 4096, 4096),
                                      (33, 512, 1024), (1, 64, 128)])
 def test_slice_aligned_grid_keeps_blocks_in_one_slice_without_lengthening_any(sms, m, n, k):
-    """The kernel gives block b iterations [b T / G, (b + 1) T / G); mirrored here for every block."""
+    """The kernel gives block b iterations [b T / G, (b + 1) T / G); mirrored here for every block. An aligned grid
+    may lengthen the longest range by up to ALIGNED_MAX_LONGER (round 6: a straddled slice end costs more than the
+    extra steps; the name predates that)."""
     cfg = gemm.choose_config(S.F16, S.U4B8, m, n, k, 128, False, 227 * 1024)
     slices = -(-m // cfg.block_m) * (n // cfg.block_n)
     ki = k // cfg.block_k
@@ -213,7 +215,7 @@ def test_slice_aligned_grid_keeps_blocks_in_one_slice_without_lengthening_any(sm
     assert 1 <= grid <= striped
     ranges = [(b * total // grid, (b + 1) * total // grid) for b in range(grid)]
     longest = max(e - s for s, e in ranges)
-    assert longest <= -(-total // striped)
+    assert longest <= -(-total // striped) * gemm.ALIGNED_MAX_LONGER + gemm.ALIGNED_EXTRA_STEPS
     if grid != striped:
         assert all(e > s and s // ki == (e - 1) // ki for s, e in ranges)
 

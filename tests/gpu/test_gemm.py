@@ -111,6 +111,26 @@ def test_identity_rows_exact_on_the_swapped_loop(wt, gs, shard, act):
             np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
 
 
+# Row counts that leave padding rows in the block tile: one m16 chunk (the kernel copies rows < M only and zeroes the
+# rest once), two and more chunks (padding rows zero-filled by their copies); (M, first identity row).
+ROW_COUNTS = ((9, 3), (12, 100), (15, 241), (17, 0), (40, 77), (80, 160))
+ROW_COUNT_CASES = ((S.U4B8, 128), (S.FE4M3FN, -1), (S.U4, 64))
+
+
+@pytest.mark.parametrize("wt,gs", ROW_COUNT_CASES, ids=str)
+def test_identity_rows_exact_for_row_counts_with_padding(wt, gs):
+    """Rows i0 .. i0 + M - 1 of the identity give exactly those rows of the dequantized weight for M that do not
+    fill the block tile: every real A row lands where the mma reads it, whichever copies the kernel makes."""
+    k, n = 256, 256
+    mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=np.float16, seed=k + n + gs + 16)
+    w_dev = gemm.upload_weight(mw)
+    eye = np.eye(k, dtype=np.float32).astype(np.float16)
+    for m, i0 in ROW_COUNTS:
+        for mode in ("fp32", "in_c"):
+            out = run(eye[i0:i0 + m], w_dev, mode)
+            np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
+
+
 def arange_coded_weight(k, n, wt, gs, act):
     """Codes walk through every value (FP8: every finite byte), scales 1, zero points a second walk."""
     levels = 1 << wt.bits
@@ -187,6 +207,7 @@ def compile_everything_once():
             wanted += [(act, wt, 128, 192, 128, gs, False) for gs in group_sizes(wt)]
     wanted += [(np.float16, wt, m, n, k, 128, False) for m, k, n in SHARED_CASES for wt in (S.U4B8, S.U4)]
     wanted += [(act, wt, m, 256, 256, gs, shard) for wt, gs, shard in SWAP_CASES for act in ACTS for m in (1, 8)]
+    wanted += [(np.float16, wt, m, 256, 256, gs, False) for wt, gs in ROW_COUNT_CASES for m, _ in ROW_COUNTS]
     configs = [gemm.config_for(gemm.act_scalar_type(act), wt, m, n, k, gs, per_row, device)
                for act, wt, m, n, k, gs, per_row in wanted]
     gemm.precompile(configs, device, workers=16)

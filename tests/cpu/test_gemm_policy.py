@@ -1,0 +1,138 @@
+"""The kernel-choice policy (workbench.gemm.choose_config / grid_blocks) on the H200's limits, pinned cell by cell
+to what round 6's configuration sweep measured (bench/results/sweep_head16b6c93_*, bench/NOTES_gemm.md "Round 6 —
+policy"), and the pre-round-6 policy (bench/ab_gemm.py's OLD_POLICY, variant new-oldpolicy) pinned to what HEAD
+chose, so that the A/B run times what it claims to."""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+from workbench import gemm
+from workbench.scalar_types import ScalarType as S
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+import ab_gemm  # noqa: E402  (no GPU import at module level)
+
+SMS, SMEM_LIMIT, SM_SMEM = 132, 232448, 233472  # H200
+GROUP = {S.U4B8: 128, S.U8B128: 128, S.FE4M3FN: -1}
+
+
+def choice(weight, m, k, n):
+    """(n_tiles, k_warp, stages, blocks per SM, grid) for fp16 activations on the H200."""
+    cfg = gemm.choose_config(S.F16, weight, m, n, k, GROUP[weight], False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
+    return cfg.n_tiles, cfg.k_warp, cfg.stages, cfg.blocks_per_sm, gemm.grid_blocks(cfg, m, n, k, SMS)
+
+
+@pytest.fixture
+def old_policy(monkeypatch):
+    for name, value in ab_gemm.OLD_POLICY.items():
+        assert hasattr(gemm, name), name  # the variant must set switches that exist
+        monkeypatch.setattr(gemm, name, value)
+
+
+# (weight, M, K, N) -> (new choice, HEAD's choice); the measured cells' best candidates in the comments (µs)
+CELLS = [
+    # 4-bit one block: 6 stages (sweep: 4096^2 M = 1 10.89 -> 10.26, 14336x4096 M = 16 24.02 -> 22.67)
+    ((S.U4B8, 1, 4096, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
+    ((S.U4B8, 16, 4096, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
+    ((S.U4B8, 8, 14336, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
+    # the slice-aligned 112 grid, 16 steps instead of the striped 132 with ~14 (M = 2: 25.38 -> 19.01)
+    ((S.U4B8, 1, 4096, 14336), (2, 4, 6, 1, 112), (2, 4, 8, 1, 132)),
+    ((S.U4B8, 16, 4096, 14336), (2, 4, 6, 1, 112), (2, 4, 8, 1, 132)),
+    # two blocks per SM: unchanged (the aligned 224 on 8192x28672, 32 steps vs 28, lost 5% at M = 16)
+    ((S.U4B8, 1, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
+    ((S.U4B8, 16, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
+    ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 264), (2, 4, 3, 2, 264)),
+    ((S.U4B8, 1, 28672, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
+    # M = 32 (two m16 blocks): stages as before, the aligned grid where it is at most 15% longer
+    ((S.U4B8, 32, 4096, 14336), (2, 4, 6, 1, 112), (2, 4, 6, 1, 132)),
+    ((S.U4B8, 32, 4096, 4096), (2, 4, 6, 1, 128), (2, 4, 6, 1, 128)),
+    # M = 64: the (4, 2) tile, aligned 112 / 128 grids now where at most 15% longer (not 8192x28672: 128 vs 109)
+    ((S.U4B8, 64, 4096, 14336), (4, 2, 4, 1, 112), (4, 2, 4, 1, 132)),
+    ((S.U4B8, 64, 28672, 8192), (4, 2, 4, 1, 128), (4, 2, 4, 1, 132)),
+    ((S.U4B8, 64, 8192, 8192), (4, 2, 4, 1, 128), (4, 2, 4, 1, 128)),
+    ((S.U4B8, 64, 8192, 28672), (4, 2, 4, 1, 132), (4, 2, 4, 1, 132)),
+    # 8-bit, M <= 16: the (4, 2) tile, 4 stages (A/B: FP8 8192^2 M = 16 49.1 -> 44.8, 4096x14336 M = 16 44.5 ->
+    # 38.2 with the aligned 112; u8b128 8192^2 M = 16 48.8 -> 46.2); striped on 8192x28672 (aligned: 128 vs 109)
+    ((S.FE4M3FN, 1, 8192, 28672), (4, 2, 4, 1, 132), (2, 4, 4, 1, 132)),
+    ((S.FE4M3FN, 16, 4096, 14336), (4, 2, 4, 1, 112), (2, 4, 4, 1, 132)),
+    ((S.FE4M3FN, 16, 8192, 8192), (4, 2, 4, 1, 128), (2, 4, 4, 1, 128)),
+    ((S.U8B128, 1, 8192, 8192), (4, 2, 4, 1, 128), (2, 4, 4, 1, 128)),
+    ((S.U8B128, 16, 8192, 28672), (4, 2, 4, 1, 132), (2, 4, 4, 1, 132)),
+    # 8-bit M = 32: the (2, 4) tile as before, aligned grid where within 15%
+    ((S.FE4M3FN, 32, 28672, 8192), (2, 4, 4, 1, 128), (2, 4, 4, 1, 132)),
+]
+
+
+@pytest.mark.parametrize("key, new, head", CELLS, ids=lambda v: str(v) if not isinstance(v, tuple) else None)
+def test_policy_choices(key, new, head):
+    assert choice(*key) == new
+
+
+@pytest.mark.parametrize("key, new, head", CELLS, ids=lambda v: str(v) if not isinstance(v, tuple) else None)
+def test_old_policy_reproduces_head(old_policy, key, new, head):
+    assert choice(*key) == head
+
+
+def test_aligned_grid_bound():
+    """ALIGNED_MAX_LONGER = 1.15: 4096 x 14336's aligned 112 grid (16 steps vs 14) passes, an aligned grid that leaves
+    about half the SMs idle does not (here 67 slices of a 16-step K: 67 blocks x 16 steps vs 132 x ~9), nor one
+    17% longer (8192 x 28672 at M = 64: 128 vs 109 steps), nor a two-block kernel's 224 on 8192 x 28672 (32 vs 28)."""
+    cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT)
+    assert gemm.grid_blocks(cfg, 1, 14336, 4096, SMS) == 112
+    assert gemm.grid_blocks(cfg, 1, 67 * 128, 4096, SMS) == SMS  # striped: 1072 steps over 132 blocks
+    wide = gemm.choose_config(S.F16, S.U4B8, 64, 28672, 8192, 128, False, SMEM_LIMIT)
+    assert gemm.grid_blocks(wide, 64, 28672, 8192, SMS) == SMS
+    two = gemm.choose_config(S.F16, S.U4B8, 1, 28672, 8192, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
+    assert two.blocks_per_sm == 2 and gemm.grid_blocks(two, 1, 28672, 8192, SMS) == 2 * SMS
+
+
+def test_eight_bit_falls_back_when_the_wide_tile_does_not_divide_n():
+    """N = 8192 + 128 is no multiple of 256: the (2, 4) tile, with the 8-bit stage order (4 first)."""
+    cfg = gemm.choose_config(S.F16, S.FE4M3FN, 1, 8192 + 128, 8192, -1, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
+    assert (cfg.n_tiles, cfg.k_warp, cfg.stages) == (2, 4, 4)
+
+
+@pytest.mark.parametrize("weight", [S.U4B8, S.U8B128, S.FE4M3FN])
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 33, 64])
+def test_every_choice_fits_and_divides(weight, m):
+    for k, n in ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192),
+                 (128 * 11, 64 * 13)):
+        cfg = gemm.choose_config(S.F16, weight, m, n, k, GROUP[weight], False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
+        assert k % cfg.block_k == 0 and n % cfg.block_n == 0 and cfg.smem_bytes <= SMEM_LIMIT
+        grid = gemm.grid_blocks(cfg, m, n, k, SMS)
+        assert 1 <= grid <= SMS * cfg.blocks_per_sm
+
+
+@pytest.mark.parametrize("setting, ok", [("pre-r6", True), ("", True), ("r5", False)])
+def test_policy_environment_switch(setting, ok):
+    """WORKBENCH_GEMM_POLICY=pre-r6 gives HEAD's choices at import (for bitwise-vs-HEAD checks); anything else but
+    unset is refused by name."""
+    import os
+    import subprocess
+
+    code = ("from workbench import gemm; from workbench.scalar_types import ScalarType as S; "
+            "c = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, 232448, sm_smem=233472, sms=132); "
+            "print(c.stages, gemm.grid_blocks(c, 1, 14336, 4096, 132))")
+    env = dict(os.environ, WORKBENCH_GEMM_POLICY=setting)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=pathlib.Path(__file__).resolve().parents[2])
+    if not ok:
+        assert run.returncode != 0 and "WORKBENCH_GEMM_POLICY='r5'" in run.stderr
+    else:
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split() == (["8", "132"] if setting else ["6", "112"])
+
+
+def test_ab_variant_context_restores_the_policy():
+    """bench/ab_gemm.py's new-oldpolicy context switches to HEAD's choice and back."""
+    def pick():
+        cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
+        return cfg.stages, gemm.grid_blocks(cfg, 1, 14336, 4096, SMS)
+
+    assert pick() == (6, 112)
+    with ab_gemm.Setting(**ab_gemm.OLD_POLICY)():
+        assert pick() == (8, 132)
+    assert pick() == (6, 112)
