@@ -348,13 +348,26 @@ def function_ptr(name_expression: str, device: int, smem_bytes: int = 0) -> int:
     return _function_ptrs[key]
 
 
-def _resident_blocks(kernel, smem_bytes: int) -> int:
-    """Blocks of THREADS threads the driver can keep resident per SM with this shared memory (1 if unknown)."""
-    try:
-        from cupy_backends.cuda.api import driver
+def _driver_apis():
+    """CuPy's driver and runtime bindings (a function, so that CPU tests can stand in for them)."""
+    from cupy_backends.cuda.api import driver, runtime
 
+    return driver, runtime
+
+
+def _resident_blocks(kernel, smem_bytes: int) -> int:
+    """Blocks of THREADS threads the driver can keep resident per SM with this shared memory (1 if unknown).
+
+    The query is a driver-API call: it needs a current context in the calling thread. precompile() loads kernels in
+    fresh worker threads, where CuPy's device switch alone may leave none current; the query then failed, the
+    fallback said 1, and two-block kernels ran on half their grid (H200, 8192 x 28672 M = 1: 61.6 instead of 54.4
+    µs; round-6 device call 4). cudaFree(0) binds the device's primary context to the thread first."""
+    try:
+        driver, runtime = _driver_apis()
+        if not driver.ctxGetCurrent():
+            runtime.free(0)
         return max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, THREADS, smem_bytes)))
-    except Exception:  # pragma: no cover - older CuPy: be conservative
+    except Exception:  # pragma: no cover - older CuPy: be conservative (every block must be resident)
         return 1
 
 

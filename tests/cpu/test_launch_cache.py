@@ -341,3 +341,49 @@ def test_cupy_call_fallback_passes_the_same_arguments(fake, monkeypatch, act_ord
     assert len(driver.cupy_calls) == len(driver.launches) == (2 if act_order else 1)
     for direct, via_cupy in zip(driver.launches, driver.cupy_calls):
         assert via_cupy == (direct[0], (direct[1][0],), direct[3], direct[4], direct[5])
+
+
+class _Kernel:
+    class kernel:  # noqa: N801  (the shape of cupy.RawKernel.kernel)
+        ptr = 1234
+
+
+def test_residency_query_binds_a_context_in_a_fresh_thread(monkeypatch):
+    """precompile() loads kernels in worker threads; the occupancy query must not fail there for want of a current
+    context (it did on the H200: two-block kernels then launched on half their grid)."""
+    calls = []
+
+    class Driver:
+        current = 0
+
+        def ctxGetCurrent(self):
+            return self.current
+
+        def occupancyMaxActiveBlocksPerMultiprocessor(self, ptr, threads, smem):
+            if not self.current:
+                raise RuntimeError("CUDA_ERROR_INVALID_CONTEXT")
+            calls.append((ptr, threads, smem))
+            return 2
+
+    driver = Driver()
+
+    class Runtime:
+        def free(self, ptr):
+            assert ptr == 0
+            driver.current = 99  # cudaFree(0) binds the primary context
+
+    monkeypatch.setattr(gemm, "_driver_apis", lambda: (driver, Runtime()))
+    assert gemm._resident_blocks(_Kernel, 96256) == 2
+    assert calls == [(1234, gemm.THREADS, 96256)]
+
+
+def test_residency_query_failure_is_conservative(monkeypatch):
+    class Driver:
+        def ctxGetCurrent(self):
+            return 7
+
+        def occupancyMaxActiveBlocksPerMultiprocessor(self, *args):
+            raise RuntimeError("no")
+
+    monkeypatch.setattr(gemm, "_driver_apis", lambda: (Driver(), None))
+    assert gemm._resident_blocks(_Kernel, 1024) == 1
