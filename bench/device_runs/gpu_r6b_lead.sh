@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Round 6b, lead: the lean-fetch kernels (round 6, engineer "kernels") with the fix for the instruction the H200
+# rejected (an LDGSTS whose shared address ptxas split into R + UR beside its L2 cache-policy descriptor: every copy
+# destination is now a per-thread absolute address plus a slot offset, so no uniform register enters the address).
+# One call: the GPU tests of both kernels and the partition check (bitwise = HEAD) and the bench-shape test in
+# parallel; only if all pass, the A/B against HEAD (bench/device_runs/gpu_r6_kernels.sh ONLY_AB), then every
+# benchmark table (bench/gpu_bench_all.sh) and the rest of the GPU tier.
+#   usage (device machine, repo root; carry .whl and artifacts/r6_kernels_old = HEAD's gemm.py, moe.py, kernels_cuda/*)
+set -u
+OUT=${OUT:-$PWD/artifacts/gpu_out}
+mkdir -p "$OUT/logs"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache
+s=$(date +%s)
+SKIP_AB=1 bash bench/device_runs/gpu_r6_kernels.sh > "$OUT/logs/kernels_tests.log" 2>&1 &
+p1=$!
+timeout 150 python3 -m pytest -p no:cacheprovider -q -x tests/gpu/test_gemm_bench_shapes.py > "$OUT/logs/bench_shapes.log" 2>&1
+r2=$?
+wait $p1
+grep -E "rc=|passed|failed|PASS|FAIL" "$OUT/logs/kernels_tests.log" | tail -8; tail -1 "$OUT/logs/bench_shapes.log"
+echo "tests phase $(( $(date +%s) - s ))s"
+if grep -qE "rc=[1-9]" "$OUT/logs/kernels_tests.log" || [ $r2 -ne 0 ]; then echo "TESTS FAILED: stopping"; exit 1; fi
+s=$(date +%s)
+ONLY_AB=1 timeout 160 bash bench/device_runs/gpu_r6_kernels.sh > "$OUT/logs/kernels_ab.log" 2>&1
+echo "ab rc=$? in $(( $(date +%s) - s ))s"; tail -60 "$OUT/logs/kernels_ab.log"
+GEMM_LIMIT=120 MOE_LIMIT=60 REPACK_LIMIT=50 bash bench/gpu_bench_all.sh > /dev/null 2>&1; grep "^\[" "$OUT/summary.txt"
+timeout 100 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_numba_gpu.py tests/gpu/test_notebook_gpu_paths.py \
+  > "$OUT/logs/gpu_rest.log" 2>&1; echo "rest of tests/gpu rc=$?"; tail -2 "$OUT/logs/gpu_rest.log"
