@@ -300,7 +300,12 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;  // float4 loads per lane in the fp32 cross-block sum
 
   extern __shared__ int4 smem[];
-  const StageRings<G, STAGES> ring(smem);
+  const StageRing<G> ring(smem);
+  // Every cp.async destination below derives from fetch_base, a per-thread register that ptxas cannot prove
+  // warp-uniform (opaque_zero; the fold buffer is free until the first tile ends), so no uniform register enters a
+  // cache-hinted copy's address (bench/NOTES_gemm.md "Round 6b").
+  const unsigned zero_t = opaque_zero(smem_addr(ring.red) + 4 * threadIdx.x);
+  const unsigned fetch_base = ring.base + zero_t;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -315,70 +320,106 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   const int it_begin = static_cast<int>(blockIdx.x * total / grid);
   const int it_end = static_cast<int>((blockIdx.x + 1) * total / grid);
   const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;  // group of row k = k >> shift
-  const unsigned long long weight_policy = evict_first_policy();
 
-  // ---- fetch: global -> shared for linear iteration (slice = chunk * cols + col, kit) into ring slot `slot` ----
-  auto fetch_stage = [&](int slot, int chunk, int col, int kit) {
-    const int row0 = chunk * BM, k0 = kit * BK;
-    // A: BM rows x BK columns (swizzled, Geometry::a_index).
-    int4* a_dst = ring.A + slot * G::kAI4;
-    // compile-time trip count (see fetch_weight_stage)
+  // ---- fetch: global -> shared of linear iteration (slice = chunk * cols + col, kit) into a ring slot ----------
+  // A: BM rows x BK columns (swizzled, Geometry::a_index). Thread t copies chunk c = t % kARowI4 of rows
+  // t / kARowI4 + n kARowsPerPass (n < kACopies): one pass of the block covers kARowsPerPass rows (a multiple of 8, so
+  // every copy has the same swizzle and its shared position is copy 0's + n kThreads int4). Pointers to the rows
+  // (at k = 0) are formed when the fetch enters a chunk; a stage adds k0 / 8.
+  constexpr int kARowI4 = BK / 8;
+  constexpr int kARowsPerPass = kThreads / kARowI4;
+  constexpr int kACopies = (G::kAI4 + kThreads - 1) / kThreads;
+  static_assert(kARowsPerPass % 8 == 0, "copies of one thread share the swizzle");
+  // SWAP reads rows 0..7 only: copies whose rows are all >= 8 are never made.
+  constexpr int kACopiesUsed = SWAP ? 1 : kACopies;
+  const bool a_thread_on = G::kAI4 % kThreads == 0 || tid < G::kAI4;  // (BM BK / 8 < 256: the first threads)
+  const unsigned a_dst = fetch_base + G::kAOff + 16 * G::a_index(tid / kARowI4, tid % kARowI4);
+  // One m16 chunk (prob_m <= BM): the block's rows never change, so rows >= prob_m are zeroed once in every slot
+  // (below) and never copied; with several chunks the last one's padding rows are zero-filled by each copy.
+  const bool one_chunk = chunks == 1;
+  const int4* a_src[kACopies];  // (row, chunk t % kARowI4, k = 0) of each copy; row 0 for a padding row
+  unsigned a_valid = 0;          // bit n: copy n's row is < prob_m
+  unsigned a_issue = 0;          // bit n: copy n is made (valid, or zero-filling a padding row when several chunks)
+  auto begin_a = [&](int chunk) {
+    a_valid = 0;
 #pragma unroll
-    for (int n = 0; n < (G::kAI4 + kThreads - 1) / kThreads; ++n) {
-      const int i = tid + n * kThreads;
-      if (G::kAI4 % kThreads != 0 && i >= G::kAI4) break;
-      const int r = i / (BK / 8), c = i % (BK / 8);
-      const int row = row0 + r;
+    for (int n = 0; n < kACopies; ++n) {
+      const int row = chunk * BM + tid / kARowI4 + n * kARowsPerPass;
       const bool valid = row < prob_m;
-      const int4* src = A + (valid ? static_cast<long long>(row) * (lda / 8) + k0 / 8 + c : 0);
-      cp_async16(a_dst + G::a_index(r, c), src, valid);
+      a_valid |= valid ? 1u << n : 0u;
+      a_src[n] = A + (valid ? static_cast<long long>(row) * (lda / 8) : 0) + tid % kARowI4;
     }
-    fetch_weight_stage<G, W, GROUP_MODE>(ring.B + slot * G::kBI4, ring.S + slot * G::kSI4, ring.Z + slot * G::kZI4,
-                                         ring.Gi + slot * G::kGI4, B, scales, zeros, g_idx, kit, col, n_tiles_total,
-                                         prob_n, group_size, group_shift, weight_policy);
+    a_issue = one_chunk ? a_valid : ~0u;
+  };
+  WeightFetch<G, W, GROUP_MODE> wfetch;
+  wfetch.init(n_tiles_total, prob_n, group_size, fetch_base);
+  auto begin_slice = [&](int chunk, int col) {
+    begin_a(chunk);
+    wfetch.begin(B, scales, zeros, g_idx, col, n_tiles_total);
+  };
+  auto fetch_stage = [&](unsigned slot, int kit) {
+    if (a_thread_on) {
+#pragma unroll
+      for (int n = 0; n < kACopiesUsed; ++n) {
+        if ((a_issue >> n) & 1u)
+          cp_async16_at(slot + a_dst + 16 * n * kThreads, a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);
+      }
+    }
+    wfetch.fetch(slot, kit, group_shift);
   };
 
   // ---- per-slice state: this warp's accumulators and the current group's pairs (marlin_mainloop.cuh) ---------
   Loop loop;
+  const typename Loop::LaneOffsets lane_off = Loop::lane_offsets();
   auto load_channelwise = [&](int col) {
     loop.load_channelwise(reinterpret_cast<const T*>(scales) + col * BN + nt * 64,
                           reinterpret_cast<const unsigned*>(zeros) + (col * BN + nt * 64) / Weight<W>::kPack);
   };
-  auto compute_stage = [&](int slot, int slice, int kit) {
-    loop.compute_stage(ring.A + slot * G::kAI4, ring.B + slot * G::kBI4, ring.S + slot * G::kSI4,
-                       ring.Z + slot * G::kZI4, ring.Gi + slot * G::kGI4, kit * BK, group_size, group_shift, scales,
-                       zeros, prob_n, slice % cols);
+  auto compute_stage = [&](unsigned slot, int slice, int kit) {
+    loop.compute_stage(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, prob_n, slice % cols);
   };
   auto zero_acc = [&]() { loop.zero_acc(); };
+
+  if (one_chunk) {  // rows prob_m..BM-1 of every slot's A, zeroed once (nothing writes them afterwards)
+    for (int i = tid; i < STAGES * (BM - prob_m) * kARowI4; i += kThreads) {
+      const int slot = i / ((BM - prob_m) * kARowI4), rem = i % ((BM - prob_m) * kARowI4);
+      sts128_zero(ring.base + slot * G::kStageBytes + G::kAOff + 16 * (prob_m * kARowI4 + rem));
+    }
+  }
 
   // ---- main loop -------------------------------------------------------------------------------------------
   zero_acc();
   int f_slice = it_begin / KI, f_kit = it_begin % KI;  // next iteration to fetch
   int f_chunk = f_slice / cols, f_col = f_slice % cols;  // its slice's (chunk, col), kept without a division per stage
+  if (it_begin < it_end) begin_slice(f_chunk, f_col);
   auto advance = [&](int& sl, int& kk) {
     if (++kk == KI) {
       kk = 0;
       ++sl;
     }
   };
+  int it_fetch = it_begin;
+  // After a fetch: the next iteration; entering a new slice forms its pointers (only if it is still this block's).
   auto advance_fetch = [&]() {
+    ++it_fetch;
     if (++f_kit == KI) {
       f_kit = 0;
       if (++f_col == cols) {
         f_col = 0;
         ++f_chunk;
       }
+      if (it_fetch < it_end) begin_slice(f_chunk, f_col);
     }
   };
-  int it_fetch = it_begin;
+  const unsigned last_off = zero_t + (STAGES - 1) * G::kStageBytes;
+  unsigned fetch_off = last_off;  // the main loop's first refill: slot STAGES - 1, then 0, 1, ...
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (it_fetch < it_end) fetch_stage(st, f_chunk, f_col, f_kit);
+    if (it_fetch < it_end) fetch_stage(zero_t + st * G::kStageBytes, f_kit);
     cp_async_commit();
-    ++it_fetch;
     advance_fetch();
   }
-  int slot = 0;
+  SlotCursor<G, STAGES> cursor(ring.base);
   int slice = it_begin / KI, kit = it_begin % KI;
   int deferred_slice = -1, deferred_rank = 0;  // a slice end whose count was deferred (rank: thread 0 only)
   for (int it = it_begin; it < it_end; ++it) {
@@ -386,13 +427,13 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
       if (it == it_begin || kit == 0) load_channelwise(slice % cols);
     }
     cp_async_wait<STAGES - 2>();
-    __syncthreads();  // stage `slot` is visible to all warps; the slot fetched below was released by all of them
-    if (it_fetch < it_end) fetch_stage((slot + STAGES - 1) % STAGES, f_chunk, f_col, f_kit);
+    __syncthreads();  // the compute slot is visible to all warps; the slot fetched below was released by all of them
+    if (it_fetch < it_end) fetch_stage(fetch_off, f_kit);
     cp_async_commit();
-    ++it_fetch;
     advance_fetch();
-    compute_stage(slot, slice, kit);
-    slot = (slot + 1 == STAGES) ? 0 : slot + 1;
+    compute_stage(cursor.slot, slice, kit);
+    cursor.advance();
+    fetch_off = fetch_off == last_off ? zero_t : fetch_off + G::kStageBytes;
     if (kit + 1 == KI || it + 1 == it_end) {
       float partial[M_BLOCKS][8][4];
       loop.rows_layout(partial);

@@ -48,93 +48,154 @@ struct Geometry {
   static constexpr int kStageI4 = kAI4 + kBI4 + kSI4 + kZI4 + kGI4;
   static constexpr int kRedI4 = (kWarpsPerN > 1) ? (kWarpsPerN / 2) * N_TILES * 16 * 64 / 4 : 0;
   static constexpr int kSmemBytes = 16 * (STAGES * kStageI4 + kRedI4);
+  // A ring slot holds one whole stage (A, B, scales, zero points, g_idx, in that order: byte offsets below); the
+  // warp-fold buffer follows the STAGES slots. Only where the bytes sit differs from a ring per operand: the same
+  // bytes are copied and read, so results do not change.
+  static constexpr int kAOff = 0;
+  static constexpr int kBOff = kAOff + 16 * kAI4;
+  static constexpr int kSOff = kBOff + 16 * kBI4;
+  static constexpr int kZOff = kSOff + 16 * kSI4;
+  static constexpr int kGOff = kZOff + 16 * kZI4;
+  static constexpr int kStageBytes = 16 * kStageI4;
+  static constexpr int kRingBytes = STAGES * kStageBytes;
 
   // Where A chunk c (16 bytes) of stage row r lives: c ^ (r % 8), so that ldmatrix's 8 row reads of one column
   // block hit 8 different bank groups.
   __device__ __forceinline__ static int a_index(int r, int c) { return r * (BK / 8) + (c ^ (r % 8)); }
 };
 
-// The dynamic shared memory of a kernel, carved into STAGES-deep rings (slot-major) and the warp-fold buffer.
+// The dynamic shared memory of a kernel: STAGES stage slots (Geometry::kStageBytes each, addressed by 32-bit shared
+// addresses) and the warp-fold buffer behind them.
+template <typename G>
+struct StageRing {
+  unsigned base;  // shared address of slot 0
+  float* red;     // warp fold of a finished tile (kRedI4)
+  __device__ __forceinline__ explicit StageRing(int4* smem) {
+    base = smem_addr(smem);
+    red = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + G::kRingBytes);
+  }
+  // Shared address of slot i (0 <= i < STAGES).
+  __device__ __forceinline__ unsigned slot(int i) const { return base + i * G::kStageBytes; }
+};
+
+// The slot the main loop computes on and the one it refills (STAGES - 1 slots ahead, i.e. the slot before it in the
+// ring), rotated with a slot counter: a few integer ops per stage and no ring base to re-form.
 template <typename G, int STAGES>
-struct StageRings {
-  int4* A;
-  int4* B;
-  int4* S;
-  int4* Z;
-  int4* Gi;   // g_idx (kPerRow only)
-  float* red;  // warp fold of a finished tile (kRedI4)
-  __device__ __forceinline__ explicit StageRings(int4* smem) {
-    A = smem;
-    B = A + STAGES * G::kAI4;
-    S = B + STAGES * G::kBI4;
-    Z = S + STAGES * G::kSI4;
-    Gi = Z + STAGES * G::kZI4;
-    red = reinterpret_cast<float*>(Gi + STAGES * G::kGI4);
+struct SlotCursor {
+  unsigned slot;  // shared address of the compute slot
+  int index;      // its index in the ring
+  __device__ __forceinline__ explicit SlotCursor(unsigned base) : slot(base), index(0) {}
+  __device__ __forceinline__ void advance() {
+    const bool wrap = index + 1 == STAGES;
+    slot = wrap ? slot - (STAGES - 1) * G::kStageBytes : slot + G::kStageBytes;
+    index = wrap ? 0 : index + 1;
   }
 };
 
 // ---- fetch: global -> shared of the weight side of one stage ------------------------------------------------
 // B: KT rows of N_TILES consecutive 16x64 tiles starting at k16 row kit * KT and 64-column tile col * N_TILES of a
-// (K/16, n_tiles_total tiles) Marlin matrix (B points at its first tile: the expert's for MoE). 8-bit tiles give
-// each lane 32 bytes; storing the two 16-byte halves of all lanes apart (all first halves, then all second halves)
-// keeps the lane reads conflict-free. Grouped scales (and zero points) of the group rows the stage spans; g_idx of
-// its rows (kPerRow). All through cp.async; the caller commits.
+// (K/16, n_tiles_total tiles) Marlin matrix (B points at its first tile: the expert's for MoE). One k16 row of the
+// block tile is kRowI4 contiguous int4 in global memory; kRowThreads threads share a row and thread t copies int4
+// t % kRowThreads + n kRowThreads of row t / kRowThreads (n < kCopies), so its copies differ by compile-time
+// offsets on both sides and a stage costs one address per thread. 8-bit tiles give each lane 32 bytes; storing the
+// two 16-byte halves of all lanes apart (all first halves, then all second halves) keeps the lane reads
+// conflict-free. Grouped scales (and zero points) of the group rows the stage spans; g_idx of its rows (kPerRow).
+// All through cp.async; the caller commits.
+//
+// Per-thread state, formed when the fetch enters a slice (dense) or an item (MoE): begin(); each stage then adds
+// kit times a stride (fetch()).
 template <typename G, int W, int GROUP_MODE>
-__device__ __forceinline__ void fetch_weight_stage(int4* b_dst, int4* s_dst, int4* z_dst, int4* g_dst,
-                                                   const int4* __restrict__ B, const int4* __restrict__ scales,
-                                                   const int4* __restrict__ zeros, const int* __restrict__ g_idx,
-                                                   int kit, int col, int n_tiles_total, int prob_n, int group_size,
-                                                   int group_shift, unsigned long long weight_policy) {
-  constexpr int N_TILES = G::BN / 64;
-  const int tid = threadIdx.x;
-  const int k0 = kit * G::BK;
-  // A trip count known at compile time (not `i = tid; i < n; i += kThreads`, whose count depends on tid): the copies
-  // unroll fully, without the remainder tests and per-copy index arithmetic the runtime loop compiled to.
-  const int4* b_stage = B + (static_cast<long long>(kit) * G::KT * n_tiles_total + col * N_TILES) * G::kTileI4;
-#pragma unroll
-  for (int n = 0; n < (G::kBI4 + kThreads - 1) / kThreads; ++n) {
-    const int i = tid + n * kThreads;
-    if (G::kBI4 % kThreads != 0 && i >= G::kBI4) break;
-    const int kt = i / (N_TILES * G::kTileI4);
-    const int rem = i % (N_TILES * G::kTileI4);
-    const int j = rem % G::kTileI4;
-    const int swz = (G::kTileI4 == 64) ? (j % 2) * 32 + j / 2 : j;
-    const int4* src = b_stage + static_cast<long long>(kt) * n_tiles_total * G::kTileI4 + rem;
-    cp_async16_stream(b_dst + kt * N_TILES * G::kTileI4 + (rem - j) + swz, src, weight_policy);
+struct WeightFetch {
+  static constexpr int N_TILES = G::BN / 64;
+  static constexpr int kRowI4 = N_TILES * G::kTileI4;     // int4 of one k16 row of the block tile's B
+  static constexpr int kRowThreads = kThreads / G::KT;    // threads sharing one k16 row
+  static constexpr int kCopies = kRowI4 / kRowThreads;    // B copies per thread per stage
+  static_assert(kThreads % G::KT == 0 && kRowI4 % kRowThreads == 0 && kCopies * kThreads == G::kBI4,
+                "every thread copies kCopies int4 of one k16 row");
+  static_assert(kRowThreads % G::kTileI4 == 0 || G::kTileI4 % kRowThreads == 0, "row split must align with tiles");
+  static constexpr int kZRowI4 = Weight<W>::kHasZero ? G::BN / Weight<W>::kPack / 4 : 1;  // int4 of a zero row
+
+  // Position of int4 c of a k16 row inside the stage's B (int4 units, relative to the row): tile c / kTileI4,
+  // 8-bit: halves apart (j -> (j % 2) 32 + j / 2).
+  __host__ __device__ static constexpr int b_row_slot(int c) {
+    return (c / G::kTileI4) * G::kTileI4 +
+           (G::kTileI4 == 64 ? (c % G::kTileI4 % 2) * 32 + (c % G::kTileI4) / 2 : c % G::kTileI4);
   }
-  if constexpr (GROUP_MODE == kGrouped) {
-    // The group rows this stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
-    const int g0 = k0 >> group_shift;
-    const int rows = G::BK > group_size ? G::BK >> group_shift : 1;  // <= kScaleRows
-    // Bounded by the stage's capacity (kSI4 / kZI4) at compile time, the row count tested at run time (as above).
-#pragma unroll
-    for (int n = 0; n < (G::kSI4 + kThreads - 1) / kThreads; ++n) {
-      const int i = tid + n * kThreads;
-      if (i >= rows * (G::BN / 8)) break;
-      const int r = i / (G::BN / 8), c = i % (G::BN / 8);
-      cp_async16(s_dst + i, scales + (static_cast<long long>(g0 + r) * prob_n + col * G::BN) / 8 + c);
+  // Copy n's shared position relative to copy 0's (a compile-time constant: see the static_assert above and
+  // b_row_slot; c0 + n kRowThreads stays in c0's tile position class).
+  __host__ __device__ static constexpr int b_copy_delta(int n) {
+    return kRowThreads >= G::kTileI4
+               ? n * kRowThreads
+               : (n * kRowThreads / G::kTileI4) * G::kTileI4 +
+                     (G::kTileI4 == 64 ? (n * kRowThreads % G::kTileI4) / 2 : n * kRowThreads % G::kTileI4);
+  }
+  // Shared position (int4, relative to the stage's B) of thread t's copy 0.
+  __host__ __device__ static constexpr int b_dst_of(int t) {
+    return (t / kRowThreads) * kRowI4 + b_row_slot(t % kRowThreads);
+  }
+
+  const int4* b_src;  // this thread's copy 0 at stage 0 of the current slice / item
+  int b_step;         // int4 between consecutive stages: KT n_tiles_total kTileI4
+  unsigned b_dst;     // byte offset of copy 0 inside a slot (from the slot's start)
+  unsigned s_dst, z_dst, g_dst;  // byte offsets of this thread's scale / zero-point / g_idx int4 inside a slot
+  const int4* s_src;  // grouped: this thread's scale int4 at group row 0 of the column tile
+  const int4* z_src;  // grouped with zero points: the same for zero points
+  const int* g_src;   // kPerRow: this thread's g_idx int4 at row 0
+  int s_row, z_row;   // int4 per group row of scales / zero points
+  bool s_on, z_on;    // this thread copies scale / zero-point bytes (threads < rows BN/8 / rows kZRowI4)
+  bool g_on;          // this thread copies g_idx (threads < kGI4 = BK / 4)
+
+  // Once per kernel: the thread's shared offsets, strides and roles.
+  __device__ __forceinline__ void init(int n_tiles_total, int prob_n, int group_size, unsigned ring_base) {
+    const int tid = pinned_thread_index();
+    b_step = G::KT * n_tiles_total * G::kTileI4;
+    b_dst = ring_base + G::kBOff + 16 * b_dst_of(tid);
+    s_dst = ring_base + G::kSOff + 16 * tid;
+    z_dst = ring_base + G::kZOff + 16 * tid;
+    g_dst = ring_base + G::kGOff + 16 * tid;
+    s_row = prob_n / 8;
+    z_row = prob_n / Weight<W>::kPack / 4;
+    // The group rows a stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
+    const int rows = GROUP_MODE == kGrouped && G::BK > group_size ? G::BK / group_size : 1;  // <= kScaleRows
+    s_on = GROUP_MODE == kGrouped && tid < rows * (G::BN / 8);
+    z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && tid < rows * kZRowI4;
+    g_on = GROUP_MODE == kPerRow && tid < G::kGI4;
+  }
+
+  // When the fetch enters a slice / item: B, scales, zeros, g_idx of the matrix (the expert's for MoE), column
+  // tile col (BN columns).
+  __device__ __forceinline__ void begin(const int4* __restrict__ B, const int4* __restrict__ scales,
+                                        const int4* __restrict__ zeros, const int* __restrict__ g_idx, int col,
+                                        int n_tiles_total) {
+    const int tid = threadIdx.x;
+    b_src = B + (static_cast<long long>(tid / kRowThreads) * n_tiles_total + col * N_TILES) * G::kTileI4 +
+            tid % kRowThreads;
+    if constexpr (GROUP_MODE == kGrouped) {
+      s_src = scales + static_cast<long long>(tid / (G::BN / 8)) * s_row + col * (G::BN / 8) + tid % (G::BN / 8);
+      if constexpr (Weight<W>::kHasZero)
+        z_src = zeros + static_cast<long long>(tid / kZRowI4) * z_row + col * kZRowI4 + tid % kZRowI4;
     }
-    if constexpr (Weight<W>::kHasZero) {
-      constexpr int kZRowI4 = G::BN / Weight<W>::kPack / 4;
+    if constexpr (GROUP_MODE == kPerRow) g_src = g_idx + 4 * tid;
+  }
+
+  // Stage kit of the current slice / item into the slot at shared address `slot`.
+  __device__ __forceinline__ void fetch(unsigned slot, int kit, int group_shift) const {
+    const int4* b = b_src + kit * b_step;
 #pragma unroll
-      for (int n = 0; n < (G::kZI4 + kThreads - 1) / kThreads; ++n) {
-        const int i = tid + n * kThreads;
-        if (i >= rows * kZRowI4) break;
-        const int r = i / kZRowI4, c = i % kZRowI4;
-        cp_async16(z_dst + i, zeros + (static_cast<long long>(g0 + r) * prob_n / Weight<W>::kPack +
-                                       col * G::BN / Weight<W>::kPack) / 4 + c);
-      }
+    for (int n = 0; n < kCopies; ++n)
+      // no L2 cache-policy hint: see cp_async16_at
+      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + n * kRowThreads);
+    if constexpr (GROUP_MODE == kGrouped) {
+      const int g0 = (kit * G::BK) >> group_shift;  // first group row of the stage
+      if (s_on) cp_async16_at(slot + s_dst, s_src + g0 * s_row);
+      if constexpr (Weight<W>::kHasZero)
+        if (z_on) cp_async16_at(slot + z_dst, z_src + g0 * z_row);
+    }
+    if constexpr (GROUP_MODE == kPerRow) {
+      if (g_on) cp_async16_at(slot + g_dst, g_src + kit * G::BK);
     }
   }
-  if constexpr (GROUP_MODE == kPerRow) {
-#pragma unroll
-    for (int n = 0; n < (G::kGI4 + kThreads - 1) / kThreads; ++n) {
-      const int i = tid + n * kThreads;
-      if (G::kGI4 % kThreads != 0 && i >= G::kGI4) break;
-      cp_async16(g_dst + i, g_idx + k0 + 4 * i);
-    }
-  }
-}
+};
 
 // ---- the register side -------------------------------------------------------------------------------------
 // One warp's accumulators and the current group's scale / offset pairs, and the work of one stage.
@@ -232,10 +293,10 @@ struct WarpLoop {
     set_offsets(zw);
   }
 
-  // Grouped: the pairs of group row g of a stage (a P64 16-byte vector: word s = (scale(s,0), scale(s,1))).
-  __device__ __forceinline__ void load_group(const int4* s_stage, const int4* z_stage, int g, int nt) {
-    const int lane_col = (threadIdx.x % 32) / 4;
-    const int4 sv = s_stage[g * (G::BN / 8) + nt * 8 + lane_col];
+  // Grouped: the pairs of group row g of the stage in slot `slot` (a P64 16-byte vector: word s = (scale(s,0),
+  // scale(s,1))). s_lane / z_lane: this lane's byte offsets (lane_offsets).
+  __device__ __forceinline__ void load_group(unsigned slot, int g, unsigned s_lane, unsigned z_lane) {
+    const int4 sv = lds128(slot + s_lane + g * (G::BN / 8) * 16);
     const unsigned w[4] = {static_cast<unsigned>(sv.x), static_cast<unsigned>(sv.y), static_cast<unsigned>(sv.z),
                            static_cast<unsigned>(sv.w)};
 #pragma unroll
@@ -245,44 +306,62 @@ struct WarpLoop {
     }
     unsigned zw[2] = {0u, 0u};
     if constexpr (kHasZero) {
-      const unsigned* zrow = reinterpret_cast<const unsigned*>(z_stage) + g * (G::BN / Weight<W>::kPack) +
-                             nt * (64 / Weight<W>::kPack);
-      zw[0] = zrow[lane_col * (Weight<W>::kBits / 4)];
-      if (Weight<W>::kBits == 8) zw[1] = zrow[2 * lane_col + 1];
+      const unsigned zrow = slot + z_lane + g * (G::BN / Weight<W>::kPack) * 4;
+      zw[0] = lds32(zrow);
+      if (Weight<W>::kBits == 8) zw[1] = lds32(zrow + 4);
     }
     set_offsets(zw);
   }
 
-  // This warp's K_WARP k16 tiles of one stage: a_src / b_src / s_stage / z_stage / g_stage are the stage's slots
-  // in shared memory, k0 its first K row. kPerRow reads scales / zero points from global memory through the stage's
-  // g_idx: scales / zeros point at the column tile's matrices (num_groups, prob_n), col = the block's column tile.
-  __device__ __forceinline__ void compute_stage(const int4* a_src, const int4* b_src, const int4* s_stage,
-                                                const int4* z_stage, const int4* g_stage, int k0, int group_size,
-                                                int group_shift, const int4* __restrict__ scales,
-                                                const int4* __restrict__ zeros, int prob_n, int col) {
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
+  // This lane's byte offsets inside a stage slot, fixed for the whole kernel (a warp always reads the same part of
+  // a stage): tile kt = kg K_WARP + i of the warp's B is b + i N_TILES kTileI4 16; its A ldmatrix row address is
+  // a ^ 32 i (see compute_stage); scale / zero-point words of group row g: s / z + g * row bytes; g_idx of row
+  // k0 + 16 kt + 2 (lane % 4): gi + 64 i.
+  struct LaneOffsets {
+    unsigned a, b, s, z, gi;
+    int k;  // 16 kt0: the warp's first K row inside a stage
+  };
+  __device__ __forceinline__ static LaneOffsets lane_offsets() {
+    const int tid = pinned_thread_index();
+    const int lane = tid % 32;
+    const int warp = tid / 32;
     const int nt = warp % N_TILES;
     const int kg = warp / N_TILES;
-    const int lane_col = lane / 4;
+    const int kt0 = kg * K_WARP;
+    LaneOffsets o;
+    // SWAP: ldmatrix.x2 rows lane % 8, column block (lane / 8) % 2; else .x4 rows lane % 16, block lane / 16.
+    o.a = G::kAOff + 16 * (SWAP ? G::a_index(lane % 8, 2 * kt0 + (lane / 8) % 2)
+                                : G::a_index(lane % 16, 2 * kt0 + lane / 16));
+    o.b = G::kBOff + 16 * ((kt0 * N_TILES + nt) * G::kTileI4 + lane);
+    o.s = G::kSOff + 16 * (nt * 8 + lane / 4);
+    o.z = G::kZOff + 4 * (nt * (64 / Weight<W>::kPack) + (lane / 4) * (Weight<W>::kBits / 4));
+    o.gi = G::kGOff + 4 * (16 * kt0 + 2 * (lane % 4));
+    o.k = 16 * kt0;
+    return o;
+  }
+
+  // This warp's K_WARP k16 tiles of the stage in the slot at shared address `slot`, k0 its first K row; o: this
+  // lane's offsets (lane_offsets). kPerRow reads scales / zero points from global memory through the stage's
+  // g_idx: scales / zeros point at the column tile's matrices (num_groups, prob_n), col = the block's column tile.
+  __device__ __forceinline__ void compute_stage(unsigned slot, const LaneOffsets& o, int k0, int group_size,
+                                                int group_shift, const int4* __restrict__ scales,
+                                                const int4* __restrict__ zeros, int prob_n, int col) {
 #pragma unroll
     for (int i = 0; i < K_WARP; ++i) {
-      const int kt = kg * K_WARP + i;
-
       if constexpr (GROUP_MODE == kGrouped) {
         // A warp's K_WARP tiles lie in one group when G >= 16 K_WARP (both powers of two, aligned): load once.
         if (i == 0 || group_size < 16 * K_WARP)
-          load_group(s_stage, z_stage, ((k0 + 16 * kt) >> group_shift) - (k0 >> group_shift), nt);
+          load_group(slot, ((k0 + o.k + 16 * i) >> group_shift) - (k0 >> group_shift), o.s, o.z);
       }
       // Per-row groups: the scale vectors and zero words of this lane's rows k0, k0+1, k0+8, k0+9.
       int4 sv[GROUP_MODE == kPerRow ? 4 : 1];
       unsigned zw[GROUP_MODE == kPerRow ? 4 : 1][2];
       if constexpr (GROUP_MODE == kPerRow) {
-        const int* grp = reinterpret_cast<const int*>(g_stage);
+        const int nt = (threadIdx.x / 32) % N_TILES;
+        const int lane_col = (threadIdx.x % 32) / 4;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int krow = 16 * kt + 2 * (lane % 4) + (r & 1) + 8 * (r >> 1);
-          const long long g = grp[krow];
+        for (int r = 0; r < 4; ++r) {  // rows 16 kt + 2 (lane % 4) + (r & 1) + 8 (r >> 1) of the stage
+          const long long g = static_cast<int>(lds32(slot + o.gi + 4 * (16 * i + (r & 1) + 8 * (r >> 1))));
           sv[r] = __ldg(scales + (g * prob_n + col * G::BN + nt * 64) / 8 + lane_col);
           if constexpr (kHasZero) {
             const unsigned* zrow = reinterpret_cast<const unsigned*>(zeros) +
@@ -317,12 +396,12 @@ struct WarpLoop {
 
       // This lane's weight words of tile (kt, nt): word s (4-bit) or words 2s, 2s+1 (8-bit) belong to sub-block s.
       unsigned words[kWordsPerLane];
-      const int4* tile = b_src + (kt * N_TILES + nt) * G::kTileI4;
+      const unsigned tile = slot + o.b + 16 * i * N_TILES * G::kTileI4;  // tile (kt, nt), this lane's int4
       {
-        const int4 w0 = tile[lane];
+        const int4 w0 = lds128(tile);
         words[0] = w0.x; words[1] = w0.y; words[2] = w0.z; words[3] = w0.w;
         if constexpr (kWordsPerLane == 8) {
-          const int4 w1 = tile[32 + lane];
+          const int4 w1 = lds128(tile + 16 * 32);
           words[4] = w1.x; words[5] = w1.y; words[6] = w1.z; words[7] = w1.w;
         }
       }
@@ -331,15 +410,16 @@ struct WarpLoop {
       // B fragment of the first 8 rows' transpose (lane -> row lane % 8, column block (lane / 8) % 2).
       unsigned a[M_BLOCKS][4];
       unsigned a_t[2];
+      // Column block c = 2 kt + (0 or 1) of row r sits at chunk c ^ (r % 8) of the row: 2 kt = 2 kt0 + 2 i adds
+      // without carry into the bits r % 8 flips (kt0 = kg K_WARP is a multiple of K_WARP, 2 i < 2 K_WARP), so tile i's
+      // chunk is tile 0's with bit 1..2 flipped by 2 i; rows are 2 BK >= 128 bytes apart, so in bytes: o.a ^ 32 i
+      // (o.a is relative to the slot, whose start need not be 128-byte aligned).
+      const unsigned a_lane = o.a ^ (32u * i);
       if constexpr (SWAP) {
-        ldmatrix_x2(a_t, a_src + G::a_index(lane % 8, 2 * kt + (lane / 8) % 2));
+        ldmatrix_x2_at(a_t, slot + a_lane);
       } else {
 #pragma unroll
-        for (int mb = 0; mb < M_BLOCKS; ++mb) {
-          const int r = mb * 16 + lane % 16;
-          const int c = 2 * kt + lane / 16;
-          ldmatrix_x4(a[mb], a_src + G::a_index(r, c));
-        }
+        for (int mb = 0; mb < M_BLOCKS; ++mb) ldmatrix_x4_at(a[mb], slot + a_lane + mb * 16 * (G::BK / 8) * 16);
       }
 
 #pragma unroll

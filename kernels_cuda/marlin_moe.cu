@@ -183,7 +183,12 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   constexpr int kAChunks = (G::kAI4 + kThreads - 1) / kThreads;  // A chunks (16 bytes) a thread fetches per stage
 
   extern __shared__ int4 smem[];
-  const StageRings<G, STAGES> ring(smem);
+  const StageRing<G> ring(smem);
+  // Every cp.async destination below derives from fetch_base, a per-thread register that ptxas cannot prove
+  // warp-uniform (opaque_zero; the fold buffer is free until the first tile ends), so no uniform register enters a
+  // cache-hinted copy's address (bench/NOTES_gemm.md "Round 6b").
+  const unsigned zero_t = opaque_zero(smem_addr(ring.red) + 4 * threadIdx.x);
+  const unsigned fetch_base = ring.base + zero_t;
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -201,7 +206,6 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   const long long b_expert_i4 = static_cast<long long>(prob_k / 16) * (prob_n * 16 / kPack) / 4;
   const long long s_expert_i4 = static_cast<long long>(num_groups) * prob_n / 8;
   const long long z_expert_i4 = static_cast<long long>(num_groups) * prob_n / kPack / 4;
-  const unsigned long long weight_policy = evict_first_policy();
 
   // The next item at or after w on this CTA's stride whose block has a local expert (ids outside [0, E) are
   // skipped too: -1 marks experts on other devices, anything else would read past the weights).
@@ -211,50 +215,59 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
     return w;
   };
 
-  // ---- fetch: global -> shared of k-stage kit of item w into ring slot `slot` ---------------------------------
-  long long a_row[kAChunks];  // int4 offset of each A row this thread fetches, -1 = padding
+  // ---- fetch: global -> shared of k-stage kit of item w into a ring slot ---------------------------------------
+  // A: thread t copies chunk t % (BK / 8) of rows t / (BK / 8) + j kThreads / (BK / 8) of the item's block; the
+  // rows' pointers (gathered by sorted id, at k = 0) are formed when the fetch enters an item, a stage adds k0 / 8.
+  // Padding rows (invalid ids) change per item: they are zero-filled by their copies (source size 0, from A's first
+  // row).
+  constexpr int kARowI4 = BK / 8;
+  static_assert((kThreads / kARowI4) % 8 == 0, "copies of one thread share the swizzle");
+  const unsigned a_dst = fetch_base + G::kAOff + 16 * G::a_index(tid / kARowI4, tid % kARowI4);
+  const int4* a_src[kAChunks];  // this thread's row of each copy at k = 0 (A's first row for padding)
+  unsigned a_valid = 0;         // bit j: copy j's row is a routed entry
   auto gather_rows_of = [&](int b) {
+    a_valid = 0;
 #pragma unroll
     for (int j = 0; j < kAChunks; ++j) {
       const int i = tid + j * kThreads;
-      const int r = i / (BK / 8);
-      a_row[j] = -1;
+      const int r = i / kARowI4;
+      long long row_i4 = 0;
       if (i < G::kAI4 && r < block_size) {
         const unsigned id = static_cast<unsigned>(sorted_ids[static_cast<long long>(b) * block_size + r]);
-        if (id < static_cast<unsigned>(numel)) a_row[j] = static_cast<long long>(id / top_k) * (lda / 8);
+        if (id < static_cast<unsigned>(numel)) {
+          row_i4 = static_cast<long long>(id / top_k) * (lda / 8);
+          a_valid |= 1u << j;
+        }
       }
+      a_src[j] = A + row_i4 + tid % kARowI4;
     }
   };
+  WeightFetch<G, W, GROUP_MODE> wfetch;
+  wfetch.init(n_tiles_total, prob_n, group_size, fetch_base);
   // The fetched item's column tile and expert, set at its first stage (every item's fetches start at kit 0): no
-  // division and no expert_ids load per stage.
-  int f_col = 0, f_expert = 0;
-  auto fetch_stage = [&](int slot, int w, int kit) {
+  // division, no expert_ids load and no pointer formation per stage.
+  int f_col = 0;
+  auto fetch_stage = [&](unsigned slot, int w, int kit) {
     if (kit == 0) {
       const int b = w / cols;
       f_col = w - b * cols;
-      f_expert = expert_ids[b];
+      const int e = expert_ids[b];
       gather_rows_of(b);
+      wfetch.begin(B + e * b_expert_i4, scales + e * s_expert_i4, zeros + (kHasZero ? e * z_expert_i4 : 0), nullptr,
+                   f_col, n_tiles_total);
     }
-    const int col = f_col, e = f_expert;
-    const int k0 = kit * BK;
-    int4* a_dst = ring.A + slot * G::kAI4;
+    // SWAP reads rows 0..7 only (kThreads / kARowI4 >= 8 rows per copy): the copies of rows 8.. are not made.
 #pragma unroll
-    for (int j = 0; j < kAChunks; ++j) {
-      const int i = tid + j * kThreads;
-      if (i < G::kAI4) {
-        const int r = i / (BK / 8), c = i % (BK / 8);
-        const bool valid = a_row[j] >= 0;
-        cp_async16(a_dst + G::a_index(r, c), A + (valid ? a_row[j] + k0 / 8 + c : 0), valid);
-      }
+    for (int j = 0; j < (SWAP ? 1 : kAChunks); ++j) {
+      if (G::kAI4 % kThreads == 0 || tid + j * kThreads < G::kAI4)
+        cp_async16_at(slot + a_dst + 16 * j * kThreads, a_src[j] + kit * (BK / 8), (a_valid >> j) & 1u);
     }
-    fetch_weight_stage<G, W, GROUP_MODE>(ring.B + slot * G::kBI4, ring.S + slot * G::kSI4, ring.Z + slot * G::kZI4,
-                                         nullptr, B + e * b_expert_i4, scales + e * s_expert_i4,
-                                         zeros + (kHasZero ? e * z_expert_i4 : 0), nullptr, kit, col, n_tiles_total,
-                                         prob_n, group_size, group_shift, weight_policy);
+    wfetch.fetch(slot, kit, group_shift);
   };
 
   // ---- per-item state: this warp's accumulators and the current group's pairs (marlin_mainloop.cuh) ----------
   Loop loop;
+  const typename Loop::LaneOffsets lane_off = Loop::lane_offsets();
   auto load_channelwise = [&](int w) {
     const int e = expert_ids[w / cols], col = w % cols;
     loop.load_channelwise(reinterpret_cast<const T*>(scales + e * s_expert_i4) + col * BN + nt * 64,
@@ -297,29 +310,30 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
       w = next_item(w + gridDim.x);
     }
   };
+  const unsigned last_off = zero_t + (STAGES - 1) * G::kStageBytes;
+  unsigned fetch_off = last_off;  // the main loop's first refill: slot STAGES - 1, then 0, 1, ...
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
     if (f_item < total_items) {
-      fetch_stage(st, f_item, f_kit);
+      fetch_stage(zero_t + st * G::kStageBytes, f_item, f_kit);
       advance(f_item, f_kit);
     }
     cp_async_commit();
   }
   loop.zero_acc();
-  int slot = 0;
+  SlotCursor<G, STAGES> cursor(ring.base);
   while (c_item < total_items) {
     if (GROUP_MODE == kChannelwise && c_kit == 0) load_channelwise(c_item);
     cp_async_wait<STAGES - 2>();
-    __syncthreads();  // stage `slot` is visible; the slot refilled below was released by every warp
+    __syncthreads();  // the compute slot is visible; the slot refilled below was released by every warp
     if (f_item < total_items) {
-      fetch_stage((slot + STAGES - 1) % STAGES, f_item, f_kit);
+      fetch_stage(fetch_off, f_item, f_kit);
       advance(f_item, f_kit);
     }
     cp_async_commit();
-    loop.compute_stage(ring.A + slot * G::kAI4, ring.B + slot * G::kBI4, ring.S + slot * G::kSI4,
-                       ring.Z + slot * G::kZI4, nullptr, c_kit * BK, group_size, group_shift, nullptr, nullptr,
-                       prob_n, 0);
-    slot = (slot + 1 == STAGES) ? 0 : slot + 1;
+    loop.compute_stage(cursor.slot, lane_off, c_kit * BK, group_size, group_shift, nullptr, nullptr, prob_n, 0);
+    cursor.advance();
+    fetch_off = fetch_off == last_off ? zero_t : fetch_off + G::kStageBytes;
     if (c_kit + 1 == KI) {
       finish_item(c_item);
       loop.zero_acc();

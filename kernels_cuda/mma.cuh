@@ -58,11 +58,35 @@ __device__ __forceinline__ void mma_m16n8k16(const unsigned (&a)[4], const unsig
   }
 }
 
+// threadIdx.x read once through volatile asm: values derived from it (a lane's shared offsets) are then kept in
+// registers across the main loop; from the plain threadIdx.x, NVVM re-derived them inside the loop every stage.
+__device__ __forceinline__ int pinned_thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+}
+
+// ---- shared memory through 32-bit addresses (PTX state space .shared) --------------------------------------
+// The main loop keeps its stage slots as 32-bit shared addresses formed once (smem_addr) and adds compile-time
+// offsets, instead of converting generic pointers every stage (each conversion re-reads the shared window base).
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// cp.async (PTX ISA "cp.async"): 16-byte global->shared copy that bypasses L1 (.cg). When `valid` is false the
+// source size is 0, so nothing is read and the 16 shared bytes are zero-filled: rows past M cost no memory traffic
+// and need no branch. (No variant with an L2 cache-policy hint: with one, ptxas 13.0 emitted LDGSTS [R+UR],
+// desc[UR odd] for some instantiations, which the H200 rejects as an illegal instruction; bench/NOTES_gemm.md
+// "Round 6b".)
+__device__ __forceinline__ void cp_async16_at(unsigned smem, const void* gmem, bool valid = true) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
+
 // ldmatrix.x4: the four 8x8 b16 matrices whose row addresses lanes 0-7, 8-15, 16-23, 24-31 supply, one register
 // each. With lane l pointing at row l%16, column block l/16 of a 16x16 A tile, the registers come out in exactly
 // the mma A-fragment order (PTX ISA "ldmatrix").
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem_row) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+__device__ __forceinline__ void ldmatrix_x4_at(unsigned (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
@@ -71,32 +95,35 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem_r
 // ldmatrix.x2: two 8x8 b16 matrices whose row addresses lanes 0-7 and 8-15 supply (lanes 16-31: ignored, any
 // valid address). With lane l pointing at row l%8, column block (l/8)%2 of an 8x16 A tile, the registers are the
 // mma B fragment of that tile's transpose (PTX ISA "ldmatrix").
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* smem_row) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+__device__ __forceinline__ void ldmatrix_x2_at(unsigned (&r)[2], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
-// ---- cp.async (PTX ISA "cp.async") --------------------------------------------------------------------
-// 16-byte global->shared copy that bypasses L1 (.cg). When `valid` is false the source size is 0, so nothing is
-// read and the 16 shared bytes are zero-filled: rows past M cost no memory traffic and need no branch.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid = true) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(src_bytes));
+__device__ __forceinline__ int4 lds128(unsigned addr) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
 }
 
-// The same copy with an L2 evict-first policy: weights are streamed exactly once per launch, so they should not
-// push activations and partial sums out of L2 (PTX ISA "createpolicy").
-__device__ __forceinline__ void cp_async16_stream(void* smem, const void* gmem, unsigned long long policy) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem),
-               "l"(policy));
+__device__ __forceinline__ unsigned lds32(unsigned addr) {
+  unsigned v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
 }
 
-__device__ __forceinline__ unsigned long long evict_first_policy() {
-  unsigned long long policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
+__device__ __forceinline__ void sts128_zero(unsigned addr) {
+  asm volatile("st.shared.v4.b32 [%0], {%1,%1,%1,%1};\n" ::"r"(addr), "r"(0));
+}
+
+// A zero that ptxas cannot prove warp-uniform: this thread's own shared word, written and read back. Fetch slot
+// offsets carried from it stay in per-thread registers. Why: when a warp-uniform slot value reached a cache-hinted
+// cp.async address, ptxas 13.0 split the address into register + uniform register beside the policy descriptor
+// (LDGSTS [R+UR], desc[UR odd]), an encoding the H200 rejects (bench/NOTES_gemm.md "Round 6b").
+__device__ __forceinline__ unsigned opaque_zero(unsigned own_word) {
+  unsigned z;
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(own_word), "r"(0u) : "memory");
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(z) : "r"(own_word) : "memory");
+  return z;
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

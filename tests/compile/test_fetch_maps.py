@@ -1,0 +1,66 @@
+"""The main loop's copy and read positions (kernels_cuda/marlin_mainloop.cuh, marlin_gemm.cu, marlin_moe.cu) are
+the ones of the straightforward enumeration, so the shared memory a stage holds is unchanged bit for bit. Needs no
+GPU: a host program built with nvcc checks WeightFetch's own constexpr functions; the A-side identities are checked
+here over every geometry the kernels instantiate.
+"""
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from workbench import gemm
+
+DATA = pathlib.Path(__file__).parent / "data"
+THREADS = 256
+
+
+def a_index(r: int, c: int, bk: int) -> int:
+    """Geometry::a_index: chunk c of stage row r, swizzled by r % 8 (int4 units)."""
+    return r * (bk // 8) + (c ^ (r % 8))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_weight_fetch_covers_every_b_int4_at_heads_position(tmp_path):
+    exe = tmp_path / "fetch_maps"
+    subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-I", str(gemm.KERNEL_DIR), "-o", str(exe),
+                    str(DATA / "fetch_maps.cu")], check=True, capture_output=True, text=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count(": ok") == 12, run.stdout
+
+
+@pytest.mark.parametrize("n_tiles,k_warp", sorted(gemm.thread_shapes()) + [(1, 2)])
+@pytest.mark.parametrize("m_blocks", [1, 2, 3, 4])
+def test_a_fetch_copies_share_one_swizzle(m_blocks, n_tiles, k_warp):
+    """Thread t's A copy n goes to a_index(t // row + n * rows_per_pass, t % row) = copy 0's + n * 256 (the kernels
+    add 16 * n * kThreads bytes), and the copies of all threads cover the stage exactly once."""
+    bk = 16 * k_warp * (8 // n_tiles)
+    row = bk // 8
+    rows_per_pass = THREADS // row
+    a_i4 = 16 * m_blocks * bk // 8
+    seen = []
+    for t in range(THREADS):
+        for n in range(-(-a_i4 // THREADS)):
+            i = t + n * THREADS
+            if i >= a_i4:
+                continue
+            r, c = t // row + n * rows_per_pass, t % row
+            assert (r, c) == (i // row, i % row)
+            assert a_index(r, c, bk) == a_index(t // row, c, bk) + n * THREADS
+            seen.append(a_index(r, c, bk))
+    assert sorted(seen) == list(range(a_i4))
+
+
+@pytest.mark.parametrize("n_tiles,k_warp", sorted(gemm.thread_shapes()) + [(1, 2)])
+@pytest.mark.parametrize("swap", [False, True])
+def test_ldmatrix_address_of_tile_i_is_tile_0_xor_32i(n_tiles, k_warp, swap):
+    """WarpLoop::compute_stage reads tile i of a warp's K_WARP tiles at (byte offset of tile 0) ^ (32 i)."""
+    bk = 16 * k_warp * (8 // n_tiles)
+    for kg in range(8 // n_tiles):
+        kt0 = kg * k_warp
+        for lane in range(32):
+            r, b = (lane % 8, (lane // 8) % 2) if swap else (lane % 16, lane // 16)
+            base = 16 * a_index(r, 2 * kt0 + b, bk)
+            for i in range(k_warp):
+                assert base ^ (32 * i) == 16 * a_index(r, 2 * (kt0 + i) + b, bk), (kg, lane, i)
