@@ -45,12 +45,10 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from bench_gemm import L2_MULTIPLE, LAUNCHES_PER_GRAPH, REPLAYS, weight_bytes  # noqa: E402  (the bench's method)
 from workbench import gemm  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
 
-LAUNCHES_PER_GRAPH = 20
-REPLAYS = 5
-L2_MULTIPLE = 3
 ONE_BLOCK_STAGES = (8, 6, 4)  # the stage lists choose_config picks from (m_blocks <= 2 / two blocks per SM)
 TWO_BLOCK_STAGES = (4, 3)
 LARGE_M_STAGES = (4, 3)
@@ -291,14 +289,6 @@ def meta_line(meta: dict) -> str:
     return (f"GPU {meta.get('gpu')} ({meta.get('sms')} SMs), {meta.get('date')}, {meta.get('commit')}, copy "
             f"{meta.get('copy_gbs', 0):.0f} GB/s; median of {REPLAYS} replays of a {LAUNCHES_PER_GRAPH}-launch graph; "
             f"stopped: {meta.get('stopped')}")
-
-
-def weight_bytes(k, n, wt, gs) -> int:
-    ng = 1 if gs == -1 else k // gs
-    b = k * n * wt.bits // 8 + ng * n * 2
-    if wt.has_zero_points:
-        b += ng * n * wt.bits // 8
-    return b
 
 
 def candidate_row(cand: Candidate, cell: Cell) -> dict:
