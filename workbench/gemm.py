@@ -227,15 +227,9 @@ ALIGN_SLICES = True
 ALIGNED_MAX_LONGER = 1.15
 ALIGNED_EXTRA_STEPS = 0
 
-# The policy before round 6 (bench/ab_gemm.py's variant new-oldpolicy). WORKBENCH_GEMM_POLICY=pre-r6 selects it at
-# import, so that a check that must match an older commit's partition bit for bit (bench/partition_check.py,
-# ab_gemm's bits_equal_old) can run on a tree that also holds the new policy.
+# The policy before round 6: bench/ab_gemm.py's variant new-oldpolicy sets these module switches to time it.
 PRE_R6_POLICY = dict(ONE_M_BLOCK_STAGES={4: (8, 6, 4), 8: (8, 6, 4)}, EIGHT_BIT_ONE_M_BLOCK_SHAPES=_SMALL_M_SHAPES,
                      ALIGNED_MAX_LONGER=1.0)
-if os.environ.get("WORKBENCH_GEMM_POLICY", "") == "pre-r6":
-    globals().update(PRE_R6_POLICY)
-elif os.environ.get("WORKBENCH_GEMM_POLICY", ""):
-    raise ValueError(f"WORKBENCH_GEMM_POLICY={os.environ['WORKBENCH_GEMM_POLICY']!r}: only 'pre-r6' (or unset)")
 
 
 def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:

@@ -106,26 +106,6 @@ def test_every_choice_fits_and_divides(weight, m):
         assert 1 <= grid <= SMS * cfg.blocks_per_sm
 
 
-@pytest.mark.parametrize("setting, ok", [("pre-r6", True), ("", True), ("r5", False)])
-def test_policy_environment_switch(setting, ok):
-    """WORKBENCH_GEMM_POLICY=pre-r6 gives HEAD's choices at import (for bitwise-vs-HEAD checks); anything else but
-    unset is refused by name."""
-    import os
-    import subprocess
-
-    code = ("from workbench import gemm; from workbench.scalar_types import ScalarType as S; "
-            "c = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, 232448, sm_smem=233472, sms=132); "
-            "print(c.stages, gemm.grid_blocks(c, 1, 14336, 4096, 132))")
-    env = dict(os.environ, WORKBENCH_GEMM_POLICY=setting)
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=pathlib.Path(__file__).resolve().parents[2])
-    if not ok:
-        assert run.returncode != 0 and "WORKBENCH_GEMM_POLICY='r5'" in run.stderr
-    else:
-        assert run.returncode == 0, run.stderr
-        assert run.stdout.split() == (["8", "132"] if setting else ["6", "112"])
-
-
 def test_ab_variant_context_restores_the_policy():
     """bench/ab_gemm.py's new-oldpolicy context switches to HEAD's choice and back."""
     def pick():
