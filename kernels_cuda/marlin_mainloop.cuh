@@ -95,12 +95,16 @@ struct SlotCursor {
 // ---- fetch: global -> shared of the weight side of one stage ------------------------------------------------
 // B: KT rows of N_TILES consecutive 16x64 tiles starting at k16 row kit * KT and 64-column tile col * N_TILES of a
 // (K/16, n_tiles_total tiles) Marlin matrix (B points at its first tile: the expert's for MoE). One k16 row of the
-// block tile is kRowI4 contiguous int4 in global memory; kRowThreads threads share a row and thread t copies int4
-// t % kRowThreads + n kRowThreads of row t / kRowThreads (n < kCopies), so its copies differ by compile-time
-// offsets on both sides and a stage costs one address per thread. 8-bit tiles give each lane 32 bytes; storing the
-// two 16-byte halves of all lanes apart (all first halves, then all second halves) keeps the lane reads
-// conflict-free. Grouped scales (and zero points) of the group rows the stage spans; g_idx of its rows (kPerRow).
-// All through cp.async; the caller commits.
+// block tile is kRowI4 contiguous int4 in global memory and lands contiguously in the stage (row r at r kRowI4): shared
+// memory holds exactly the global bytes, and a lane's 16 (4-bit) or 32 (8-bit) bytes of a tile stay contiguous.
+// (Until round 7 the 8-bit tiles stored each lane's two 16-byte halves 512 bytes apart, to spare its two reads a
+// 2-way bank conflict. Measured on the H200 (bench/NOTES_gemm.md "Round 7"): with the destinations of a warp's copy
+// not contiguous, the copies reached L2 as ~1 sector per request and each sector was read twice; the 8-bit kernels
+// ran at half speed, bound by that fetch.)
+// kRowThreads threads share a k16 row and thread t copies int4 t % kRowThreads + n kRowThreads of row t / kRowThreads
+// (n < kCopies), so its copies differ by compile-time offsets on both sides and a stage costs one address per thread;
+// a warp's copy is 32 contiguous int4 (512 bytes) or two halves of 256. Grouped scales (and zero points) of the group
+// rows the stage spans; g_idx of its rows (kPerRow). All through cp.async; the caller commits.
 //
 // Per-thread state, formed when the fetch enters a slice (dense) or an item (MoE): begin(); each stage then adds
 // kit times a stride (fetch()).
@@ -112,27 +116,12 @@ struct WeightFetch {
   static constexpr int kCopies = kRowI4 / kRowThreads;    // B copies per thread per stage
   static_assert(kThreads % G::KT == 0 && kRowI4 % kRowThreads == 0 && kCopies * kThreads == G::kBI4,
                 "every thread copies kCopies int4 of one k16 row");
-  static_assert(kRowThreads % G::kTileI4 == 0 || G::kTileI4 % kRowThreads == 0, "row split must align with tiles");
   static constexpr int kZRowI4 = Weight<W>::kHasZero ? G::BN / Weight<W>::kPack / 4 : 1;  // int4 of a zero row
 
-  // Position of int4 c of a k16 row inside the stage's B (int4 units, relative to the row): tile c / kTileI4,
-  // 8-bit: halves apart (j -> (j % 2) 32 + j / 2).
-  __host__ __device__ static constexpr int b_row_slot(int c) {
-    return (c / G::kTileI4) * G::kTileI4 +
-           (G::kTileI4 == 64 ? (c % G::kTileI4 % 2) * 32 + (c % G::kTileI4) / 2 : c % G::kTileI4);
-  }
-  // Copy n's shared position relative to copy 0's (a compile-time constant: see the static_assert above and
-  // b_row_slot; c0 + n kRowThreads stays in c0's tile position class).
-  __host__ __device__ static constexpr int b_copy_delta(int n) {
-    return kRowThreads >= G::kTileI4
-               ? n * kRowThreads
-               : (n * kRowThreads / G::kTileI4) * G::kTileI4 +
-                     (G::kTileI4 == 64 ? (n * kRowThreads % G::kTileI4) / 2 : n * kRowThreads % G::kTileI4);
-  }
+  // Copy n's position relative to copy 0's, in the row and in the stage (int4; the same on both sides).
+  __host__ __device__ static constexpr int b_copy_delta(int n) { return n * kRowThreads; }
   // Shared position (int4, relative to the stage's B) of thread t's copy 0.
-  __host__ __device__ static constexpr int b_dst_of(int t) {
-    return (t / kRowThreads) * kRowI4 + b_row_slot(t % kRowThreads);
-  }
+  __host__ __device__ static constexpr int b_dst_of(int t) { return (t / kRowThreads) * kRowI4 + t % kRowThreads; }
 
   const int4* b_src;  // this thread's copy 0 at stage 0 of the current slice / item
   int b_step;         // int4 between consecutive stages: KT n_tiles_total kTileI4
@@ -184,7 +173,7 @@ struct WeightFetch {
 #pragma unroll
     for (int n = 0; n < kCopies; ++n)
       // no L2 cache-policy hint: see cp_async16_at
-      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + n * kRowThreads);
+      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));
     if constexpr (GROUP_MODE == kGrouped) {
       const int g0 = (kit * G::BK) >> group_shift;  // first group row of the stage
       if (s_on) cp_async16_at(slot + s_dst, s_src + g0 * s_row);
@@ -332,7 +321,7 @@ struct WarpLoop {
     // SWAP: ldmatrix.x2 rows lane % 8, column block (lane / 8) % 2; else .x4 rows lane % 16, block lane / 16.
     o.a = G::kAOff + 16 * (SWAP ? G::a_index(lane % 8, 2 * kt0 + (lane / 8) % 2)
                                 : G::a_index(lane % 16, 2 * kt0 + lane / 16));
-    o.b = G::kBOff + 16 * ((kt0 * N_TILES + nt) * G::kTileI4 + lane);
+    o.b = G::kBOff + 16 * ((kt0 * N_TILES + nt) * G::kTileI4 + lane * (G::kTileI4 / 32));
     o.s = G::kSOff + 16 * (nt * 8 + lane / 4);
     o.z = G::kZOff + 4 * (nt * (64 / Weight<W>::kPack) + (lane / 4) * (Weight<W>::kBits / 4));
     o.gi = G::kGOff + 4 * (16 * kt0 + 2 * (lane % 4));
@@ -401,7 +390,7 @@ struct WarpLoop {
         const int4 w0 = lds128(tile);
         words[0] = w0.x; words[1] = w0.y; words[2] = w0.z; words[3] = w0.w;
         if constexpr (kWordsPerLane == 8) {
-          const int4 w1 = lds128(tile + 16 * 32);
+          const int4 w1 = lds128(tile + 16);  // a lane's 32 bytes are contiguous (as in global memory)
           words[4] = w1.x; words[5] = w1.y; words[6] = w1.z; words[7] = w1.w;
         }
       }

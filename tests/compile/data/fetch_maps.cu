@@ -1,5 +1,6 @@
-// Host check: WeightFetch's thread -> (k16 row, int4) assignment copies every int4 of a stage's B exactly once, to
-// the shared position the straightforward enumeration (HEAD's fetch_weight_stage) used.
+// Host check: WeightFetch's thread -> (k16 row, int4) assignment copies every int4 of a stage's B exactly once, to the
+// same position in shared memory as in the stage's global rows (row kt at kt kRowI4: shared holds the global bytes),
+// and the lanes of a warp that copy from one row copy consecutive int4 on both sides (512 or 2 x 256 bytes).
 #include <cstdio>
 #include <vector>
 #include "marlin_mainloop.cuh"
@@ -12,13 +13,15 @@ int check() {
   int bad = 0;
   for (int t = 0; t < kThreads; ++t)
     for (int n = 0; n < F::kCopies; ++n) {
-      const int kt = t / F::kRowThreads, rem = t % F::kRowThreads + n * F::kRowThreads;  // source (row, int4)
-      const int i = kt * F::kRowI4 + rem;  // HEAD's linear index of that source int4
-      const int j = rem % G::kTileI4;
-      const int swz = (G::kTileI4 == 64) ? (j % 2) * 32 + j / 2 : j;
-      const int head_dst = kt * NT * G::kTileI4 + (rem - j) + swz;
-      const int new_dst = F::b_dst_of(t) + F::b_copy_delta(n);
-      if (rem >= F::kRowI4 || head_dst != new_dst) ++bad;
+      const int kt = t / F::kRowThreads;                            // source row inside the stage
+      const int c = t % F::kRowThreads + F::b_copy_delta(n);         // source int4 inside the row
+      const int i = kt * F::kRowI4 + c;
+      const int dst = F::b_dst_of(t) + F::b_copy_delta(n);
+      if (kt >= G::KT || c >= F::kRowI4 || dst != i) ++bad;
+      // the lanes of this warp that share t's row: int4 consecutive by lane
+      const int lane = t % 32, first = (lane / F::kRowThreads) * F::kRowThreads, t0 = t - lane + first;
+      if (F::kRowThreads < 32 && 32 % F::kRowThreads != 0) ++bad;
+      if (t0 / F::kRowThreads != kt || t0 % F::kRowThreads + F::b_copy_delta(n) + (lane - first) != c) ++bad;
       if (i >= 0 && i < G::kBI4) ++seen[i];
     }
   for (int c : seen) bad += c != 1;

@@ -1,0 +1,194 @@
+"""Where the dense GEMM's time goes: the same kernel with one part of its main loop taken out, timed side by side.
+
+    python bench/ablation_probe.py --out DIR [--cells 8192x28672:u4b8:1,...] [--variants base,nobar,...]
+
+Each variant is the kernel source of this tree with a text edit (VARIANTS below; every edit must match exactly
+once, or the probe stops). The edited kernels compute wrong results on purpose: they exist only to be timed, never
+to be used, so they live in a temporary directory and are loaded as separate copies of workbench.gemm (as
+bench/ab_gemm.py loads an old version). Same configuration, grid and inputs as the library's own choice for each
+cell; bench_gemm.py's method (CUDA graph of 20 launches over inputs rotated through > 3x L2, device events).
+
+Reading the result: T(nowait_nobar) is what the loop costs if no load latency were ever exposed (issue-bound time);
+T(nocompute) what the fetch pipeline and slice finishing cost alone; T(noB) the compute with no weight traffic.
+--grids policy,striped,aligned times each variant on the library's grid, on the striped split only (ALIGN_SLICES
+off) and on the slice-aligned grid wherever the slices fit (ALIGNED_EXTRA_STEPS huge).
+Writes DIR/ablation_<gpu>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_gemm import (OURS, LAUNCHES_PER_GRAPH, copies_for, copy_bandwidth, l2_bytes, random_weight,  # noqa: E402
+                        time_cupy_graph, weight_bytes)
+from workbench import gemm  # noqa: E402
+
+_BARRIER = ("    __syncthreads();  // the compute slot is visible to all warps; the slot fetched below was released by "
+            "all of them\n")
+_WAIT = "    cp_async_wait<STAGES - 2>();\n"
+_COMPUTE = "    compute_stage(cursor.slot, slice, kit);\n"
+_ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));\n'
+_NO_ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" ::"r"(smem), "l"(gmem));\n  (void)src_bytes;\n'
+_A_COPY = "          cp_async16_at(slot + a_dst + 16 * n * kThreads, a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);\n"
+_FINISH = ("      const int lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(\n"
+           "          partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode,\n"
+           "          DEFER_COUNT && it + 1 < it_end);\n")
+_NO_FINISH = "      const int lock = -1;\n      (void)partial;\n"
+# the finish replaced by a sink that keeps every accumulator alive (no fold, no cross-block sum, no C)
+_SINK = ("      const int lock = -1;\n      float sink = 0.f;\n"
+         "      for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < 8; ++nb) for (int r = 0; r < 4; ++r)\n"
+         "        sink += partial[mb][nb][r];\n      if (sink == 1234.5f) C[0] = C[1];\n")
+_FOLD = "  fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
+_B_COPY = "      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + n * kRowThreads);\n"
+
+# name -> [(file, old text, new text)]
+VARIANTS = {
+    "base": [],
+    "nobar": [("marlin_gemm.cu", _BARRIER, "")],
+    "nowait_nobar": [("marlin_gemm.cu", _BARRIER, ""), ("marlin_gemm.cu", _WAIT, "")],
+    "nocompute": [("marlin_gemm.cu", _COMPUTE, "")],
+    "nozfill": [("mma.cuh", _ZFILL, _NO_ZFILL)],
+    "nocompute_nozfill": [("marlin_gemm.cu", _COMPUTE, ""), ("mma.cuh", _ZFILL, _NO_ZFILL)],
+    "nocompute_noA": [("marlin_gemm.cu", _COMPUTE, ""), ("marlin_gemm.cu", _A_COPY, "          ;\n")],
+    "nocompute_nofinish": [("marlin_gemm.cu", _COMPUTE, ""), ("marlin_gemm.cu", _FINISH, _NO_FINISH)],
+    "nofinish": [("marlin_gemm.cu", _FINISH, _NO_FINISH)],
+    "sinkfinish": [("marlin_gemm.cu", _FINISH, _SINK)],
+    "finish_return": [("marlin_gemm.cu", _FOLD, "  if (prob_m > 0) return -1;\n" + _FOLD)],
+    "nofold": [("marlin_gemm.cu", _FOLD, "")],
+    "noB": [("marlin_mainloop.cuh", _B_COPY, "      (void)b;\n")],
+}
+DEFAULT_CELLS = ("8192x28672:u4b8 g128 fp16:1", "8192x28672:u4b8 g128 fp16:16", "4096x14336:u4b8 g128 fp16:1",
+                 "4096x4096:u4b8 g128 fp16:1", "8192x8192:u4b8 g128 fp16:1", "8192x28672:fe4m3fn chan fp16:1")
+
+
+def variant_module(name: str, edits, tmp: pathlib.Path):
+    """A copy of workbench.gemm whose kernels are this tree's with `edits` applied."""
+    kdir = tmp / name
+    kdir.mkdir()
+    for f in gemm.KERNEL_DIR.iterdir():
+        if f.is_file():
+            (kdir / f.name).write_text(f.read_text())
+    for fname, old, new in edits:
+        text = (kdir / fname).read_text()
+        if text.count(old) != 1:
+            raise SystemExit(f"variant {name}: the edit of {fname} matches {text.count(old)} times, not once: {old!r}")
+        (kdir / fname).write_text(text.replace(old, new))
+    spec = importlib.util.spec_from_file_location(f"gemm_{name}", ROOT / "workbench" / "gemm.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[f"gemm_{name}"] = mod
+    spec.loader.exec_module(mod)
+    mod.KERNEL_DIR = kdir
+    mod.kernel_source.cache_clear()
+    return mod
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=pathlib.Path)
+    parser.add_argument("--cells", default=",".join(DEFAULT_CELLS), help="KxN:label:M,... (label as in bench_gemm)")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--grids", default="policy", help="policy,striped,aligned")
+    args = parser.parse_args(argv)
+    import cupy as cp
+    import ml_dtypes
+
+    names = [v for v in args.variants.split(",") if v]
+    bad = sorted(set(names) - set(VARIANTS))
+    if bad:
+        parser.error(f"unknown variants {bad}; known: {sorted(VARIANTS)}")
+    labels = {row[0].removeprefix("marlin "): row for row in OURS}
+    cells = []
+    for c in args.cells.split(","):
+        shape, label, m = c.split(":")
+        if label not in labels:
+            parser.error(f"unknown label {label!r}; known: {sorted(labels)}")
+        k, n = (int(x) for x in shape.split("x"))
+        cells.append((k, n, labels[label], int(m)))
+    dtypes = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    sms = props["multiProcessorCount"]
+    l2 = l2_bytes(cp)
+    copy_gbs = copy_bandwidth(cp)
+    print(f"{gpu}: {sms} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="ablation_"))
+    mods = {name: variant_module(name, VARIANTS[name], tmp) for name in names}
+    grid_settings = {"policy": {}, "striped": {"ALIGN_SLICES": False}, "aligned": {"ALIGNED_EXTRA_STEPS": 10**9}}
+    grids = [g for g in args.grids.split(",") if g]
+    if set(grids) - set(grid_settings):
+        parser.error(f"--grids: one of {sorted(grid_settings)}")
+
+    class Grid:
+        def __init__(self, mod, kind):
+            self.mod, self.values = mod, grid_settings[kind]
+
+        def __enter__(self):
+            self.saved = {k: getattr(self.mod, k) for k in self.values}
+            for k, v in self.values.items():
+                setattr(self.mod, k, v)
+            self.mod._array_plans.clear()
+            self.mod._prepared.clear()
+
+        def __exit__(self, *exc):
+            for k, v in self.saved.items():
+                setattr(self.mod, k, v)
+            self.mod._array_plans.clear()
+            self.mod._prepared.clear()
+
+    for name, mod in mods.items():
+        cfgs = [mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False)
+                for k, n, (_, wt, gs, dt), m in cells]
+        mod.precompile(cfgs, workers=16)
+    print("compiled", flush=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for k, n, (label, wt, gs, dt), m in cells:
+        ws = [random_weight(cp, k, n, wt, gs, dtypes[dt], rng) for _ in range(copies_for(weight_bytes(k, n, wt, gs), l2))]
+        a = [cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(dtypes[dt])) for _ in range(2)]
+        base_us = None
+        for name, mod in mods.items():
+            for gkind in grids:
+                with Grid(mod, gkind):
+                    c = cp.empty((m, n), dtype=dtypes[dt])
+                    work = cp.zeros(mod.workspace_numel(sms), dtype=np.int32)
+                    c_tmp = cp.empty(mod.c_tmp_numel(sms), dtype=np.float32)
+                    cfg = mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False)
+                    launches = [(lambda s, i=i, mod=mod, c=c, work=work, c_tmp=c_tmp: mod.marlin_gemm(
+                        a[i % 2], ws[i % len(ws)], c=c, workspace=work, c_tmp=c_tmp, stream=s))
+                        for i in range(LAUNCHES_PER_GRAPH)]
+                    us = time_cupy_graph(cp, launches)
+                    grid = mod.grid_blocks(cfg, m, n, k, sms)
+                base_us = us if base_us is None else base_us
+                gbs = (weight_bytes(k, n, wt, gs) + m * k * 2 + m * n * 2) / (us * 1e-6) / 1e9
+                row = dict(k=k, n=n, m=m, label=label, variant=name, grid_kind=gkind, us=round(us, 3),
+                           pct_copy=round(100 * gbs / copy_gbs, 1), vs_first=round(us / base_us, 3),
+                           config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}"
+                           + ("s" if cfg.swap else ""), grid=grid)
+                rows.append(row)
+                print(f"K={k:6d} N={n:6d} M={m:3d} {label:24s} {name:14s} {gkind:8s} {us:8.2f} us  "
+                      f"x{us / base_us:5.3f}  {row['pct_copy']:5.1f}% copy  {row['config']} grid {grid}", flush=True)
+        del ws
+        cp.get_default_memory_pool().free_all_blocks()
+    tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
+    meta = dict(gpu=gpu, sms=sms, copy_gbs=round(copy_gbs, 1), date=datetime.date.today().isoformat(),
+                commit=os.environ.get("BENCH_COMMIT", "working tree"), variants={k: VARIANTS[k] for k in names})
+    (args.out / f"ablation_{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    print("done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
