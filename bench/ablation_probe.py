@@ -42,16 +42,19 @@ _COMPUTE = "    compute_stage(cursor.slot, slice, kit);\n"
 _ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));\n'
 _NO_ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" ::"r"(smem), "l"(gmem));\n  (void)src_bytes;\n'
 _A_COPY = "          cp_async16_at(slot + a_dst + 16 * n * kThreads, a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);\n"
-_FINISH = ("      const int lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(\n"
-           "          partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode,\n"
-           "          DEFER_COUNT && it + 1 < it_end);\n")
-_NO_FINISH = "      const int lock = -1;\n      (void)partial;\n"
+_FINISH = ("      if constexpr (M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1))\n"
+           "        lock = finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(\n"
+           "            partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);\n"
+           "      else\n"
+           "        lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(\n"
+           "            partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);\n")
+_NO_FINISH = "      lock = -1;\n      (void)partial;\n      (void)defer;\n"
 # the finish replaced by a sink that keeps every accumulator alive (no fold, no cross-block sum, no C)
-_SINK = ("      const int lock = -1;\n      float sink = 0.f;\n"
+_SINK = ("      lock = -1;\n      (void)defer;\n      float sink = 0.f;\n"
          "      for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < 8; ++nb) for (int r = 0; r < 4; ++r)\n"
          "        sink += partial[mb][nb][r];\n      if (sink == 1234.5f) C[0] = C[1];\n")
 _FOLD = "  fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
-_B_COPY = "      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + n * kRowThreads);\n"
+_B_COPY = "      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));\n"
 
 # name -> [(file, old text, new text)]
 VARIANTS = {

@@ -138,10 +138,10 @@ __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long lo
 // the block sums the slice if it turned out to be the last to arrive; the other warps go straight back to the
 // pipeline.
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
-__device__ __noinline__ int finish_slice(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI, int cols,
-                                         long long total, T* __restrict__ C, float* __restrict__ C_tmp,
-                                         int* __restrict__ locks, int prob_m, int prob_n, int reduce_mode,
-                                         bool defer) {
+__device__ __forceinline__ int finish_slice_inline(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI,
+                                                   int cols, long long total, T* __restrict__ C,
+                                                   float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
+                                                   int prob_n, int reduce_mode, bool defer) {
   using Pair = typename Act<T>::Pair;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -251,6 +251,16 @@ __device__ __noinline__ int finish_slice(float (&acc)[M_BLOCKS][8][4], float* sR
     if (tid == 0) store_release(locks + last, rank == count - 1 ? 0 : rank + 1);
   }
   return -1;
+}
+
+// The out-of-line copy (see above: kernels with several m16 blocks spilled with the finish inlined).
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
+__device__ __noinline__ int finish_slice(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI, int cols,
+                                         long long total, T* __restrict__ C, float* __restrict__ C_tmp,
+                                         int* __restrict__ locks, int prob_m, int prob_n, int reduce_mode,
+                                         bool defer) {
+  return finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(acc, sRed, slice, KI, cols, total, C, C_tmp,
+                                                                           locks, prob_m, prob_n, reduce_mode, defer);
 }
 
 // After the block's range: a deferred slice end (see finish_slice) is settled. Thread 0 holds the block's arrival
@@ -437,9 +447,16 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
     if (kit + 1 == KI || it + 1 == it_end) {
       float partial[M_BLOCKS][8][4];
       loop.rows_layout(partial);
-      const int lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
-          partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode,
-          DEFER_COUNT && it + 1 < it_end);
+      const bool defer = DEFER_COUNT && it + 1 < it_end;
+      int lock;
+      // Inlined where it was measured faster (bench/NOTES_gemm.md "Round 7": M <= 8 x0.89-0.97); the 128-register
+      // two-block kernels without SWAP lost 3-7% with it inlined, and several m16 blocks spilled.
+      if constexpr (M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1))
+        lock = finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
+            partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);
+      else
+        lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
+            partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);
       if (lock >= 0) {  // block-uniform
         deferred_slice = slice;
         if (tid == 0) {
