@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_gemm import (OURS, SHAPES, LAUNCHES_PER_GRAPH, copies_for, copy_bandwidth, l2_bytes,  # noqa: E402
+from bench_gemm import (OURS, SHAPES, LAUNCHES_PER_GRAPH, copies_for, device_summary,  # noqa: E402
                         random_weight, time_cupy_graph, time_torch_graph, weight_bytes)
 from workbench import gemm  # noqa: E402
 
@@ -128,12 +128,7 @@ def main(argv=None) -> int:
 
     old = load_old(args.old_dir)
     args.out.mkdir(parents=True, exist_ok=True)
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    sms = props["multiProcessorCount"]
-    l2 = l2_bytes(cp)
-    copy_gbs = copy_bandwidth(cp)
-    print(f"{gpu}: {sms} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
+    gpu, sms, l2, copy_gbs = device_summary(cp)
     dtypes = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
     m_values = tuple(int(x) for x in args.m.split(","))
     all_variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),

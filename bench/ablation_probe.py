@@ -31,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gemm import (OURS, LAUNCHES_PER_GRAPH, copies_for, copy_bandwidth, l2_bytes, random_weight,  # noqa: E402
+from bench_gemm import (OURS, LAUNCHES_PER_GRAPH, copies_for, device_summary, random_weight,  # noqa: E402
                         time_cupy_graph, weight_bytes)
 from workbench import gemm  # noqa: E402
 
@@ -120,12 +120,7 @@ def main(argv=None) -> int:
         k, n = (int(x) for x in shape.split("x"))
         cells.append((k, n, labels[label], int(m)))
     dtypes = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    sms = props["multiProcessorCount"]
-    l2 = l2_bytes(cp)
-    copy_gbs = copy_bandwidth(cp)
-    print(f"{gpu}: {sms} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
+    gpu, sms, l2, copy_gbs = device_summary(cp)
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="ablation_"))
     mods = {name: variant_module(name, VARIANTS[name], tmp) for name in names}

@@ -49,6 +49,16 @@ def l2_bytes(cp) -> int:
     return int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["l2CacheSize"])
 
 
+def device_summary(cp):
+    """(name, SMs, L2 bytes, copy GB/s) of the current device, printed as the A/B and probe scripts start."""
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    sms = props["multiProcessorCount"]
+    copy_gbs = copy_bandwidth(cp)
+    print(f"{gpu}: {sms} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
+    return gpu, sms, l2_bytes(cp), copy_gbs
+
+
 def copies_for(nbytes: int, l2: int) -> int:
     return max(2, math.ceil(L2_MULTIPLE * l2 / max(nbytes, 1)))
 

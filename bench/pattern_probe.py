@@ -7,7 +7,8 @@ The Marlin GEMM reads its weights "column-walk": a block owns a column tile and 
 apart. bench/ablation_probe.py found the kernel's fetch alone (no compute) far below a streaming read of the same
 bytes. This probe reads the same bytes with no compute in four ways and times each as bench_gemm.py does (CUDA
 graph of 20 launches over inputs rotated through > 3x L2, device events):
-  contiguous   block b reads one contiguous 1/grid of the matrix (plain 16-byte loads, 8 in flight per thread)
+  contiguous   block b reads one contiguous 1/grid of the matrix (floor_probe.py's read kernel: plain 16-byte loads,
+               8 in flight per thread)
   colwalk      the kernel's order (chunk bytes CB per row, the rows split over `ksplit` blocks per column), plain
                16-byte loads, UNROLL rows in flight per thread: is the order itself slow?
   colwalk_async the same order through a cp.async ring of STAGES slots with a wait + block barrier per stage, as the
@@ -27,28 +28,10 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_gemm import LAUNCHES_PER_GRAPH, copies_for, copy_bandwidth, l2_bytes, time_cupy_graph  # noqa: E402
+import floor_probe  # noqa: E402
+from bench_gemm import LAUNCHES_PER_GRAPH, copies_for, device_summary, time_cupy_graph  # noqa: E402
 
 _SOURCE = r"""
-extern "C" __global__ void contiguous(const int4* __restrict__ src, long long n_vec, int* __restrict__ out) {
-  const long long per_block = (n_vec + gridDim.x - 1) / gridDim.x;
-  const long long begin = blockIdx.x * per_block;
-  const long long end = begin + per_block < n_vec ? begin + per_block : n_vec;
-  int acc = 0;
-  constexpr int U = 8;
-  for (long long i = begin + threadIdx.x; i < end; i += (long long)U * blockDim.x) {
-    int4 v[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const long long j = i + (long long)u * blockDim.x;
-      v[u] = j < end ? __ldcs(src + j) : make_int4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (acc == 0x12345678) out[0] = acc;
-}
-
 // Block (col, part): rows [part R / ksplit, (part + 1) R / ksplit) of column chunk col (chunk_i4 int4 per row).
 // Thread t reads int4 t % chunk_i4 of rows t / chunk_i4 + j (256 / chunk_i4); U of its rows in flight.
 extern "C" __global__ void colwalk(const int4* __restrict__ src, int rows, int row_i4, int chunk_i4, int ksplit,
@@ -168,14 +151,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import cupy as cp
 
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    sms = props["multiProcessorCount"]
-    l2 = l2_bytes(cp)
-    copy_gbs = copy_bandwidth(cp)
+    gpu, sms, l2, copy_gbs = device_summary(cp)
     names = [f"colwalk_async<{s}>" for s in STAGES] + [f"striped_async<{s}>" for s in STAGES]
-    mod = cp.RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=names)
-    contiguous, colwalk = mod.get_function("contiguous"), mod.get_function("colwalk")
+    # "contiguous" is floor_probe.py's streaming read kernel (the floor table's "read")
+    mod = cp.RawModule(code=floor_probe._SOURCE + _SOURCE, options=("-std=c++17",), name_expressions=names)
+    contiguous, colwalk = mod.get_function("read_kernel"), mod.get_function("colwalk")
     asyncs = {s: mod.get_function(f"colwalk_async<{s}>") for s in STAGES}
     stripeds = {s: mod.get_function(f"striped_async<{s}>") for s in STAGES}
     out = cp.zeros(1, dtype=cp.int32)
@@ -192,7 +172,6 @@ def main(argv=None) -> int:
         cp.cuda.Device().synchronize()
         return 0
     rows_out = []
-    print(f"{gpu}: {sms} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
 
     def record(layer, kind, us, nbytes, **extra):
         gbs = nbytes / (us * 1e-6) / 1e9
