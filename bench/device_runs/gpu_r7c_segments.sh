@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Round 7c, lead (issue #4): the dense main loop split into one stage loop per slice segment (the slice finishing
+# after it instead of under a branch inside it), after the ablation found the finishing's mere presence in the loop
+# costing ~10 us on 8192x28672 M = 1 (bench/NOTES_gemm.md "Round 7"). Same operations in the same order: outputs must
+# be bitwise = HEAD. Tests (tests/gpu/test_gemm.py, test_moe.py, partition check) by gpu_r6_kernels.sh with HEAD's
+# copies in artifacts/r7c_old; then one A/B (u4b8 fp16 M = 1, 8, 16 and FP8 M = 1 on the six layers).
+# NOT RUN: the session's device time ran out before this call. The change is kept as
+# bench/attic/gemm_round7c_segmented_loop.patch (against 7e86312): `git apply` it, copy HEAD's files into
+# artifacts/r7c_old (as for gpu_r7_fetch.sh), then run this script.
+#   usage (device machine, repo root; carry .whl and artifacts/r7c_old = HEAD's gemm.py, moe.py, kernels_cuda/*)
+set -u
+OUT=${OUT:-$PWD/artifacts/gpu_out}
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/artifacts/cupy_cache}
+SKIP_AB=1 R6_KERNELS_OLD=artifacts/r7c_old bash bench/device_runs/gpu_r6_kernels.sh
+if grep -qE "rc=[1-9]" "$OUT"/kernels/*_tests.log "$OUT/kernels/partition_check.log"; then echo "TESTS FAILED: no A/B"; exit 1; fi
+timeout 60 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r7c_old --variants new,old --m 1,8,16 \
+  --no-tinygemm --labels "u4b8 g128 fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
+timeout 40 python3 bench/ab_gemm.py --out "$OUT/ab8" --old-dir artifacts/r7c_old --variants new,old --m 1 \
+  --no-tinygemm --labels "fe4m3fn" > "$OUT/ab8.log" 2>&1; echo "ab8 rc=$?"
+grep -E "\[(new|old)\]|bitwise" "$OUT/ab.log" "$OUT/ab8.log" | sed 's/^.*log://' | paste - - - | awk '{print}' | cut -c1-200
