@@ -5,8 +5,9 @@
 # be bitwise = HEAD. Tests (tests/gpu/test_gemm.py, test_moe.py, partition check) by gpu_r6_kernels.sh with HEAD's
 # copies in artifacts/r7c_old; then one A/B (u4b8 fp16 M = 1, 8, 16 and FP8 M = 1 on the six layers).
 # NOT RUN: the session's device time ran out before this call. The change is kept as
-# bench/attic/gemm_round7c_segmented_loop.patch (against 7e86312): `git apply` it, copy HEAD's files into
-# artifacts/r7c_old (as for gpu_r7_fetch.sh), then run this script.
+# bench/attic/gemm_round7c_segmented_loop.patch (dense) and bench/attic/moe_round7c_segmented_loop.patch (the fused
+# MoE's item loop, the same idea; gpu_r6_kernels.sh's ONLY_AB phase times it with bench_moe --ab-old): `git apply`
+# them, copy HEAD's files into artifacts/r7c_old (as for gpu_r7_fetch.sh), then run this script.
 #   usage (device machine, repo root; carry .whl and artifacts/r7c_old = HEAD's gemm.py, moe.py, kernels_cuda/*)
 set -u
 OUT=${OUT:-$PWD/artifacts/gpu_out}
@@ -17,4 +18,6 @@ timeout 60 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r7c_old 
   --no-tinygemm --labels "u4b8 g128 fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
 timeout 40 python3 bench/ab_gemm.py --out "$OUT/ab8" --old-dir artifacts/r7c_old --variants new,old --m 1 \
   --no-tinygemm --labels "fe4m3fn" > "$OUT/ab8.log" 2>&1; echo "ab8 rc=$?"
+timeout 30 python3 bench/bench_moe.py --out "$OUT/ab_moe" --ab-old artifacts/r7c_old --m 1,8,64 --reps 15 \
+  --variants new > "$OUT/ab_moe.log" 2>&1; echo "ab moe rc=$?"; tail -14 "$OUT/ab_moe.log"
 grep -E "\[(new|old)\]|bitwise" "$OUT/ab.log" "$OUT/ab8.log" | sed 's/^.*log://' | paste - - - | awk '{print}' | cut -c1-200
