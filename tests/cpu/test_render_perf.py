@@ -44,3 +44,12 @@ def test_repack_ab_chart():
     ax = perf.render_repack_ab({"rows": rows}).axes[0]
     widths = sorted(round(p.get_width(), 6) for p in ax.patches)
     assert widths == [10.0, 20.0, 26.0, 85.0]  # before and the best new shape per path
+
+
+def test_ablation_chart_one_bar_per_variant_and_cell():
+    rows = [{"k": 8, "n": 64, "m": m, "label": "marlin u4b8 g128 fp16", "variant": v, "us": us, "grid_kind": g}
+            for m in (1, 16) for v, us in (("base", 10.0 + m), ("sinkfinish", 6.0 + m)) for g in ("policy", "aligned")]
+    ax = perf.render_ablation({"rows": rows}).axes[0]
+    assert sorted(round(p.get_width(), 6) for p in ax.patches) == [7.0, 11.0, 22.0, 26.0]  # policy rows only
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["u4b8 g128 fp16 8×64 M=1", "u4b8 g128 fp16 8×64 M=16"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["base", "sinkfinish"]

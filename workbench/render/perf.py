@@ -164,3 +164,26 @@ def render_repack_ab(doc: dict, shape: str | None = None, target: float = 0.8):
     ax.set_title(f"repack kernels, before and now ({shape})", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     return fig
+
+
+def render_ablation(doc: dict, variants: tuple[str, ...] | None = None, grid_kind: str = "policy"):
+    """The dense kernel with parts of its loop taken out (bench/ablation_probe.py; rows: k, n, m, label, variant, us,
+    optional grid_kind): per cell one bar per variant in µs, the first variant (the kernel as it is) on top. Rows of
+    another grid_kind are left out."""
+    rows = [r for r in _rows(doc) if r.get("grid_kind", grid_kind) == grid_kind]
+    variants = variants or tuple(dict.fromkeys(r["variant"] for r in rows))
+    cells = list(dict.fromkeys((r["label"], r["k"], r["n"], r["m"]) for r in rows))
+    us = {(r["label"], r["k"], r["n"], r["m"], r["variant"]): float(r["us"]) for r in rows}
+    fig, (ax,) = new_figure(7.0, 0.5 * len(cells) * len(variants) / 2 + 1.2)
+    height = 0.8 / len(variants)
+    y = np.arange(len(cells))
+    for i, variant in enumerate(variants):
+        vals = [us.get((*cell, variant), np.nan) for cell in cells]
+        ax.barh(y + (i - (len(variants) - 1) / 2) * height, vals, height=height, label=variant)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{label.removeprefix('marlin ')} {k}×{n} M={m}" for label, k, n, m in cells], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs per call")
+    ax.set_title("the GEMM with parts of its loop taken out (wrong results, timed only)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
