@@ -10,6 +10,7 @@ cell; bench_gemm.py's method (CUDA graph of 20 launches over inputs rotated thro
 
 Reading the result: T(nowait_nobar) is what the loop costs if no load latency were ever exposed (issue-bound time);
 T(nocompute) what the fetch pipeline and slice finishing cost alone; T(noB) the compute with no weight traffic.
+--write-moe-variant NAME DIR writes the fused MoE kernel with a part taken out, for bench_moe.py --ab-old DIR.
 --grids policy,striped,aligned times each variant on the library's grid, on the striped split only (ALIGN_SLICES
 off) and on the slice-aligned grid wherever the slices fit (ALIGNED_EXTRA_STEPS huge).
 Writes DIR/ablation_<gpu>.json.
@@ -56,6 +57,15 @@ _SINK = ("      lock = -1;\n      (void)defer;\n      float sink = 0.f;\n"
 _FOLD = "  fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
 _B_COPY = "      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));\n"
 
+# The fused MoE kernel's item finishing replaced by a sink over every accumulator (for bench_moe.py --ab-old: see
+# write_variant_dir)
+_MOE_FINISH = "      finish_item(c_item);\n"
+_MOE_SINK = ("      {\n        float sink = 0.f;\n"
+             "        for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < Loop::kAccN; ++nb)\n"
+             "          for (int r = 0; r < 4; ++r) sink += loop.acc[mb][nb][r];\n"
+             "        if (sink == 1234.5f) C[0] = C[1];\n      }\n")
+MOE_VARIANTS = {"moe_sinkfinish": [("marlin_moe.cu", _MOE_FINISH, _MOE_SINK)]}
+
 # name -> [(file, old text, new text)]
 VARIANTS = {
     "base": [],
@@ -76,18 +86,28 @@ DEFAULT_CELLS = ("8192x28672:u4b8 g128 fp16:1", "8192x28672:u4b8 g128 fp16:16", 
                  "4096x4096:u4b8 g128 fp16:1", "8192x8192:u4b8 g128 fp16:1", "8192x28672:fe4m3fn chan fp16:1")
 
 
-def variant_module(name: str, edits, tmp: pathlib.Path):
-    """A copy of workbench.gemm whose kernels are this tree's with `edits` applied."""
-    kdir = tmp / name
-    kdir.mkdir()
+def write_variant_dir(name: str, edits, kdir: pathlib.Path) -> pathlib.Path:
+    """kdir: this tree's kernels_cuda/ files with `edits` applied, beside copies of workbench/gemm.py and moe.py (the
+    layout bench_moe.py --ab-old and bench/ab_gemm.py --old-dir load). For the fused MoE kernel, whose timing path is
+    bench_moe.py's: `python bench/ablation_probe.py --write-moe-variant moe_sinkfinish DIR`, then
+    `python bench/bench_moe.py --out OUT --ab-old DIR --m 1,8,64 --variants new` ("old" is the variant there)."""
+    kdir.mkdir(parents=True)
     for f in gemm.KERNEL_DIR.iterdir():
         if f.is_file():
             (kdir / f.name).write_text(f.read_text())
+    for f in ("gemm.py", "moe.py"):
+        (kdir / f).write_text((ROOT / "workbench" / f).read_text())
     for fname, old, new in edits:
         text = (kdir / fname).read_text()
         if text.count(old) != 1:
             raise SystemExit(f"variant {name}: the edit of {fname} matches {text.count(old)} times, not once: {old!r}")
         (kdir / fname).write_text(text.replace(old, new))
+    return kdir
+
+
+def variant_module(name: str, edits, tmp: pathlib.Path):
+    """A copy of workbench.gemm whose kernels are this tree's with `edits` applied."""
+    kdir = write_variant_dir(name, edits, tmp / name)
     spec = importlib.util.spec_from_file_location(f"gemm_{name}", ROOT / "workbench" / "gemm.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[f"gemm_{name}"] = mod
@@ -103,7 +123,15 @@ def main(argv=None) -> int:
     parser.add_argument("--cells", default=",".join(DEFAULT_CELLS), help="KxN:label:M,... (label as in bench_gemm)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--grids", default="policy", help="policy,striped,aligned")
+    parser.add_argument("--write-moe-variant", nargs=2, metavar=("NAME", "DIR"),
+                        help=f"only write a MoE variant's kernel directory (one of {sorted(MOE_VARIANTS)}) and exit")
     args = parser.parse_args(argv)
+    if args.write_moe_variant:
+        name, directory = args.write_moe_variant
+        if name not in MOE_VARIANTS:
+            parser.error(f"--write-moe-variant: one of {sorted(MOE_VARIANTS)}")
+        print(write_variant_dir(name, MOE_VARIANTS[name], pathlib.Path(directory)))
+        return 0
     import cupy as cp
     import ml_dtypes
 
