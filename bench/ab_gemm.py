@@ -46,21 +46,22 @@ LEGACY_LABELS = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
 OLD_POLICY = gemm.PRE_R6_POLICY
 
 
-def load_old(old_dir: pathlib.Path):
-    spec = importlib.util.spec_from_file_location("gemm_old", old_dir / "gemm.py")
+def load_old(old_dir: pathlib.Path, module_name: str = "gemm_old"):
+    """OLD/gemm.py as module `module_name`, compiling OLD's kernels (bench/ablation_probe.py loads its variants so)."""
+    spec = importlib.util.spec_from_file_location(module_name, old_dir / "gemm.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["gemm_old"] = mod  # dataclasses look their module up there
+    sys.modules[module_name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     mod.KERNEL_DIR = old_dir
     mod.kernel_source.cache_clear()
     return mod
 
 
-def forget_plans():
-    """Drop workbench.gemm's cached launch plans: they are keyed by shapes and flags, not by the module switches the
+def forget_plans(mod=gemm):
+    """Drop a gemm module's cached launch plans: they are keyed by shapes and flags, not by the module switches the
     variants below set, so a plan made under one variant would otherwise launch that variant's kernel for another."""
-    gemm._array_plans.clear()
-    gemm._prepared.clear()
+    mod._array_plans.clear()
+    mod._prepared.clear()
 
 
 class Striped:
@@ -90,24 +91,25 @@ class Legacy:
 
 
 class Setting:
-    """Context: workbench.gemm with some module switches set (e.g. SWAP_MAX_M = 0)."""
+    """Context: a gemm module (workbench.gemm unless `module` is given) with some module switches set (e.g.
+    SWAP_MAX_M = 0)."""
 
-    def __init__(self, **values):
-        self.values = values
+    def __init__(self, module=None, **values):
+        self.mod, self.values = module or gemm, values
 
     def __call__(self):
         return self
 
     def __enter__(self):
-        self.saved = {k: getattr(gemm, k) for k in self.values}
+        self.saved = {k: getattr(self.mod, k) for k in self.values}
         for k, v in self.values.items():
-            setattr(gemm, k, v)
-        forget_plans()
+            setattr(self.mod, k, v)
+        forget_plans(self.mod)
 
     def __exit__(self, *exc):
         for k, v in self.saved.items():
-            setattr(gemm, k, v)
-        forget_plans()
+            setattr(self.mod, k, v)
+        forget_plans(self.mod)
 
 
 def main(argv=None) -> int:

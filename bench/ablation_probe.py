@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import pathlib
@@ -34,6 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_gemm import (OURS, LAUNCHES_PER_GRAPH, copies_for, device_summary, random_weight,  # noqa: E402
                         time_cupy_graph, weight_bytes)
+from ab_gemm import Setting, load_old  # noqa: E402
 from workbench import gemm  # noqa: E402
 
 _BARRIER = ("    __syncthreads();  // the compute slot is visible to all warps; the slot fetched below was released by "
@@ -107,14 +107,7 @@ def write_variant_dir(name: str, edits, kdir: pathlib.Path) -> pathlib.Path:
 
 def variant_module(name: str, edits, tmp: pathlib.Path):
     """A copy of workbench.gemm whose kernels are this tree's with `edits` applied."""
-    kdir = write_variant_dir(name, edits, tmp / name)
-    spec = importlib.util.spec_from_file_location(f"gemm_{name}", ROOT / "workbench" / "gemm.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[f"gemm_{name}"] = mod
-    spec.loader.exec_module(mod)
-    mod.KERNEL_DIR = kdir
-    mod.kernel_source.cache_clear()
-    return mod
+    return load_old(write_variant_dir(name, edits, tmp / name), f"gemm_{name}")
 
 
 def main(argv=None) -> int:
@@ -157,23 +150,6 @@ def main(argv=None) -> int:
     if set(grids) - set(grid_settings):
         parser.error(f"--grids: one of {sorted(grid_settings)}")
 
-    class Grid:
-        def __init__(self, mod, kind):
-            self.mod, self.values = mod, grid_settings[kind]
-
-        def __enter__(self):
-            self.saved = {k: getattr(self.mod, k) for k in self.values}
-            for k, v in self.values.items():
-                setattr(self.mod, k, v)
-            self.mod._array_plans.clear()
-            self.mod._prepared.clear()
-
-        def __exit__(self, *exc):
-            for k, v in self.saved.items():
-                setattr(self.mod, k, v)
-            self.mod._array_plans.clear()
-            self.mod._prepared.clear()
-
     for name, mod in mods.items():
         cfgs = [mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False)
                 for k, n, (_, wt, gs, dt), m in cells]
@@ -187,7 +163,7 @@ def main(argv=None) -> int:
         base_us = None
         for name, mod in mods.items():
             for gkind in grids:
-                with Grid(mod, gkind):
+                with Setting(mod, **grid_settings[gkind]):
                     c = cp.empty((m, n), dtype=dtypes[dt])
                     work = cp.zeros(mod.workspace_numel(sms), dtype=np.int32)
                     c_tmp = cp.empty(mod.c_tmp_numel(sms), dtype=np.float32)
