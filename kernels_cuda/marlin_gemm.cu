@@ -308,6 +308,9 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP>;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
   constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;  // float4 loads per lane in the fp32 cross-block sum
+  // The slice finishing inlined where it was measured faster (bench/NOTES_gemm.md "Round 7": M <= 8 x0.89-0.97);
+  // the 128-register two-block kernels without SWAP lost 3-7% with it inlined, and several m16 blocks spilled.
+  constexpr bool kInlineFinish = M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1);
 
   extern __shared__ int4 smem[];
   const StageRing<G> ring(smem);
@@ -432,41 +435,57 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   SlotCursor<G, STAGES> cursor(ring.base);
   int slice = it_begin / KI, kit = it_begin % KI;
   int deferred_slice = -1, deferred_rank = 0;  // a slice end whose count was deferred (rank: thread 0 only)
-  for (int it = it_begin; it < it_end; ++it) {
-    if constexpr (GROUP_MODE == kChannelwise) {
-      if (it == it_begin || kit == 0) load_channelwise(slice % cols);
-    }
+  // One pipeline stage: wait for the compute slot, refill the slot STAGES - 1 ahead, compute.
+  auto run_stage = [&](int slice_, int kit_) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // the compute slot is visible to all warps; the slot fetched below was released by all of them
     if (it_fetch < it_end) fetch_stage(fetch_off, f_kit);
     cp_async_commit();
     advance_fetch();
-    compute_stage(cursor.slot, slice, kit);
+    compute_stage(cursor.slot, slice_, kit_);
     cursor.advance();
     fetch_off = fetch_off == last_off ? zero_t : fetch_off + G::kStageBytes;
-    if (kit + 1 == KI || it + 1 == it_end) {
-      float partial[M_BLOCKS][8][4];
-      loop.rows_layout(partial);
-      const bool defer = DEFER_COUNT && it + 1 < it_end;
-      int lock;
-      // Inlined where it was measured faster (bench/NOTES_gemm.md "Round 7": M <= 8 x0.89-0.97); the 128-register
-      // two-block kernels without SWAP lost 3-7% with it inlined, and several m16 blocks spilled.
-      if constexpr (M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1))
-        lock = finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
-            partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);
-      else
-        lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
-            partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);
-      if (lock >= 0) {  // block-uniform
-        deferred_slice = slice;
-        if (tid == 0) {
-          __threadfence();  // the slot stores (ordered before this by finish_slice's barrier), then the count
-          deferred_rank = atomicAdd(locks + lock, 1);
-        }
+  };
+  // The end of this block's part of slice slice_ (defer: its range goes on past it).
+  auto end_slice = [&](int slice_, bool defer) {
+    float partial[M_BLOCKS][8][4];
+    loop.rows_layout(partial);
+    int lock;
+    if constexpr (kInlineFinish)
+      lock = finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
+          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);
+    else
+      lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
+          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);
+    if (lock >= 0) {  // block-uniform
+      deferred_slice = slice_;
+      if (tid == 0) {
+        __threadfence();  // the slot stores (ordered before this by finish_slice's barrier), then the count
+        deferred_rank = atomicAdd(locks + lock, 1);
       }
-      zero_acc();
     }
-    advance(slice, kit);
+    zero_acc();
+  };
+  if constexpr (kInlineFinish) {
+    // One stage loop per slice segment of the block's range (at most the first and the last end mid-slice), the
+    // finishing after it rather than under a branch inside it (bench/NOTES_gemm.md "Round 7", item 5).
+    for (int it = it_begin; it < it_end;) {
+      const int seg_end = it_end < it + (KI - kit) ? it_end : it + (KI - kit);
+      if constexpr (GROUP_MODE == kChannelwise) load_channelwise(slice % cols);
+      for (; it < seg_end; ++it, ++kit) run_stage(slice, kit);
+      end_slice(slice, DEFER_COUNT && it < it_end);
+      kit = 0;  // a next segment starts a new slice at its first k step
+      ++slice;
+    }
+  } else {
+    for (int it = it_begin; it < it_end; ++it) {
+      if constexpr (GROUP_MODE == kChannelwise) {
+        if (it == it_begin || kit == 0) load_channelwise(slice % cols);
+      }
+      run_stage(slice, kit);
+      if (kit + 1 == KI || it + 1 == it_end) end_slice(slice, DEFER_COUNT && it + 1 < it_end);
+      advance(slice, kit);
+    }
   }
   cp_async_wait<0>();
   if (deferred_slice >= 0)

@@ -303,7 +303,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
 
   // ---- main loop: one ring over this CTA's (item, k-stage) sequence -------------------------------------------
   int f_item = next_item(blockIdx.x), f_kit = 0;  // next stage to fetch
-  int c_item = f_item, c_kit = 0;                 // next stage to compute
+  int c_item = f_item;                            // next item to compute
   auto advance = [&](int& w, int& kit) {
     if (++kit == KI) {
       kit = 0;
@@ -322,23 +322,25 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   }
   loop.zero_acc();
   SlotCursor<G, STAGES> cursor(ring.base);
+  // One stage loop per item (every item runs all KI stages), the item's finishing after it: the stage loop has no
+  // finishing under a branch inside it (bench/NOTES_gemm.md "Round 7").
   while (c_item < total_items) {
-    if (GROUP_MODE == kChannelwise && c_kit == 0) load_channelwise(c_item);
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // the compute slot is visible; the slot refilled below was released by every warp
-    if (f_item < total_items) {
-      fetch_stage(fetch_off, f_item, f_kit);
-      advance(f_item, f_kit);
+    if (GROUP_MODE == kChannelwise) load_channelwise(c_item);
+    for (int c_kit = 0; c_kit < KI; ++c_kit) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // the compute slot is visible; the slot refilled below was released by every warp
+      if (f_item < total_items) {
+        fetch_stage(fetch_off, f_item, f_kit);
+        advance(f_item, f_kit);
+      }
+      cp_async_commit();
+      loop.compute_stage(cursor.slot, lane_off, c_kit * BK, group_size, group_shift, nullptr, nullptr, prob_n, 0);
+      cursor.advance();
+      fetch_off = fetch_off == last_off ? zero_t : fetch_off + G::kStageBytes;
     }
-    cp_async_commit();
-    loop.compute_stage(cursor.slot, lane_off, c_kit * BK, group_size, group_shift, nullptr, nullptr, prob_n, 0);
-    cursor.advance();
-    fetch_off = fetch_off == last_off ? zero_t : fetch_off + G::kStageBytes;
-    if (c_kit + 1 == KI) {
-      finish_item(c_item);
-      loop.zero_acc();
-    }
-    advance(c_item, c_kit);
+    finish_item(c_item);
+    loop.zero_acc();
+    c_item = next_item(c_item + gridDim.x);
   }
   cp_async_wait<0>();
 }
