@@ -4,10 +4,9 @@
 # costing ~10 us on 8192x28672 M = 1 (bench/NOTES_gemm.md "Round 7"). Same operations in the same order: outputs must
 # be bitwise = HEAD. Tests (tests/gpu/test_gemm.py, test_moe.py, partition check) by gpu_r6_kernels.sh with HEAD's
 # copies in artifacts/r7c_old; then one A/B (u4b8 fp16 M = 1, 8, 16 and FP8 M = 1 on the six layers).
-# NOT RUN: the session's device time ran out before this call. The change is kept as
-# bench/attic/gemm_round7c_segmented_loop.patch (dense) and bench/attic/moe_round7c_segmented_loop.patch (the fused
-# MoE's item loop, the same idea; gpu_r6_kernels.sh's ONLY_AB phase times it with bench_moe --ab-old): `git apply`
-# them, copy HEAD's files into artifacts/r7c_old (as for gpu_r7_fetch.sh), then run this script.
+# Ran in session 5 with the two patches (dense; the fused MoE's item loop) applied to 68631ad and 68631ad's files in
+# artifacts/r7c_old; the change landed in d3fd847. Any later kernel change can be checked the same way: HEAD's files
+# (gemm.py, moe.py, kernels_cuda/*) in artifacts/r7c_old, the changed tree checked out.
 #   usage (device machine, repo root; carry .whl and artifacts/r7c_old = HEAD's gemm.py, moe.py, kernels_cuda/*)
 set -u
 OUT=${OUT:-$PWD/artifacts/gpu_out}
