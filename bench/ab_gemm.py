@@ -12,7 +12,6 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
               straddle two slices), to tell the kernel change from the slice-aligned grid
   new-legacy  workbench.gemm with the fbd47ed blocks-per-SM rule (two blocks for every M <= 16 kernel)
   new-noswap  workbench.gemm without the operand swap for M <= 8 (SWAP_MAX_M = 0)
-  new-deferall workbench.gemm with the deferred slice count for every kernel (DEFER_COUNT_MIN_M_BLOCKS = 1)
   new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
               different configuration, so its bits may differ from old's (another K split)
   new-oldpolicy workbench.gemm's kernels with the policy before round 6 (OLD_POLICY: 8 stages first for M <= 16,
@@ -136,7 +135,6 @@ def main(argv=None) -> int:
     all_variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),
                     "new-striped": (gemm, Striped), "new-legacy": (gemm, Legacy),
                     "new-noswap": (gemm, Setting(SWAP_MAX_M=0)),
-                    "new-deferall": (gemm, Setting(DEFER_COUNT_MIN_M_BLOCKS=1)),
                     "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8))),
                     "new-oldpolicy": (gemm, Setting(**OLD_POLICY))}
     names = [v for v in args.variants.split(",") if v]
@@ -226,8 +224,7 @@ def main(argv=None) -> int:
                     outs[name] = cp.asnumpy(c)
                     record(f"{label} [{name}]", us, weight_bytes(k, n, wt, gs) + base, fp16_us,
                            config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}"
-                           + ("s" if getattr(cfg, "swap", False) else "")
-                           + ("d" if getattr(cfg, "defer_count", True) else ""), grid=grid)
+                           + ("s" if getattr(cfg, "swap", False) else ""), grid=grid)
                 ref = outs["old"].astype(np.float32)
                 scale = float(np.max(np.abs(ref))) or 1.0
                 for name, raw in outs.items():

@@ -39,31 +39,36 @@ from workbench import gemm  # noqa: E402
 _BARRIER = ("    __syncthreads();  // the compute slot is visible to all warps; the slot fetched below was released by "
             "all of them\n")
 _WAIT = "    cp_async_wait<STAGES - 2>();\n"
-_COMPUTE = "    compute_stage(cursor.slot, slice, kit);\n"
+_COMPUTE = "    compute_stage(cursor.slot, slice_, kit_);\n"
 _ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));\n'
 _NO_ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" ::"r"(smem), "l"(gmem));\n  (void)src_bytes;\n'
 _A_COPY = "          cp_async16_at(slot + a_dst + 16 * n * kThreads, a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);\n"
-_FINISH = ("      if constexpr (M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1))\n"
-           "        lock = finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(\n"
-           "            partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);\n"
-           "      else\n"
-           "        lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(\n"
-           "            partial, ring.red, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);\n")
-_NO_FINISH = "      lock = -1;\n      (void)partial;\n      (void)defer;\n"
+# end_slice's finishing: the SWAP kernels' fold in the loop layout, the row layout, the finish call
+_SWAP_FOLD = "    if constexpr (SWAP) fold_warps<M_BLOCKS, N_TILES>(loop.acc, ring.red);\n"
+_ROWS = "    loop.rows_layout(partial);\n"
+_CALL = ("    if constexpr (kInlineFinish)\n"
+         "      finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, !SWAP>(\n"
+         "          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);\n"
+         "    else\n"
+         "      finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total, C,\n"
+         "                                                                 C_tmp, locks, prob_m, prob_n, reduce_mode);\n")
+_FINISH = _SWAP_FOLD + _ROWS + _CALL
+_NO_FINISH = "    (void)partial;\n"
 # the finish replaced by a sink that keeps every accumulator alive (no fold, no cross-block sum, no C)
-_SINK = ("      lock = -1;\n      (void)defer;\n      float sink = 0.f;\n"
-         "      for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < 8; ++nb) for (int r = 0; r < 4; ++r)\n"
-         "        sink += partial[mb][nb][r];\n      if (sink == 1234.5f) C[0] = C[1];\n")
-_FOLD = "  fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
+_SINK = (_ROWS + "    float sink = 0.f;\n"
+         "    for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < 8; ++nb) for (int r = 0; r < 4; ++r)\n"
+         "      sink += partial[mb][nb][r];\n    if (sink == 1234.5f) C[0] = C[1];\n")
+_FOLD = "  if constexpr (FOLD) fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
+_INLINE_RULE = "  constexpr bool kInlineFinish = M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1);\n"
 _B_COPY = "      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));\n"
 
 # The fused MoE kernel's item finishing replaced by a sink over every accumulator (for bench_moe.py --ab-old: see
 # write_variant_dir)
-_MOE_FINISH = "      finish_item(c_item);\n"
-_MOE_SINK = ("      {\n        float sink = 0.f;\n"
-             "        for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < Loop::kAccN; ++nb)\n"
-             "          for (int r = 0; r < 4; ++r) sink += loop.acc[mb][nb][r];\n"
-             "        if (sink == 1234.5f) C[0] = C[1];\n      }\n")
+_MOE_FINISH = "    finish_item(c_item);\n"
+_MOE_SINK = ("    {\n      float sink = 0.f;\n"
+             "      for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < Loop::kAccN; ++nb)\n"
+             "        for (int r = 0; r < 4; ++r) sink += loop.acc[mb][nb][r];\n"
+             "      if (sink == 1234.5f) C[0] = C[1];\n    }\n")
 MOE_VARIANTS = {"moe_sinkfinish": [("marlin_moe.cu", _MOE_FINISH, _MOE_SINK)]}
 
 # name -> [(file, old text, new text)]
@@ -78,9 +83,12 @@ VARIANTS = {
     "nocompute_nofinish": [("marlin_gemm.cu", _COMPUTE, ""), ("marlin_gemm.cu", _FINISH, _NO_FINISH)],
     "nofinish": [("marlin_gemm.cu", _FINISH, _NO_FINISH)],
     "sinkfinish": [("marlin_gemm.cu", _FINISH, _SINK)],
-    "finish_return": [("marlin_gemm.cu", _FOLD, "  if (prob_m > 0) return -1;\n" + _FOLD)],
-    "nofold": [("marlin_gemm.cu", _FOLD, "")],
+    "finish_return": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "  if (prob_m > 0) return;\n")],
+    "nofold": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "")],
     "noB": [("marlin_mainloop.cuh", _B_COPY, "      (void)b;\n")],
+    # not an ablation: a correct kernel with the finishing inlined in every one-m16-block kernel (also the two-block
+    # M = 16 ones that call it out of line)
+    "inline_m1": [("marlin_gemm.cu", _INLINE_RULE, "  constexpr bool kInlineFinish = M_BLOCKS == 1;\n")],
 }
 DEFAULT_CELLS = ("8192x28672:u4b8 g128 fp16:1", "8192x28672:u4b8 g128 fp16:16", "4096x14336:u4b8 g128 fp16:1",
                  "4096x4096:u4b8 g128 fp16:1", "8192x8192:u4b8 g128 fp16:1", "8192x28672:fe4m3fn chan fp16:1")

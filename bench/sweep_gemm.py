@@ -10,8 +10,7 @@ Candidates per cell (K x N layer, M, weight type; fp32 reduction, the default mo
 * every thread shape of ``gemm._THREAD_SHAPES`` that divides K, N and the group size (or is divided by it),
   x one block per SM with stages 8 / 6 / 4, or two blocks per SM (16-row tiles only) with stages 4 / 3, where the
   shared memory fits (the kernel's static_asserts: two blocks only with M_BLOCKS = 1), x operand swap on / off
-  (M <= 8) x deferred slice count on / off (the flipped count only on grids where a block's range crosses a slice
-  end: elsewhere the switch changes nothing);
+  (M <= 8);
 * x grids: today's policy (``grid_blocks``), the striped grid at sms x blocks per SM and (two blocks) at 1 x sms,
   the slice-aligned grid even where the policy rejects it, and two smaller ones (the aligned grid with half the
   splits per slice, the striped grid at 3/4); every block is resident (``prepare_launch`` refuses otherwise).
@@ -93,7 +92,7 @@ class Candidate:
     cfg: gemm.KernelConfig
     grid: int
     grid_kinds: tuple[str, ...]  # how the grid was derived (policy, striped, aligned, ...)
-    variant: str  # "shape" (the factorial set), "swap-flip", "defer-flip"
+    variant: str  # "shape" (the factorial set), "swap-flip"
     is_default: bool = False
 
     @property
@@ -102,9 +101,8 @@ class Candidate:
 
 
 def config_text(cfg: gemm.KernelConfig) -> str:
-    """(n_tiles, k_warp, stages, blocks per SM) and s = swap, d = deferred count, as bench/ab_gemm.py writes it."""
-    return (f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}" + ("s" if cfg.swap else "")
-            + ("d" if cfg.defer_count else ""))
+    """(n_tiles, k_warp, stages, blocks per SM) and s = swap, as bench/ab_gemm.py writes it."""
+    return f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}" + ("s" if cfg.swap else "")
 
 
 def act_type(act: str) -> S:
@@ -120,7 +118,7 @@ def default_config(cell: Cell, sms: int, smem_limit: int, sm_smem: int) -> gemm.
                               smem_limit, sm_smem=sm_smem, sms=sms)
 
 
-def shape_configs(cell: Cell, smem_limit: int, sm_smem: int, swap: bool, defer: bool) -> list[gemm.KernelConfig]:
+def shape_configs(cell: Cell, smem_limit: int, sm_smem: int, swap: bool) -> list[gemm.KernelConfig]:
     """Every thread shape x (blocks per SM, stages) that builds for this problem and fits shared memory."""
     m_blocks = min(4, max(1, math.ceil(cell.m / 16)))
     out = []
@@ -138,7 +136,7 @@ def shape_configs(cell: Cell, smem_limit: int, sm_smem: int, swap: bool, defer: 
                 stages, limit = (ONE_BLOCK_STAGES if m_blocks <= 2 else LARGE_M_STAGES), smem_limit
             for st in stages:
                 cfg = gemm.KernelConfig(act_type(cell.act), cell.weight, m_blocks, n_tiles, k_warp, st,
-                                        group_mode(cell), blocks_per_sm=bps, swap=swap, defer_count=defer)
+                                        group_mode(cell), blocks_per_sm=bps, swap=swap)
                 if cfg.smem_bytes <= limit:
                     out.append(cfg)
     return out
@@ -174,17 +172,6 @@ def grid_options(cfg: gemm.KernelConfig, m: int, n: int, k: int, sms: int) -> li
     return [(g, tuple(kinds)) for g, kinds in options.items()]
 
 
-def crosses_slice_end(cfg: gemm.KernelConfig, m: int, n: int, k: int, grid: int) -> bool:
-    """Whether some block's range [b T / G, (b + 1) T / G) ends past a slice end it started before (only then does
-    the deferred count change what the kernel does)."""
-    _, ki, total = geometry(cfg, m, n, k)
-    for b in range(grid):
-        lo, hi = b * total // grid, (b + 1) * total // grid
-        if hi > lo and lo // ki != (hi - 1) // ki:
-            return True
-    return False
-
-
 def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int) -> list[Candidate]:
     """The sweep set of one cell, today's (configuration, grid) first and marked is_default."""
     default = default_config(cell, sms, smem_limit, sm_smem)
@@ -193,10 +180,8 @@ def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int) -> list[Cand
     out: list[Candidate] = []
     seen: set[tuple[str, int]] = set()
 
-    def add(cfg, variant, only_crossing=False):
+    def add(cfg, variant):
         for grid, kinds in grid_options(cfg, m, n, k, sms):
-            if only_crossing and not crosses_slice_end(cfg, m, n, k, grid):
-                continue
             key = (cfg.name_expression, grid)
             if key not in seen:
                 seen.add(key)
@@ -205,11 +190,8 @@ def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int) -> list[Cand
     add(default, "shape")
     swaps = (default.swap, not default.swap) if default.m_blocks == 1 and m <= 8 else (default.swap,)
     for swap in swaps:
-        for defer in (default.defer_count, not default.defer_count):
-            variant = "+".join(name for name, flipped in (("swap-flip", swap != default.swap),
-                                                         ("defer-flip", defer != default.defer_count)) if flipped)
-            for cfg in shape_configs(cell, smem_limit, sm_smem, swap, defer):
-                add(cfg, variant or "shape", only_crossing=defer != default.defer_count)
+        for cfg in shape_configs(cell, smem_limit, sm_smem, swap):
+            add(cfg, "swap-flip" if swap != default.swap else "shape")
     out.sort(key=lambda c: not c.is_default)  # (stable) the default first
     assert out[0].is_default, "today's choice must be in the sweep set"
     return out
@@ -294,7 +276,7 @@ def meta_line(meta: dict) -> str:
 def candidate_row(cand: Candidate, cell: Cell) -> dict:
     c = cand.cfg
     return dict(config=cand.config_text, name=c.name_expression, n_tiles=c.n_tiles, k_warp=c.k_warp,
-                stages=c.stages, blocks_per_sm=c.blocks_per_sm, swap=c.swap, defer_count=c.defer_count,
+                stages=c.stages, blocks_per_sm=c.blocks_per_sm, swap=c.swap,
                 thread_k=c.block_k, thread_n=c.block_n, smem=c.smem_bytes, grid=cand.grid,
                 grid_kinds=list(cand.grid_kinds), variant=cand.variant, is_default=cand.is_default,
                 steps_per_block=math.ceil(geometry(c, cell.m, cell.n, cell.k)[2] / cand.grid))

@@ -15,9 +15,11 @@
 //
 //   A slice touched by several blocks is summed across them in a fixed order (see finish_slice), so the result
 //   does not depend on which block finishes first:
-//   * fp32 (default): every contributor stores its fp32 partial in its own C_tmp slot and counts itself in; the
-//     last to arrive adds all slots in block order and writes C. Nobody waits. (A block whose range goes on past
-//     the slice looks at its arrival rank only when its range is done: see finish_slice's `defer`.)
+//   * fp32 (default): every contributor stores its fp32 partial in its own C_tmp slot. The slice's first
+//     contributor (it holds k = 0; the slice is the last of its range, so it is normally the last to get there)
+//     waits for the others' counts, adds all slots in block order and writes C; the others count in and go on.
+//     Blocks wait only on higher blocks' first slices, which wait on nothing (all blocks are resident: the host
+//     checks the grid).
 //   * in C: partials are rounded to the activation type and passed along in C, block by block, under a lock:
 //     the block holding the end of the slice (it started there, so it is done first) goes first, then downwards;
 //     each block waits only on blocks that started later in K order, never on work that has not begun.
@@ -61,12 +63,12 @@ __device__ __forceinline__ float4* fp32_slot(float* C_tmp, int b, int slice, int
                                                 (BM * BN / 4);
 }
 
-// The last block to count itself in for a shared slice (kReduceFp32) sums every contributor's slot and writes C,
-// then leaves the counter zero for the next launch. All 8 warps share the sum; a warp sums kFragBatch of its
+// A shared slice's first contributor (kReduceFp32), once every other one has counted in, sums every contributor's
+// slot and writes C, then leaves the counter zero for the next launch. All 8 warps share the sum; a warp sums kFragBatch of its
 // fragments at once, with the loads of kBatch contributors for each of them in flight together:
 // ceil(count / kBatch) dependent L2 round trips per kFragBatch fragments. Every element is still summed from zero
-// over the slots in block order (the caller's own included), so the result does not depend on who arrived last,
-// nor on the batching. kLoadsInFlight: float4 loads per lane in flight (8 = 32 registers; the 128-register
+// over the slots in block order (the caller's own included), so the result does not depend on the order of
+// arrival, nor on the batching. kLoadsInFlight: float4 loads per lane in flight (8 = 32 registers; the 128-register
 // two-block kernels spill above 4, measured with -Xptxas -v).
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
 __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long long total, T* __restrict__ C,
@@ -78,7 +80,6 @@ __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long lo
   const int chunk = slice / cols, col = slice % cols;
   int first, last;
   slice_contributors(slice, KI, total, first, last);
-  __threadfence();
   constexpr int kFragsPerWarp = N_TILES * M_BLOCKS * 8 / kWarps;  // float4 fragments (x 32 lanes) of a slot
   constexpr int kBatch = 4;
   constexpr int kFragBatch = (kLoadsInFlight / kBatch < 1) ? 1
@@ -128,20 +129,15 @@ __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long lo
 }
 
 // ---- finish a slice: sum the warps of each tile, then across blocks, then write C ---------------------------
-// Kept out of line and working on a local copy of the accumulators: it runs at most twice per block, and inlined
-// it made the hot loop's register allocation spill (measured: 0 vs ~1 KiB of spills at M_BLOCKS = 4).
-//
-// defer (kReduceFp32 only): the slice ends in the middle of this block's range (its first slice, shared with the
-// blocks before it). Then finish_slice returns after the barrier that follows the slot stores (returning the lock
-// index; -1 when nothing was deferred): the caller's thread 0 fences and counts the block in, inline, so that the
-// atomic's result (the block's arrival rank) is needed only when the block's range is done (settle_deferred), where
-// the block sums the slice if it turned out to be the last to arrive; the other warps go straight back to the
-// pipeline.
-template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
-__device__ __forceinline__ int finish_slice_inline(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI,
-                                                   int cols, long long total, T* __restrict__ C,
-                                                   float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
-                                                   int prob_n, int reduce_mode, bool defer) {
+// Kept out of line (finish_slice) and working on a local copy of the accumulators where inlining it made the hot
+// loop's register allocation spill (measured: 0 vs ~1 KiB of spills at M_BLOCKS = 4); inlined where that measured
+// faster (see kInlineFinish). FOLD = false: the caller has folded the warps already (SWAP kernels fold in the loop's
+// own layout, on half the values).
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight, bool FOLD = true>
+__device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI,
+                                                    int cols, long long total, T* __restrict__ C,
+                                                    float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
+                                                    int prob_n, int reduce_mode) {
   using Pair = typename Act<T>::Pair;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -150,7 +146,7 @@ __device__ __forceinline__ int finish_slice_inline(float (&acc)[M_BLOCKS][8][4],
   const int kg = warp / N_TILES;
 
   // (1) warps sharing a 64-column tile fold their accumulators (marlin_mainloop.cuh).
-  fold_warps<M_BLOCKS, N_TILES>(acc, sRed);
+  if constexpr (FOLD) fold_warps<M_BLOCKS, N_TILES>(acc, sRed);
 
   // (2) across blocks. Contributors of this slice are blocks first..last (rank = last - block).
   int first, last;
@@ -158,7 +154,6 @@ __device__ __forceinline__ int finish_slice_inline(float (&acc)[M_BLOCKS][8][4],
   const int count = last - first + 1;
   const int chunk = slice / cols, col = slice % cols;
   const bool writer = kg == 0;  // after (1), warps 0..N_TILES-1 hold the block's partial
-  __shared__ int s_last_arrival;
 
   // Stores the block's accumulators into C (rows below M only), converted to the activation type.
   auto write_c = [&]() {
@@ -193,7 +188,7 @@ __device__ __forceinline__ int finish_slice_inline(float (&acc)[M_BLOCKS][8][4],
         }
     }
   } else if (reduce_mode == kReduceFp32) {
-    if (writer) {
+    if (writer) {  // (the first contributor's own slot too: its other warps read it back in the sum)
       float4* mine = fp32_slot<BM, BN>(C_tmp, blockIdx.x, slice, KI, total);
 #pragma unroll
       for (int mb = 0; mb < M_BLOCKS; ++mb)
@@ -202,18 +197,24 @@ __device__ __forceinline__ int finish_slice_inline(float (&acc)[M_BLOCKS][8][4],
           __stcg(mine + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane,
                  make_float4(acc[mb][nb][0], acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]));
     }
-    // The barrier orders every writer's stores before thread 0's fence, which makes them visible device-wide
-    // before the count (the cooperative-groups grid barrier pattern).
+    // The barrier orders every writer's stores before thread 0's fence (others) / before the sum's loads (first).
     __syncthreads();
-    if (defer) return last;  // the caller's thread 0 fences and counts in (see the kernel's main loop)
-    if (tid == 0) {
-      __threadfence();
-      s_last_arrival = (atomicAdd(locks + last, 1) == count - 1);
+    if (static_cast<int>(blockIdx.x) != first) {
+      // Fence, then count in (the cooperative-groups grid barrier pattern); nobody here needs the count's value, so
+      // the block goes straight back to its pipeline.
+      if (tid == 0) {
+        __threadfence();
+        atomicAdd(locks + last, 1);
+      }
+      return;
     }
-    __syncthreads();
-    if (s_last_arrival)
-      sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, prob_m,
-                                                                   prob_n);
+    if (tid == 0) {
+      while (load_acquire(locks + last) != count - 1) {
+      }
+    }
+    __syncthreads();  // (thread 0's acquire, then the barrier: every thread's loads below see the others' slots)
+    sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, prob_m,
+                                                                 prob_n);
   } else {  // kReduceInC: pass the partial along in C under the lock, highest block first
     const int rank = last - static_cast<int>(blockIdx.x);
     if (rank > 0) {
@@ -250,35 +251,15 @@ __device__ __forceinline__ int finish_slice_inline(float (&acc)[M_BLOCKS][8][4],
     __syncthreads();
     if (tid == 0) store_release(locks + last, rank == count - 1 ? 0 : rank + 1);
   }
-  return -1;
 }
 
 // The out-of-line copy (see above: kernels with several m16 blocks spilled with the finish inlined).
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
-__device__ __noinline__ int finish_slice(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI, int cols,
-                                         long long total, T* __restrict__ C, float* __restrict__ C_tmp,
-                                         int* __restrict__ locks, int prob_m, int prob_n, int reduce_mode,
-                                         bool defer) {
-  return finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(acc, sRed, slice, KI, cols, total, C, C_tmp,
-                                                                           locks, prob_m, prob_n, reduce_mode, defer);
-}
-
-// After the block's range: a deferred slice end (see finish_slice) is settled. Thread 0 holds the block's arrival
-// rank; if it was the last of the slice's contributors, the block sums the slice now. No other block waits on this.
-template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
-__device__ __noinline__ void settle_deferred(int slice, int rank, int KI, int cols, long long total,
-                                             T* __restrict__ C, float* __restrict__ C_tmp, int* __restrict__ locks,
-                                             int prob_m, int prob_n) {
-  __shared__ int s_was_last;
-  if (threadIdx.x == 0) {
-    int first, last;
-    slice_contributors(slice, KI, total, first, last);
-    s_was_last = rank == last - first;
-  }
-  __syncthreads();
-  if (s_was_last)
-    sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, prob_m,
-                                                                 prob_n);
+__device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI, int cols,
+                                          long long total, T* __restrict__ C, float* __restrict__ C_tmp,
+                                          int* __restrict__ locks, int prob_m, int prob_n, int reduce_mode) {
+  finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(acc, sRed, slice, KI, cols, total, C, C_tmp, locks,
+                                                                    prob_m, prob_n, reduce_mode);
 }
 
 // MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
@@ -286,11 +267,8 @@ __device__ __noinline__ void settle_deferred(int slice, int rank, int KI, int co
 // (workbench/gemm.py chooses; measured in bench/NOTES_gemm.md); the 64-row accumulators need one block's registers.
 //
 // SWAP: at most 8 rows (M_BLOCKS = 1): one mma per 16x16 sub-block on the transposed problem (WarpLoop).
-// DEFER_COUNT: a block whose first slice ends mid-range counts itself in for that slice inline and looks at its
-// arrival rank only when its range is done (see finish_slice's `defer`); false = the immediate count (it waits for the
-// atomic's result there). Only striped grids have such slice ends (a slice-aligned grid keeps every block in one).
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
-          bool SWAP, bool DEFER_COUNT>
+          bool SWAP>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
             const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
@@ -434,7 +412,6 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   }
   SlotCursor<G, STAGES> cursor(ring.base);
   int slice = it_begin / KI, kit = it_begin % KI;
-  int deferred_slice = -1, deferred_rank = 0;  // a slice end whose count was deferred (rank: thread 0 only)
   // One pipeline stage: wait for the compute slot, refill the slot STAGES - 1 ahead, compute.
   auto run_stage = [&](int slice_, int kit_) {
     cp_async_wait<STAGES - 2>();
@@ -446,24 +423,18 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
     cursor.advance();
     fetch_off = fetch_off == last_off ? zero_t : fetch_off + G::kStageBytes;
   };
-  // The end of this block's part of slice slice_ (defer: its range goes on past it).
-  auto end_slice = [&](int slice_, bool defer) {
+  // The end of this block's part of slice slice_. SWAP kernels fold the warps in the loop's own layout (elementwise:
+  // the same sums as after the transpose, on half the values).
+  auto end_slice = [&](int slice_) {
     float partial[M_BLOCKS][8][4];
+    if constexpr (SWAP) fold_warps<M_BLOCKS, N_TILES>(loop.acc, ring.red);
     loop.rows_layout(partial);
-    int lock;
     if constexpr (kInlineFinish)
-      lock = finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
-          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);
+      finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, !SWAP>(
+          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
     else
-      lock = finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(
-          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode, defer);
-    if (lock >= 0) {  // block-uniform
-      deferred_slice = slice_;
-      if (tid == 0) {
-        __threadfence();  // the slot stores (ordered before this by finish_slice's barrier), then the count
-        deferred_rank = atomicAdd(locks + lock, 1);
-      }
-    }
+      finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total, C,
+                                                                 C_tmp, locks, prob_m, prob_n, reduce_mode);
     zero_acc();
   };
   if constexpr (kInlineFinish) {
@@ -473,7 +444,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
       const int seg_end = it_end < it + (KI - kit) ? it_end : it + (KI - kit);
       if constexpr (GROUP_MODE == kChannelwise) load_channelwise(slice % cols);
       for (; it < seg_end; ++it, ++kit) run_stage(slice, kit);
-      end_slice(slice, DEFER_COUNT && it < it_end);
+      end_slice(slice);
       kit = 0;  // a next segment starts a new slice at its first k step
       ++slice;
     }
@@ -483,14 +454,11 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
         if (it == it_begin || kit == 0) load_channelwise(slice % cols);
       }
       run_stage(slice, kit);
-      if (kit + 1 == KI || it + 1 == it_end) end_slice(slice, DEFER_COUNT && it + 1 < it_end);
+      if (kit + 1 == KI || it + 1 == it_end) end_slice(slice);
       advance(slice, kit);
     }
   }
   cp_async_wait<0>();
-  if (deferred_slice >= 0)
-    settle_deferred<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(deferred_slice, deferred_rank, KI, cols, total, C,
-                                                                  C_tmp, locks, prob_m, prob_n);
 }
 
 // A'[m, k] = A[m, perm[k]]: act-order activations gathered into Marlin row order (spec §6). One block per row.

@@ -432,10 +432,16 @@ struct WarpLoop {
   }
 };
 
-// Warps sharing a 64-column tile fold their accumulators pairwise through shared memory (red: kRedI4 of the
-// Geometry), one m16 block at a time so the buffer stays 16 KiB. Afterwards warps kg = 0 (warps 0..N_TILES-1) hold
-// the tile's sums. Every thread of the block must call it (barriers).
-// Elementwise, so it works on either accumulator layout (NB = 8: rows; NB = 4: WarpLoop's SWAP layout).
+// Warps sharing a 64-column tile fold their accumulators through shared memory (red: kRedI4 of the Geometry);
+// afterwards warps kg = 0 (warps 0..N_TILES-1) hold the tile's sums. Every thread of the block must call it.
+// Elementwise, so it works on either accumulator layout (NB = 8: rows; NB = 4: WarpLoop's SWAP layout). The sums are
+// always the same pairwise tree over k groups (P = warps per tile: step P/2, then P/4, ..., 1: v[j] += v[j + step]),
+// so the result does not depend on which form below runs:
+// * one pass where every other group's values fit in red at once ((P - 1) * N_TILES * NB * 128 floats; always for
+//   the SWAP layout): groups kg > 0 store, one barrier, groups kg = 0 load them all and run the tree in registers;
+// * else pass by pass, one m16 block at a time (two barriers per tree step) so the buffer stays 16 KiB.
+// No barrier follows the last read: the caller must pass a barrier before red is written again (both kernels do: a
+// pipeline stage lies between two folds).
 template <int M_BLOCKS, int N_TILES, int NB>
 __device__ __forceinline__ void fold_warps(float (&acc)[M_BLOCKS][NB][4], float* red) {
   constexpr int kWarpsPerN = kWarps / N_TILES;
@@ -444,26 +450,60 @@ __device__ __forceinline__ void fold_warps(float (&acc)[M_BLOCKS][NB][4], float*
     const int warp = threadIdx.x / 32;
     const int nt = warp % N_TILES;
     const int kg = warp / N_TILES;
+    constexpr int kWarpFloats = NB * 4 * 32;  // one warp's values of one m16 block
+    constexpr int kRedFloats = (kWarpsPerN / 2) * N_TILES * 1024;
+    if constexpr ((kWarpsPerN - 1) * N_TILES * M_BLOCKS * kWarpFloats <= kRedFloats) {
+      if (kg > 0) {
+        float* dst = red + ((kg - 1) * N_TILES + nt) * M_BLOCKS * kWarpFloats;
 #pragma unroll
-    for (int mb = 0; mb < M_BLOCKS; ++mb) {
-#pragma unroll
-      for (int step = kWarpsPerN / 2; step >= 1; step /= 2) {
-        if (kg >= step && kg < 2 * step) {
-          float* dst = red + ((kg - step) * N_TILES + nt) * 1024;
-#pragma unroll
-          for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) dst[(nb * 4 + r) * 32 + lane] = acc[mb][nb][r];
-        }
-        __syncthreads();
-        if (kg < step) {
-          const float* src = red + (kg * N_TILES + nt) * 1024;
+        for (int mb = 0; mb < M_BLOCKS; ++mb)
 #pragma unroll
           for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) acc[mb][nb][r] += src[(nb * 4 + r) * 32 + lane];
+            for (int r = 0; r < 4; ++r) dst[((mb * NB + nb) * 4 + r) * 32 + lane] = acc[mb][nb][r];
+      }
+      __syncthreads();
+      if (kg == 0) {
+#pragma unroll
+        for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              float v[kWarpsPerN];
+              v[0] = acc[mb][nb][r];
+#pragma unroll
+              for (int g = 1; g < kWarpsPerN; ++g)
+                v[g] = red[(((g - 1) * N_TILES + nt) * M_BLOCKS * NB + mb * NB + nb) * 4 * 32 + r * 32 + lane];
+#pragma unroll
+              for (int step = kWarpsPerN / 2; step >= 1; step /= 2)
+#pragma unroll
+                for (int j = 0; j < step; ++j) v[j] += v[j + step];
+              acc[mb][nb][r] = v[0];
+            }
+      }
+    } else {
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb) {
+#pragma unroll
+        for (int step = kWarpsPerN / 2; step >= 1; step /= 2) {
+          if (kg >= step && kg < 2 * step) {
+            float* dst = red + ((kg - step) * N_TILES + nt) * 1024;
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) dst[(nb * 4 + r) * 32 + lane] = acc[mb][nb][r];
+          }
+          __syncthreads();
+          if (kg < step) {
+            const float* src = red + (kg * N_TILES + nt) * 1024;
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) acc[mb][nb][r] += src[(nb * 4 + r) * 32 + lane];
+          }
+          if (mb + 1 < M_BLOCKS || step > 1) __syncthreads();  // (red is rewritten by the next pass)
         }
-        __syncthreads();
       }
     }
   }

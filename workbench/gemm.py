@@ -103,14 +103,12 @@ class KernelConfig(TileGeometry):
     group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
     blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
     swap: bool = False  # M <= 8: one mma per 16x16 sub-block on the transposed problem (template argument SWAP)
-    defer_count: bool = True  # count in for a mid-range slice end at the range's end (template argument DEFER_COUNT)
 
     @property
     def name_expression(self) -> str:
         t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
         return (f"mwb::marlin_gemm<{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, "
-                f"{self.stages}, {self.group_mode}, {self.blocks_per_sm}, {str(self.swap).lower()}, "
-                f"{str(self.defer_count).lower()}>")
+                f"{self.stages}, {self.group_mode}, {self.blocks_per_sm}, {str(self.swap).lower()}>")
 
 
 # (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n). Small M streams weights: the first choices keep
@@ -147,12 +145,9 @@ _SMEM_RESERVED_PER_BLOCK = 1024 + 64
 TWO_BLOCKS_WEIGHT_BITS = (4,)
 TWO_BLOCKS_MIN_STEPS = 7
 
-# Operand swap (KernelConfig.swap) for M <= SWAP_MAX_M (at most 8; 0 = never), and the deferred slice count
-# (KernelConfig.defer_count) only for kernels with at least DEFER_COUNT_MIN_M_BLOCKS m16 blocks: at M = 1 the deferred
-# count made 4096 x 14336 (striped grid) 8% slower (bench/NOTES_gemm.md step 7), at M = 64 the striped grids gained.
-# Module switches so that bench/ab_gemm.py can time the alternatives.
+# Operand swap (KernelConfig.swap) for M <= SWAP_MAX_M (at most 8; 0 = never). A module switch so that
+# bench/ab_gemm.py can time the alternative.
 SWAP_MAX_M = 8
-DEFER_COUNT_MIN_M_BLOCKS = 2
 
 
 def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int, group_size: int,
@@ -166,7 +161,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     """
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
-    variant = dict(swap=size_m <= min(SWAP_MAX_M, 8), defer_count=m_blocks >= DEFER_COUNT_MIN_M_BLOCKS)
+    variant = dict(swap=size_m <= min(SWAP_MAX_M, 8))
     order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
     if m_blocks == 1 and weight.bits == 8:
         order = EIGHT_BIT_ONE_M_BLOCK_SHAPES
