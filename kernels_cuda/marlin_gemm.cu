@@ -286,9 +286,12 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP>;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
   constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;  // float4 loads per lane in the fp32 cross-block sum
-  // The slice finishing inlined where it was measured faster (bench/NOTES_gemm.md "Round 7": M <= 8 x0.89-0.97);
-  // the 128-register two-block kernels without SWAP lost 3-7% with it inlined, and several m16 blocks spilled.
-  constexpr bool kInlineFinish = M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1);
+  // The slice finishing inlined in every one-m16-block kernel, where it measured faster (bench/NOTES_gemm.md "Round
+  // 7": M <= 8 x0.89-0.97; "Round 8": the two-block M = 16 kernels x0.91 once the finishing no longer waited on an
+  // atomic), measured on u4b8). Not where it spilled: several m16 blocks, and the 128-register two-block kernels of
+  // weights with zero points or with act-order groups (bf16 u4: 12 / 24 bytes at sm_80 / sm_90; fp16 u4b8 g_idx: 20).
+  constexpr bool kInlineFinish =
+      M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1 || (!Weight<W>::kHasZero && GROUP_MODE != kPerRow));
 
   extern __shared__ int4 smem[];
   const StageRing<G> ring(smem);
