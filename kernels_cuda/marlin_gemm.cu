@@ -197,15 +197,13 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
           __stcg(mine + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane,
                  make_float4(acc[mb][nb][0], acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]));
     }
-    // The barrier orders every writer's stores before thread 0's fence (others) / before the sum's loads (first).
+    // The barrier orders every writer's stores before thread 0's release (others) / before the sum's loads (first).
     __syncthreads();
     if (static_cast<int>(blockIdx.x) != first) {
-      // Fence, then count in (the cooperative-groups grid barrier pattern); nobody here needs the count's value, so
-      // the block goes straight back to its pipeline.
-      if (tid == 0) {
-        __threadfence();
-        atomicAdd(locks + last, 1);
-      }
+      // Count in with release semantics (the barrier above makes them cover every writer's slot stores: PTX
+      // cumulativity), paired with the first contributor's acquire load; nobody here needs the count's value, so the
+      // block goes straight back to its pipeline.
+      if (tid == 0) red_add_release(locks + last, 1);
       return;
     }
     if (tid == 0) {
@@ -247,8 +245,7 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
       }
     }
     if (writer) write_c();
-    __threadfence();
-    __syncthreads();
+    __syncthreads();  // every writer's C stores before thread 0's release (cumulativity), as for the fp32 count
     if (tid == 0) store_release(locks + last, rank == count - 1 ? 0 : rank + 1);
   }
 }

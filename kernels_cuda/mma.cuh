@@ -145,4 +145,10 @@ __device__ __forceinline__ void store_release(int* p, int v) {
   asm volatile("st.global.release.gpu.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+// Adds v at gpu scope with release semantics, no value returned. sm_90 SASS: MEMBAR.ALL.GPU + REDG, where
+// __threadfence() + atomicAdd is MEMBAR.SC.GPU + CCTL.IVALL + ATOMG (a sequentially consistent fence, L1 dropped).
+__device__ __forceinline__ void red_add_release(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 }  // namespace mwb
