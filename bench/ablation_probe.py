@@ -13,7 +13,7 @@ T(nocompute) what the fetch pipeline and slice finishing cost alone; T(noB) the 
 --write-moe-variant NAME DIR writes the fused MoE kernel with a part taken out, for bench_moe.py --ab-old DIR.
 --grids policy,striped,aligned times each variant on the library's grid, on the striped split only (ALIGN_SLICES
 off) and on the slice-aligned grid wherever the slices fit (ALIGNED_EXTRA_STEPS huge).
-Writes DIR/ablation_<gpu>.json.
+Writes DIR/ablation_<gpu>.json after every cell.
 """
 from __future__ import annotations
 
@@ -59,7 +59,6 @@ _SINK = (_ROWS + "    float sink = 0.f;\n"
          "    for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < 8; ++nb) for (int r = 0; r < 4; ++r)\n"
          "      sink += partial[mb][nb][r];\n    if (sink == 1234.5f) C[0] = C[1];\n")
 _FOLD = "  if constexpr (FOLD) fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
-_INLINE_RULE = "  constexpr bool kInlineFinish = M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1);\n"
 _B_COPY = "      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));\n"
 
 # The fused MoE kernel's item finishing replaced by a sink over every accumulator (for bench_moe.py --ab-old: see
@@ -86,9 +85,6 @@ VARIANTS = {
     "finish_return": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "  if (prob_m > 0) return;\n")],
     "nofold": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "")],
     "noB": [("marlin_mainloop.cuh", _B_COPY, "      (void)b;\n")],
-    # not an ablation: a correct kernel with the finishing inlined in every one-m16-block kernel (also the two-block
-    # M = 16 ones that call it out of line)
-    "inline_m1": [("marlin_gemm.cu", _INLINE_RULE, "  constexpr bool kInlineFinish = M_BLOCKS == 1;\n")],
 }
 DEFAULT_CELLS = ("8192x28672:u4b8 g128 fp16:1", "8192x28672:u4b8 g128 fp16:16", "4096x14336:u4b8 g128 fp16:1",
                  "4096x4096:u4b8 g128 fp16:1", "8192x8192:u4b8 g128 fp16:1", "8192x28672:fe4m3fn chan fp16:1")
@@ -165,6 +161,15 @@ def main(argv=None) -> int:
     print("compiled", flush=True)
     rng = np.random.default_rng(0)
     rows = []
+    tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
+    meta = dict(gpu=gpu, sms=sms, copy_gbs=round(copy_gbs, 1), date=datetime.date.today().isoformat(),
+                commit=os.environ.get("BENCH_COMMIT", "working tree"), variants={k: VARIANTS[k] for k in names})
+
+    def write():
+        tmp_json = args.out / f"ablation_{tag}.json.part"
+        tmp_json.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        tmp_json.replace(args.out / f"ablation_{tag}.json")
+
     for k, n, (label, wt, gs, dt), m in cells:
         ws = [random_weight(cp, k, n, wt, gs, dtypes[dt], rng) for _ in range(copies_for(weight_bytes(k, n, wt, gs), l2))]
         a = [cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(dtypes[dt])) for _ in range(2)]
@@ -192,10 +197,7 @@ def main(argv=None) -> int:
                       f"x{us / base_us:5.3f}  {row['pct_copy']:5.1f}% copy  {row['config']} grid {grid}", flush=True)
         del ws
         cp.get_default_memory_pool().free_all_blocks()
-    tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
-    meta = dict(gpu=gpu, sms=sms, copy_gbs=round(copy_gbs, 1), date=datetime.date.today().isoformat(),
-                commit=os.environ.get("BENCH_COMMIT", "working tree"), variants={k: VARIANTS[k] for k in names})
-    (args.out / f"ablation_{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+        write()  # after every cell: a run stopped by its time limit keeps what it measured
     print("done", flush=True)
     return 0
 
