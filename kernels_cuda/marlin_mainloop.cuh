@@ -24,6 +24,15 @@ enum GroupMode : int {
   kPerRow = 2,       // act-order on a K shard (is_k_full = false): group of row k = g_idx[k]
 };
 
+// Floats of the warp-fold buffer (fold_warps): room for half the k groups to store a row-layout m16 tile (the fold
+// pass by pass), or for all groups but the first where that is 4 KiB more per tile and buys the one-pass fold of a
+// one-m16-block row-layout tile (4 k groups). Eight k groups would need 12 KiB more: they keep the passes (the SWAP
+// layout's one pass fits either way).
+__host__ __device__ constexpr int fold_buffer_floats(int m_blocks, int n_tiles) {
+  return kWarps / n_tiles == 1 ? 0
+         : (m_blocks == 1 && kWarps / n_tiles == 4 ? 3 : kWarps / n_tiles / 2) * n_tiles * 1024;
+}
+
 // Compile-time geometry of one kernel instantiation. Python mirrors kSmemBytes in workbench/gemm.py
 // (TileGeometry.smem_bytes, used by both KernelConfig and MoeConfig).
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE>
@@ -46,7 +55,7 @@ struct Geometry {
   static constexpr int kZI4 = Weight<W>::kHasZero ? kScaleRows * BN / kPack / 4 : 0;
   static constexpr int kGI4 = GROUP_MODE == kPerRow ? BK / 4 : 0;  // g_idx of a stage
   static constexpr int kStageI4 = kAI4 + kBI4 + kSI4 + kZI4 + kGI4;
-  static constexpr int kRedI4 = (kWarpsPerN > 1) ? (kWarpsPerN / 2) * N_TILES * 16 * 64 / 4 : 0;
+  static constexpr int kRedI4 = fold_buffer_floats(M_BLOCKS, N_TILES) / 4;
   static constexpr int kSmemBytes = 16 * (STAGES * kStageI4 + kRedI4);
   // A ring slot holds one whole stage (A, B, scales, zero points, g_idx, in that order: byte offsets below); the
   // warp-fold buffer follows the STAGES slots. Only where the bytes sit differs from a ring per operand: the same
@@ -437,9 +446,10 @@ struct WarpLoop {
 // Elementwise, so it works on either accumulator layout (NB = 8: rows; NB = 4: WarpLoop's SWAP layout). The sums are
 // always the same pairwise tree over k groups (P = warps per tile: step P/2, then P/4, ..., 1: v[j] += v[j + step]),
 // so the result does not depend on which form below runs:
-// * one pass where every other group's values fit in red at once ((P - 1) * N_TILES * NB * 128 floats; always for
-//   the SWAP layout): groups kg > 0 store, one barrier, groups kg = 0 load them all and run the tree in registers;
-// * else pass by pass, one m16 block at a time (two barriers per tree step) so the buffer stays 16 KiB.
+// * one pass where every other group's values fit in red at once ((P - 1) * N_TILES * M_BLOCKS * NB * 128 floats:
+//   the SWAP layout always, the row layout with one m16 block and 4 k groups; see fold_buffer_floats): groups kg > 0
+//   store, one barrier, groups kg = 0 load them all and run the tree in registers;
+// * else pass by pass, one m16 block at a time (two barriers per tree step).
 // No barrier follows the last read: the caller must pass a barrier before red is written again (both kernels do: a
 // pipeline stage lies between two folds).
 template <int M_BLOCKS, int N_TILES, int NB>
@@ -451,7 +461,7 @@ __device__ __forceinline__ void fold_warps(float (&acc)[M_BLOCKS][NB][4], float*
     const int nt = warp % N_TILES;
     const int kg = warp / N_TILES;
     constexpr int kWarpFloats = NB * 4 * 32;  // one warp's values of one m16 block
-    constexpr int kRedFloats = (kWarpsPerN / 2) * N_TILES * 1024;
+    constexpr int kRedFloats = fold_buffer_floats(M_BLOCKS, N_TILES);
     if constexpr ((kWarpsPerN - 1) * N_TILES * M_BLOCKS * kWarpFloats <= kRedFloats) {
       if (kg > 0) {
         float* dst = red + ((kg - 1) * N_TILES + nt) * M_BLOCKS * kWarpFloats;

@@ -98,3 +98,20 @@ def test_shared_memory_of_every_config_fits_sm80():
                 for per_row in (False, True):
                     cfg = gemm.choose_config(act, weight, m, 1024, 1024, 128, per_row, 163 * 1024)
                     assert cfg.smem_bytes <= 163 * 1024
+
+
+def test_python_shared_memory_mirrors_the_kernels_geometry():
+    """TileGeometry.smem_bytes (what the host passes as dynamic shared memory) equals Geometry::kSmemBytes for every
+    tile shape, m16 block count, weight type and group mode: NVRTC evaluates the static_asserts."""
+    checks = []
+    for act in (S.F16, S.BF16):
+        for weight in gemm.GEMM_WEIGHT_TYPES:
+            for n_tiles, k_warp in gemm.thread_shapes():
+                for m_blocks in (1, 2, 4):
+                    for group_mode in (gemm.GROUP_CHANNELWISE, gemm.GROUP_GROUPED, gemm.GROUP_PER_ROW):
+                        cfg = gemm.KernelConfig(act, weight, m_blocks, n_tiles, k_warp, 3, group_mode)
+                        t = "__half" if act is S.F16 else "__nv_bfloat16"
+                        geometry = (f"mwb::Geometry<{t}, {weight.abi_code}, {m_blocks}, {n_tiles}, {k_warp}, 3, "
+                                    f"{group_mode}>")
+                        checks.append(f'static_assert({geometry}::kSmemBytes == {cfg.smem_bytes}, "{geometry}");')
+    nvrtc_cubin(gemm.kernel_source() + "\n" + "\n".join(checks) + "\n", list(EXTRA_KERNELS), 90)
