@@ -25,12 +25,10 @@ enum GroupMode : int {
 };
 
 // Floats of the warp-fold buffer (fold_warps): room for half the k groups to store a row-layout m16 tile (the fold
-// pass by pass), or for all groups but the first where that is 4 KiB more per tile and buys the one-pass fold of a
-// one-m16-block row-layout tile (4 k groups). Eight k groups would need 12 KiB more: they keep the passes (the SWAP
-// layout's one pass fits either way).
-__host__ __device__ constexpr int fold_buffer_floats(int m_blocks, int n_tiles) {
-  return kWarps / n_tiles == 1 ? 0
-         : (m_blocks == 1 && kWarps / n_tiles == 4 ? 3 : kWarps / n_tiles / 2) * n_tiles * 1024;
+// pass by pass); the SWAP layout's one pass fits it too. (Room for the one-pass fold of a one-m16-block row-layout
+// tile, 8 KiB more with 4 k groups, made the two-block M = 9..16 kernels 7-8% slower: bench/NOTES_gemm.md "Round 8".)
+__host__ __device__ constexpr int fold_buffer_floats(int n_tiles) {
+  return kWarps / n_tiles > 1 ? kWarps / n_tiles / 2 * n_tiles * 1024 : 0;
 }
 
 // Compile-time geometry of one kernel instantiation. Python mirrors kSmemBytes in workbench/gemm.py
@@ -55,7 +53,7 @@ struct Geometry {
   static constexpr int kZI4 = Weight<W>::kHasZero ? kScaleRows * BN / kPack / 4 : 0;
   static constexpr int kGI4 = GROUP_MODE == kPerRow ? BK / 4 : 0;  // g_idx of a stage
   static constexpr int kStageI4 = kAI4 + kBI4 + kSI4 + kZI4 + kGI4;
-  static constexpr int kRedI4 = fold_buffer_floats(M_BLOCKS, N_TILES) / 4;
+  static constexpr int kRedI4 = fold_buffer_floats(N_TILES) / 4;
   static constexpr int kSmemBytes = 16 * (STAGES * kStageI4 + kRedI4);
   // A ring slot holds one whole stage (A, B, scales, zero points, g_idx, in that order: byte offsets below); the
   // warp-fold buffer follows the STAGES slots. Only where the bytes sit differs from a ring per operand: the same
@@ -447,7 +445,7 @@ struct WarpLoop {
 // always the same pairwise tree over k groups (P = warps per tile: step P/2, then P/4, ..., 1: v[j] += v[j + step]),
 // so the result does not depend on which form below runs:
 // * one pass where every other group's values fit in red at once ((P - 1) * N_TILES * M_BLOCKS * NB * 128 floats:
-//   the SWAP layout always, the row layout with one m16 block and 4 k groups; see fold_buffer_floats): groups kg > 0
+//   the SWAP layout always, a one-m16-block row layout with 2 k groups; see fold_buffer_floats): groups kg > 0
 //   store, one barrier, groups kg = 0 load them all and run the tree in registers;
 // * else pass by pass, one m16 block at a time (two barriers per tree step).
 // No barrier follows the last read: the caller must pass a barrier before red is written again (both kernels do: a
@@ -461,7 +459,7 @@ __device__ __forceinline__ void fold_warps(float (&acc)[M_BLOCKS][NB][4], float*
     const int nt = warp % N_TILES;
     const int kg = warp / N_TILES;
     constexpr int kWarpFloats = NB * 4 * 32;  // one warp's values of one m16 block
-    constexpr int kRedFloats = fold_buffer_floats(M_BLOCKS, N_TILES);
+    constexpr int kRedFloats = fold_buffer_floats(N_TILES);
     if constexpr ((kWarpsPerN - 1) * N_TILES * M_BLOCKS * kWarpFloats <= kRedFloats) {
       if (kg > 0) {
         float* dst = red + ((kg - 1) * N_TILES + nt) * M_BLOCKS * kWarpFloats;

@@ -85,9 +85,8 @@ class TileGeometry:
         s = scale_rows * self.block_n // 8
         z = scale_rows * self.block_n // pack // 4 if self.weight.has_zero_points else 0
         g = self.block_k // 4 if self.group_mode == GROUP_PER_ROW else 0
-        warps_per_n = 8 // self.n_tiles  # the warp-fold buffer: fold_buffer_floats(m_blocks, n_tiles) / 4
-        groups = 0 if warps_per_n == 1 else (3 if self.m_blocks == 1 and warps_per_n == 4 else warps_per_n // 2)
-        red = groups * self.n_tiles * 1024 // 4
+        warps_per_n = 8 // self.n_tiles  # the warp-fold buffer: fold_buffer_floats(n_tiles) / 4
+        red = (warps_per_n // 2) * self.n_tiles * 1024 // 4 if warps_per_n > 1 else 0
         return 16 * (self.stages * (a + b + s + z + g) + red)
 
 
