@@ -3,10 +3,11 @@
 # launching one-m16-block kernels with 4 k groups with 8 KiB more dynamic shared memory than they use (nothing else
 # differs). If the padded "old" is ~7% slower at M = 16 too, the cost was the shared-memory carve-out (less L1), not
 # the one-pass fold. A/B u4b8 g128 fp16 M = 1, 16.
-# RAN, NO RESULT: the padded launch failed with CUDA_ERROR_INVALID_VALUE (raised, nothing aborted): both modules
+# First run: no result. The padded launch failed with CUDA_ERROR_INVALID_VALUE (raised, nothing aborted): both modules
 # resolve the same kernel name to one function whose max dynamic shared-memory attribute the unpadded module set. A
-# working version must give the padded copy its own kernel name (e.g. a dummy template argument) or set the
-# attribute per launch.
+# second run gives the padded copy its own kernel name: a dummy template argument `int PAD = 0` after SWAP in its
+# marlin_gemm.cu, and name_expression ending in ", 1>" in its gemm.py. Result: padded = unpadded within ±0.4%
+# (NOTES_gemm.md "Round 8" item 7).
 #   usage (device machine, repo root; carry .whl and artifacts/r8f_pad):  RET=$OUT bash bench/device_runs/gpu_r8f_smem_pad.sh
 set -u
 RET=${RET:?the folder the device call returns}
