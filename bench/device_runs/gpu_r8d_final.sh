@@ -8,14 +8,9 @@
 # Results tarred into $RET/r8d.tgz after each step (the device returns only a few files per call).
 #   usage (device machine, repo root; carry .whl and artifacts/r8c_old):  RET=$OUT bash bench/device_runs/gpu_r8d_final.sh
 set -u
-RET=${RET:?the folder the device call returns}
-OUT=$PWD/artifacts/gpu_out
+. bench/device_runs/device_env.sh
 OLD=${AB_OLD:-artifacts/r8c_old}
 mkdir -p "$OUT/results"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
-  NUMBA_CUDA_WARN_ON_IMPLICIT_COPY=0
-pack() { tar czf "$RET/r8d.tgz.part" -C artifacts gpu_out && mv "$RET/r8d.tgz.part" "$RET/r8d.tgz"; }
 s=$(date +%s)
 timeout 270 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu > "$OUT/gpu_tier.log" 2>&1 &
 p1=$!
@@ -23,13 +18,13 @@ timeout 200 python3 bench/partition_check.py "$OLD" > "$OUT/partition_check.log"
 p2=$!
 wait $p1; echo "gpu tier rc=$? after $(( $(date +%s) - s ))s" | tee -a "$OUT/gpu_tier.log"
 wait $p2; echo "partition check rc=$?" | tee -a "$OUT/partition_check.log"
-tail -3 "$OUT/gpu_tier.log"; tail -4 "$OUT/partition_check.log"; pack
+tail -3 "$OUT/gpu_tier.log"; tail -4 "$OUT/partition_check.log"; pack r8d
 if grep -qE "rc=[1-9]" "$OUT/gpu_tier.log" "$OUT/partition_check.log"; then echo "TESTS FAILED: no A/B, no tables"; exit 1; fi
 timeout 50 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$OLD" --variants new,old --m 1,16 --no-tinygemm \
   --labels "u4b8 g128 fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
 timeout 35 python3 bench/ab_gemm.py --out "$OUT/ab8" --old-dir "$OLD" --variants new,old --m 1 --no-tinygemm \
   --labels "fe4m3fn chan fp16" > "$OUT/ab8.log" 2>&1; echo "ab8 rc=$?"
-grep -hE "\[(new|old)\]|bitwise" "$OUT/ab.log" "$OUT/ab8.log" | cut -c1-100; pack
-timeout 160 python3 bench/bench_gemm.py --out "$OUT/results" > "$OUT/bench_gemm.log" 2>&1; echo "bench_gemm rc=$?"; pack
-timeout 100 python3 bench/bench_moe.py --out "$OUT/results" > "$OUT/bench_moe.log" 2>&1; echo "bench_moe rc=$?"; pack
+grep -hE "\[(new|old)\]|bitwise" "$OUT/ab.log" "$OUT/ab8.log" | cut -c1-100; pack r8d
+timeout 160 python3 bench/bench_gemm.py --out "$OUT/results" > "$OUT/bench_gemm.log" 2>&1; echo "bench_gemm rc=$?"; pack r8d
+timeout 100 python3 bench/bench_moe.py --out "$OUT/results" > "$OUT/bench_moe.log" 2>&1; echo "bench_moe rc=$?"; pack r8d
 tail -16 "$OUT/bench_moe.log"

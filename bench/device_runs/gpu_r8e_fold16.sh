@@ -5,17 +5,12 @@
 # items fold the same way; its M = 1 kernels only got the larger buffer).
 #   usage (device machine, repo root; carry .whl and artifacts/r8e_old):  RET=$OUT bash bench/device_runs/gpu_r8e_fold16.sh
 set -u
-RET=${RET:?the folder the device call returns}
-OUT=$PWD/artifacts/gpu_out
+. bench/device_runs/device_env.sh
 OLD=${AB_OLD:-artifacts/r8e_old}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache
-pack() { tar czf "$RET/r8e.tgz.part" -C artifacts gpu_out && mv "$RET/r8e.tgz.part" "$RET/r8e.tgz"; }
-OUT=$OUT SKIP_AB=1 R6_KERNELS_OLD="$OLD" bash bench/device_runs/gpu_r6_kernels.sh; pack
+OUT=$OUT SKIP_AB=1 R6_KERNELS_OLD="$OLD" bash bench/device_runs/gpu_r6_kernels.sh; pack r8e
 if grep -qE "rc=[1-9]" "$OUT"/kernels/*_tests.log "$OUT/kernels/partition_check.log"; then echo "TESTS FAILED: no A/B"; exit 1; fi
 timeout 60 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$OLD" --variants new,old --m 1,16 --no-tinygemm \
   --labels "u4b8 g128 fp16,u4 g128+zp fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
-grep -hE "\[(new|old)\]|bitwise" "$OUT/ab.log" | cut -c1-100; pack
+grep -hE "\[(new|old)\]|bitwise" "$OUT/ab.log" | cut -c1-100; pack r8e
 timeout 40 python3 bench/bench_moe.py --out "$OUT/ab_moe" --ab-old "$OLD" --m 1,8,64 --reps 15 --variants new \
-  > "$OUT/ab_moe.log" 2>&1; echo "ab moe rc=$?"; tail -12 "$OUT/ab_moe.log"; pack
+  > "$OUT/ab_moe.log" 2>&1; echo "ab moe rc=$?"; tail -12 "$OUT/ab_moe.log"; pack r8e

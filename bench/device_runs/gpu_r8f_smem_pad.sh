@@ -10,12 +10,8 @@
 # (NOTES_gemm.md "Round 8" item 7).
 #   usage (device machine, repo root; carry .whl and artifacts/r8f_pad):  RET=$OUT bash bench/device_runs/gpu_r8f_smem_pad.sh
 set -u
-RET=${RET:?the folder the device call returns}
-OUT=$PWD/artifacts/gpu_out
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache
+. bench/device_runs/device_env.sh
 timeout 60 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r8f_pad --variants new,old --m 1,16 \
   --no-tinygemm --labels "u4b8 g128 fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
 grep -hE "\[(new|old)\]|bitwise" "$OUT/ab.log" | cut -c1-100
-tar czf "$RET/r8f.tgz" -C artifacts gpu_out
+pack r8f
