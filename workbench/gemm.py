@@ -228,13 +228,13 @@ PRE_R6_POLICY = dict(ONE_M_BLOCK_STAGES={4: (8, 6, 4), 8: (8, 6, 4)}, EIGHT_BIT_
 
 
 def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:
-    """Blocks launched: at most as many as can be resident at once (every block must be: the in-C reduction waits on
-    others), fewer when the problem has fewer (slice, k) iterations.
+    """Blocks launched: at most as many as can be resident at once (every block must be: in the in-C and fp32
+    reductions blocks wait on others' counts), fewer when the problem has fewer (slice, k) iterations.
 
     The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block
     c s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
-    finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range for a fence and
-    an atomic round trip, and may have to sum that slice too). Chosen unless it lengthens the longest range by more
+    finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range to fold its warps
+    and store and count in its partial, and sums its last slice's partials at the end). Chosen unless it lengthens the longest range by more
     than ALIGNED_MAX_LONGER (x, one block per SM; two blocks per SM: not at all) + ALIGNED_EXTRA_STEPS.
     """
     chunks = math.ceil(size_m / cfg.block_m)
