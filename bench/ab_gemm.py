@@ -80,12 +80,12 @@ class Legacy:
     """Context: workbench.gemm with the previous rule (two blocks per SM for every one-m16-block kernel)."""
 
     def __enter__(self):
-        self.saved = gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS
-        gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS = (4, 8), 0
+        self.saved = gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS, gemm.TWO_BLOCKS_MIN_STEPS_SWAP
+        gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS, gemm.TWO_BLOCKS_MIN_STEPS_SWAP = (4, 8), 0, 0
         forget_plans()
 
     def __exit__(self, *exc):
-        gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS = self.saved
+        gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS, gemm.TWO_BLOCKS_MIN_STEPS_SWAP = self.saved
         forget_plans()
 
 

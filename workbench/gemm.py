@@ -142,8 +142,13 @@ _SMEM_RESERVED_PER_BLOCK = 1024 + 64
 # stages hold twice the bytes, so only shallow stages fit beside a second block: slower on every 8-bit layer), and
 # only when each block gets a long run of pipeline steps (with ~2 steps per block, e.g. 4096 x 4096 at M = 1, every
 # slice is shared by ~8 blocks and the cross-block reduction dominates: 17.4 -> 22.9 us).
+# The swapped (M <= 8) kernels of weights without zero points and act-order need one step more (round 8g A/B on the
+# H200, after round 8's cheaper finishing): u4b8 8192^2 M = 1..8 (7.8 steps per block with two) 17.7 -> 16.95 us with
+# one block on the slice-aligned grid of 128, while u4 + zero points lost (18.7 -> 19.1) and M = 16 (not swapped)
+# stayed fastest with two. Act-order kernels: not measured, kept at TWO_BLOCKS_MIN_STEPS.
 TWO_BLOCKS_WEIGHT_BITS = (4,)
 TWO_BLOCKS_MIN_STEPS = 7
+TWO_BLOCKS_MIN_STEPS_SWAP = 8
 
 # Operand swap (KernelConfig.swap) for M <= SWAP_MAX_M (at most 8; 0 = never). A module switch so that
 # bench/ab_gemm.py can time the alternative.
@@ -186,7 +191,9 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                                              blocks_per_sm=2, **variant)] if cfg.smem_bytes <= half), None)
         if two is not None:
             steps = (size_n // two.block_n) * (size_k // two.block_k)
-            if sms <= 0 or steps >= TWO_BLOCKS_MIN_STEPS * 2 * sms:
+            plain_swap = two.swap and not weight.has_zero_points and not per_row_groups
+            min_steps = TWO_BLOCKS_MIN_STEPS_SWAP if plain_swap else TWO_BLOCKS_MIN_STEPS
+            if sms <= 0 or steps >= min_steps * 2 * sms:
                 return two
     tried = []
     for n_tiles, k_warp in order:
@@ -224,7 +231,7 @@ ALIGNED_EXTRA_STEPS = 0
 
 # The policy before round 6: bench/ab_gemm.py's variant new-oldpolicy sets these module switches to time it.
 PRE_R6_POLICY = dict(ONE_M_BLOCK_STAGES={4: (8, 6, 4), 8: (8, 6, 4)}, EIGHT_BIT_ONE_M_BLOCK_SHAPES=_SMALL_M_SHAPES,
-                     ALIGNED_MAX_LONGER=1.0)
+                     ALIGNED_MAX_LONGER=1.0, TWO_BLOCKS_MIN_STEPS_SWAP=TWO_BLOCKS_MIN_STEPS)
 
 
 def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import ab_gemm  # noqa: E402  (no GPU import at module level)
 
 SMS, SMEM_LIMIT, SM_SMEM = 132, 232448, 233472  # H200
-GROUP = {S.U4B8: 128, S.U8B128: 128, S.FE4M3FN: -1}
+GROUP = {S.U4B8: 128, S.U4: 128, S.U8B128: 128, S.FE4M3FN: -1}
 
 
 def choice(weight, m, k, n):
@@ -41,8 +41,12 @@ CELLS = [
     # the slice-aligned 112 grid, 16 steps instead of the striped 132 with ~14 (M = 2: 25.38 -> 19.01)
     ((S.U4B8, 1, 4096, 14336), (2, 4, 6, 1, 112), (2, 4, 8, 1, 132)),
     ((S.U4B8, 16, 4096, 14336), (2, 4, 6, 1, 112), (2, 4, 8, 1, 132)),
+    # one block on the aligned 128 for the swapped u4b8 kernel of 8192^2 (7.8 steps with two; round 8g A/B, after
+    # round 8's finishing: 17.7 -> 16.95 at M = 1..8); zero points keep two blocks (18.7 -> 19.1 with one)
+    ((S.U4B8, 1, 8192, 8192), (2, 4, 6, 1, 128), (2, 4, 3, 2, 256)),
+    ((S.U4B8, 8, 8192, 8192), (2, 4, 6, 1, 128), (2, 4, 3, 2, 256)),
+    ((S.U4, 1, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
     # two blocks per SM: unchanged (the aligned 224 on 8192x28672, 32 steps vs 28, lost 5% at M = 16)
-    ((S.U4B8, 1, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
     ((S.U4B8, 16, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
     ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 264), (2, 4, 3, 2, 264)),
     ((S.U4B8, 1, 28672, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),

@@ -120,7 +120,7 @@ def test_forced_grid_outside_what_can_be_resident_is_refused(fake, grid):
 
 
 def test_forced_grid_needs_every_block_resident(fake, monkeypatch):
-    rec = record(k=8192, n=8192)
+    rec = record(m=16, k=8192, n=8192)  # a two-block default
     default = gemm.prepare_launch(rec)
     assert default.cfg.blocks_per_sm == 2
     monkeypatch.setattr(gemm, "resident_blocks", lambda name, device: 1)
