@@ -13,6 +13,12 @@ Three entry points, each one layer on top of the next:
 
 Scratch buffers (all int32/fp32 on the GPU): ``workspace`` (≥ ``sms`` lock counters, zero, left zero by every
 launch), ``c_tmp`` (fp32 partial sums, ≥ ``c_tmp_numel(sms)``), ``a_tmp`` (act-order activations, ≥ M·K).
+
+Residency: in the fp32 (default) and in-C reductions a block may wait for another block's count, so every block of
+a launch must be able to become resident. The grid never exceeds ``sms`` × the blocks per SM the driver reports,
+and GPUs dispatch a grid's blocks before a later grid's, so kernels on other streams delay a launch but cannot
+starve it; where SMs are partitioned (MPS limits, green contexts), pass ``sms`` no larger than the partition.
+Atomic-add mode never waits.
 """
 from __future__ import annotations
 
