@@ -16,8 +16,10 @@ launch), ``c_tmp`` (fp32 partial sums, ≥ ``c_tmp_numel(sms)``), ``a_tmp`` (act
 
 Residency: in the fp32 (default) and in-C reductions a block may wait for another block's count, so every block of
 a launch must be able to become resident. The grid never exceeds ``sms`` × the blocks per SM the driver reports,
-and GPUs dispatch a grid's blocks before a later grid's, so kernels on other streams delay a launch but cannot
-starve it; where SMs are partitioned (MPS limits, green contexts), pass ``sms`` no larger than the partition.
+and in practice a GPU dispatches all of a grid's blocks before a later grid's (not a documented guarantee; the
+lock-ordered reduction of the public Marlin kernel relies on the same), so kernels on other streams delay a launch
+without starving it; where SMs are partitioned (MPS limits, green contexts), pass ``sms`` no larger than the
+partition.
 Atomic-add mode never waits.
 """
 from __future__ import annotations
