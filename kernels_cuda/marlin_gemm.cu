@@ -7,8 +7,8 @@
 //   block tile   BM x BN output (BM = 16 M_BLOCKS rows, BN = 64 N_TILES columns), BK = 16 KT rows of K per stage
 //   slice        one block tile's column of the K loop: KI = K / BK iterations; slices are ordered
 //                (m chunk, n column) and iterations (slice, k) form one linear range of T = chunks * cols * KI
-//   blocks       gridDim.x <= #SMs x resident blocks per SM each take a contiguous, equal share of that range ("striped" split-K),
-//                so every SM streams the same number of weight bytes whatever M, N, K are.
+//   blocks       gridDim.x <= #SMs x resident blocks per SM each take a contiguous, equal share of that range
+//                ("striped" split-K), so every SM streams the same number of weight bytes whatever M, N, K are.
 //
 //     iterations:  | slice 0: k0 k1 k2 k3 | slice 1: k0 k1 k2 k3 | slice 2: ...
 //     blocks:      |  block 0    | block 1     | block 2     | ...
@@ -64,8 +64,8 @@ __device__ __forceinline__ float4* fp32_slot(float* C_tmp, int b, int slice, int
 }
 
 // A shared slice's first contributor (kReduceFp32), once every other one has counted in, sums every contributor's
-// slot and writes C, then leaves the counter zero for the next launch. All 8 warps share the sum; a warp sums kFragBatch of its
-// fragments at once, with the loads of kBatch contributors for each of them in flight together:
+// slot and writes C, then leaves the counter zero for the next launch. All 8 warps share the sum; a warp sums
+// kFragBatch of its fragments at once, with the loads of kBatch contributors for each of them in flight together:
 // ceil(count / kBatch) dependent L2 round trips per kFragBatch fragments. Every element is still summed from zero
 // over the slots in block order (the caller's own included), so the result does not depend on the order of
 // arrival, nor on the batching. kLoadsInFlight: float4 loads per lane in flight (8 = 32 registers; the 128-register

@@ -249,8 +249,9 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
     The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block
     c s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
     finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range to fold its warps
-    and store and count in its partial, and sums its last slice's partials at the end). Chosen unless it lengthens the longest range by more
-    than ALIGNED_MAX_LONGER (x, one block per SM; two blocks per SM: not at all) + ALIGNED_EXTRA_STEPS.
+    and store and count in its partial, and sums its last slice's partials at the end). Chosen unless it lengthens
+    the longest range by more than ALIGNED_MAX_LONGER (x, one block per SM; two blocks per SM: not at all) +
+    ALIGNED_EXTRA_STEPS.
     """
     chunks = math.ceil(size_m / cfg.block_m)
     slices = chunks * (size_n // cfg.block_n)
@@ -718,7 +719,7 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     """prepare_launch with a forced configuration and/or grid: every rule of check_launch, then ValueError unless the
     configuration is one the kernel computes this problem correctly with (same types and group mode, tile divides
     (K, N) and the group size, swap only for M <= 8, two blocks per SM only with 16-row tiles, shared memory fits)
-    and every block of the grid can be resident (the in-C reduction waits on other blocks; the scratch buffers
+    and every block of the grid can be resident (the in-C and fp32 reductions wait on other blocks; the scratch buffers
     hold sms x blocks_per_sm blocks)."""
     cc, device_sms, smem_limit, sm_smem = device_properties(launch.device)
     default, sms, _ = check_launch(launch, cc, device_sms, smem_limit, sm_smem)
