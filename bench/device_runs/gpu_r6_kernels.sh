@@ -40,6 +40,8 @@ wait $p_gemm; echo "gemm tests: pytest rc=$? after $(( $(date +%s) - start ))s" 
 wait $p_moe; echo "moe tests: pytest rc=$? after $(( $(date +%s) - start ))s" | tee -a "$D/moe_tests.log"
 wait $p_part; echo "partition check: rc=$? after $(( $(date +%s) - start ))s" | tee -a "$D/partition_check.log"
 tail -3 "$D/gemm_tests.log" "$D/moe_tests.log" "$D/partition_check.log"
+# no A/B of a tree that fails its tests (exit status 1 tells a calling round script to stop too)
+if grep -qE "rc=[1-9]" "$D"/*_tests.log "$D/partition_check.log"; then echo "TESTS FAILED: no A/B"; exit 1; fi
 fi
 
 if [ -z "${SKIP_AB:-}" ]; then

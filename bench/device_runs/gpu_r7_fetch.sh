@@ -9,9 +9,7 @@
 set -u
 OUT=${OUT:-$PWD/artifacts/gpu_out}
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/artifacts/cupy_cache}
-SKIP_AB=1 R6_KERNELS_OLD=artifacts/r7_old bash bench/device_runs/gpu_r6_kernels.sh
-if grep -qE "rc=[1-9]" "$OUT"/kernels/*_tests.log "$OUT/kernels/partition_check.log"; then echo "TESTS FAILED: no A/B"; exit 1; fi
-ONLY_AB=1 R6_KERNELS_OLD=artifacts/r7_old bash bench/device_runs/gpu_r6_kernels.sh
+R6_KERNELS_OLD=artifacts/r7_old bash bench/device_runs/gpu_r6_kernels.sh || exit 1  # tests, then (if they pass) the A/B
 # where the 4-bit kernel's fetch-alone time goes (it is ~1.6x bench/pattern_probe.py's plain cp.async ring): without
 # the slice finishing too
 timeout 120 python3 bench/ablation_probe.py --out "$OUT/ablation" --grids policy,aligned \

@@ -8,9 +8,7 @@
 set -u
 OUT=${OUT:-$PWD/artifacts/gpu_out}
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/artifacts/cupy_cache}
-SKIP_AB=1 R6_KERNELS_OLD=artifacts/r7b_old bash bench/device_runs/gpu_r6_kernels.sh
-if grep -qE "rc=[1-9]" "$OUT"/kernels/*_tests.log "$OUT/kernels/partition_check.log"; then echo "TESTS FAILED: no A/B"; exit 1; fi
-ONLY_AB=1 R6_KERNELS_OLD=artifacts/r7b_old bash bench/device_runs/gpu_r6_kernels.sh
+R6_KERNELS_OLD=artifacts/r7b_old bash bench/device_runs/gpu_r6_kernels.sh || exit 1  # tests, then (if they pass) the A/B
 timeout 100 python3 bench/ablation_probe.py --out "$OUT/ablation" --grids policy --variants base,sinkfinish \
   --cells "8192x28672:u4b8 g128 fp16:1,4096x14336:u4b8 g128 fp16:1,4096x4096:u4b8 g128 fp16:1,8192x28672:fe4m3fn chan fp16:1,8192x28672:u4b8 g128 fp16:16" \
   > "$OUT/ablation.log" 2>&1; grep K= "$OUT/ablation.log"

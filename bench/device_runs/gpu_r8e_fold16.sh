@@ -7,8 +7,8 @@
 set -u
 . bench/device_runs/device_env.sh
 OLD=${AB_OLD:-artifacts/r8e_old}
-OUT=$OUT SKIP_AB=1 R6_KERNELS_OLD="$OLD" bash bench/device_runs/gpu_r6_kernels.sh; pack r8e
-if grep -qE "rc=[1-9]" "$OUT"/kernels/*_tests.log "$OUT/kernels/partition_check.log"; then echo "TESTS FAILED: no A/B"; exit 1; fi
+OUT=$OUT SKIP_AB=1 R6_KERNELS_OLD="$OLD" bash bench/device_runs/gpu_r6_kernels.sh || { pack r8e; exit 1; }
+pack r8e
 timeout 60 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$OLD" --variants new,old --m 1,16 --no-tinygemm \
   --labels "u4b8 g128 fp16,u4 g128+zp fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
 grep -hE "\[(new|old)\]|bitwise" "$OUT/ab.log" | cut -c1-100; pack r8e
