@@ -70,3 +70,39 @@ def test_bench_shape_matches_reference(wt, gs, kn, m):
     worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
     assert excess[worst] <= 0, (f"C{worst} = {out[worst]} vs reference {ref[worst]} (bound {bound[worst]:.3g}); "
                                 f"{int((excess > 0).sum())} elements out of bound")
+
+
+def test_two_full_grids_on_two_streams_finish_and_match_their_serial_results():
+    """Two launches whose grids each fill the GPU (two blocks per SM on 8192 x 28672 at M = 16, one per SM on 8192^2
+    at M = 1), repeated on two streams at once. In the default fp32 reduction a slice's first contributor waits for
+    the other blocks of its own launch to count in, so every block must become resident while the other launch holds
+    SMs (the dispatch order the gemm module doc relies on). A hang fails here after a deadline instead of blocking;
+    each stream's output must equal its own serial launch bit for bit (the fp32 sum runs in block order)."""
+    import time
+
+    jobs = [(S.U4B8, 128, 8192, 28672, 16), (S.U4B8, 128, 8192, 8192, 1)]
+    rng = np.random.default_rng()
+    device = cp.cuda.Device().id
+    sms = gemm.device_properties(device)[1]
+    runs = []
+    for wt, gs, k, n, m in jobs:
+        w, _ = layer(wt, gs, k, n)
+        a = cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(np.float16))
+        serial = cp.asnumpy(gemm.marlin_gemm(a, w, c=poisoned(m, n, np.float16)))
+        stream = cp.cuda.Stream(non_blocking=True)
+        ws = cp.zeros(gemm.workspace_numel(sms), dtype=np.int32)
+        runs.append(dict(w=w, a=a, serial=serial, stream=stream, ws=ws, c=poisoned(m, n, np.float16),
+                         c_tmp=cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32)))
+    cp.cuda.Device().synchronize()
+    for _ in range(25):
+        for r in runs:
+            gemm.marlin_gemm(r["a"], r["w"], c=r["c"], workspace=r["ws"], c_tmp=r["c_tmp"], stream=r["stream"])
+    deadline = time.monotonic() + 60.0
+    while not all(r["stream"].done for r in runs):
+        if time.monotonic() > deadline:
+            pytest.fail("two concurrent full-grid GEMMs did not finish within 60 s: blocks waiting on blocks of "
+                        "their own launch that never became resident")
+        time.sleep(0.005)
+    for (wt, gs, k, n, m), r in zip(jobs, runs):
+        np.testing.assert_array_equal(cp.asnumpy(r["c"]), r["serial"], err_msg=f"{wt} {k}x{n} M={m}")
+        assert int(cp.count_nonzero(r["ws"])) == 0, "lock counters must be left zero"
