@@ -12,6 +12,8 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
               straddle two slices), to tell the kernel change from the slice-aligned grid
   new-legacy  workbench.gemm with the fbd47ed blocks-per-SM rule (two blocks for every M <= 16 kernel)
   new-noswap  workbench.gemm without the operand swap for M <= 8 (SWAP_MAX_M = 0)
+  new-nocluster workbench.gemm with the slice sums in global memory everywhere (CLUSTER_SUMS = False: no
+              thread-block clusters on sm_90)
   new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
               different configuration, so its bits may differ from old's (another K split)
   new-oldpolicy workbench.gemm's kernels with the policy before round 6 (OLD_POLICY: 8 stages first for M <= 16,
@@ -135,6 +137,7 @@ def main(argv=None) -> int:
     all_variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),
                     "new-striped": (gemm, Striped), "new-legacy": (gemm, Legacy),
                     "new-noswap": (gemm, Setting(SWAP_MAX_M=0)),
+                    "new-nocluster": (gemm, Setting(CLUSTER_SUMS=False)),
                     "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8))),
                     "new-oldpolicy": (gemm, Setting(**OLD_POLICY))}
     names = [v for v in args.variants.split(",") if v]

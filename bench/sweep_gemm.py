@@ -101,8 +101,10 @@ class Candidate:
 
 
 def config_text(cfg: gemm.KernelConfig) -> str:
-    """(n_tiles, k_warp, stages, blocks per SM) and s = swap, as bench/ab_gemm.py writes it."""
-    return f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}" + ("s" if cfg.swap else "")
+    """(n_tiles, k_warp, stages, blocks per SM), s = swap and cN = clusters of N blocks, as bench/ab_gemm.py writes
+    it."""
+    return (f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}" + ("s" if cfg.swap else "")
+            + (f"c{cfg.cluster}" if cfg.cluster > 1 else ""))
 
 
 def act_type(act: str) -> S:
@@ -113,9 +115,12 @@ def group_mode(cell: Cell) -> int:
     return gemm.GROUP_CHANNELWISE if cell.group_size == -1 else gemm.GROUP_GROUPED
 
 
-def default_config(cell: Cell, sms: int, smem_limit: int, sm_smem: int) -> gemm.KernelConfig:
+def default_config(cell: Cell, sms: int, smem_limit: int, sm_smem: int, compute_capability: int = 90
+                   ) -> gemm.KernelConfig:
+    """What the library launches for the cell (default fp32 reduction) on a GPU of these limits."""
+    pairs = 2 in gemm.CLUSTER_SIZES and gemm.cluster_blocks_possible(compute_capability, True)
     return gemm.choose_config(act_type(cell.act), cell.weight, cell.m, cell.n, cell.k, cell.group_size, False,
-                              smem_limit, sm_smem=sm_smem, sms=sms)
+                              smem_limit, sm_smem=sm_smem, sms=sms, pairs=pairs)
 
 
 def shape_configs(cell: Cell, smem_limit: int, sm_smem: int, swap: bool) -> list[gemm.KernelConfig]:
@@ -172,20 +177,29 @@ def grid_options(cfg: gemm.KernelConfig, m: int, n: int, k: int, sms: int) -> li
     return [(g, tuple(kinds)) for g, kinds in options.items()]
 
 
-def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int) -> list[Candidate]:
-    """The sweep set of one cell, today's (configuration, grid) first and marked is_default."""
-    default = default_config(cell, sms, smem_limit, sm_smem)
-    default_grid = gemm.grid_blocks(default, cell.m, cell.n, cell.k, sms)
+def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int, compute_capability: int = 90
+               ) -> list[Candidate]:
+    """The sweep set of one cell, today's (configuration, grid) first and marked is_default. A grid that
+    takes thread-block clusters on ``compute_capability`` (any size the kernel has, gemm.KERNEL_CLUSTER_SIZES) is timed
+    with and without them."""
     m, n, k = cell.m, cell.n, cell.k
+    default = default_config(cell, sms, smem_limit, sm_smem, compute_capability)
+    default_grid = gemm.grid_blocks(default, m, n, k, sms)
+    default = dataclasses.replace(default, cluster=gemm.cluster_blocks(default, m, n, k, default_grid,
+                                                                       compute_capability, True))
     out: list[Candidate] = []
     seen: set[tuple[str, int]] = set()
 
     def add(cfg, variant):
+        cfg = dataclasses.replace(cfg, cluster=1)
         for grid, kinds in grid_options(cfg, m, n, k, sms):
-            key = (cfg.name_expression, grid)
-            if key not in seen:
-                seen.add(key)
-                out.append(Candidate(cfg, grid, kinds, variant, is_default=(cfg == default and grid == default_grid)))
+            cluster = gemm.cluster_blocks(cfg, m, n, k, grid, compute_capability, True, enabled=True,
+                                          sizes=gemm.KERNEL_CLUSTER_SIZES)
+            for c in ((dataclasses.replace(cfg, cluster=cluster), cfg) if cluster > 1 else (cfg,)):
+                key = (c.name_expression, grid)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(Candidate(c, grid, kinds, variant, is_default=(c == default and grid == default_grid)))
 
     add(default, "shape")
     swaps = (default.swap, not default.swap) if default.m_blocks == 1 and m <= 8 else (default.swap,)
@@ -387,9 +401,9 @@ def run(args) -> int:
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
-    _, sms, smem_limit, sm_smem = gemm.device_properties(dev.id)
+    cc, sms, smem_limit, sm_smem = gemm.device_properties(dev.id)
     l2 = l2_bytes(cp)
-    per_cell = [candidates(cell, sms, smem_limit, sm_smem) for cell in cells]
+    per_cell = [candidates(cell, sms, smem_limit, sm_smem, cc) for cell in cells]
     identity = {}  # (weight, gs, act, k, n) -> the configuration of the M = K identity product
     for cell in cells:
         key = (cell.weight, cell.group_size, cell.act, cell.k, cell.n)
@@ -586,11 +600,11 @@ def selfcheck(args) -> int:
     from workbench.weight import random_marlin_weight
 
     t0 = time.monotonic()
-    _, sms, smem_limit, sm_smem = gemm.device_properties(0)
+    cc, sms, smem_limit, sm_smem = gemm.device_properties(0)
     k, n = SELFCHECK_SHAPE
     cells = [Cell(S.U4B8, 128, "float16", k, n, 1), Cell(S.U4B8, 128, "float16", k, n, 5),
              Cell(S.FE4M3FN, -1, "float16", k, n, 1), Cell(S.U8B128, 128, "float16", k, n, 16)]
-    per_cell = [candidates(cell, sms, smem_limit, sm_smem) for cell in cells]
+    per_cell = [candidates(cell, sms, smem_limit, sm_smem, cc) for cell in cells]
     per_cell = per_cell[:2] + [c[:1] + c[1::20] for c in per_cell[2:]]  # the 8-bit cells: default + a sample
     identity = [gemm.config_for(S.F16, cell.weight, k, n, k, cell.group_size, False) for cell in cells]
     everything = identity + [c.cfg for cands in per_cell for c in cands]

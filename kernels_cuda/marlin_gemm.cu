@@ -259,15 +259,73 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
                                                                     prob_m, prob_n, reduce_mode);
 }
 
+// ---- the slice sum inside a thread-block cluster (sm_90) ------------------------------------------------------
+// On a slice-aligned grid (workbench/gemm.py grid_blocks) every slice is split over the same number s of consecutive
+// blocks; launched in clusters of CLUSTER = s blocks (marlin_gemm_cluster), a slice's contributors are one cluster and
+// read each other's shared memory. Each block stores its folded partial in its own stage ring (idle: the block's
+// range is this one slice), one cluster barrier, then block r sums float4s [r E / s, (r + 1) E / s) of the partial
+// over the cluster's blocks in rank order (rank = block - first contributor: block order, the same sums as
+// sum_fp32_slots, bit for bit) and writes them to C; a second barrier keeps every block's shared memory alive until
+// the others have read it. No C_tmp slot, lock or global round trip, and no block waits on a block outside its
+// cluster (whose blocks the hardware makes co-resident). `acc`: folded (warps of k group 0 hold the partial).
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int CLUSTER>
+__device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS][8][4], unsigned ring_base,
+                                                     int slice, int cols, T* __restrict__ C, int prob_m,
+                                                     int prob_n) {
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  constexpr int kF4 = N_TILES * M_BLOCKS * 8 * 32;  // float4s of a partial (fragment order, as a C_tmp slot)
+  static_assert(kF4 % CLUSTER == 0, "a cluster's blocks share the partial evenly");
+  constexpr int kShare = kF4 / CLUSTER;
+  if (warp / N_TILES == 0) {
+    const int nt = warp % N_TILES;
+#pragma unroll
+    for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+        sts128_f32(ring_base + 16 * (((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane), acc[mb][nb][0], acc[mb][nb][1],
+                   acc[mb][nb][2], acc[mb][nb][3]);
+  }
+  cluster_sync();
+  const int chunk = slice / cols, col = slice % cols;
+  const int rank = static_cast<int>(cluster_ctarank());
+#pragma unroll
+  for (int i = tid; i < kShare; i += kThreads) {
+    const int e = rank * kShare + i;
+    const int f = e / 32, l = e % 32;
+    const int f_nt = f / (M_BLOCKS * 8), f_mb = (f / 8) % M_BLOCKS, f_nb = f % 8;
+    const int row_g = chunk * BM + f_mb * 16 + l / 4;
+    if (row_g >= prob_m) continue;  // (row_g + 8 too): padding rows are neither summed nor written
+    float4 theirs[CLUSTER];
+#pragma unroll
+    for (int q = 0; q < CLUSTER; ++q) theirs[q] = ld_cluster_f4(cluster_map(ring_base + 16 * e, q));
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int q = 0; q < CLUSTER; ++q) {
+      sum.x += theirs[q].x; sum.y += theirs[q].y; sum.z += theirs[q].z; sum.w += theirs[q].w;
+    }
+    const int col_g = col * BN + f_nt * 64 + f_nb * 8 + 2 * (l % 4);
+    T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
+    store_pair(c_lo, sum.x, sum.y);
+    if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, sum.z, sum.w);
+  }
+  cluster_sync();
+}
+
 // MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
 // LDS -> dequant -> mma chain of one block's 8 warps, but only pay when every block has a long run of pipeline steps
 // (workbench/gemm.py chooses; measured in bench/NOTES_gemm.md); the 64-row accumulators need one block's registers.
 //
 // SWAP: at most 8 rows (M_BLOCKS = 1): one mma per 16x16 sub-block on the transposed problem (WarpLoop).
+//
+// CLUSTER > 1 (sm_90, marlin_gemm_cluster): the grid is slice-aligned with CLUSTER blocks per slice, launched in
+// clusters of CLUSTER blocks; slices are summed through distributed shared memory (finish_slice_cluster) in the fp32
+// reduction's order. The host takes it only for the fp32 reduction.
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
-          bool SWAP>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
-marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
+          bool SWAP, int CLUSTER>
+__device__ __forceinline__ void
+gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
             const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
             T* __restrict__ C,                // (M, N) output
             float* __restrict__ C_tmp,        // (2 gridDim.x, BM*BN) fp32 partial slots (kReduceFp32 only)
@@ -279,7 +337,9 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
             int group_size,                   // rows per group (a power of two), Marlin row order; -1 = channelwise
             int reduce_mode) {
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
+  static_assert(CLUSTER == 1 || (M_BLOCKS == 1 && CLUSTER <= 8), "cluster sums: 16-row tiles, at most 8 blocks");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
+  static_assert(CLUSTER == 1 || G::BM * G::BN * 4 <= G::kRingBytes, "the partial fits the idle stage ring");
   using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP>;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
   constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;  // float4 loads per lane in the fp32 cross-block sum
@@ -429,7 +489,12 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
     float partial[M_BLOCKS][8][4];
     if constexpr (SWAP) fold_warps<M_BLOCKS, N_TILES>(loop.acc, ring.red);
     loop.rows_layout(partial);
-    if constexpr (kInlineFinish)
+    if constexpr (CLUSTER > 1) {
+      if constexpr (!SWAP) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);
+      cp_async_wait<0>();  // (nothing is in flight: the last fetch was waited for before its compute)
+      finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER>(partial, ring.base, slice_, cols, C, prob_m,
+                                                                  prob_n);
+    } else if constexpr (kInlineFinish)
       finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, !SWAP>(
           partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
     else
@@ -437,7 +502,7 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
                                                                  C_tmp, locks, prob_m, prob_n, reduce_mode);
     zero_acc();
   };
-  if constexpr (kInlineFinish) {
+  if constexpr (kInlineFinish || CLUSTER > 1) {
     // One stage loop per slice segment of the block's range (at most the first and the last end mid-slice), the
     // finishing after it rather than under a branch inside it (bench/NOTES_gemm.md "Round 7", item 5).
     for (int it = it_begin; it < it_end;) {
@@ -460,6 +525,35 @@ marlin_gemm(const int4* __restrict__ A,       // (M, lda) activations, 16-byte r
   }
   cp_async_wait<0>();
 }
+
+#define MWB_GEMM_PARAMS                                                                                          \
+  const int4 *__restrict__ A, const int4 *__restrict__ B, T *__restrict__ C, float *__restrict__ C_tmp,           \
+      const int4 *__restrict__ scales, const int4 *__restrict__ zeros, const int *__restrict__ g_idx,              \
+      int *__restrict__ locks, int prob_m, int prob_n, int prob_k, int lda, int group_size, int reduce_mode
+#define MWB_GEMM_ARGS A, B, C, C_tmp, scales, zeros, g_idx, locks, prob_m, prob_n, prob_k, lda, group_size, reduce_mode
+
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
+          bool SWAP>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) marlin_gemm(MWB_GEMM_PARAMS) {
+  gemm_block<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, 1>(MWB_GEMM_ARGS);
+}
+
+// The same kernel launched in clusters of CLUSTER blocks (compile-time cluster shape: a plain launch of a grid that
+// CLUSTER divides). sm_90 and newer; the attribute is left out of sm_80 device code, where it is never launched.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define MWB_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#else
+#define MWB_CLUSTER_DIMS(n)
+#endif
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
+          bool SWAP, int CLUSTER>
+__global__ void MWB_CLUSTER_DIMS(CLUSTER) __launch_bounds__(kThreads, MIN_BLOCKS)
+    marlin_gemm_cluster(MWB_GEMM_PARAMS) {
+  gemm_block<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, CLUSTER>(MWB_GEMM_ARGS);
+}
+#undef MWB_CLUSTER_DIMS
+#undef MWB_GEMM_ARGS
+#undef MWB_GEMM_PARAMS
 
 // A'[m, k] = A[m, perm[k]]: act-order activations gathered into Marlin row order (spec §6). One block per row.
 template <typename T>

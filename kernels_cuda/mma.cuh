@@ -151,4 +151,49 @@ __device__ __forceinline__ void red_add_release(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+// ---- thread-block clusters (sm_90): a cluster's blocks read each other's shared memory ---------------------
+// (PTX ISA "mapa", "ld.shared::cluster", "barrier.cluster"). Only the cluster kernels use these, and the host launches
+// those only on sm_90 and newer; the sm_80 bodies are never reached.
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+
+// The shared::cluster address of the same shared variable in the cluster's block `rank`.
+__device__ __forceinline__ unsigned cluster_map(unsigned smem, unsigned rank) {
+  unsigned out = smem;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(smem), "r"(rank));
+#endif
+  return out;
+}
+
+__device__ __forceinline__ float4 ld_cluster_f4(unsigned addr) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+#endif
+  return v;
+}
+
+__device__ __forceinline__ void sts128_f32(unsigned addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+// Every thread of every block of the cluster: shared-memory writes before it are visible to reads after it in any
+// block of the cluster (release / acquire at cluster scope). A block-wide barrier too.
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+
 }  // namespace mwb

@@ -111,12 +111,16 @@ class KernelConfig(TileGeometry):
     group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
     blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
     swap: bool = False  # M <= 8: one mma per 16x16 sub-block on the transposed problem (template argument SWAP)
+    cluster: int = 1  # > 1: blocks per thread-block cluster, slices summed in shared memory (marlin_gemm_cluster)
 
     @property
     def name_expression(self) -> str:
         t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
-        return (f"mwb::marlin_gemm<{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, "
-                f"{self.stages}, {self.group_mode}, {self.blocks_per_sm}, {str(self.swap).lower()}>")
+        args = (f"{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, {self.stages}, "
+                f"{self.group_mode}, {self.blocks_per_sm}, {str(self.swap).lower()}")
+        if self.cluster > 1:
+            return f"mwb::marlin_gemm_cluster<{args}, {self.cluster}>"
+        return f"mwb::marlin_gemm<{args}>"
 
 
 # (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n). Small M streams weights: the first choices keep
@@ -158,6 +162,17 @@ TWO_BLOCKS_WEIGHT_BITS = (4,)
 TWO_BLOCKS_MIN_STEPS = 7
 TWO_BLOCKS_MIN_STEPS_SWAP = 8
 
+# Pairs (sm_90+, fp32 reduction; choose_config(pairs=True)): for M <= 16, the first thread shape whose slices, two
+# blocks each with one block per SM, fill PAIR_MIN_FILL..1 of the SMs is taken when each block then gets at most
+# PAIR_MAX_STEPS pipeline steps, or, for the swapped (M <= 8) kernels, when it is the first-choice shape. Its grid is
+# slice-aligned with two blocks per slice, summed in clusters of two (cluster_blocks). Round 9c sweep on the H200
+# (bench/NOTES_gemm.md "Round 9"), µs default -> pair: u4b8 8192^2 M = 16 18.45 -> 17.04, 28672x8192 M = 1 40.93 ->
+# 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64 tile), FP8 8192^2 M = 1 22.98 -> 20.32 (the 256 x 128 tile); lost
+# with long ranges: 28672x8192 M = 16 (56 steps) 44.68 -> 46.87, 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16.
+PAIR_CLUSTERS = True
+PAIR_MIN_FILL = 0.9
+PAIR_MAX_STEPS = 32
+
 # Operand swap (KernelConfig.swap) for M <= SWAP_MAX_M (at most 8; 0 = never). A module switch so that
 # bench/ab_gemm.py can time the alternative.
 SWAP_MAX_M = 8
@@ -165,12 +180,14 @@ SWAP_MAX_M = 8
 
 def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int, group_size: int,
                   per_row_groups: bool, smem_limit: int, thread_k: int = -1, thread_n: int = -1,
-                  sm_smem: int = 0, sms: int = 0) -> KernelConfig:
+                  sm_smem: int = 0, sms: int = 0, pairs: bool = False) -> KernelConfig:
     """The first thread shape that divides (K, N) and fits shared memory; ValueError naming the shape otherwise.
 
-    For M <= 16 (one m16 block) and 4-bit weights, a configuration that lets two blocks share an SM (``sm_smem`` =
-    shared memory per SM; 0 = unknown; kernel cut to 128 registers) is preferred when each of the 2 ``sms`` blocks
-    then gets at least TWO_BLOCKS_MIN_STEPS pipeline steps (``sms`` = 0: unknown, not checked).
+    ``pairs`` (the launch can sum slices in clusters of two: sm_90+, fp32 reduction, see PAIR_CLUSTERS): for M <= 16,
+    the one-block-per-SM configuration whose slices, two blocks each, fill the ``sms`` SMs (pair_config) comes first.
+    Else, for M <= 16 (one m16 block) and 4-bit weights, a configuration that lets two blocks share an SM
+    (``sm_smem`` = shared memory per SM; 0 = unknown; kernel cut to 128 registers) is preferred when each of the 2
+    ``sms`` blocks then gets at least TWO_BLOCKS_MIN_STEPS pipeline steps (``sms`` = 0: unknown, not checked).
     """
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
@@ -192,6 +209,21 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                 continue
             yield n_tiles, k_warp
 
+    if pairs and PAIR_CLUSTERS and m_blocks == 1 and sms > 0:
+        first = next(shapes(), None)
+        for n_tiles, k_warp in shapes():
+            tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
+            slices = size_n // tn
+            if not PAIR_MIN_FILL * sms <= 2 * slices <= sms:
+                continue
+            steps = size_k // tk // 2  # per block
+            if steps >= 1 and (steps <= PAIR_MAX_STEPS or (variant["swap"] and (n_tiles, k_warp) == first)):
+                pair = next((cfg for stages in stage_order
+                             for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
+                                                      **variant)] if cfg.smem_bytes <= smem_limit), None)
+                if pair is not None:
+                    return pair
+            break  # only the first shape whose pairs fill the SMs
     if m_blocks == 1 and sm_smem > 0 and weight.bits in TWO_BLOCKS_WEIGHT_BITS:
         half = min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)
         two = next((cfg for n_tiles, k_warp in shapes() for stages in (4, 3)
@@ -265,6 +297,39 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
         if math.ceil(ki / splits) <= math.ceil(iterations / striped) * longer + ALIGNED_EXTRA_STEPS:
             return slices * splits
     return striped
+
+
+# Slice sums inside thread-block clusters (sm_90 and newer; mwb::marlin_gemm_cluster): where the grid is slice-aligned
+# with CLUSTER_SIZES blocks per slice and the reduction is fp32, a slice's blocks run as one cluster and add their
+# partials through each other's shared memory — in the fp32 reduction's order, so the output is bitwise the same —
+# instead of C_tmp slots, a lock and the first contributor's wait. A switch so that bench/ab_gemm.py can time the
+# global-memory sum beside it.
+# Measured on the H200 (round 9b A/B, bench/NOTES_gemm.md "Round 9"), every output bitwise equal: clusters of 2 are
+# faster wherever they ran (u4b8 8192^2 M = 1 17.04 -> 14.85 µs; FP8 4096x14336 M = 1 / 16 x0.88 / x0.89); clusters
+# of 4 were slower in every cell (x1.2-1.6: u4b8 4096^2 M = 1 9.54 -> 12.62, 28672x8192 M = 1 41.1 -> 51.7) and of 8
+# mixed (FP8 4096^2 x0.91, 14336x4096 x1.14). Hence CLUSTER_SIZES; the kernels take 2, 4 and 8.
+CLUSTER_SUMS = True
+CLUSTER_SIZES = (2,)
+KERNEL_CLUSTER_SIZES = (2, 4, 8)  # what marlin_gemm_cluster takes: the blocks share a partial's float4s evenly
+
+
+def cluster_blocks_possible(compute_capability: int, fp32_reduce: bool, enabled: bool | None = None) -> bool:
+    """Whether a launch may sum slices in thread-block clusters at all (``enabled``: None = CLUSTER_SUMS)."""
+    return (CLUSTER_SUMS if enabled is None else enabled) and compute_capability >= 90 and fp32_reduce
+
+
+def cluster_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, grid: int, compute_capability: int,
+                   fp32_reduce: bool, enabled: bool | None = None, sizes: tuple[int, ...] | None = None) -> int:
+    """Blocks per cluster for a launch of ``cfg`` on ``grid`` blocks: s when the grid gives each slice s blocks of its
+    own (slice-aligned; s in ``sizes``, default CLUSTER_SIZES; s <= the slice's pipeline steps, so no block is idle:
+    every block must reach the cluster barriers), 16-row tiles, the fp32 reduction and sm_90+; else 1 (no cluster).
+    ``enabled``: None = CLUSTER_SUMS."""
+    if not (cluster_blocks_possible(compute_capability, fp32_reduce, enabled) and cfg.m_blocks == 1):
+        return 1
+    slices = math.ceil(size_m / cfg.block_m) * (size_n // cfg.block_n)
+    s, rest = divmod(grid, slices)
+    allowed = CLUSTER_SIZES if sizes is None else sizes
+    return s if rest == 0 and s in allowed and s in KERNEL_CLUSTER_SIZES and s <= size_k // cfg.block_k else 1
 
 
 def c_tmp_numel(sms: int) -> int:
@@ -400,10 +465,12 @@ def device_properties(device: int) -> tuple[int, int, int, int]:
 
 def config_for(act, weight, size_m: int, size_n: int, size_k: int, group_size: int, per_row_groups: bool,
                device: int = 0) -> KernelConfig:
-    """choose_config with the device's shared-memory limits (what a launch on that device will use)."""
-    _, sms, smem_limit, sm_smem = device_properties(device)
+    """choose_config with the device's limits, for the default (fp32) reduction: the tile a launch on that device
+    will use (its cluster size follows the grid: cluster_blocks)."""
+    cc, sms, smem_limit, sm_smem = device_properties(device)
+    pairs = 2 in CLUSTER_SIZES and cluster_blocks_possible(cc, True)
     return choose_config(ScalarType.parse(act) if not isinstance(act, ScalarType) else act, weight, size_m, size_n,
-                         size_k, group_size, per_row_groups, smem_limit, sm_smem=sm_smem, sms=sms)
+                         size_k, group_size, per_row_groups, smem_limit, sm_smem=sm_smem, sms=sms, pairs=pairs)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -502,12 +569,16 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
         raise _err(f"sms = {sms} exceeds the device's {device_sms} SMs (blocks must all be resident)")
     per_row = act_order and not k_full
     group_size = -1 if ng == 1 else gs
+    fp32_reduce = bool(flags & FLAG_USE_FP32_REDUCE) and not atomic
+    pairs = 2 in CLUSTER_SIZES and cluster_blocks_possible(compute_capability, fp32_reduce)
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
-                        launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms)
+                        launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms, pairs=pairs)
     iterations = math.ceil(max(m, 1) / cfg.block_m) * (n // cfg.block_n) * (k // cfg.block_k)
     if iterations >= 2**31:
         raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
-    return cfg, sms, grid_blocks(cfg, max(m, 1), n, k, sms)
+    grid = grid_blocks(cfg, max(m, 1), n, k, sms)
+    cluster = cluster_blocks(cfg, max(m, 1), n, k, grid, compute_capability, fp32_reduce)
+    return (dataclasses.replace(cfg, cluster=cluster) if cluster > 1 else cfg), sms, grid
 
 
 # The pointer fields of a record that must be 16-byte aligned (null counts as aligned).
@@ -551,11 +622,15 @@ class PreparedLaunch:
         self._kernel = self._permute = None
         self._function = self._permute_function = 0
         if m > 0:
-            self._kernel = get_kernel(cfg.name_expression, self.device, self.smem)
-            self._function = function_ptr(cfg.name_expression, self.device, self.smem)
+            get_kernel(cfg.name_expression, self.device, self.smem)
             resident = resident_blocks(cfg.name_expression, self.device)
             if resident < cfg.blocks_per_sm:  # the driver keeps fewer blocks resident than planned: launch fewer
                 self.grid = grid_blocks(cfg, m, n, k, sms, resident)
+                if cfg.cluster > 1:  # (sm_90+ and fp32: the planned grid had clusters) the new grid's, if any
+                    cfg = self.cfg = dataclasses.replace(
+                        cfg, cluster=cluster_blocks(cfg, m, n, k, self.grid, 90, True))
+            self._kernel = get_kernel(cfg.name_expression, self.device, self.smem)
+            self._function = function_ptr(cfg.name_expression, self.device, self.smem)
             if self.act_order:
                 name = f"mwb::permute_cols<{'__half' if cfg.act is ScalarType.F16 else '__nv_bfloat16'}>"
                 self._permute = get_kernel(name, self.device)
@@ -757,6 +832,15 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or not 1 <= grid <= most:
         raise _err(f"grid = {grid!r} must be an int in [1, {most}] (min(pipeline steps = {iterations}, sms = {sms} "
                    f"x blocks_per_sm = {cfg.blocks_per_sm}))")
+    fp32_reduce = bool(launch.flags & FLAG_USE_FP32_REDUCE) and not launch.flags & FLAG_USE_ATOMIC_ADD
+    fits = cluster_blocks(cfg, m, n, k, int(grid), cc, fp32_reduce, enabled=True, sizes=KERNEL_CLUSTER_SIZES)
+    if config is None:  # the default configuration: clusters where the policy would give this grid some
+        cfg = dataclasses.replace(cfg, cluster=cluster_blocks(cfg, m, n, k, int(grid), cc, fp32_reduce))
+    elif cfg.cluster != 1 and cfg.cluster != fits:
+        raise _err(f"config cluster = {cfg.cluster} needs sm_90+, the fp32 reduction, m_blocks = 1 and a grid of "
+                   f"cluster x slices blocks with cluster in {KERNEL_CLUSTER_SIZES} and <= the slice's pipeline "
+                   f"steps (got sm_{cc}, fp32 = {fp32_reduce}, m_blocks = {cfg.m_blocks}, grid = {grid}: cluster "
+                   f"{fits} fits)")
     prepared = PreparedLaunch(launch, cfg, sms, int(grid))
     if launch.prob_m > 0:
         resident = resident_blocks(cfg.name_expression, launch.device)

@@ -4,6 +4,7 @@ uses, driven here through cuda.core), with no warnings. Needs no GPU: both compi
 The instantiations cover every weight type, both activation types, every N_TILES / K_WARP shape, M_BLOCKS 1..4,
 several stage depths and every group mode (channelwise, grouped, per-row act-order shard); the template is the same for the rest.
 """
+import dataclasses
 import re
 
 import pytest
@@ -34,6 +35,15 @@ CONFIGS = (
     gemm.KernelConfig(S.BF16, S.FE4M3FN, 1, 2, 4, 8, gemm.GROUP_CHANNELWISE, swap=True),
 )
 EXTRA_KERNELS = ("mwb::permute_cols<__half>", "mwb::permute_cols<__nv_bfloat16>")
+# sm_90 only: kernels launched in thread-block clusters, slices summed in distributed shared memory (the host picks
+# them on sm_90+ only, gemm.cluster_blocks): swapped and row layouts, one and two blocks per SM, 2 / 4 / 8 blocks.
+CLUSTER_NAMES = [dataclasses.replace(c, cluster=s).name_expression for c, s in (
+    (gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 6, gemm.GROUP_GROUPED, swap=True), 2),
+    (gemm.KernelConfig(S.BF16, S.U4B8, 1, 2, 4, 3, gemm.GROUP_GROUPED, blocks_per_sm=2), 4),
+    (gemm.KernelConfig(S.F16, S.U4, 1, 2, 4, 3, gemm.GROUP_GROUPED, blocks_per_sm=2, swap=True), 4),
+    (gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 6, gemm.GROUP_PER_ROW), 4),
+    (gemm.KernelConfig(S.BF16, S.FE4M3FN, 1, 4, 2, 4, gemm.GROUP_CHANNELWISE), 8),
+    (gemm.KernelConfig(S.F16, S.U8B128, 1, 1, 1, 6, gemm.GROUP_GROUPED, swap=True), 8))]
 NAMES = [c.name_expression for c in CONFIGS] + list(EXTRA_KERNELS)
 
 
@@ -88,6 +98,13 @@ def test_nvcc_builds_cubin_without_warnings_or_new_spills(arch, tmp_path):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_nvrtc_builds_cubin_without_warnings(arch):
     nvrtc_cubin(gemm.kernel_source(), NAMES, arch)
+
+
+def test_cluster_kernels_build_for_sm90_without_warnings_or_spills(tmp_path):
+    spills = spills_per_function(nvcc_cubin(gemm.KERNEL_SOURCE, CLUSTER_NAMES, 90, tmp_path))
+    assert sum(name.startswith("_ZN3mwb19marlin_gemm_cluster") for name in spills) == len(CLUSTER_NAMES), spills
+    assert not any(spills.values()), spills
+    nvrtc_cubin(gemm.kernel_source(), CLUSTER_NAMES, 90)
 
 
 def test_shared_memory_of_every_config_fits_sm80():

@@ -120,3 +120,84 @@ def test_ab_variant_context_restores_the_policy():
     with ab_gemm.Setting(**ab_gemm.OLD_POLICY)():
         assert pick() == (8, 132)
     assert pick() == (6, 112)
+
+
+# (weight, M, K, N) -> blocks per cluster on the H200 (gemm.cluster_blocks): slice-aligned grids with two blocks per
+# slice and 16-row tiles (CLUSTER_SIZES: clusters of 4 measured slower, round 9b); the kernel also takes 4 and 8.
+CLUSTERS = [
+    ((S.U4B8, 1, 8192, 8192), 2, 2),  # 64 slices x 2 (17.04 -> 14.85 µs)
+    ((S.U4B8, 8, 8192, 8192), 2, 2),
+    ((S.FE4M3FN, 1, 4096, 14336), 2, 2),  # (4, 2) tile: 56 x 2
+    ((S.FE4M3FN, 16, 4096, 14336), 2, 2),
+    ((S.U4B8, 1, 4096, 4096), 1, 4),  # 32 x 4
+    ((S.U4B8, 16, 8192, 8192), 1, 4),  # two blocks per SM: 64 x 4
+    ((S.U4B8, 1, 28672, 8192), 1, 4),
+    ((S.FE4M3FN, 1, 4096, 4096), 1, 8),  # 16 x 8
+    ((S.U4B8, 1, 4096, 14336), 1, 1),  # 112 slices, one block each: no cross-block sum at all
+    ((S.U4B8, 1, 8192, 28672), 1, 1),  # striped 264
+    ((S.U4B8, 32, 4096, 4096), 1, 1),  # two m16 blocks
+]
+
+
+@pytest.mark.parametrize("key, cluster, kernel_cluster", CLUSTERS, ids=str)
+def test_cluster_choices(key, cluster, kernel_cluster):
+    weight, m, k, n = key
+    cfg = gemm.choose_config(S.F16, weight, m, n, k, GROUP[weight], False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
+    grid = gemm.grid_blocks(cfg, m, n, k, SMS)
+    assert gemm.cluster_blocks(cfg, m, n, k, grid, 90, True) == cluster
+    assert gemm.cluster_blocks(cfg, m, n, k, grid, 90, True, sizes=gemm.KERNEL_CLUSTER_SIZES) == kernel_cluster
+    # never without sm_90, the fp32 reduction or the switch
+    assert gemm.cluster_blocks(cfg, m, n, k, grid, 80, True) == 1
+    assert gemm.cluster_blocks(cfg, m, n, k, grid, 90, False) == 1
+    assert gemm.cluster_blocks(cfg, m, n, k, grid, 90, True, enabled=False) == 1
+
+
+def test_cluster_needs_an_aligned_grid_of_2_4_or_8_blocks_per_slice_each_with_a_step():
+    cfg = gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 6, gemm.GROUP_GROUPED, swap=True)  # 256 x 128 tiles
+    sizes = gemm.KERNEL_CLUSTER_SIZES
+    # K = 2048: 8 steps per slice; N = 256: 2 slices
+    assert [gemm.cluster_blocks(cfg, 1, 256, 2048, g, 90, True, sizes=sizes) for g in (2, 3, 4, 6, 8, 16, 18)] == \
+        [1, 1, 2, 1, 4, 8, 1]
+    assert gemm.cluster_blocks(cfg, 1, 256, 1024, 16, 90, True, sizes=sizes) == 1, "8 blocks need 8 steps per slice"
+    assert gemm.cluster_blocks(cfg, 1, 128, 4096, 16, 90, True, sizes=sizes) == 1, "16 blocks per slice"
+    assert gemm.cluster_blocks(cfg, 1, 256, 2048, 8, 90, True) == 1, "the policy's sizes: 2 only"
+
+
+def pair_choice(weight, m, k, n):
+    """(n_tiles, k_warp, stages, blocks per SM, grid, cluster) on the H200 when slices can be summed in pairs."""
+    cfg = gemm.choose_config(S.F16, weight, m, n, k, GROUP[weight], False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
+                             pairs=True)
+    grid = gemm.grid_blocks(cfg, m, n, k, SMS)
+    return cfg.n_tiles, cfg.k_warp, cfg.stages, cfg.blocks_per_sm, grid, gemm.cluster_blocks(cfg, m, n, k, grid, 90,
+                                                                                              True)
+
+
+# (weight, M, K, N) -> the pair policy's choice (round 9c sweep, µs default -> pair in gemm.py's PAIR_* comment)
+PAIRS = [
+    ((S.U4B8, 1, 8192, 8192), (2, 4, 6, 1, 128, 2)),
+    ((S.U4B8, 16, 8192, 8192), (2, 4, 6, 1, 128, 2)),  # was two blocks per SM, 64 x 4
+    ((S.U4B8, 1, 28672, 8192), (2, 4, 6, 1, 128, 2)),  # 56 steps per block, but swapped and the first-choice tile
+    ((S.U4B8, 16, 28672, 8192), (2, 4, 3, 2, 256, 1)),  # 56 steps, not swapped: two blocks per SM as before
+    ((S.U4B8, 1, 4096, 4096), (1, 1, 6, 1, 128, 2)),  # the 128 x 64 tile: 64 slices x 2
+    ((S.U4B8, 16, 4096, 4096), (1, 1, 6, 1, 128, 2)),
+    ((S.U4B8, 1, 14336, 4096), (2, 4, 6, 1, 128, 1)),  # 128 x 64 pairs would take 56 steps: as before
+    ((S.U4B8, 1, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # no shape's pairs fill 90% of the SMs
+    ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 264, 1)),
+    ((S.U4B8, 32, 8192, 8192), (2, 4, 6, 1, 128, 1)),  # two m16 blocks: no clusters
+    ((S.FE4M3FN, 1, 8192, 8192), (2, 4, 4, 1, 128, 2)),  # (4, 2) gives 32 slices: the next shape, 64
+    ((S.FE4M3FN, 16, 8192, 8192), (2, 4, 4, 1, 128, 2)),
+    ((S.FE4M3FN, 1, 4096, 14336), (4, 2, 4, 1, 112, 2)),  # the grid the policy gave already: 56 x 2
+    ((S.FE4M3FN, 1, 28672, 8192), (4, 2, 4, 1, 128, 1)),
+]
+
+
+@pytest.mark.parametrize("key, choice_", PAIRS, ids=str)
+def test_pair_choices(key, choice_):
+    assert pair_choice(*key) == choice_
+
+
+def test_pairs_off_is_the_policy_without_pairs(monkeypatch):
+    monkeypatch.setattr(gemm, "PAIR_CLUSTERS", False)
+    for key, _ in PAIRS:
+        weight, m, k, n = key
+        assert pair_choice(*key)[:5] == choice(*key)

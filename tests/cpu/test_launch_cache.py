@@ -324,7 +324,12 @@ def test_argument_blocks_follow_the_kernels_parameter_lists(name):
     source = gemm.kernel_source()
     match = re.search(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+" + name + r"\(([^{]*)\)\s*\{", source)
     assert match, f"{name} not found in marlin_gemm.cu"
-    params = [re.sub(r"//[^\n]*", "", p).strip() for p in re.sub(r"//[^\n]*", "", match.group(1)).split(",")]
+    text = match.group(1).strip()
+    if re.fullmatch(r"\w+", text):  # a parameter-list macro (shared by the kernel and its cluster launch)
+        macro = re.search(r"#define " + text + r"\s+((?:[^\n]*\\\n)*[^\n]*)", source)
+        assert macro, f"#define {text} not found"
+        text = macro.group(1).replace("\\\n", " ")
+    params = [re.sub(r"//[^\n]*", "", p).strip() for p in re.sub(r"//[^\n]*", "", text).split(",")]
     kinds = "".join("p" if "*" in p else "i" if re.match(r"(const )?int\b", p) else "?" for p in params)
     assert kinds == gemm.KERNEL_ARG_KINDS[name], params
 

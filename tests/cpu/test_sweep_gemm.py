@@ -25,6 +25,13 @@ def fake():
         yield cupy, driver
 
 
+@pytest.fixture(autouse=True)
+def no_pair_policy(monkeypatch):
+    """The forced-configuration tests start from the two-block / (2, 4)-tile defaults of the policy without pairs
+    (tests/cpu/test_gemm_policy.py pins the pair choices); the sweep's own default follows the switch."""
+    monkeypatch.setattr(gemm, "PAIR_CLUSTERS", False)
+
+
 def record(m=1, k=4096, n=4096, wt=S.U4B8, group=128, act=S.F16):
     ng = 1 if group == -1 else k // group
     arrays = [FakeArray(s, np.int32) for s in ((m, k), (k // 16, n * 16 // wt.pack_factor), (m, n),
@@ -49,7 +56,7 @@ def test_forced_config_and_grid_reach_the_launch_and_are_not_cached(fake):
     rec = record()
     default = gemm.prepare_launch(rec)
     assert len(gemm._prepared) == 1
-    cfg = dataclasses.replace(default.cfg, n_tiles=1, k_warp=1, stages=6, blocks_per_sm=1)
+    cfg = dataclasses.replace(default.cfg, n_tiles=1, k_warp=1, stages=6, blocks_per_sm=1, cluster=1)
     forced = gemm.prepare_launch(rec, config=cfg, grid=77)
     assert forced.cfg == cfg and forced is not default
     grid, smem, f = launch_of(forced, driver)
@@ -65,13 +72,14 @@ def test_forced_grid_alone_keeps_the_configuration(fake):
     rec = record(m=8, k=8192, n=8192)
     default = gemm.prepare_launch(rec)
     forced = gemm.prepare_launch(rec, grid=SMS)
-    assert forced.cfg == default.cfg and default.grid != SMS
+    assert default.cfg.cluster == 2, "8192^2 M = 8: two blocks per slice on the aligned grid, one cluster each"
+    assert forced.cfg == dataclasses.replace(default.cfg, cluster=1) and default.grid != SMS
     assert launch_of(forced, driver)[:2] == (SMS, default.cfg.smem_bytes)
 
 
 def test_forced_config_alone_takes_the_policy_grid(fake):
     rec = record()
-    cfg = dataclasses.replace(gemm.prepare_launch(rec).cfg, n_tiles=4, k_warp=2)
+    cfg = dataclasses.replace(gemm.prepare_launch(rec).cfg, n_tiles=4, k_warp=2, cluster=1)
     assert gemm.prepare_launch(rec, config=cfg).grid == gemm.grid_blocks(cfg, 1, 4096, 4096, SMS)
 
 
@@ -88,7 +96,7 @@ def test_forced_config_alone_takes_the_policy_grid(fake):
 ])
 def test_forced_config_that_cannot_compute_the_problem_is_refused(fake, change, message):
     rec = record()
-    cfg = dataclasses.replace(gemm.prepare_launch(rec).cfg, **change)
+    cfg = dataclasses.replace(gemm.prepare_launch(rec).cfg, cluster=1, **change)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         gemm.prepare_launch(rec, config=cfg, grid=64)
 
@@ -109,7 +117,7 @@ def test_forced_tile_must_divide_the_problem_and_the_group(fake):
     rec32 = record(group=32)
     cfg32 = gemm.prepare_launch(rec32).cfg
     assert cfg32.block_k % 32 == 0  # 32 divides every thread_k: accepted
-    gemm.prepare_launch(rec32, config=dataclasses.replace(cfg32, n_tiles=2, k_warp=4))
+    gemm.prepare_launch(rec32, config=dataclasses.replace(cfg32, n_tiles=2, k_warp=4, cluster=1))
 
 
 @pytest.mark.parametrize("grid", [0, -1, 2 * SMS + 1, 1.5, True, "64"])
@@ -124,9 +132,10 @@ def test_forced_grid_needs_every_block_resident(fake, monkeypatch):
     default = gemm.prepare_launch(rec)
     assert default.cfg.blocks_per_sm == 2
     monkeypatch.setattr(gemm, "resident_blocks", lambda name, device: 1)
+    cfg = dataclasses.replace(default.cfg, cluster=1)
     with pytest.raises(ValueError, match="cannot all be resident"):
-        gemm.prepare_launch(rec, config=default.cfg, grid=SMS + 1)
-    assert gemm.prepare_launch(rec, config=default.cfg, grid=SMS).grid == SMS
+        gemm.prepare_launch(rec, config=cfg, grid=SMS + 1)
+    assert gemm.prepare_launch(rec, config=cfg, grid=SMS).grid == SMS
 
 
 def test_forced_path_still_runs_every_record_check(fake):

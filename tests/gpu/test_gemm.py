@@ -237,6 +237,69 @@ def test_random_grid_matches_fp32_reference(i, wt, gs, act_order, k_full, act, k
 # ------------------------------------------------------------------------------------------------------------------
 # reduction modes, determinism, streams, graphs, M edge cases
 # ------------------------------------------------------------------------------------------------------------------
+# ---- slice sums inside thread-block clusters (sm_90) -------------------------------------------------------------
+# (weight, group size, act-order shard, act, M, K, N, sms, pair policy) -> (blocks per SM, blocks per cluster) the
+# policy gives with every cluster size the kernel takes: slice-aligned grids with 2, 4 and 8 blocks per slice (pair
+# policy off: the grids the policy gave before it), swapped (M <= 8) and row-layout loops, one and two blocks per SM,
+# every weight type and group mode; then the pair policy's own choices (one block per SM, two per slice). (The bench
+# layers run the default policy: test_gemm_bench_shapes.py.)
+CLUSTER_CASES = (
+    ((S.U4B8, 128, False, np.float16, 1, 1024, 256, 4, False), (1, 2)),
+    ((S.U4B8, 128, False, np.float16, 1, 1024, 256, 8, False), (1, 4)),
+    ((S.U4B8, 128, False, BF16, 16, 1024, 256, 8, False), (1, 4)),
+    ((S.U4, 64, False, np.float16, 5, 2048, 128, 8, False), (1, 8)),
+    ((S.U8B128, -1, False, BF16, 3, 1024, 256, 8, False), (1, 8)),
+    ((S.FE4M3FN, 128, False, np.float16, 16, 1024, 512, 8, False), (1, 4)),
+    ((S.FE4M3FN, -1, False, np.float16, 8, 2048, 128, 8, False), (1, 8)),
+    ((S.U4B8, 32, True, np.float16, 9, 2048, 256, 8, False), (1, 4)),
+    ((S.U4B8, 128, False, np.float16, 16, 4096, 512, 4, False), (2, 2)),
+    ((S.U4, 128, False, BF16, 3, 4096, 512, 4, False), (2, 2)),
+    ((S.U4B8, 128, False, np.float16, 1, 1024, 256, 8, True), (1, 2)),
+    ((S.U8B128, -1, False, BF16, 3, 1024, 256, 8, True), (1, 2)),
+    ((S.U4B8, 128, False, np.float16, 16, 4096, 512, 4, True), (1, 2)),
+)
+
+
+def _forget_plans():
+    gemm._prepared.clear()
+    gemm._array_plans.clear()
+
+
+@pytest.mark.parametrize("case,expect", CLUSTER_CASES, ids=str)
+def test_cluster_slice_sums_equal_the_global_fp32_sums_bit_for_bit(case, expect, monkeypatch):
+    """On sm_90 a slice-aligned grid with 2, 4 or 8 blocks per slice (every size the kernel takes; the policy's
+    CLUSTER_SIZES is a subset) runs as thread-block clusters whose blocks add their partials through distributed
+    shared memory (gemm.cluster_blocks), in the fp32 reduction's order: the output must be bitwise the kernel's own
+    global-memory sum (CLUSTER_SUMS off), within the fp32 bound of the reference, and the same in the deterministic
+    mode; nothing may be left in the lock counters."""
+    wt, gs, shard, act, m, k, n, sms, pairs = case
+    if gemm.device_properties(cp.cuda.Device().id)[0] < 90:
+        pytest.skip("thread-block clusters need sm_90")
+    monkeypatch.setattr(gemm, "PAIR_CLUSTERS", pairs)
+    mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + m + sms)
+    w_dev = gemm.upload_weight(mw)
+    a = np.random.default_rng(m + k).standard_normal((m, k), dtype=np.float32).astype(act)
+    kw = dict(is_k_full=False) if shard else {}
+    monkeypatch.setattr(gemm, "CLUSTER_SUMS", True)
+    monkeypatch.setattr(gemm, "CLUSTER_SIZES", gemm.KERNEL_CLUSTER_SIZES)
+    _forget_plans()
+    plan = gemm.plan_marlin_gemm(cp.asarray(a), w_dev, c=poisoned(m, n, act), sms=sms,
+                                 workspace=cp.zeros(gemm.workspace_numel(sms), dtype=np.int32),
+                                 c_tmp=cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32), **kw)
+    assert (plan.cfg.blocks_per_sm, plan.cfg.cluster) == expect, plan.cfg
+    assert plan.grid % plan.cfg.cluster == 0 and "marlin_gemm_cluster" in plan.cfg.name_expression
+    clustered = run(a, w_dev, "fp32", sms=sms, **kw)
+    deterministic = run(a, w_dev, "deterministic", sms=sms, **kw)
+    monkeypatch.setattr(gemm, "CLUSTER_SUMS", False)
+    _forget_plans()
+    global_sum = run(a, w_dev, "fp32", sms=sms, **kw)
+    _forget_plans()
+    np.testing.assert_array_equal(clustered, global_sum)
+    np.testing.assert_array_equal(deterministic, global_sum)
+    ref = a.astype(np.float32) @ q.w_ref
+    assert np.all(np.abs(clustered - ref) <= error_bound(a, q.w_ref, act, "fp32", k))
+
+
 def shared_slices_case(act=np.float16, wt=S.U4B8, m=16, k=128 * 11, n=64, seed=0):
     """N = 64 and a long K: one output slice shared by every block (K/128 = 11 of them) — the reduction path."""
     mw, q = random_marlin_weight(k, n, wt, 128, act_dtype=act, seed=seed)

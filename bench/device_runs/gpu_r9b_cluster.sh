@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Round 9b, lead (issue #4), one call: slice sums inside thread-block clusters on sm_90 (marlin_gemm_cluster: slice-
+# aligned grids with 2 / 4 / 8 blocks per slice sum their partials through distributed shared memory, in the fp32
+# reduction's order, instead of C_tmp slots + lock + the first contributor's wait).
+#   1. tests/gpu (the whole tier: the bench shapes now run clusters by default; test_gemm's cluster cases compare
+#      them bit for bit with the global sum) beside bench/partition_check.py against HEAD (artifacts/r9_old)
+#   2. A/B against HEAD: u4b8 g128 fp16 M = 1, 16 and u4 + zero points M = 1, FP8 M = 1, 16 (new, old, new-nocluster);
+#      every cell must be bitwise equal to old
+#   usage (device machine, repo root; carry .whl and artifacts/r9_old):  RET=$OUT bash bench/device_runs/gpu_r9b_cluster.sh
+set -u
+. bench/device_runs/device_env.sh
+OLD=${AB_OLD:-artifacts/r9_old}
+s=$(date +%s)
+timeout 300 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu > "$OUT/gpu_tier.log" 2>&1 &
+p1=$!
+timeout 280 python3 bench/partition_check.py "$OLD" > "$OUT/partition_check.log" 2>&1 &
+p2=$!
+wait $p1; echo "gpu tier rc=$? after $(( $(date +%s) - s ))s" | tee -a "$OUT/gpu_tier.log"
+wait $p2; echo "partition check rc=$?" | tee -a "$OUT/partition_check.log"
+grep -E "FAIL|Error|passed|failed" "$OUT/gpu_tier.log" | head -20; tail -4 "$OUT/partition_check.log"; pack r9b
+if grep -qE "rc=[1-9]" "$OUT/gpu_tier.log" "$OUT/partition_check.log"; then echo "TESTS FAILED: no A/B"; exit 1; fi
+timeout 110 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$OLD" --variants new,old,new-nocluster --m 1,16 \
+  --no-tinygemm --labels "u4b8 g128 fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
+grep -hE "\[(new|old|new-nocluster)\]|bitwise" "$OUT/ab.log" | cut -c1-110; pack r9b
+timeout 90 python3 bench/ab_gemm.py --out "$OUT/ab8" --old-dir "$OLD" --variants new,old --m 1,16 --no-tinygemm \
+  --labels "fe4m3fn chan fp16,u4 g128+zp fp16" > "$OUT/ab8.log" 2>&1; echo "ab8 rc=$?"
+grep -hE "\[(new|old)\]|bitwise" "$OUT/ab8.log" | cut -c1-110; pack r9b
