@@ -13,7 +13,7 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
   new-legacy  workbench.gemm with the fbd47ed blocks-per-SM rule (two blocks for every M <= 16 kernel)
   new-noswap  workbench.gemm without the operand swap for M <= 8 (SWAP_MAX_M = 0)
   new-nocluster workbench.gemm with the slice sums in global memory everywhere (CLUSTER_SUMS = False: no
-              thread-block clusters on sm_90)
+              thread-block clusters on sm_90; the same tiles and grids, the pair policy's included)
   new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
               different configuration, so its bits may differ from old's (another K split)
   new-oldpolicy workbench.gemm's kernels with the policy before round 6 (OLD_POLICY: 8 stages first for M <= 16,

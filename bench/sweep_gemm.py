@@ -118,7 +118,7 @@ def group_mode(cell: Cell) -> int:
 def default_config(cell: Cell, sms: int, smem_limit: int, sm_smem: int, compute_capability: int = 90
                    ) -> gemm.KernelConfig:
     """What the library launches for the cell (default fp32 reduction) on a GPU of these limits."""
-    pairs = 2 in gemm.CLUSTER_SIZES and gemm.cluster_blocks_possible(compute_capability, True)
+    pairs = gemm.pairs_possible(compute_capability, True)
     return gemm.choose_config(act_type(cell.act), cell.weight, cell.m, cell.n, cell.k, cell.group_size, False,
                               smem_limit, sm_smem=sm_smem, sms=sms, pairs=pairs)
 

@@ -169,9 +169,15 @@ TWO_BLOCKS_MIN_STEPS_SWAP = 8
 # (bench/NOTES_gemm.md "Round 9"), µs default -> pair: u4b8 8192^2 M = 16 18.45 -> 17.04, 28672x8192 M = 1 40.93 ->
 # 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64 tile), FP8 8192^2 M = 1 22.98 -> 20.32 (the 256 x 128 tile); lost
 # with long ranges: 28672x8192 M = 16 (56 steps) 44.68 -> 46.87, 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16.
+# The pairs do not depend on CLUSTER_SUMS: with the sums switched off the same partition runs with global sums.
 PAIR_CLUSTERS = True
 PAIR_MIN_FILL = 0.9
 PAIR_MAX_STEPS = 32
+
+
+def pairs_possible(compute_capability: int, fp32_reduce: bool) -> bool:
+    """Whether choose_config may take the pair policy for a launch (PAIR_CLUSTERS, sm_90+, fp32 reduction)."""
+    return PAIR_CLUSTERS and compute_capability >= 90 and fp32_reduce
 
 # Operand swap (KernelConfig.swap) for M <= SWAP_MAX_M (at most 8; 0 = never). A module switch so that
 # bench/ab_gemm.py can time the alternative.
@@ -313,18 +319,14 @@ CLUSTER_SIZES = (2,)
 KERNEL_CLUSTER_SIZES = (2, 4, 8)  # what marlin_gemm_cluster takes: the blocks share a partial's float4s evenly
 
 
-def cluster_blocks_possible(compute_capability: int, fp32_reduce: bool, enabled: bool | None = None) -> bool:
-    """Whether a launch may sum slices in thread-block clusters at all (``enabled``: None = CLUSTER_SUMS)."""
-    return (CLUSTER_SUMS if enabled is None else enabled) and compute_capability >= 90 and fp32_reduce
-
-
 def cluster_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, grid: int, compute_capability: int,
                    fp32_reduce: bool, enabled: bool | None = None, sizes: tuple[int, ...] | None = None) -> int:
     """Blocks per cluster for a launch of ``cfg`` on ``grid`` blocks: s when the grid gives each slice s blocks of its
     own (slice-aligned; s in ``sizes``, default CLUSTER_SIZES; s <= the slice's pipeline steps, so no block is idle:
     every block must reach the cluster barriers), 16-row tiles, the fp32 reduction and sm_90+; else 1 (no cluster).
     ``enabled``: None = CLUSTER_SUMS."""
-    if not (cluster_blocks_possible(compute_capability, fp32_reduce, enabled) and cfg.m_blocks == 1):
+    if not ((CLUSTER_SUMS if enabled is None else enabled) and compute_capability >= 90 and fp32_reduce
+            and cfg.m_blocks == 1):
         return 1
     slices = math.ceil(size_m / cfg.block_m) * (size_n // cfg.block_n)
     s, rest = divmod(grid, slices)
@@ -468,9 +470,9 @@ def config_for(act, weight, size_m: int, size_n: int, size_k: int, group_size: i
     """choose_config with the device's limits, for the default (fp32) reduction: the tile a launch on that device
     will use (its cluster size follows the grid: cluster_blocks)."""
     cc, sms, smem_limit, sm_smem = device_properties(device)
-    pairs = 2 in CLUSTER_SIZES and cluster_blocks_possible(cc, True)
     return choose_config(ScalarType.parse(act) if not isinstance(act, ScalarType) else act, weight, size_m, size_n,
-                         size_k, group_size, per_row_groups, smem_limit, sm_smem=sm_smem, sms=sms, pairs=pairs)
+                         size_k, group_size, per_row_groups, smem_limit, sm_smem=sm_smem, sms=sms,
+                         pairs=pairs_possible(cc, True))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -570,9 +572,9 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     per_row = act_order and not k_full
     group_size = -1 if ng == 1 else gs
     fp32_reduce = bool(flags & FLAG_USE_FP32_REDUCE) and not atomic
-    pairs = 2 in CLUSTER_SIZES and cluster_blocks_possible(compute_capability, fp32_reduce)
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
-                        launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms, pairs=pairs)
+                        launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms,
+                        pairs=pairs_possible(compute_capability, fp32_reduce))
     iterations = math.ceil(max(m, 1) / cfg.block_m) * (n // cfg.block_n) * (k // cfg.block_k)
     if iterations >= 2**31:
         raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
