@@ -20,7 +20,8 @@ and in practice a GPU dispatches all of a grid's blocks before a later grid's (n
 lock-ordered reduction of the public Marlin kernel relies on the same), so kernels on other streams delay a launch
 without starving it; where SMs are partitioned (MPS limits, green contexts), pass ``sms`` no larger than the
 partition.
-Atomic-add mode never waits.
+Atomic-add mode never waits; nor do the thread-block cluster sums (sm_90+, fp32 reduction, slices split over two
+blocks: ``cluster_blocks``), where a slice's blocks are one cluster the hardware schedules together.
 """
 from __future__ import annotations
 
@@ -164,12 +165,13 @@ TWO_BLOCKS_MIN_STEPS_SWAP = 8
 
 # Pairs (sm_90+, fp32 reduction; choose_config(pairs=True)): for M <= 16, the first thread shape whose slices, two
 # blocks each with one block per SM, fill PAIR_MIN_FILL..1 of the SMs is taken when each block then gets at most
-# PAIR_MAX_STEPS pipeline steps, or, for the swapped (M <= 8) kernels without zero points or act-order groups, when it
-# is the first-choice shape. Its grid is slice-aligned with two blocks per slice, summed in clusters of two
+# PAIR_MAX_STEPS pipeline steps, or, for the swapped (M <= 8) fp16 kernels without zero points or act-order groups,
+# when it is the first-choice shape. Its grid is slice-aligned with two blocks per slice, summed in clusters of two
 # (cluster_blocks). Round 9c sweep on the H200 (bench/NOTES_gemm.md "Round 9"), µs default -> pair: u4b8 8192^2
 # M = 16 18.45 -> 17.04, 28672x8192 M = 1 40.93 -> 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64 tile), FP8 8192^2
 # M = 1 22.98 -> 20.32 (the 256 x 128 tile); lost with long ranges: 28672x8192 M = 16 (56 steps) 44.68 -> 46.87,
-# 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16, and (round 9d A/B) u4 + zero points 28672x8192 M = 1 44.88 -> 46.96.
+# 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16, and (round 9d A/B) u4 + zero points 28672x8192 M = 1 44.88 -> 46.96;
+# u4b8 bf16 28672x8192 M = 2..8 41.4-41.6 -> 42.5-42.7 (round 9e grid against d5752a2's; round 9f A/B below).
 # The pairs do not depend on CLUSTER_SUMS: with the sums switched off the same partition runs with global sums.
 PAIR_CLUSTERS = True
 PAIR_MIN_FILL = 0.9
@@ -224,7 +226,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             if not PAIR_MIN_FILL * sms <= 2 * slices <= sms:
                 continue
             steps = size_k // tk // 2  # per block
-            plain_swap = variant["swap"] and not weight.has_zero_points and not per_row_groups
+            plain_swap = variant["swap"] and not weight.has_zero_points and not per_row_groups and act is ScalarType.F16
             if steps >= 1 and (steps <= PAIR_MAX_STEPS or (plain_swap and (n_tiles, k_warp) == first)):
                 pair = next((cfg for stages in stage_order
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,

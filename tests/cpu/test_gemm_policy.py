@@ -203,3 +203,15 @@ def test_pairs_off_is_the_policy_without_pairs(monkeypatch):
     for key, _ in PAIRS:
         weight, m, k, n = key
         assert pair_choice(*key)[:5] == choice(*key)
+
+
+def test_pairs_long_range_exception_is_for_plain_fp16_swapped_kernels_only():
+    """56 steps per block: pairs for u4b8 fp16 at M <= 8 only (bf16 and zero points lost, round 9d / 9f)."""
+    def pick(act, weight, m):
+        cfg = gemm.choose_config(act, weight, m, 8192, 28672, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
+                                 pairs=True)
+        return cfg.blocks_per_sm, gemm.grid_blocks(cfg, m, 8192, 28672, SMS)
+    assert pick(S.F16, S.U4B8, 8) == (1, 128)
+    assert pick(S.BF16, S.U4B8, 8) == (2, 256)
+    assert pick(S.F16, S.U4, 8) == (2, 256)
+    assert pick(S.F16, S.U4B8, 16) == (2, 256)
