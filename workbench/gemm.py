@@ -171,7 +171,7 @@ TWO_BLOCKS_MIN_STEPS_SWAP = 8
 # M = 16 18.45 -> 17.04, 28672x8192 M = 1 40.93 -> 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64 tile), FP8 8192^2
 # M = 1 22.98 -> 20.32 (the 256 x 128 tile); lost with long ranges: 28672x8192 M = 16 (56 steps) 44.68 -> 46.87,
 # 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16, and (round 9d A/B) u4 + zero points 28672x8192 M = 1 44.88 -> 46.96;
-# u4b8 bf16 28672x8192 M = 2..8 41.4-41.6 -> 42.5-42.7 (round 9e grid against d5752a2's; round 9f A/B below).
+# u4b8 bf16 28672x8192 M = 1..8 (round 9f A/B, two blocks per SM -> pairs) 41.5-41.8 -> 41.8-43.1.
 # The pairs do not depend on CLUSTER_SUMS: with the sums switched off the same partition runs with global sums.
 PAIR_CLUSTERS = True
 PAIR_MIN_FILL = 0.9
