@@ -10,3 +10,19 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD CUPY_CACHE_DIR=$PWD/artifacts/cupy_cache NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
   NUMBA_CUDA_WARN_ON_IMPLICIT_COPY=0
 pack() { tar czf "$RET/$1.tgz.part" -C artifacts gpu_out && mv "$RET/$1.tgz.part" "$RET/$1.tgz"; }
+
+# tests/gpu (the whole tier) beside bench/partition_check.py against OLD (a previous commit's files), in parallel; logs
+# $OUT/gpu_tier.log and $OUT/partition_check.log, packed as NAME. Fails (status 1) when either failed.
+#   usage: tier_and_partition OLD NAME || { echo "TESTS FAILED"; exit 1; }
+tier_and_partition() {
+  local old=$1 name=$2 start p1 p2
+  start=$(date +%s)
+  timeout 280 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu > "$OUT/gpu_tier.log" 2>&1 &
+  p1=$!
+  timeout 270 python3 bench/partition_check.py "$old" > "$OUT/partition_check.log" 2>&1 &
+  p2=$!
+  wait $p1; echo "gpu tier rc=$? after $(( $(date +%s) - start ))s" | tee -a "$OUT/gpu_tier.log"
+  wait $p2; echo "partition check rc=$?" | tee -a "$OUT/partition_check.log"
+  grep -E "FAIL|Error|passed|failed" "$OUT/gpu_tier.log" | head -20; tail -3 "$OUT/partition_check.log"; pack "$name"
+  ! grep -qE "rc=[1-9]" "$OUT/gpu_tier.log" "$OUT/partition_check.log"
+}

@@ -11,15 +11,7 @@ set -u
 . bench/device_runs/device_env.sh
 OLD=${AB_OLD:-artifacts/r8c_old}
 mkdir -p "$OUT/results"
-s=$(date +%s)
-timeout 270 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu > "$OUT/gpu_tier.log" 2>&1 &
-p1=$!
-timeout 200 python3 bench/partition_check.py "$OLD" > "$OUT/partition_check.log" 2>&1 &
-p2=$!
-wait $p1; echo "gpu tier rc=$? after $(( $(date +%s) - s ))s" | tee -a "$OUT/gpu_tier.log"
-wait $p2; echo "partition check rc=$?" | tee -a "$OUT/partition_check.log"
-tail -3 "$OUT/gpu_tier.log"; tail -4 "$OUT/partition_check.log"; pack r8d
-if grep -qE "rc=[1-9]" "$OUT/gpu_tier.log" "$OUT/partition_check.log"; then echo "TESTS FAILED: no A/B, no tables"; exit 1; fi
+tier_and_partition "$OLD" r8d || { echo "TESTS FAILED: no A/B, no tables"; exit 1; }
 timeout 50 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$OLD" --variants new,old --m 1,16 --no-tinygemm \
   --labels "u4b8 g128 fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
 timeout 35 python3 bench/ab_gemm.py --out "$OUT/ab8" --old-dir "$OLD" --variants new,old --m 1 --no-tinygemm \

@@ -10,15 +10,7 @@
 set -u
 . bench/device_runs/device_env.sh
 OLD=${AB_OLD:-artifacts/r9_old}
-s=$(date +%s)
-timeout 300 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu > "$OUT/gpu_tier.log" 2>&1 &
-p1=$!
-timeout 280 python3 bench/partition_check.py "$OLD" > "$OUT/partition_check.log" 2>&1 &
-p2=$!
-wait $p1; echo "gpu tier rc=$? after $(( $(date +%s) - s ))s" | tee -a "$OUT/gpu_tier.log"
-wait $p2; echo "partition check rc=$?" | tee -a "$OUT/partition_check.log"
-grep -E "FAIL|Error|passed|failed" "$OUT/gpu_tier.log" | head -20; tail -4 "$OUT/partition_check.log"; pack r9b
-if grep -qE "rc=[1-9]" "$OUT/gpu_tier.log" "$OUT/partition_check.log"; then echo "TESTS FAILED: no A/B"; exit 1; fi
+tier_and_partition "$OLD" r9b || { echo "TESTS FAILED: no A/B"; exit 1; }
 timeout 110 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$OLD" --variants new,old,new-nocluster --m 1,16 \
   --no-tinygemm --labels "u4b8 g128 fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
 grep -hE "\[(new|old|new-nocluster)\]|bitwise" "$OUT/ab.log" | cut -c1-110; pack r9b

@@ -14,22 +14,14 @@ set -u
 . bench/device_runs/device_env.sh
 OLD=${AB_OLD:-artifacts/r9d_old}
 mkdir -p "$OUT/results"
-s=$(date +%s)
 # QUICK=1 (second run, after a test-only fix): test_gemm's cluster cases instead of the tier, no partition check
 if [ -n "${QUICK:-}" ]; then
-  timeout 120 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_gemm.py -k cluster > "$OUT/gpu_tier.log" 2>&1 &
-  p1=$!
-  echo "partition check: skipped (QUICK)" > "$OUT/partition_check.log"; true & p2=$!
+  timeout 120 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_gemm.py -k cluster > "$OUT/gpu_tier.log" 2>&1 \
+    || { tail -20 "$OUT/gpu_tier.log"; echo "TESTS FAILED: no A/B"; exit 1; }
+  tail -1 "$OUT/gpu_tier.log"; pack r9d
 else
-  timeout 280 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu > "$OUT/gpu_tier.log" 2>&1 &
-  p1=$!
-  timeout 270 python3 bench/partition_check.py "$OLD" > "$OUT/partition_check.log" 2>&1 &
-  p2=$!
+  tier_and_partition "$OLD" r9d || { echo "TESTS FAILED: no A/B"; exit 1; }
 fi
-wait $p1; echo "gpu tier rc=$? after $(( $(date +%s) - s ))s" | tee -a "$OUT/gpu_tier.log"
-wait $p2; echo "partition check rc=$?" | tee -a "$OUT/partition_check.log"
-grep -E "FAIL|Error|passed|failed" "$OUT/gpu_tier.log" | head -20; tail -3 "$OUT/partition_check.log"; pack r9d
-if grep -qE "rc=[1-9]" "$OUT/gpu_tier.log" "$OUT/partition_check.log"; then echo "TESTS FAILED: no A/B"; exit 1; fi
 timeout 80 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$OLD" --variants new,old --m 1,8,16 --no-tinygemm \
   --labels "u4b8 g128 fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
 timeout 70 python3 bench/ab_gemm.py --out "$OUT/ab8" --old-dir "$OLD" --variants new,old --m 1,16 --no-tinygemm \

@@ -10,15 +10,7 @@ set -u
 . bench/device_runs/device_env.sh
 OLD=${AB_OLD:-artifacts/r9d_old}
 mkdir -p "$OUT/results"
-s=$(date +%s)
-timeout 280 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu > "$OUT/gpu_tier.log" 2>&1 &
-p1=$!
-timeout 270 python3 bench/partition_check.py "$OLD" > "$OUT/partition_check.log" 2>&1 &
-p2=$!
-wait $p1; echo "gpu tier rc=$? after $(( $(date +%s) - s ))s" | tee -a "$OUT/gpu_tier.log"
-wait $p2; echo "partition check rc=$?" | tee -a "$OUT/partition_check.log"
-grep -E "FAIL|Error|passed|failed" "$OUT/gpu_tier.log" | head -20; tail -3 "$OUT/partition_check.log"; pack r9e
-if grep -qE "rc=[1-9]" "$OUT/gpu_tier.log" "$OUT/partition_check.log"; then echo "TESTS FAILED: no tables"; exit 1; fi
+tier_and_partition "$OLD" r9e || { echo "TESTS FAILED: no tables"; exit 1; }
 timeout 170 python3 bench/bench_gemm.py --out "$OUT/results" > "$OUT/bench_gemm.log" 2>&1; echo "bench_gemm rc=$?"
 pack r9e
 timeout 110 python3 bench/bench_moe.py --out "$OUT/results" > "$OUT/bench_moe.log" 2>&1; echo "bench_moe rc=$?"
