@@ -326,16 +326,16 @@ template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, 
           bool SWAP, int CLUSTER>
 __device__ __forceinline__ void
 gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
-            const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
-            T* __restrict__ C,                // (M, N) output
-            float* __restrict__ C_tmp,        // (2 gridDim.x, BM*BN) fp32 partial slots (kReduceFp32 only)
-            const int4* __restrict__ scales,  // (num_groups, N) act type, Marlin-permuted
-            const int4* __restrict__ zeros,   // (num_groups, N/pack) int32 Marlin zero points, or null
-            const int* __restrict__ g_idx,    // (K,) sorted group of each Marlin row (kPerRow only)
-            int* __restrict__ locks,          // (>= gridDim.x,) int32, zero on entry and on exit
-            int prob_m, int prob_n, int prob_k, int lda,
-            int group_size,                   // rows per group (a power of two), Marlin row order; -1 = channelwise
-            int reduce_mode) {
+           const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
+           T* __restrict__ C,                // (M, N) output
+           float* __restrict__ C_tmp,        // (2 gridDim.x, BM*BN) fp32 partial slots (kReduceFp32 only)
+           const int4* __restrict__ scales,  // (num_groups, N) act type, Marlin-permuted
+           const int4* __restrict__ zeros,   // (num_groups, N/pack) int32 Marlin zero points, or null
+           const int* __restrict__ g_idx,    // (K,) sorted group of each Marlin row (kPerRow only)
+           int* __restrict__ locks,          // (>= gridDim.x,) int32, zero on entry and on exit
+           int prob_m, int prob_n, int prob_k, int lda,
+           int group_size,                   // rows per group (a power of two), Marlin row order; -1 = channelwise
+           int reduce_mode) {
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
   static_assert(CLUSTER == 1 || (M_BLOCKS == 1 && CLUSTER <= 8), "cluster sums: 16-row tiles, at most 8 blocks");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
