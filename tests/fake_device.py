@@ -228,7 +228,7 @@ def installed(monkeypatch=None):
 
     patches = dict(_cupy_module=fake, _driver_module=driver, _FAST_ARRAY=FakeArray,
                    device_properties=lambda device: PROPS, function_ptr=function_ptr, get_kernel=get_kernel,
-                   resident_blocks=lambda name, device: 2)
+                   resident_blocks=lambda name, device: 2, resident_clusters=lambda cfg, device, grid: 1 << 30)
     saved = {name: getattr(gemm, name) for name in patches}
     caches = (gemm._prepared, gemm._array_plans, gemm._scratch, gemm._streams, moe._config_cache)
     saved_caches = [dict(c) for c in caches]

@@ -451,6 +451,31 @@ def resident_blocks(name_expression: str, device: int) -> int:
     return _occupancy.get((name_expression, device), 1)
 
 
+_cluster_occupancy: dict[tuple[str, int, int], int] = {}
+
+
+def resident_clusters(cfg: KernelConfig, device: int, grid: int) -> int:
+    """Clusters of a cluster kernel the device keeps resident at once (cuOccupancyMaxActiveClusters through
+    cuda-python), cached; a large number where the query is unavailable (then the plan keeps its clusters: they are
+    never needed for correctness, only for speed). A GPC holds whole clusters only, so this can be below SMs /
+    cluster size."""
+    key = (cfg.name_expression, device, grid)
+    if key not in _cluster_occupancy:
+        try:
+            from cuda.bindings import driver as drv
+
+            kernel = get_kernel(cfg.name_expression, device, cfg.smem_bytes)
+            config = drv.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+            config.blockDimX, config.blockDimY, config.blockDimZ = THREADS, 1, 1
+            config.sharedMemBytes = cfg.smem_bytes
+            err, active = drv.cuOccupancyMaxActiveClusters(drv.CUfunction(int(kernel.kernel.ptr)), config)
+            _cluster_occupancy[key] = int(active) if err == drv.CUresult.CUDA_SUCCESS and active > 0 else 1 << 30
+        except Exception:  # pragma: no cover - no cuda-python, or a driver without the query
+            _cluster_occupancy[key] = 1 << 30
+    return _cluster_occupancy[key]
+
+
 def precompile(configs, device: int = 0, workers: int = 8) -> None:
     """Compile many instantiations in parallel threads (NVRTC runs outside the GIL); used by tests and bench."""
     from concurrent.futures import ThreadPoolExecutor
@@ -635,6 +660,11 @@ class PreparedLaunch:
                 if cfg.cluster > 1:  # (sm_90+ and fp32: the planned grid had clusters) the new grid's, if any
                     cfg = self.cfg = dataclasses.replace(
                         cfg, cluster=cluster_blocks(cfg, m, n, k, self.grid, 90, True))
+            if cfg.cluster > 1 and self.grid // cfg.cluster > resident_clusters(cfg, self.device, self.grid):
+                # clusters that do not all fit at once run in a second wave (the H200 keeps 30 clusters of 4 of a
+                # one-block-per-SM kernel, not the 32 a 128-block grid needs: bench/cluster_occupancy.py); the same
+                # grid sums in global memory instead
+                cfg = self.cfg = dataclasses.replace(cfg, cluster=1)
             self._kernel = get_kernel(cfg.name_expression, self.device, self.smem)
             self._function = function_ptr(cfg.name_expression, self.device, self.smem)
             if self.act_order:

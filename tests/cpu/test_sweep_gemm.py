@@ -244,3 +244,17 @@ def test_list_mode_needs_no_gpu(capsys):
     assert sweep_gemm.main(["--list", "--cells", "0,2"]) == 0
     out = capsys.readouterr().out
     assert "2 cells" in out and "u4b8 g128 fp16 4096x4096 M=1" in out
+
+
+def test_clusters_that_cannot_all_be_resident_fall_back_to_the_global_sum(fake, monkeypatch):
+    """A grid of more clusters than the device keeps resident at once would run some in a second wave: the plan keeps
+    its grid and sums in global memory instead (gemm.resident_clusters; the query itself needs a GPU)."""
+    _, driver = fake
+    rec = record(m=8, k=8192, n=8192)
+    assert gemm.prepare_launch(rec).cfg.cluster == 2  # 64 slices x 2
+    gemm._prepared.clear()
+    monkeypatch.setattr(gemm, "resident_clusters", lambda cfg, device, grid: grid // cfg.cluster - 1)
+    plan = gemm.prepare_launch(rec)
+    assert plan.cfg.cluster == 1 and plan.grid == 128
+    assert "marlin_gemm_cluster" not in plan.cfg.name_expression
+    assert launch_of(plan, driver)[:2] == (128, plan.cfg.smem_bytes)
