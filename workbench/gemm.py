@@ -317,7 +317,9 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
 # Measured on the H200 (round 9b A/B, bench/NOTES_gemm.md "Round 9"), every output bitwise equal: clusters of 2 are
 # faster wherever they ran (u4b8 8192^2 M = 1 17.04 -> 14.85 µs; FP8 4096x14336 M = 1 / 16 x0.88 / x0.89); clusters
 # of 4 were slower in every cell (x1.2-1.6: u4b8 4096^2 M = 1 9.54 -> 12.62, 28672x8192 M = 1 41.1 -> 51.7) and of 8
-# mixed (FP8 4096^2 x0.91, 14336x4096 x1.14). Hence CLUSTER_SIZES; the kernels take 2, 4 and 8.
+# mixed (FP8 4096^2 x0.91, 14336x4096 x1.14): the H200 keeps only 30 clusters of 4 of a one-block kernel resident
+# (62 of a two-block one) where the grids need 32 (64), so some ran in a second wave (round 9g). Hence
+# CLUSTER_SIZES, and resident_clusters in the plan; the kernels take 2, 4 and 8.
 CLUSTER_SUMS = True
 CLUSTER_SIZES = (2,)
 KERNEL_CLUSTER_SIZES = (2, 4, 8)  # what marlin_gemm_cluster takes: the blocks share a partial's float4s evenly
