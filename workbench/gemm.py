@@ -182,6 +182,7 @@ def pairs_possible(compute_capability: int, fp32_reduce: bool) -> bool:
     """Whether choose_config may take the pair policy for a launch (PAIR_CLUSTERS, sm_90+, fp32 reduction)."""
     return PAIR_CLUSTERS and compute_capability >= 90 and fp32_reduce
 
+
 # Operand swap (KernelConfig.swap) for M <= SWAP_MAX_M (at most 8; 0 = never). A module switch so that
 # bench/ab_gemm.py can time the alternative.
 SWAP_MAX_M = 8
@@ -193,7 +194,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     """The first thread shape that divides (K, N) and fits shared memory; ValueError naming the shape otherwise.
 
     ``pairs`` (the launch can sum slices in clusters of two: sm_90+, fp32 reduction, see PAIR_CLUSTERS): for M <= 16,
-    the one-block-per-SM configuration whose slices, two blocks each, fill the ``sms`` SMs (pair_config) comes first.
+    the one-block-per-SM configuration whose slices, two blocks each, fill the ``sms`` SMs (PAIR_*) comes first.
     Else, for M <= 16 (one m16 block) and 4-bit weights, a configuration that lets two blocks share an SM
     (``sm_smem`` = shared memory per SM; 0 = unknown; kernel cut to 128 registers) is preferred when each of the 2
     ``sms`` blocks then gets at least TWO_BLOCKS_MIN_STEPS pipeline steps (``sms`` = 0: unknown, not checked).
@@ -201,6 +202,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     variant = dict(swap=size_m <= min(SWAP_MAX_M, 8))
+    # swapped kernels of weights without zero points or act-order groups: their own thresholds below
+    plain_swap = variant["swap"] and not weight.has_zero_points and not per_row_groups
     order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
     if m_blocks == 1 and weight.bits == 8:
         order = EIGHT_BIT_ONE_M_BLOCK_SHAPES
@@ -226,8 +229,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             if not PAIR_MIN_FILL * sms <= 2 * slices <= sms:
                 continue
             steps = size_k // tk // 2  # per block
-            plain_swap = variant["swap"] and not weight.has_zero_points and not per_row_groups and act is ScalarType.F16
-            if steps >= 1 and (steps <= PAIR_MAX_STEPS or (plain_swap and (n_tiles, k_warp) == first)):
+            long_ok = plain_swap and act is ScalarType.F16 and (n_tiles, k_warp) == first
+            if steps >= 1 and (steps <= PAIR_MAX_STEPS or long_ok):
                 pair = next((cfg for stages in stage_order
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       **variant)] if cfg.smem_bytes <= smem_limit), None)
@@ -241,7 +244,6 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                                              blocks_per_sm=2, **variant)] if cfg.smem_bytes <= half), None)
         if two is not None:
             steps = (size_n // two.block_n) * (size_k // two.block_k)
-            plain_swap = two.swap and not weight.has_zero_points and not per_row_groups
             min_steps = TWO_BLOCKS_MIN_STEPS_SWAP if plain_swap else TWO_BLOCKS_MIN_STEPS
             if sms <= 0 or steps >= min_steps * 2 * sms:
                 return two
