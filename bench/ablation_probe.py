@@ -66,6 +66,10 @@ _SINK = (_ROWS + "    float sink = 0.f;\n"
          "    for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < 8; ++nb) for (int r = 0; r < 4; ++r)\n"
          "      sink += partial[mb][nb][r];\n    if (sink == 1234.5f) C[0] = C[1];\n")
 _FOLD = "  if constexpr (FOLD) fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
+# the scale multiply of every dequantized pair left out (what applying scales after the mma could save at most)
+_SCALE_MUL = ("    for (int r = 0; r < 2; ++r) b[h][r] = SCALED ? as_u32(__hmul2(v[r], scale[h][r])) : "
+              "as_u32(v[r]);\n")
+_NO_SCALE_MUL = "    for (int r = 0; r < 2; ++r) b[h][r] = as_u32(v[r]);\n    (void)scale;\n"
 _B_COPY = "      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));\n"
 
 # The fused MoE kernel's item finishing replaced by a sink over every accumulator (for bench_moe.py --ab-old: see
@@ -91,6 +95,7 @@ VARIANTS = {
     "sinkfinish": [("marlin_gemm.cu", _FINISH, _SINK)],
     "finish_return": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "  if (prob_m > 0) return;\n")],
     "nofold": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "")],
+    "noscale": [("dequant.cuh", _SCALE_MUL, _NO_SCALE_MUL)],
     "noB": [("marlin_mainloop.cuh", _B_COPY, "      (void)b;\n")],
 }
 DEFAULT_CELLS = ("8192x28672:u4b8 g128 fp16:1", "8192x28672:u4b8 g128 fp16:16", "4096x14336:u4b8 g128 fp16:1",

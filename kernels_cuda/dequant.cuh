@@ -100,7 +100,9 @@ __device__ __forceinline__ typename Act<T>::Pair int_pair(unsigned raw, unsigned
 // Dequantize one lane's share of one 16x16 sub-block: q[] holds kWordsPerSubblock words, off[h][r] the offset pairs
 // (magic + zero), off16[h][r] the fp16 pairs -(64 + zero) (fp16 4-bit only), scale[h][r] the scale pairs (all unused
 // where the type has no zero / no offset). Writes the four B registers b[h][r] (see the picture above).
-template <typename T, int W>
+// SCALED = false leaves the scale out: b holds the exact unscaled values (code - zero; FP8: the moved bits), for
+// loops that apply the scales to fp32 partial sums instead (WarpLoop::kLateScale).
+template <typename T, int W, bool SCALED = true>
 __device__ __forceinline__ void dequant_subblock(const unsigned* q, const unsigned (&off)[2][2],
                                                  const unsigned (&off16)[2][2],
                                                  const typename Act<T>::Pair (&scale)[2][2], unsigned (&b)[2][2]) {
@@ -140,7 +142,7 @@ __device__ __forceinline__ void dequant_subblock(const unsigned* q, const unsign
       v[1] = int_pair<T, W>(__byte_perm(x, 0x64646464u, 0x4341), off[h][1]);
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) b[h][r] = as_u32(__hmul2(v[r], scale[h][r]));
+    for (int r = 0; r < 2; ++r) b[h][r] = SCALED ? as_u32(__hmul2(v[r], scale[h][r])) : as_u32(v[r]);
   }
 }
 

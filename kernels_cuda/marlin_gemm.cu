@@ -340,7 +340,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   static_assert(CLUSTER == 1 || (M_BLOCKS == 1 && CLUSTER <= 8), "cluster sums: 16-row tiles, at most 8 blocks");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   static_assert(CLUSTER == 1 || G::BM * G::BN * 4 <= G::kRingBytes, "the partial fits the idle stage ring");
-  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP>;
+  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP,
+                        late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>()>;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
   constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;  // float4 loads per lane in the fp32 cross-block sum
   // The slice finishing inlined in every one-m16-block kernel, where it measured faster (bench/NOTES_gemm.md "Round

@@ -193,6 +193,18 @@ struct WeightFetch {
   }
 };
 
+// Where late scaling (WarpLoop::kLateScale) pays. A flush costs one FFMA per accumulator (SWAP 16, rows layout 32 per
+// warp) where each k16 tile saves 16 HMUL2. Measured on the H200 against scaling every pair (bench/NOTES_gemm.md
+// "Round 10"): SWAP kernels gained everywhere (u4b8 8192^2 M = 1 14.73 -> 13.62 µs, 28672x8192 38.56 -> 34.15, the
+// K_WARP = 1 tile on 4096^2 8.20 -> 8.01); the rows layout with one block per SM gained at K_WARP = 4 (8192^2 M = 16
+// 17.12 -> 16.04) and tied at 2 (8-bit, +-1%), lost at K_WARP = 1 (4096^2 M = 16 8.74 -> 9.06); the 128-register
+// two-block rows-layout kernels lost 13% (fp16 u4b8 28672x8192 M = 16 44.62 -> 50.47) and spilled 184-352 bytes
+// with bf16 or zero points.
+template <int MIN_BLOCKS, bool SWAP, int K_WARP>
+__host__ __device__ constexpr bool late_scale_pays() {
+  return SWAP || (MIN_BLOCKS == 1 && K_WARP >= 2);
+}
+
 // ---- the register side -------------------------------------------------------------------------------------
 // One warp's accumulators and the current group's scale / offset pairs, and the work of one stage.
 //
@@ -203,7 +215,10 @@ struct WeightFetch {
 // mma A fragment of its transpose (rows n0, n0 + 8 of W^T, k pairs 2t, 2t + 8), and the A tile's first 8 rows
 // loaded by ldmatrix.x2 are the B fragment of A^T, so one mma.m16n8k16 gives C^T for the sub-block's 16 columns x
 // 8 rows, instead of two mma (16 rows x 8 columns each, half of the rows padding). Same products, same k order.
-template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, bool SWAP = false>
+// LATE_SCALE = false: scales applied to every dequantized pair even where kLateScale could apply (for kernels whose
+// register budget or stage shape make it slower: late_scale_pays).
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, bool SWAP = false,
+          bool LATE_SCALE = true>
 struct WarpLoop {
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   using Pair = typename Act<T>::Pair;
@@ -211,11 +226,24 @@ struct WarpLoop {
   static constexpr bool kHasZero = Weight<W>::kHasZero;
   static constexpr int kWordsPerLane = 16 * 64 / Weight<W>::kPack / 32;  // 4 (4-bit) or 8 (8-bit) words of a tile
   static constexpr int kAccN = SWAP ? 4 : 8;
+  // Late scaling: with one m16 block and one scale per (group, column) (grouped or channelwise, not per-row groups),
+  // the tiles are dequantized without their scale (exact: code - zero, FP8 the moved bits), a stage's mma of one
+  // group sum into `part`, and acc += scale * part in fp32 when the group ends (flush_part). The scale multiply of
+  // every weight pair becomes one FFMA per accumulator per group and stage (where it pays: late_scale_pays).
+  // Taking the multiply out entirely saved 11% on u4b8 8192^2 M = 1 (bench/NOTES_gemm.md "Round 10").
+  // Numerics: the weight is never rounded to the activation type (the reference dequantizer rounds it), so results
+  // differ from dequantize-then-multiply by up to one rounding u |a| @ |w| — and are closer to exact; identity
+  // products stay exact (round(scale x (code - zero)) once, at the output). Not for FP8 with bf16 activations:
+  // unscaled E4M3 bits carry 2^-120, whose products with activations fall below fp32's normal range.
+  static constexpr bool kLateScale =
+      LATE_SCALE && M_BLOCKS == 1 && GROUP_MODE != kPerRow && !(Weight<W>::kIsFp8 && Act<T>::kIsBf16);
 
   // [m16 block][n8 block = 2 s + h][mma C registers]: C rows lane/4 (+8 for registers 2, 3), columns 8 nb + 2 (lane
   // % 4) (+1). SWAP: [0][sub-block s][r]: C^T, i.e. C columns 16 s + lane/4 (+8 for r = 2, 3), rows 2 (lane % 4)
   // (+1 for odd r); see rows_layout.
   float acc[M_BLOCKS][kAccN][4];
+  float part[M_BLOCKS][kAccN][4];  // kLateScale: this stage's sums of the current group, unscaled
+  float l_sc[kAccN][2];            // kLateScale: the scale of acc[.][nb][r] is l_sc[nb][late_half(r)]
   Pair g_sc[4][2];
   unsigned g_off[4][2];    // (magic + zero) pairs
   unsigned g_off16[4][2];  // -(64 + zero) fp16 pairs (fp16 4-bit high nibbles)
@@ -227,6 +255,27 @@ struct WarpLoop {
       for (int nb = 0; nb < kAccN; ++nb)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[mb][nb][r] = 0.f;
+  }
+
+  // kLateScale: which of l_sc[nb]'s two scales belongs to mma register r. SWAP: registers 0, 1 are column n0 of
+  // sub-block nb, 2, 3 column n0 + 8 (h); rows layout: registers 0, 2 are column 2 (lane % 4) of n8 block nb, 1, 3
+  // the next one.
+  __device__ __forceinline__ static int late_half(int r) { return SWAP ? r >> 1 : r & 1; }
+  __device__ __forceinline__ void zero_part() {
+#pragma unroll
+    for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < kAccN; ++nb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) part[mb][nb][r] = 0.f;
+  }
+  __device__ __forceinline__ void flush_part() {
+#pragma unroll
+    for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < kAccN; ++nb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mb][nb][r] = fmaf(l_sc[nb][late_half(r)], part[mb][nb][r], acc[mb][nb][r]);
   }
 
   // The accumulators in the row layout (acc's when !SWAP) that the kernels' finishing code reads. SWAP: a transpose
@@ -280,6 +329,12 @@ struct WarpLoop {
       for (int h = 0; h < 2; ++h) {
         const T v = sp[channelwise_scale_index(lane_col, s_, h)];
         g_sc[s_][h] = Act<T>::pair(v, v);
+        if constexpr (kLateScale && SWAP) l_sc[s_][h] = static_cast<float>(v);
+        if constexpr (kLateScale && !SWAP) {  // the accumulator's columns 2 (lane % 4) + j of n8 block 2 s + h
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            l_sc[2 * s_ + h][j] = static_cast<float>(sp[channelwise_scale_index(2 * (threadIdx.x % 4) + j, s_, h)]);
+        }
       }
     unsigned zw[2] = {0u, 0u};
     if constexpr (kHasZero) {
@@ -291,7 +346,9 @@ struct WarpLoop {
 
   // Grouped: the pairs of group row g of the stage in slot `slot` (a P64 16-byte vector: word s = (scale(s,0),
   // scale(s,1))). s_lane / z_lane: this lane's byte offsets (lane_offsets).
-  __device__ __forceinline__ void load_group(unsigned slot, int g, unsigned s_lane, unsigned z_lane) {
+  // kLateScale (rows layout): s_acc_lane is the byte offset of column 2 (lane % 4)'s vector (LaneOffsets::s_acc).
+  __device__ __forceinline__ void load_group(unsigned slot, int g, unsigned s_lane, unsigned z_lane,
+                                             unsigned s_acc_lane) {
     const int4 sv = lds128(slot + s_lane + g * (G::BN / 8) * 16);
     const unsigned w[4] = {static_cast<unsigned>(sv.x), static_cast<unsigned>(sv.y), static_cast<unsigned>(sv.z),
                            static_cast<unsigned>(sv.w)};
@@ -299,6 +356,26 @@ struct WarpLoop {
     for (int s_ = 0; s_ < 4; ++s_) {
       g_sc[s_][0] = as_pair<Pair>(__byte_perm(w[s_], 0, 0x1010));  // low half twice
       g_sc[s_][1] = as_pair<Pair>(__byte_perm(w[s_], 0, 0x3232));  // high half twice
+      if constexpr (kLateScale && SWAP) {
+        const float2 f = Act<T>::to_floats(as_pair<Pair>(w[s_]));
+        l_sc[s_][0] = f.x;
+        l_sc[s_][1] = f.y;
+      }
+    }
+    if constexpr (kLateScale && !SWAP) {
+      // Columns c = 2 (lane % 4) + j: vectors at 8 c; value e = 2 s + h = nb of a vector is column c + 8 e.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int4 v = lds128(slot + s_acc_lane + 16 * j + g * (G::BN / 8) * 16);
+        const unsigned u[4] = {static_cast<unsigned>(v.x), static_cast<unsigned>(v.y), static_cast<unsigned>(v.z),
+                               static_cast<unsigned>(v.w)};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 f = Act<T>::to_floats(as_pair<Pair>(u[q]));
+          l_sc[2 * q][j] = f.x;
+          l_sc[2 * q + 1][j] = f.y;
+        }
+      }
     }
     unsigned zw[2] = {0u, 0u};
     if constexpr (kHasZero) {
@@ -314,7 +391,7 @@ struct WarpLoop {
   // a ^ 32 i (see compute_stage); scale / zero-point words of group row g: s / z + g * row bytes; g_idx of row
   // k0 + 16 kt + 2 (lane % 4): gi + 64 i.
   struct LaneOffsets {
-    unsigned a, b, s, z, gi;
+    unsigned a, b, s, z, gi, s_acc;
     int k;  // 16 kt0: the warp's first K row inside a stage
   };
   __device__ __forceinline__ static LaneOffsets lane_offsets() {
@@ -330,6 +407,7 @@ struct WarpLoop {
                                 : G::a_index(lane % 16, 2 * kt0 + lane / 16));
     o.b = G::kBOff + 16 * ((kt0 * N_TILES + nt) * G::kTileI4 + lane * (G::kTileI4 / 32));
     o.s = G::kSOff + 16 * (nt * 8 + lane / 4);
+    o.s_acc = G::kSOff + 16 * (nt * 8 + 2 * (lane % 4));
     o.z = G::kZOff + 4 * (nt * (64 / Weight<W>::kPack) + (lane / 4) * (Weight<W>::kBits / 4));
     o.gi = G::kGOff + 4 * (16 * kt0 + 2 * (lane % 4));
     o.k = 16 * kt0;
@@ -342,12 +420,22 @@ struct WarpLoop {
   __device__ __forceinline__ void compute_stage(unsigned slot, const LaneOffsets& o, int k0, int group_size,
                                                 int group_shift, const int4* __restrict__ scales,
                                                 const int4* __restrict__ zeros, int prob_n, int col) {
+    if constexpr (kLateScale) zero_part();
+    // kLateScale: the mma write the unscaled sums of the current group
+    float(&sums)[M_BLOCKS][kAccN][4] = kLateScale ? part : acc;
 #pragma unroll
     for (int i = 0; i < K_WARP; ++i) {
       if constexpr (GROUP_MODE == kGrouped) {
         // A warp's K_WARP tiles lie in one group when G >= 16 K_WARP (both powers of two, aligned): load once.
-        if (i == 0 || group_size < 16 * K_WARP)
-          load_group(slot, ((k0 + o.k + 16 * i) >> group_shift) - (k0 >> group_shift), o.s, o.z);
+        if (i == 0 || group_size < 16 * K_WARP) {
+          if constexpr (kLateScale) {
+            if (i > 0) {  // the previous group's sums, with its scales, before they are replaced
+              flush_part();
+              zero_part();
+            }
+          }
+          load_group(slot, ((k0 + o.k + 16 * i) >> group_shift) - (k0 >> group_shift), o.s, o.z, o.s_acc);
+        }
       }
       // Per-row groups: the scale vectors and zero words of this lane's rows k0, k0+1, k0+8, k0+9.
       int4 sv[GROUP_MODE == kPerRow ? 4 : 1];
@@ -424,18 +512,19 @@ struct WarpLoop {
         unsigned off[2][2], off16[2][2];
         group_params(s, sc, off, off16);
         unsigned b[2][2];
-        dequant_subblock<T, W>(words + s * Weight<W>::kWordsPerSubblock, off, off16, sc, b);
+        dequant_subblock<T, W, !kLateScale>(words + s * Weight<W>::kWordsPerSubblock, off, off16, sc, b);
         if constexpr (SWAP) {
           const unsigned w_t[4] = {b[0][0], b[1][0], b[0][1], b[1][1]};  // A fragment of the sub-block's W^T
-          mma_m16n8k16<Act<T>::kIsBf16>(w_t, a_t, acc[0][s]);
+          mma_m16n8k16<Act<T>::kIsBf16>(w_t, a_t, sums[0][s]);
         } else {
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int mb = 0; mb < M_BLOCKS; ++mb) mma_m16n8k16<Act<T>::kIsBf16>(a[mb], b[h], acc[mb][2 * s + h]);
+            for (int mb = 0; mb < M_BLOCKS; ++mb) mma_m16n8k16<Act<T>::kIsBf16>(a[mb], b[h], sums[mb][2 * s + h]);
         }
       }
     }
+    if constexpr (kLateScale) flush_part();
   }
 };
 

@@ -176,7 +176,8 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two CTAs per SM only with 16-row blocks");
   static_assert(!SWAP || M_BLOCKS == 1, "the swapped loop covers 8-row blocks");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
-  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP>;
+  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP,
+                        late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>()>;
   constexpr int BN = G::BN, BK = G::BK;
   constexpr bool kHasZero = Weight<W>::kHasZero;
   constexpr int kPack = Weight<W>::kPack;

@@ -98,6 +98,15 @@ class TileGeometry:
         red = (warps_per_n // 2) * self.n_tiles * 1024 // 4 if warps_per_n > 1 else 0
         return 16 * (self.stages * (a + b + s + z + g) + red)
 
+    @property
+    def late_scale(self) -> bool:
+        """Whether the kernel applies the scales to fp32 partial sums instead of to each dequantized weight (mirrors
+        ``WarpLoop::kLateScale`` and ``late_scale_pays`` in kernels_cuda/marlin_mainloop.cuh). Two kernels that differ
+        here round differently: their outputs are not bitwise equal even where the partition is the same."""
+        fits = self.swap or (self.blocks_per_sm == 1 and self.k_warp >= 2)
+        fp8_bf16 = self.weight is ScalarType.FE4M3FN and self.act is ScalarType.BF16
+        return self.m_blocks == 1 and self.group_mode != GROUP_PER_ROW and not fp8_bf16 and fits
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig(TileGeometry):

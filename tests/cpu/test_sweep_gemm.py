@@ -157,8 +157,11 @@ def test_cells_cover_the_brief_in_order_of_importance():
     want |= {(wt, gs, k, n, m) for wt, gs in ((S.FE4M3FN, -1), (S.U8B128, 128)) for m in (1, 16)
              for k, n in ((8192, 8192), (8192, 28672))}
     large = {(S.U4B8, 128, k, n, m) for m in (1, 16) for k, n in ((8192, 28672), (28672, 8192))}
-    want |= large  # added after HEAD's run (round 6, "policy"): last, so the first 24 cells keep their indices
-    assert {(c.weight, c.group_size, c.k, c.n, c.m) for c in cells[-4:]} == large
+    want |= large  # added after HEAD's run (round 6, "policy"): after the first 24 cells, which keep their indices
+    fp8_narrow = {(S.FE4M3FN, -1, k, n, 1) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096))}
+    want |= fp8_narrow  # added in round 10, last
+    assert {(c.weight, c.group_size, c.k, c.n, c.m) for c in cells[-7:-3]} == large
+    assert {(c.weight, c.group_size, c.k, c.n, c.m) for c in cells[-3:]} == fp8_narrow
     assert {(c.weight, c.group_size, c.k, c.n, c.m) for c in cells} == want and len(cells) == len(want)
     assert all(c.act == "float16" for c in cells)
 

@@ -56,12 +56,14 @@ def run(a_host, w_dev, mode="fp32", sms=-1, **kw):
 def error_bound(a, w_ref, act, mode, k):
     """Per-element bound for |C - ref|, ref = a @ w_ref in fp32 with exact fp32 products (fp16/bf16 x fp16/bf16):
     * one rounding of the output to the activation type: u * S, S = |a| @ |w| bounds every partial sum;
+    * one rounding of each weight that the kernel does not make: with one m16 block it applies the scales to fp32
+      partial sums (WarpLoop::kLateScale) where w_ref holds scale x (code - zero) rounded to the activation type: u S;
     * in-C / atomic reductions round each block's partial to the activation type before adding: up to one more
       rounding per contributing block — at most K/64 of them (a block holds >= 64 rows of K): (K/64) u S;
     * fp32 accumulation in the tensor cores (Hopper aligns products before adding, losing low bits): K 2^-22 S."""
     s = np.abs(a.astype(np.float32)) @ np.abs(w_ref)
     u = UNIT_ROUNDOFF[np.dtype(act)]
-    roundings = 1 + (k // 64 if mode in ("in_c", "atomic") else 0)
+    roundings = 2 + (k // 64 if mode in ("in_c", "atomic") else 0)
     return (roundings * u + k * 2.0 ** -22) * s + 1e-30
 
 
@@ -156,6 +158,29 @@ def test_arange_coded_weights_land_where_the_spec_says(wt, act):
         w_dev = gemm.upload_weight(make_marlin_weight(q))
         out = run(np.eye(k, dtype=np.float32).astype(act), w_dev)
         np.testing.assert_array_equal(out, q.w_ref, err_msg=f"group_size={gs}")
+
+
+# Kernels with one m16 block scale fp32 partial sums (KernelConfig.late_scale): against the unrounded weight they must
+# hold the bound without the weight rounding (one output rounding + fp32 accumulation), swapped and rows layouts,
+# grouped (with a group change inside a warp's stage at 32) and channelwise, with and without zero points.
+LATE_SCALE_CASES = [(S.U4B8, 128, np.float16, 1), (S.U4B8, 32, BF16, 5), (S.U4, 64, np.float16, 8),
+                    (S.U8B128, 128, BF16, 12), (S.FE4M3FN, -1, np.float16, 3), (S.FE4M3FN, 128, np.float16, 16),
+                    (S.U8, -1, np.float16, 16), (S.U4B8, -1, BF16, 9)]
+
+
+@pytest.mark.parametrize("wt,gs,act,m", LATE_SCALE_CASES, ids=str)
+def test_late_scaling_holds_the_bound_of_the_unrounded_weight(wt, gs, act, m):
+    k, n = 1024, 256
+    mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=act, seed=k + gs + m)
+    cfg = gemm.config_for(gemm.act_scalar_type(act), wt, m, n, k, gs, False)
+    assert cfg.late_scale and cfg.swap == (m <= gemm.SWAP_MAX_M), cfg
+    w_exact = dequantize(q.codes, q.scales, q.zeros, wt, gs, None, act, rounded=False)
+    a = (np.random.default_rng(m + gs).standard_normal((m, k), dtype=np.float32)).astype(act)
+    out = run(a, gemm.upload_weight(mw))
+    ref = a.astype(np.float64) @ w_exact
+    s = np.abs(a.astype(np.float64)) @ np.abs(w_exact)
+    bound = (UNIT_ROUNDOFF[np.dtype(act)] + k * 2.0 ** -22) * s + 1e-30  # no weight rounding to allow for
+    assert np.all(np.abs(out - ref) <= bound), float(np.max(np.abs(out - ref) / bound))
 
 
 # ------------------------------------------------------------------------------------------------------------------
