@@ -174,8 +174,9 @@ TWO_BLOCKS_MIN_STEPS_SWAP = 8
 
 # Pairs (sm_90+, fp32 reduction; choose_config(pairs=True)): for M <= 16, the first thread shape whose slices, two
 # blocks each with one block per SM, fill PAIR_MIN_FILL..1 of the SMs is taken when each block then gets at most
-# PAIR_MAX_STEPS pipeline steps, or, for the swapped (M <= 8) fp16 kernels without zero points or act-order groups,
-# when it is the first-choice shape. Its grid is slice-aligned with two blocks per slice, summed in clusters of two
+# PAIR_MAX_STEPS pipeline steps, or, for fp16 kernels without zero points or act-order groups, when it is the
+# first-choice shape (M <= 8 since round 9; M = 9..16 since round 10's late scaling made the one-block kernel
+# faster: sweep r10f, u4b8 28672x8192 M = 16 two blocks per SM 44.63 -> pairs 43.07 µs). Its grid is slice-aligned with two blocks per slice, summed in clusters of two
 # (cluster_blocks). Round 9c sweep on the H200 (bench/NOTES_gemm.md "Round 9"), µs default -> pair: u4b8 8192^2
 # M = 16 18.45 -> 17.04, 28672x8192 M = 1 40.93 -> 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64 tile), FP8 8192^2
 # M = 1 22.98 -> 20.32 (the 256 x 128 tile); lost with long ranges: 28672x8192 M = 16 (56 steps) 44.68 -> 46.87,
@@ -211,8 +212,9 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     variant = dict(swap=size_m <= min(SWAP_MAX_M, 8))
-    # swapped kernels of weights without zero points or act-order groups: their own thresholds below
-    plain_swap = variant["swap"] and not weight.has_zero_points and not per_row_groups
+    # kernels of weights without zero points or act-order groups (swapped: their own thresholds below)
+    plain = not weight.has_zero_points and not per_row_groups
+    plain_swap = variant["swap"] and plain
     order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
     if m_blocks == 1 and weight.bits == 8:
         order = EIGHT_BIT_ONE_M_BLOCK_SHAPES
@@ -238,7 +240,9 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             if not PAIR_MIN_FILL * sms <= 2 * slices <= sms:
                 continue
             steps = size_k // tk // 2  # per block
-            long_ok = plain_swap and act is ScalarType.F16 and (n_tiles, k_warp) == first
+            # (rows layout: only where late scaling flushes once per stage, i.e. a group spans a warp's k16 tiles)
+            one_flush = variant["swap"] or group_size < 0 or group_size >= 16 * k_warp
+            long_ok = plain and act is ScalarType.F16 and (n_tiles, k_warp) == first and one_flush
             if steps >= 1 and (steps <= PAIR_MAX_STEPS or long_ok):
                 pair = next((cfg for stages in stage_order
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,

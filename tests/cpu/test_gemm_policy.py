@@ -177,7 +177,7 @@ PAIRS = [
     ((S.U4B8, 1, 8192, 8192), (2, 4, 6, 1, 128, 2)),
     ((S.U4B8, 16, 8192, 8192), (2, 4, 6, 1, 128, 2)),  # was two blocks per SM, 64 x 4
     ((S.U4B8, 1, 28672, 8192), (2, 4, 6, 1, 128, 2)),  # 56 steps per block, but swapped and the first-choice tile
-    ((S.U4B8, 16, 28672, 8192), (2, 4, 3, 2, 256, 1)),  # 56 steps, not swapped: two blocks per SM as before
+    ((S.U4B8, 16, 28672, 8192), (2, 4, 6, 1, 128, 2)),  # 56 steps, fp16, first-choice tile (sweep r10f: 44.6 -> 43.1)
     ((S.U4B8, 1, 4096, 4096), (1, 1, 6, 1, 128, 2)),  # the 128 x 64 tile: 64 slices x 2
     ((S.U4B8, 16, 4096, 4096), (1, 1, 6, 1, 128, 2)),
     ((S.U4B8, 1, 14336, 4096), (2, 4, 6, 1, 128, 1)),  # 128 x 64 pairs would take 56 steps: as before
@@ -205,8 +205,9 @@ def test_pairs_off_is_the_policy_without_pairs(monkeypatch):
         assert pair_choice(*key)[:5] == choice(*key)
 
 
-def test_pairs_long_range_exception_is_for_plain_fp16_swapped_kernels_only():
-    """56 steps per block: pairs for u4b8 fp16 at M <= 8 only (bf16 and zero points lost, round 9d / 9f)."""
+def test_pairs_long_range_exception_is_for_plain_fp16_kernels_only():
+    """56 steps per block: pairs for u4b8 fp16 (M <= 8 since round 9, M <= 16 since round 10's late scaling; bf16
+    and zero points lost, round 9d / 9f)."""
     def pick(act, weight, m):
         cfg = gemm.choose_config(act, weight, m, 8192, 28672, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
                                  pairs=True)
@@ -214,7 +215,13 @@ def test_pairs_long_range_exception_is_for_plain_fp16_swapped_kernels_only():
     assert pick(S.F16, S.U4B8, 8) == (1, 128)
     assert pick(S.BF16, S.U4B8, 8) == (2, 256)
     assert pick(S.F16, S.U4, 8) == (2, 256)
-    assert pick(S.F16, S.U4B8, 16) == (2, 256)
+    assert pick(S.F16, S.U4B8, 16) == (1, 128) and pick(S.F16, S.U4B8, 12) == (1, 128)
+    assert pick(S.BF16, S.U4B8, 16) == (2, 256) and pick(S.F16, S.U4, 16) == (2, 256)
+    # group 32 in the rows layout: a late-scaling flush per k16 tile (not measured with pairs): two blocks as before
+    cfg = gemm.choose_config(S.F16, S.U4B8, 16, 8192, 28672, 32, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
+                             pairs=True)
+    assert cfg.blocks_per_sm == 2 and gemm.choose_config(S.F16, S.U4B8, 8, 8192, 28672, 32, False, SMEM_LIMIT,
+                                                         sm_smem=SM_SMEM, sms=SMS, pairs=True).blocks_per_sm == 1
 
 
 def test_late_scale_mirrors_the_kernel_rule():
