@@ -181,7 +181,10 @@ PAIRS = [
     ((S.U4B8, 1, 4096, 4096), (1, 1, 6, 1, 128, 2)),  # the 128 x 64 tile: 64 slices x 2
     ((S.U4B8, 16, 4096, 4096), (1, 1, 6, 1, 128, 2)),
     ((S.U4B8, 1, 14336, 4096), (2, 4, 6, 1, 128, 1)),  # 128 x 64 pairs would take 56 steps: as before
-    ((S.U4B8, 1, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # no shape's pairs fill 90% of the SMs
+    # no shape's pairs fill 90% of the SMs one block each; the first's fill 85% two blocks each (sweep r10i)
+    ((S.U4B8, 1, 4096, 14336), (2, 4, 3, 2, 224, 2)),
+    ((S.U4B8, 16, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # not swapped: as before
+    ((S.U4, 1, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # zero points: as before
     ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 264, 1)),
     ((S.U4B8, 32, 8192, 8192), (2, 4, 6, 1, 128, 1)),  # two m16 blocks: no clusters
     ((S.FE4M3FN, 1, 8192, 8192), (2, 4, 4, 1, 128, 2)),  # (4, 2) gives 32 slices: the next shape, 64
