@@ -233,10 +233,11 @@ struct WarpLoop {
   // Taking the multiply out entirely saved 11% on u4b8 8192^2 M = 1 (bench/NOTES_gemm.md "Round 10").
   // Numerics: the weight is never rounded to the activation type (the reference dequantizer rounds it), so results
   // differ from dequantize-then-multiply by up to one rounding u |a| @ |w| — and are closer to exact; identity
-  // products stay exact (round(scale x (code - zero)) once, at the output). Not for FP8 with bf16 activations:
-  // unscaled E4M3 bits carry 2^-120, whose products with activations fall below fp32's normal range.
-  static constexpr bool kLateScale =
-      LATE_SCALE && M_BLOCKS == 1 && GROUP_MODE != kPerRow && !(Weight<W>::kIsFp8 && Act<T>::kIsBf16);
+  // products stay exact (round(scale x (code - zero)) once, at the output). Not for FP8: measured no faster with
+  // fp16 (the e6c5469 and f9a717c grids against 1030a5c: 4096^2 M <= 8 +1.7-2.8%, the large layers +-1%; its
+  // dequant is bit moves, its kernels bound by the fetch), and with bf16 the unscaled E4M3 bits carry 2^-120, whose
+  // products with activations fall below fp32's normal range.
+  static constexpr bool kLateScale = LATE_SCALE && M_BLOCKS == 1 && GROUP_MODE != kPerRow && !Weight<W>::kIsFp8;
 
   // [m16 block][n8 block = 2 s + h][mma C registers]: C rows lane/4 (+8 for registers 2, 3), columns 8 nb + 2 (lane
   // % 4) (+1). SWAP: [0][sub-block s][r]: C^T, i.e. C columns 16 s + lane/4 (+8 for r = 2, 3), rows 2 (lane % 4)

@@ -104,8 +104,8 @@ class TileGeometry:
         ``WarpLoop::kLateScale`` and ``late_scale_pays`` in kernels_cuda/marlin_mainloop.cuh). Two kernels that differ
         here round differently: their outputs are not bitwise equal even where the partition is the same."""
         fits = self.swap or (self.blocks_per_sm == 1 and self.k_warp >= 2)
-        fp8_bf16 = self.weight is ScalarType.FE4M3FN and self.act is ScalarType.BF16
-        return self.m_blocks == 1 and self.group_mode != GROUP_PER_ROW and not fp8_bf16 and fits
+        return self.m_blocks == 1 and self.group_mode != GROUP_PER_ROW and self.weight is not ScalarType.FE4M3FN \
+            and fits
 
 
 @dataclasses.dataclass(frozen=True)

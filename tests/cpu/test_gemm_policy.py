@@ -228,7 +228,7 @@ def test_pairs_long_range_exception_is_for_plain_fp16_kernels_only():
 
 
 def test_late_scale_mirrors_the_kernel_rule():
-    """KernelConfig.late_scale: one m16 block, not act-order groups, not FP8 with bf16, and either swapped or one block
+    """KernelConfig.late_scale: one m16 block, not act-order groups, not FP8, and either swapped or one block
     per SM with two or more k16 tiles per warp and stage — as WarpLoop::kLateScale / late_scale_pays."""
     def cfg(act=S.F16, weight=S.U4B8, m_blocks=1, group_mode=gemm.GROUP_GROUPED, blocks_per_sm=1, swap=False,
             k_warp=4):
@@ -237,7 +237,8 @@ def test_late_scale_mirrors_the_kernel_rule():
     assert cfg().late_scale and cfg(swap=True).late_scale and cfg(group_mode=gemm.GROUP_CHANNELWISE).late_scale
     assert not cfg(m_blocks=2).late_scale
     assert not cfg(group_mode=gemm.GROUP_PER_ROW).late_scale
-    assert not cfg(act=S.BF16, weight=S.FE4M3FN).late_scale and cfg(weight=S.FE4M3FN).late_scale
+    assert not cfg(act=S.BF16, weight=S.FE4M3FN).late_scale and not cfg(weight=S.FE4M3FN, swap=True).late_scale
+    assert cfg(weight=S.U8B128, swap=True).late_scale
     assert not cfg(blocks_per_sm=2).late_scale and cfg(blocks_per_sm=2, swap=True).late_scale
     assert not cfg(k_warp=1).late_scale and cfg(k_warp=1, swap=True).late_scale and cfg(k_warp=2).late_scale
     assert cfg(weight=S.U4).late_scale and cfg(act=S.BF16).late_scale
