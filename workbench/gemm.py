@@ -1393,7 +1393,12 @@ def scratch_buffers(device: int, stream_ptr: int, sms: int):
 def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_add: bool = False,
                 use_fp32_reduce: bool = True, deterministic: bool = False, workspace=None, c_tmp=None, a_tmp=None,
                 stream=None, sms: int = -1):
-    """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array."""
+    """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array.
+
+    Numerics: fp32 accumulation, one rounding to the activation type at the end. Integer weights at M <= 16 are
+    scaled on fp32 partial sums (``KernelConfig.late_scale``), so the weight is never rounded to the activation type
+    there: results may differ from a @ (the rounded dequantized weight) by one rounding more, towards the exact
+    product."""
     if getattr(weight, "num_experts", None) is not None:
         raise ValueError("weight is a stack of experts; pick one with weight.expert(e) (the fused MoE GEMM is issue 7)")
     nd = _fast_array_type()
