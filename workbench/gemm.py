@@ -1395,10 +1395,10 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
                 stream=None, sms: int = -1):
     """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array.
 
-    Numerics: fp32 accumulation, one rounding to the activation type at the end. Integer weights at M <= 16 are
-    scaled on fp32 partial sums (``KernelConfig.late_scale``), so the weight is never rounded to the activation type
-    there: results may differ from a @ (the rounded dequantized weight) by one rounding more, towards the exact
-    product."""
+    Numerics: fp32 accumulation, one rounding to the activation type at the end. Most integer-weight kernels at
+    M <= 16 (``KernelConfig.late_scale``; not act-order groups) apply the scales to fp32 partial sums, so the weight is
+    never rounded to the activation type there: results may differ from a @ (the rounded dequantized weight) by one
+    rounding more, towards the exact product."""
     if getattr(weight, "num_experts", None) is not None:
         raise ValueError("weight is a stack of experts; pick one with weight.expert(e) (the fused MoE GEMM is issue 7)")
     nd = _fast_array_type()
