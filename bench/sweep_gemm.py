@@ -156,8 +156,10 @@ def geometry(cfg: gemm.KernelConfig, m: int, n: int, k: int) -> tuple[int, int, 
     return slices, ki, slices * ki
 
 
-def grid_options(cfg: gemm.KernelConfig, m: int, n: int, k: int, sms: int) -> list[tuple[int, tuple[str, ...]]]:
-    """(grid, kinds) per distinct block count, today's policy first. All <= sms x blocks per SM (resident)."""
+def grid_options(cfg: gemm.KernelConfig, m: int, n: int, k: int, sms: int, policy_grid: int | None = None
+                 ) -> list[tuple[int, tuple[str, ...]]]:
+    """(grid, kinds) per distinct block count, today's policy first. All <= sms x blocks per SM (resident).
+    ``policy_grid``: the library's grid where it is not grid_blocks(cfg) (a pair choice: choose_config set cluster)."""
     slices, ki, iterations = geometry(cfg, m, n, k)
     most = min(iterations, sms * cfg.blocks_per_sm)
     options: dict[int, list[str]] = {}
@@ -166,7 +168,7 @@ def grid_options(cfg: gemm.KernelConfig, m: int, n: int, k: int, sms: int) -> li
         if 1 <= grid <= most:
             options.setdefault(int(grid), []).append(kind)
 
-    add(gemm.grid_blocks(cfg, m, n, k, sms), "policy")
+    add(gemm.grid_blocks(cfg, m, n, k, sms) if policy_grid is None else policy_grid, "policy")
     add(most, "striped")
     if cfg.blocks_per_sm == 2:
         add(min(sms, iterations), "striped-1x")
@@ -193,9 +195,11 @@ def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int, compute_capa
     out: list[Candidate] = []
     seen: set[tuple[str, int]] = set()
 
+    plain_default = dataclasses.replace(default, cluster=1)
+
     def add(cfg, variant):
         cfg = dataclasses.replace(cfg, cluster=1)
-        for grid, kinds in grid_options(cfg, m, n, k, sms):
+        for grid, kinds in grid_options(cfg, m, n, k, sms, default_grid if cfg == plain_default else None):
             cluster = gemm.cluster_blocks(cfg, m, n, k, grid, compute_capability, True, enabled=True,
                                           sizes=gemm.KERNEL_CLUSTER_SIZES)
             for c in ((dataclasses.replace(cfg, cluster=cluster), cfg) if cluster > 1 else (cfg,)):

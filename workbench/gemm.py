@@ -176,12 +176,13 @@ TWO_BLOCKS_MIN_STEPS_SWAP = 8
 # blocks each with one block per SM, fill PAIR_MIN_FILL..1 of the SMs is taken when each block then gets at most
 # PAIR_MAX_STEPS pipeline steps, or, for fp16 kernels without zero points or act-order groups, when it is the
 # first-choice shape (M <= 8 since round 9; M = 9..16 since round 10's late scaling made the one-block kernel
-# faster: sweep r10f, u4b8 28672x8192 M = 16 two blocks per SM 44.63 -> pairs 43.07 µs). Its grid is slice-aligned with two blocks per slice, summed in clusters of two
-# (cluster_blocks). Round 9c sweep on the H200 (bench/NOTES_gemm.md "Round 9"), µs default -> pair: u4b8 8192^2
-# M = 16 18.45 -> 17.04, 28672x8192 M = 1 40.93 -> 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64 tile), FP8 8192^2
-# M = 1 22.98 -> 20.32 (the 256 x 128 tile); lost with long ranges: 28672x8192 M = 16 (56 steps) 44.68 -> 46.87,
-# 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16, and (round 9d A/B) u4 + zero points 28672x8192 M = 1 44.88 -> 46.96;
-# u4b8 bf16 28672x8192 M = 1..8 (round 9f A/B, two blocks per SM -> pairs) 41.5-41.8 -> 41.8-43.1.
+# faster: sweep r10f, u4b8 28672x8192 M = 16 two blocks per SM 44.63 -> pairs 43.07 µs). Its grid is slice-aligned
+# with two blocks per slice, summed in clusters of two (cluster_blocks). PAIR_TWO_BLOCK_MIN_FILL: the same with two
+# blocks per SM (see choose_config; round 10j). Round 9c sweep on the H200 (bench/NOTES_gemm.md "Round 9"), µs default
+# -> pair: u4b8 8192^2 M = 16 18.45 -> 17.04, 28672x8192 M = 1 40.93 -> 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64
+# tile), FP8 8192^2 M = 1 22.98 -> 20.32 (the 256 x 128 tile); lost with long ranges (then): 28672x8192 M = 16 44.68
+# -> 46.87, 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16, and (round 9d A/B) u4 + zero points 28672x8192 M = 1 44.88
+# -> 46.96; u4b8 bf16 28672x8192 M = 1..8 (round 9f A/B, two blocks per SM -> pairs) 41.5-41.8 -> 41.8-43.1.
 # The pairs do not depend on CLUSTER_SUMS: with the sums switched off the same partition runs with global sums.
 PAIR_CLUSTERS = True
 PAIR_MIN_FILL = 0.9
@@ -646,7 +647,8 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
         raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
     grid = grid_blocks(cfg, max(m, 1), n, k, sms)
     cluster = cluster_blocks(cfg, max(m, 1), n, k, grid, compute_capability, fp32_reduce)
-    return (dataclasses.replace(cfg, cluster=cluster) if cluster > 1 else cfg), sms, grid
+    # cluster_blocks decides (a pair choice comes back from choose_config with cluster = 2; kept only where it applies)
+    return dataclasses.replace(cfg, cluster=cluster), sms, grid
 
 
 # The pointer fields of a record that must be 16-byte aligned (null counts as aligned).

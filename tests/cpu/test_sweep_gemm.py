@@ -261,3 +261,21 @@ def test_clusters_that_cannot_all_be_resident_fall_back_to_the_global_sum(fake, 
     assert plan.cfg.cluster == 1 and plan.grid == 128
     assert "marlin_gemm_cluster" not in plan.cfg.name_expression
     assert launch_of(plan, driver)[:2] == (128, plan.cfg.smem_bytes)
+
+
+def test_two_block_pairs_reach_the_plan_and_keep_their_partition_without_cluster_sums(fake, monkeypatch):
+    """choose_config returns a two-block pair with cluster = 2 (u4b8 4096 x 14336 at M <= 8 on sm_90): the plan gives
+    each of the 112 slices two blocks in clusters of two; with the cluster sums switched off the same grid runs the
+    plain kernel (global sums), never a cluster kernel whose blocks the grid does not pair."""
+    _, driver = fake
+    monkeypatch.setattr(gemm, "PAIR_CLUSTERS", True)
+    rec = record(m=4, k=4096, n=14336)
+    plan = gemm.prepare_launch(rec)
+    assert (plan.cfg.blocks_per_sm, plan.cfg.cluster, plan.grid) == (2, 2, 224)
+    assert "marlin_gemm_cluster" in plan.cfg.name_expression
+    gemm._prepared.clear()
+    monkeypatch.setattr(gemm, "CLUSTER_SUMS", False)
+    plan = gemm.prepare_launch(rec)
+    assert (plan.cfg.blocks_per_sm, plan.cfg.cluster, plan.grid) == (2, 1, 224)
+    assert "marlin_gemm_cluster" not in plan.cfg.name_expression
+    assert launch_of(plan, driver)[0] == 224
