@@ -249,27 +249,20 @@ struct WarpLoop {
   unsigned g_off[4][2];    // (magic + zero) pairs
   unsigned g_off16[4][2];  // -(64 + zero) fp16 pairs (fp16 4-bit high nibbles)
 
-  __device__ __forceinline__ void zero_acc() {
+  __device__ __forceinline__ static void zero(float (&x)[M_BLOCKS][kAccN][4]) {
 #pragma unroll
     for (int mb = 0; mb < M_BLOCKS; ++mb)
 #pragma unroll
       for (int nb = 0; nb < kAccN; ++nb)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) acc[mb][nb][r] = 0.f;
+        for (int r = 0; r < 4; ++r) x[mb][nb][r] = 0.f;
   }
+  __device__ __forceinline__ void zero_acc() { zero(acc); }
 
   // kLateScale: which of l_sc[nb]'s two scales belongs to mma register r. SWAP: registers 0, 1 are column n0 of
   // sub-block nb, 2, 3 column n0 + 8 (h); rows layout: registers 0, 2 are column 2 (lane % 4) of n8 block nb, 1, 3
   // the next one.
   __device__ __forceinline__ static int late_half(int r) { return SWAP ? r >> 1 : r & 1; }
-  __device__ __forceinline__ void zero_part() {
-#pragma unroll
-    for (int mb = 0; mb < M_BLOCKS; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < kAccN; ++nb)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) part[mb][nb][r] = 0.f;
-  }
   __device__ __forceinline__ void flush_part() {
 #pragma unroll
     for (int mb = 0; mb < M_BLOCKS; ++mb)
@@ -421,7 +414,7 @@ struct WarpLoop {
   __device__ __forceinline__ void compute_stage(unsigned slot, const LaneOffsets& o, int k0, int group_size,
                                                 int group_shift, const int4* __restrict__ scales,
                                                 const int4* __restrict__ zeros, int prob_n, int col) {
-    if constexpr (kLateScale) zero_part();
+    if constexpr (kLateScale) zero(part);
     // kLateScale: the mma write the unscaled sums of the current group
     float(&sums)[M_BLOCKS][kAccN][4] = kLateScale ? part : acc;
 #pragma unroll
@@ -432,7 +425,7 @@ struct WarpLoop {
           if constexpr (kLateScale) {
             if (i > 0) {  // the previous group's sums, with its scales, before they are replaced
               flush_part();
-              zero_part();
+              zero(part);
             }
           }
           load_group(slot, ((k0 + o.k + 16 * i) >> group_shift) - (k0 >> group_shift), o.s, o.z, o.s_acc);
