@@ -234,7 +234,10 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                 continue
             yield n_tiles, k_warp
 
-    if pairs and PAIR_CLUSTERS and m_blocks == 1 and sms > 0:
+    half_smem = min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)  # per block, two blocks per SM
+
+    def pair_choice() -> KernelConfig | None:
+        """The pair policy (PAIR_*): slices of two blocks each, summed in clusters of two."""
         first = next(shapes(), None)
         for n_tiles, k_warp in shapes():
             tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
@@ -259,20 +262,22 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
         if first is not None and plain_swap and act is ScalarType.F16 and weight.bits in TWO_BLOCKS_WEIGHT_BITS \
                 and sm_smem > 0:
             n_tiles, k_warp = first
-            slices = size_n // _THREAD_SHAPES[first][1]
-            if PAIR_TWO_BLOCK_MIN_FILL * sms <= slices <= sms and size_k // _THREAD_SHAPES[first][0] >= 2:
-                half = min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)
-                two = next((cfg for stages in (3, 4)
-                            for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
-                                                     blocks_per_sm=2, cluster=2, **variant)]
-                            if cfg.smem_bytes <= half), None)
-                if two is not None:
-                    return two
+            tk, tn = _THREAD_SHAPES[first]
+            if PAIR_TWO_BLOCK_MIN_FILL * sms <= size_n // tn <= sms and size_k // tk >= 2:
+                return next((cfg for stages in (3, 4)
+                             for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
+                                                      blocks_per_sm=2, cluster=2, **variant)]
+                             if cfg.smem_bytes <= half_smem), None)
+        return None
+
+    if pairs and PAIR_CLUSTERS and m_blocks == 1 and sms > 0:
+        pair = pair_choice()
+        if pair is not None:
+            return pair
     if m_blocks == 1 and sm_smem > 0 and weight.bits in TWO_BLOCKS_WEIGHT_BITS:
-        half = min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)
         two = next((cfg for n_tiles, k_warp in shapes() for stages in (4, 3)
                     for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
-                                             blocks_per_sm=2, **variant)] if cfg.smem_bytes <= half), None)
+                                             blocks_per_sm=2, **variant)] if cfg.smem_bytes <= half_smem), None)
         if two is not None:
             steps = (size_n // two.block_n) * (size_k // two.block_k)
             min_steps = TWO_BLOCKS_MIN_STEPS_SWAP if plain_swap else TWO_BLOCKS_MIN_STEPS
