@@ -3,7 +3,8 @@
 # scaling flushing once per stage), after sweep r10f (u4b8 28672x8192 M = 16: two blocks per SM 44.63 -> pairs
 # 43.07 µs). The bench-shape tests of 28672x8192 and the cluster cases, then an A/B against e6c5469
 # (artifacts/r10_self) at M = 12, 16 (u4b8 fp16 changes; u4b8 bf16 and u4 + zero points must not).
-#   usage (device machine, repo root; carry .whl, artifacts/r10_self):  RET=$OUT bash bench/device_runs/gpu_r10g_pairs16.sh
+#   usage (device machine, repo root; carry .whl, artifacts/r10_self):
+#     RET=$OUT bash bench/device_runs/gpu_r10g_pairs16.sh
 set -u
 . bench/device_runs/device_env.sh
 timeout 150 python3 -m pytest -p no:cacheprovider -q tests/gpu/test_gemm_bench_shapes.py tests/gpu/test_gemm.py \
