@@ -138,7 +138,11 @@ class KernelConfig(TileGeometry):
 # tiles; large M reuses each A stage over 256 columns.
 _SMALL_M_SHAPES = ((2, 4), (2, 2), (1, 1), (2, 1), (4, 2))
 _LARGE_M_SHAPES = ((4, 2), (2, 2), (2, 1), (1, 1))
-_THREAD_SHAPES = {(2, 4): (256, 128), (2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128)}
+_THREAD_SHAPES = {(2, 4): (256, 128), (2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128),
+                  (1, 2): (256, 64)}
+# (1, 2), 256 x 64, is in no order above: a tile the kernel builds (tests/compile) for forced configurations and the
+# sweep (bench/sweep_gemm.py), not yet measured — on 4096^2 at M <= 8 its pairs would give each block 8 steps of 8 KiB
+# instead of the 128 x 64 tile's 16 of 4 KiB, with late scaling over two k16 tiles (bench/NOTES_gemm.md "Round 10").
 # 8 stages keep ~7 weight stages in flight per SM for small M (HBM needs tens of KiB in flight per SM); 4 else.
 _DEEP_STAGES, _STAGES = 8, 4
 # Kernels with one m16 block (M <= 16) and one block per SM: stage counts in order of preference, per weight bits

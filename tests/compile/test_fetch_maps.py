@@ -30,7 +30,7 @@ def test_weight_fetch_covers_every_b_int4_at_heads_position(tmp_path):
     assert run.stdout.count(": ok") == 12, run.stdout
 
 
-@pytest.mark.parametrize("n_tiles,k_warp", sorted(gemm.thread_shapes()) + [(1, 2)])
+@pytest.mark.parametrize("n_tiles,k_warp", sorted(gemm.thread_shapes()))
 @pytest.mark.parametrize("m_blocks", [1, 2, 3, 4])
 def test_a_fetch_copies_share_one_swizzle(m_blocks, n_tiles, k_warp):
     """Thread t's A copy n goes to a_index(t // row + n * rows_per_pass, t % row) = copy 0's + n * 256 (the kernels
@@ -52,7 +52,7 @@ def test_a_fetch_copies_share_one_swizzle(m_blocks, n_tiles, k_warp):
     assert sorted(seen) == list(range(a_i4))
 
 
-@pytest.mark.parametrize("n_tiles,k_warp", sorted(gemm.thread_shapes()) + [(1, 2)])
+@pytest.mark.parametrize("n_tiles,k_warp", sorted(gemm.thread_shapes()))
 @pytest.mark.parametrize("swap", [False, True])
 def test_ldmatrix_address_of_tile_i_is_tile_0_xor_32i(n_tiles, k_warp, swap):
     """WarpLoop::compute_stage reads tile i of a warp's K_WARP tiles at (byte offset of tile 0) ^ (32 i)."""
