@@ -66,7 +66,9 @@ def dequantize(codes, scales, zeros, weight_type, group_size: int, g_idx=None, a
     """Exact reference dequantization, returned as float32 (K, N) holding act_dtype-representable values.
 
     ``rounded=False``: the same products before that last rounding, as float64 (exact: what a kernel that applies
-    the scales to fp32 partial sums multiplies with; FP8 keeps its scale folded and rounded as the kernel gets it)."""
+    the scales to fp32 partial sums multiplies with; FP8 keeps its scale folded and rounded as the kernel gets it).
+    (The products are exact in float32 too — at most 8 + 11 significant bits — so the rounded path stays float32.)"""
+    wide = np.float32 if rounded else np.float64
     wt = ScalarType.parse(weight_type)
     act = _check_dtype(act_dtype)
     codes = np.asarray(codes)
@@ -77,15 +79,15 @@ def dequantize(codes, scales, zeros, weight_type, group_size: int, g_idx=None, a
         bias = np.float32(exponent_bias(act))
         folded = (scale_rows * bias).astype(act).astype(np.float32)
         moved = e4m3_to_float32(codes) / bias  # exact: the kernel's bit move
-        product = moved.astype(np.float64) * folded
-        return product if not rounded else product.astype(np.float32).astype(act).astype(np.float32)
+        product = moved.astype(wide, copy=False) * folded
+        return product if not rounded else product.astype(act).astype(np.float32)
     if wt.has_zero_points:
         require(zeros is not None, f"{wt} needs zero points")
         zero_rows = np.asarray(zeros)[rows].astype(np.float32)
     else:
         zero_rows = np.float32(wt.bias)
-    product = (codes.astype(np.float64) - zero_rows) * scale_rows
-    return product if not rounded else product.astype(np.float32).astype(act).astype(np.float32)
+    product = (codes.astype(wide) - zero_rows) * scale_rows
+    return product if not rounded else product.astype(act).astype(np.float32)
 
 
 def quantize_weights(w, weight_type, group_size: int, act_order: bool = False, act_dtype=np.float16,
