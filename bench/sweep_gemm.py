@@ -498,10 +498,8 @@ def time_cell(cp, gemm_abi, cell, cands, copies, w_exact, w_abs, act, stream, wo
     a = [cp.asarray(x) for x in a_host]
     a32 = a[0].astype(cp.float32)
     ref = a32 @ w_exact  # (M, N) fp32 reference of launch 0 (copy 0, a[0])
-    # tests/gpu/test_gemm.py error_bound, fp32 reduction: one rounding to the activation type, one of the weight (late
-    # scaling), fp32 accumulation
-    u = {np.dtype(np.float16): 2.0 ** -11}.get(np.dtype(act), 2.0 ** -8)
-    bound = (2 * u + k * 2.0 ** -22) * (cp.abs(a32) @ w_abs) + 1e-30
+    # tests/gpu/test_gemm.py error_bound, fp32 reduction
+    bound = gemm.error_bound_factor(act, k) * (cp.abs(a32) @ w_abs) + 1e-30
     c = cp.empty((m, n), dtype=act)
     # and the whole device idle before the first check: nothing issued elsewhere (another stream, the compile
     # threads' module loads) can still be writing what the check reads
@@ -645,7 +643,7 @@ def selfcheck(args) -> int:
             print(f"FAIL {cell.label}: identity product != dequantized weight", flush=True)
         a = rng.standard_normal((cell.m, k), dtype=np.float32).astype(np.float16)
         ref = a.astype(np.float32) @ q.w_ref
-        bound = (2.0 ** -10 + k * 2.0 ** -22) * (np.abs(a.astype(np.float32)) @ np.abs(q.w_ref)) + 1e-30
+        bound = gemm.error_bound_factor(np.float16, k) * (np.abs(a.astype(np.float32)) @ np.abs(q.w_ref)) + 1e-30
         a_dev = cp.asarray(a)
         c = cp.empty((cell.m, n), dtype=np.float16)
         for cand in cands:

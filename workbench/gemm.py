@@ -977,6 +977,22 @@ def _bf16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
+# Unit roundoff of the activation types: rounding a value to fp16 / bf16 moves it by at most u |value|.
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+def error_bound_factor(act_dtype, size_k: int, output_roundings: int = 1, weight_rounding: bool = True) -> float:
+    """c such that |marlin_gemm(a, W) - a @ w_ref| <= c (|a| @ |w_ref|) elementwise, w_ref the reference dequantized
+    weight (workbench.quantize.dequantize) in fp32 with exact products, S = |a| @ |w_ref| bounding every partial sum:
+    * ``output_roundings`` x u: the output's rounding to the activation type (the in-C and atomic reductions round
+      each contributing block's partial as well: one more per block);
+    * u where ``weight_rounding``: w_ref rounds scale x (code - zero) to the activation type, a late-scaling kernel
+      (KernelConfig.late_scale) does not (against the unrounded weight: False);
+    * K 2^-22: fp32 tensor-core accumulation (Hopper aligns the products before adding, dropping low bits)."""
+    u = UNIT_ROUNDOFF[np.dtype(act_dtype).name]
+    return (output_roundings + int(weight_rounding)) * u + size_k * 2.0 ** -22
+
+
 def act_scalar_type(dtype) -> ScalarType:
     dtype = np.dtype(dtype)
     if dtype == np.float16:

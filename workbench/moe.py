@@ -108,15 +108,15 @@ def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=Non
     return total.astype(act)
 
 
-UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+UNIT_ROUNDOFF = gemm.UNIT_ROUNDOFF
 
 
 def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=None, expert_map=None) -> np.ndarray:
     """Per-element bound on |kernel - moe_reference| (float32 [M, K]), derived from where each side rounds.
 
-    With u the activation type's unit roundoff and a GEMM's error <= (2u + K·2^-22)·(|A| @ |W|) (one output rounding,
-    one for the weight rounding that the reference makes and a kernel scaling fp32 partial sums does not, and fp32
-    tensor-core accumulation that drops low bits when aligning products):
+    With u the activation type's unit roundoff and a GEMM's error <= (2u + K·2^-22)·(|A| @ |W|)
+    (gemm.error_bound_factor: one output rounding, one for the weight rounding that the reference makes and a kernel
+    scaling fp32 partial sums does not, and fp32 tensor-core accumulation that drops low bits when aligning products):
       δg  <= e1 = (2u + K·2^-22)·(|a| @ |W13|)
       δh  <= |silu'(g_gate)|·δg_gate·|g_up| + |silu(g_gate)|·δg_up + u·|h|        (SiLU-and-mul, one rounding)
       δy  <= |w|·(δh @ |W2| + (2u + N·2^-22)·(|h| @ |W2|))                     (GEMM 2, router weight in fp32)
@@ -134,7 +134,7 @@ def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=N
     for e in np.unique(local[local >= 0]):
         rows, slots = np.nonzero(local == e)
         g = hidden[rows].astype(np.float32) @ w13_ref[e]
-        e1 = (2 * u + k * 2.0 ** -22) * (a[rows] @ np.abs(w13_ref[e]))
+        e1 = gemm.error_bound_factor(act, k) * (a[rows] @ np.abs(w13_ref[e]))
         gate, up = g[:, :n], g[:, n:]
         sig = 1.0 / (1.0 + np.exp(-gate))
         dsilu = np.abs(sig * (1.0 + gate * (1.0 - sig)))
@@ -142,7 +142,7 @@ def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=N
         dh = dsilu * e1[:, :n] * (np.abs(up) + e1[:, n:]) + np.abs(_silu(gate)) * e1[:, n:] + u * h
         w2 = np.abs(w2_ref[e])
         w = np.abs(weights[rows, slots, None])
-        dy = w * ((dh @ w2) + (2 * u + n * 2.0 ** -22) * (h @ w2))
+        dy = w * ((dh @ w2) + gemm.error_bound_factor(act, n) * (h @ w2))
         y = w * (h @ w2)
         np.add.at(bound, rows, dy + 2 * u * y)
     return 2 * bound + np.float32(1e-30)

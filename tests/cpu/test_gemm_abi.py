@@ -330,3 +330,11 @@ def test_small_m_prefers_two_resident_blocks_when_shared_memory_allows():
     assert gemm.workspace_numel(132) >= 264
     big = gemm.choose_config(S.F16, S.U4B8, 64, 8192, 8192, 128, False, 232448, sm_smem=233472)
     assert big.blocks_per_sm == 1
+
+
+def test_error_bound_factor_terms():
+    """One output rounding + the weight rounding late scaling skips + K 2^-22; in-C / atomic add one per block."""
+    u16, u_bf = 2.0 ** -11, 2.0 ** -8
+    assert gemm.error_bound_factor(np.float16, 1024) == 2 * u16 + 1024 * 2.0 ** -22
+    assert gemm.error_bound_factor("bfloat16", 128, weight_rounding=False) == u_bf + 128 * 2.0 ** -22
+    assert gemm.error_bound_factor(np.float16, 4096, output_roundings=1 + 64) == 66 * u16 + 4096 * 2.0 ** -22

@@ -29,7 +29,6 @@ MODES = {  # name -> keyword arguments of marlin_gemm
     "atomic": dict(use_atomic_add=True, use_fp32_reduce=False),
     "deterministic": dict(use_fp32_reduce=True, deterministic=True),
 }
-UNIT_ROUNDOFF = {np.dtype(np.float16): 2.0 ** -11, BF16: 2.0 ** -8}
 
 
 def group_sizes(wt):
@@ -62,9 +61,8 @@ def error_bound(a, w_ref, act, mode, k):
       rounding per contributing block — at most K/64 of them (a block holds >= 64 rows of K): (K/64) u S;
     * fp32 accumulation in the tensor cores (Hopper aligns products before adding, losing low bits): K 2^-22 S."""
     s = np.abs(a.astype(np.float32)) @ np.abs(w_ref)
-    u = UNIT_ROUNDOFF[np.dtype(act)]
-    roundings = 2 + (k // 64 if mode in ("in_c", "atomic") else 0)
-    return (roundings * u + k * 2.0 ** -22) * s + 1e-30
+    roundings = 1 + (k // 64 if mode in ("in_c", "atomic") else 0)
+    return gemm.error_bound_factor(act, k, output_roundings=roundings) * s + 1e-30
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -180,7 +178,7 @@ def test_late_scaling_holds_the_bound_of_the_unrounded_weight(wt, gs, act, m):
     out = run(a, gemm.upload_weight(mw))
     ref = a.astype(np.float64) @ w_exact
     s = np.abs(a.astype(np.float64)) @ np.abs(w_exact)
-    bound = (UNIT_ROUNDOFF[np.dtype(act)] + k * 2.0 ** -22) * s + 1e-30  # no weight rounding to allow for
+    bound = gemm.error_bound_factor(act, k, weight_rounding=False) * s + 1e-30  # no weight rounding to allow for
     assert np.all(np.abs(out - ref) <= bound), float(np.max(np.abs(out - ref) / bound))
 
 
