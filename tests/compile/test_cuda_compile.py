@@ -117,6 +117,25 @@ def test_shared_memory_of_every_config_fits_sm80():
                     assert cfg.smem_bytes <= 163 * 1024
 
 
+def test_python_late_scale_mirrors_the_kernels_rule():
+    """KernelConfig.late_scale (which kernels scale fp32 partial sums, so whose bits differ from scaling each weight)
+    equals WarpLoop::kLateScale with late_scale_pays, as both kernels instantiate it: NVRTC evaluates the asserts."""
+    checks = []
+    for act in (S.F16, S.BF16):
+        for weight in gemm.GEMM_WEIGHT_TYPES:
+            for n_tiles, k_warp in gemm.thread_shapes():
+                for m_blocks, bps, swap in ((1, 1, False), (1, 1, True), (1, 2, False), (1, 2, True), (2, 1, False)):
+                    for group_mode in (gemm.GROUP_CHANNELWISE, gemm.GROUP_GROUPED, gemm.GROUP_PER_ROW):
+                        cfg = gemm.KernelConfig(act, weight, m_blocks, n_tiles, k_warp, 3, group_mode,
+                                                blocks_per_sm=bps, swap=swap)
+                        t = "__half" if act is S.F16 else "__nv_bfloat16"
+                        sw = str(swap).lower()
+                        loop = (f"mwb::WarpLoop<{t}, {weight.abi_code}, {m_blocks}, {n_tiles}, {k_warp}, 3, "
+                                f"{group_mode}, {sw}, mwb::late_scale_pays<{bps}, {sw}, {k_warp}>()>")
+                        checks.append(f'static_assert({loop}::kLateScale == {str(cfg.late_scale).lower()}, "{cfg}");')
+    nvrtc_cubin(gemm.kernel_source() + "\n" + "\n".join(checks) + "\n", list(EXTRA_KERNELS), 90)
+
+
 def test_python_shared_memory_mirrors_the_kernels_geometry():
     """TileGeometry.smem_bytes (what the host passes as dynamic shared memory) equals Geometry::kSmemBytes for every
     tile shape, m16 block count, weight type and group mode: NVRTC evaluates the static_asserts."""
