@@ -182,11 +182,11 @@ def grid_options(cfg: gemm.KernelConfig, m: int, n: int, k: int, sms: int, polic
 
 
 def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int, compute_capability: int = 90,
-               near_default: bool = False) -> list[Candidate]:
+               near_default: bool = False, thread_shapes: frozenset | None = None) -> list[Candidate]:
     """The sweep set of one cell, today's (configuration, grid) first and marked is_default. A grid that
     takes thread-block clusters on ``compute_capability`` (any size the kernel has, gemm.KERNEL_CLUSTER_SIZES) is timed
     with and without them. ``near_default``: only the default's thread shape, blocks per SM and swap (stages and
-    grids vary)."""
+    grids vary). ``thread_shapes``: only these (n_tiles, k_warp) besides the default."""
     m, n, k = cell.m, cell.n, cell.k
     default = default_config(cell, sms, smem_limit, sm_smem, compute_capability)
     default_grid = gemm.grid_blocks(default, m, n, k, sms)
@@ -214,6 +214,8 @@ def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int, compute_capa
         for cfg in shape_configs(cell, smem_limit, sm_smem, swap):
             if near_default and (cfg.n_tiles, cfg.k_warp, cfg.blocks_per_sm, cfg.swap) != (
                     default.n_tiles, default.k_warp, default.blocks_per_sm, default.swap):
+                continue
+            if thread_shapes is not None and (cfg.n_tiles, cfg.k_warp) not in thread_shapes:
                 continue
             add(cfg, "swap-flip" if swap != default.swap else "shape")
     out.sort(key=lambda c: not c.is_default)  # (stable) the default first
@@ -413,7 +415,8 @@ def run(args) -> int:
     tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
     cc, sms, smem_limit, sm_smem = gemm.device_properties(dev.id)
     l2 = l2_bytes(cp)
-    per_cell = [candidates(cell, sms, smem_limit, sm_smem, cc, args.near_default) for cell in cells]
+    per_cell = [candidates(cell, sms, smem_limit, sm_smem, cc, args.near_default, args.thread_shapes)
+                for cell in cells]
     identity = {}  # (weight, gs, act, k, n) -> the configuration of the M = K identity product
     for cell in cells:
         key = (cell.weight, cell.group_size, cell.act, cell.k, cell.n)
@@ -686,7 +689,8 @@ def list_cells(args) -> int:
     names = set()
     total = 0
     for i, cell in enumerate(cells):
-        cands = candidates(cell, args.sms, args.smem_limit, args.sm_smem, near_default=args.near_default)
+        cands = candidates(cell, args.sms, args.smem_limit, args.sm_smem, near_default=args.near_default,
+                           thread_shapes=args.thread_shapes)
         names |= {c.cfg.name_expression for c in cands}
         total += len(cands)
         d = cands[0]
@@ -698,6 +702,17 @@ def list_cells(args) -> int:
                       f"{'/'.join(c.grid_kinds)} {c.variant}")
     print(f"{len(cells)} cells, {total} candidates, {len(names)} distinct instantiations")
     return 0
+
+
+def _thread_shapes(text: str) -> frozenset:
+    """'1x2,2x4' -> {(1, 2), (2, 4)} (argparse type of --thread-shapes)."""
+    try:
+        shapes = frozenset(tuple(int(v) for v in part.split("x")) for part in text.split(","))
+    except ValueError:
+        shapes = frozenset()
+    if not shapes or any(len(s) != 2 for s in shapes) or not shapes <= set(gemm._THREAD_SHAPES):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected n_tiles x k_warp pairs from {sorted(gemm._THREAD_SHAPES)}")
+    return shapes
 
 
 def main(argv=None) -> int:
@@ -715,6 +730,8 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--near-default", action="store_true",
                         help="only the default's thread shape, blocks per SM and swap; stages and grids vary")
+    parser.add_argument("--thread-shapes", default=None, type=_thread_shapes,
+                        help="only these thread shapes besides the default, as n_tiles x k_warp (e.g. 1x2,2x4)")
     parser.add_argument("--stages", default=None,
                         help="one-block stage counts to try, comma-separated (default: %s)"
                         % ",".join(map(str, ONE_BLOCK_STAGES)))

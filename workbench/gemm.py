@@ -136,13 +136,15 @@ class KernelConfig(TileGeometry):
 # (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n). Small M streams weights: the first choices keep
 # BK large so that the fixed cost of a pipeline step (barrier, address math, fetch issue) is spread over more
 # tiles; large M reuses each A stage over 256 columns.
-_SMALL_M_SHAPES = ((2, 4), (2, 2), (1, 1), (2, 1), (4, 2))
+# (1, 2), 256 x 64, before (1, 1), 128 x 64 (round 11): where 64-column slices are what fill the SMs (the pair
+# policy on 4096-column layers), its blocks run half as many steps of twice the bytes, and late scaling spans two
+# k16 tiles. Sweep r11a on the H200, u4b8 g128 fp16, µs (128 x 64 -> 256 x 64, pairs): 4096^2 M = 1 8.11 -> 7.27,
+# M = 8 8.11 -> 7.28, M = 16 8.88 -> 7.98; 14336x4096 M = 1 (the 256 x 128 tile, one block per SM) 14.84 -> 13.88;
+# FP8 4096^2 M = 1 8.98 -> 8.55.
+_SMALL_M_SHAPES = ((2, 4), (2, 2), (1, 2), (1, 1), (2, 1), (4, 2))
 _LARGE_M_SHAPES = ((4, 2), (2, 2), (2, 1), (1, 1))
 _THREAD_SHAPES = {(2, 4): (256, 128), (2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128),
                   (1, 2): (256, 64)}
-# (1, 2), 256 x 64, is in no order above: a tile the kernel builds (tests/compile) for forced configurations and the
-# sweep (bench/sweep_gemm.py), not yet measured — on 4096^2 at M <= 8 its pairs would give each block 8 steps of 8 KiB
-# instead of the 128 x 64 tile's 16 of 4 KiB, with late scaling over two k16 tiles (bench/NOTES_gemm.md "Round 10").
 # 8 stages keep ~7 weight stages in flight per SM for small M (HBM needs tens of KiB in flight per SM); 4 else.
 _DEEP_STAGES, _STAGES = 8, 4
 # Kernels with one m16 block (M <= 16) and one block per SM: stage counts in order of preference, per weight bits
@@ -191,7 +193,15 @@ TWO_BLOCKS_MIN_STEPS_SWAP = 8
 PAIR_CLUSTERS = True
 PAIR_MIN_FILL = 0.9
 PAIR_MAX_STEPS = 32
+# Kernels with zero points or act-order groups: pairs only up to 16 steps per block. A/B round 11b (H200, u4 g128
+# fp16, µs, one block per SM -> 256 x 64 pairs): 4096^2 (8 steps) M = 1 9.47 -> 8.41; 14336x4096 (28 steps) M = 1
+# 16.61 -> 17.80, M = 16 18.13 -> 20.41, while u4b8 there gained (14.85 -> 13.84). Round 9d: 8192^2 (16) won.
+PAIR_MAX_STEPS_NOT_PLAIN = 16
 PAIR_TWO_BLOCK_MIN_FILL = 0.8
+# Stage counts of 4-bit pairs on the 256 x 64 tile, by swap (twice the bytes per stage of 128 x 64, whose order is
+# ONE_M_BLOCK_STAGES). Sweep r11a, u4b8 fp16 4096^2, µs with 4 / 6 / 8 stages: swapped M = 1 7.27 / 7.61 / 7.66,
+# M = 8 7.28 / 7.51 / 7.41; rows layout M = 16 8.30 / 8.31 / 7.98.
+K256_PAIR_STAGES = {True: (4, 6, 8), False: (8, 6, 4)}
 
 
 def pairs_possible(compute_capability: int, fp32_reduce: bool) -> bool:
@@ -252,8 +262,10 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             # (rows layout: only where late scaling flushes once per stage, i.e. a group spans a warp's k16 tiles)
             one_flush = variant["swap"] or group_size < 0 or group_size >= 16 * k_warp
             long_ok = plain and act is ScalarType.F16 and (n_tiles, k_warp) == first and one_flush
-            if steps >= 1 and (steps <= PAIR_MAX_STEPS or long_ok):
-                pair = next((cfg for stages in stage_order
+            if steps >= 1 and (steps <= (PAIR_MAX_STEPS if plain else PAIR_MAX_STEPS_NOT_PLAIN) or long_ok):
+                stages_here = K256_PAIR_STAGES[variant["swap"]] if (n_tiles, k_warp) == (1, 2) and weight.bits == 4 \
+                    else stage_order
+                pair = next((cfg for stages in stages_here
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       **variant)] if cfg.smem_bytes <= smem_limit), None)
                 if pair is not None:

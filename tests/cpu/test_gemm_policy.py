@@ -178,9 +178,13 @@ PAIRS = [
     ((S.U4B8, 16, 8192, 8192), (2, 4, 6, 1, 128, 2)),  # was two blocks per SM, 64 x 4
     ((S.U4B8, 1, 28672, 8192), (2, 4, 6, 1, 128, 2)),  # 56 steps per block, but swapped and the first-choice tile
     ((S.U4B8, 16, 28672, 8192), (2, 4, 6, 1, 128, 2)),  # 56 steps, fp16, first-choice tile (sweep r10f: 44.6 -> 43.1)
-    ((S.U4B8, 1, 4096, 4096), (1, 1, 6, 1, 128, 2)),  # the 128 x 64 tile: 64 slices x 2
-    ((S.U4B8, 16, 4096, 4096), (1, 1, 6, 1, 128, 2)),
-    ((S.U4B8, 1, 14336, 4096), (2, 4, 6, 1, 128, 1)),  # 128 x 64 pairs would take 56 steps: as before
+    # the 256 x 64 tile: 64 slices x 2, 8 steps per block; 4 stages swapped, 8 in the rows layout (sweep r11a)
+    ((S.U4B8, 1, 4096, 4096), (1, 2, 4, 1, 128, 2)),
+    ((S.U4B8, 16, 4096, 4096), (1, 2, 8, 1, 128, 2)),
+    ((S.U4B8, 1, 14336, 4096), (1, 2, 4, 1, 128, 2)),  # 28 steps per block (128 x 64 pairs: 56, not taken)
+    ((S.FE4M3FN, 1, 4096, 4096), (1, 2, 4, 1, 128, 2)),
+    ((S.U4, 1, 4096, 4096), (1, 2, 4, 1, 128, 2)),  # zero points, 8 steps: pairs (round 11b: 9.47 -> 8.41 µs)
+    ((S.U4, 1, 14336, 4096), (2, 4, 6, 1, 128, 1)),  # zero points, 28 steps: not (round 11b: 16.61 -> 17.80)
     # no shape's pairs fill 90% of the SMs one block each; the first's fill 85% two blocks each (sweep r10i)
     ((S.U4B8, 1, 4096, 14336), (2, 4, 3, 2, 224, 2)),
     ((S.U4B8, 16, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # not swapped: as before
