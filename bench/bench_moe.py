@@ -13,6 +13,11 @@ Method
   (host launch gaps inside a path are part of that path's cost); the median of REPS calls is reported.
 * Bytes touched = weights + scales of the experts that receive at least one token. Effective GB/s = those bytes /
   time; "% copy" compares it with a device-to-device copy (read + written bytes) measured in the same run.
+* The fused path is also timed as bench_gemm times the dense GEMM ("fused graph"): a CUDA graph of
+  LAUNCHES_PER_GRAPH calls, each on its own routing (drawn as above; at decode sizes each avoids the experts of the
+  one before, so no call finds its weights in L2: rotated_routings), per call, without flushes; its bytes are the
+  mean touched bytes of those routings. The single-call times include what the memset leaves behind: L2 full of dirty
+  lines that the call's own reads must write back first (bench/probe_moe_decode.py measures the difference).
 * The fused time covers the GEMM launch only; moe_align_block_size is timed separately, three ways: "align CUDA µs"
   is the CUDA C++ kernel that fused_moe launches (``workbench.moe.moe_align_block_size``, ``mwb::moe_align``), device
   time only (the GPU spins SPIN_US ahead of the start event while the host queues the call, as in the A/B mode);
@@ -58,6 +63,7 @@ CONFIGS = (  # (name, experts, K, N, top_k)
 M_VALUES = (1, 8, 64, 256)
 GROUP = 128
 REPS = 7
+LAUNCHES_PER_GRAPH = 20  # calls per graph in the "fused graph" timing (bench_gemm's)
 FLUSH_BYTES = 512 << 20
 
 
@@ -87,6 +93,43 @@ def touched_bytes(experts: int, k: int, n: int) -> int:
     return experts * (k * n // 2 + (k // GROUP) * n * 2)
 
 
+def rotated_routings(cp, rng, m: int, e: int, top_k: int, count: int):
+    """``count`` routings of m tokens (distinct experts per token): [(sorted_ids, expert_ids, num_post) device
+    arrays], [experts touched]. Where the previous routing touched at most a quarter of the experts (decode sizes),
+    the next is drawn from the others, so that it finds none of its weights in L2; else from all (the same
+    distribution as the single calls: a pool cut to the few experts left would touch fewer and change the work)."""
+    out, touched, previous = [], [], set()
+    for _ in range(count):
+        pool = np.array([x for x in range(e) if x not in previous]) if 4 * len(previous) <= e else np.arange(e)
+        ids = np.stack([rng.choice(pool, top_k, replace=False) for _ in range(m)]).astype(np.int32)
+        previous = set(ids.reshape(-1).tolist())
+        block = moe.choose_block_size(m, top_k, e)
+        out.append(tuple(cp.asarray(x) for x in align_ref(ids, block, e)))
+        touched.append(len(previous))
+    return out, touched
+
+
+def time_graph(cp, launches, reps: int = 5) -> float:
+    """Mean µs per call of ``launches`` (callables taking a stream), captured once as one CUDA graph (bench_gemm's
+    method: the calls run back to back, without flushes)."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for f in launches[:2]:  # warm-up outside capture (compilation, plans, allocator)
+            f(stream)
+        stream.begin_capture()
+        for f in launches:
+            f(stream)
+        graph = stream.end_capture()
+        graph.launch(stream)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        for _ in range(reps):
+            graph.launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / (reps * len(launches))
+
+
 def timed(cp, fn, flush, before_start=None) -> float:
     """Median µs of fn() over REPS calls, each after an L2 flush, each alone between two events. ``before_start``
     (a launch, e.g. a spin kernel) is queued after the flush and before the start event: while the GPU runs it the
@@ -111,14 +154,15 @@ def table_lines(rows) -> list[str]:
     """The markdown table of the table mode's rows, one line per (config, M); a path not timed shows '—'.
     "align CUDA µs" is the CUDA C++ align fused_moe uses (device time); the two "call" columns include host time."""
     lines = ["| config | M | experts touched | block | fused µs | batched µs | dense loop µs | torch µs | fused GB/s "
-             "| fused % copy | align CUDA µs | align CUDA call µs | align Numba call µs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| fused % copy | fused graph µs | fused graph % copy | align CUDA µs | align CUDA call µs "
+             "| align Numba call µs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {}
     for r in rows:
         by.setdefault((r["config"], r["m"]), {})[r["method"]] = r
     for (cfg, m), d in by.items():
         any_row = next(iter(d.values()))
-        f = d.get("fused", {})
+        f, g = d.get("fused", {}), d.get("fused graph", {})
 
         def us(method):
             return d[method]["us"] if method in d else "—"
@@ -126,7 +170,8 @@ def table_lines(rows) -> list[str]:
         lines.append(f"| {cfg} (E={any_row['experts']}, K={any_row['k']}, N={any_row['n']}, top-{any_row['top_k']}) "
                      f"| {m} | {any_row['experts_touched']} | {any_row['moe_block_size']} | {us('fused')} | "
                      f"{us('batched')} | {us('dense loop')} | {us('torch dequant+matmul')} | {f.get('gbs', '—')} | "
-                     f"{f.get('pct_copy', '—')} | {any_row['align_cuda_us']} | {any_row['align_cuda_call_us']} | "
+                     f"{f.get('pct_copy', '—')} | {g.get('us', '—')} | {g.get('pct_copy', '—')} | "
+                     f"{any_row['align_cuda_us']} | {any_row['align_cuda_call_us']} | "
                      f"{any_row['align_numba_call_us']} |")
     return lines
 
@@ -200,7 +245,9 @@ def ab_main(args) -> int:
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(AB_VARIANTS)}")
     old = load_old(args.ab_old)
-    assert old.moe_kernel_source() != moe.moe_kernel_source(), "OLD is the checked-out kernel"
+    assert old.moe_kernel_source() != moe.moe_kernel_source() or \
+        (pathlib.Path(args.ab_old) / "moe.py").read_text() != pathlib.Path(moe.__file__).read_text(), \
+        "OLD is the checked-out kernel and module"
     spin = cp.RawKernel(SPIN_SOURCE, "spin")
     spin_cycles = SPIN_US * 2100  # cycles at 2.1 GHz (above an H100/H200's SM clock): at least SPIN_US
     args.out.mkdir(parents=True, exist_ok=True)
@@ -304,14 +351,19 @@ def ab_main(args) -> int:
                 diff = float(np.nanmax(np.abs(got - ref))) / scale if np.array_equal(np.isnan(got), np.isnan(ref)) \
                     else float("inf")
                 gbs = nbytes / (us * 1e-6) / 1e9
-                c = cfg_of(v, block, n, k, items)
+                with _Forced(*AB_VARIANTS["new" if v == "old" else v]):  # what the call launched
+                    c, grid, _ = (old if v == "old" else moe)._fused_grid(
+                        stacks["old" if v == "old" else "new"], device, S.F16, block, m * top_k, int(sorted_ids.size),
+                        GROUP)
+                striped = "striped," if getattr(c, "routed", False) else ""
                 row = dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m, moe_block_size=block,
                            variant=v, us=round(us, 2), us_min=round(float(np.min(times[v])), 2),
                            us_q25=round(q25, 2), us_q75=round(q75, 2), us_max=round(float(np.max(times[v])), 2),
                            host_covered=covered, gbs=round(gbs, 1),
                            pct_copy=round(100 * gbs / copy_gbs, 1), rel_diff_vs_old=diff, bits_equal_old=same,
-                           shape=f"bn{c.block_n},bk{c.block_k},st{c.stages},b{getattr(c, 'blocks_per_sm', 1)}"
-                                 + ("s" if getattr(c, "swap", False) else ""))
+                           shape=f"{striped}bn{c.block_n},bk{c.block_k},st{c.stages},b{c.blocks_per_sm}"
+                                 + ("s" if c.swap else "") + (f"c{c.cluster}" if getattr(c, "cluster", 1) > 1 else "")
+                                 + f",g{grid}")
                 rows.append(row)
                 print(f"{name:10s} M={m:4d} {v:10s} {us:9.2f} us [IQR {q25:.2f}-{q75:.2f}] {row['pct_copy']:5.1f}% "
                       f"copy {row['shape']:22s} bitwise equal to old: {same} (rel diff {diff:.1e})", flush=True)
@@ -446,8 +498,13 @@ def main(argv=None) -> int:
                 print(f"{name:10s} M={m:4d} align CUDA {align['align_cuda_us']:.1f} us (device), call "
                       f"{align['align_cuda_call_us']:.1f} us; Numba call {align['align_numba_call_us']:.1f} us",
                       flush=True)
-            for method, fn in paths.items():
-                us = timed(cp, fn, flush)
+            timings = {method: (timed(cp, fn, flush), nbytes) for method, fn in paths.items()}
+            if "fused" in paths:
+                routings, touched = rotated_routings(cp, rng, m, e, top_k, LAUNCHES_PER_GRAPH)
+                timings["fused graph"] = (time_graph(cp, [
+                    lambda s, r=r: stack.gemm_phase_fused(a, *r, out_fused, m, block, top_k, stream=s)
+                    for r in routings]), float(np.mean([touched_bytes(t, k, n) for t in touched])))
+            for method, (us, nbytes) in timings.items():
                 gbs = nbytes / (us * 1e-6) / 1e9
                 row = dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m, experts_touched=int(len(used)),
                            moe_block_size=block, method=method, us=round(us, 2), gbs=round(gbs, 1),

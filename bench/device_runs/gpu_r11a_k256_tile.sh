@@ -3,7 +3,8 @@
 # since session 7 but in no policy order) in the full sweep of the cells it could help: 4096^2 u4b8 M = 1, 2, 8, 16
 # (tinygemm is faster at M <= 2: 6.8 vs 8.0 µs), FP8 4096^2 M = 1, and the 4096-wide u4b8 layers at M = 1, only that
 # tile beside the default (--thread-shapes 1x2; the other shapes were swept in r10i). Every
-# candidate is checked against the reference bound before it is timed (sweep_gemm.py); SELFCHECK=1 runs --selfcheck first.
+# candidate is checked against the reference bound before it is timed (sweep_gemm.py); SELFCHECK=1 runs
+# --selfcheck first.
 #   usage (device machine, repo root; carry .whl):  RET=$OUT bash bench/device_runs/gpu_r11a_k256_tile.sh
 set -u
 . bench/device_runs/device_env.sh
