@@ -196,4 +196,29 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
+// ---- programmatic dependent launch (sm_90; PTX ISA "griddepcontrol") --------------------------------------------
+// A grid launched with programmatic stream serialization (workbench/gemm.py PROGRAMMATIC_LAUNCH) may start while the
+// grid before it in the stream still runs. grid_dependency_wait() returns once that grid has completed and its writes
+// are visible; a kernel reads nothing the grid before may write, and writes nothing, before it. Without the launch
+// attribute (and on sm_80) it returns at once. allow_dependent_launch(): the grid after this one may be scheduled
+// once every block of this one has called it (or exited); it only lets that grid's blocks take SM space as ours
+// retire: they still wait for our completion at their own grid_dependency_wait().
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kProgrammaticLaunch = true;  // the device code can be launched programmatically
+#else
+constexpr bool kProgrammaticLaunch = false;
+#endif
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace mwb

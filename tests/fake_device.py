@@ -80,6 +80,7 @@ class FakeDriver:
         self.launches: list[tuple] = []
         self.cupy_calls: list[tuple] = []  # launches through the CuPy-call fallback (gemm.DIRECT_LAUNCH = False)
         self.arg_kinds: dict[int, tuple[str, ...]] = {}  # function -> 'p' (u64) / 'i' (i32) per argument
+        self.programmatic: list[int] = []  # indices into launches of the programmatic ones (cuLaunchKernelEx)
 
     def launchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):  # noqa: N802 - CUDA's name
         kinds = self.arg_kinds[int(f)]
@@ -226,7 +227,16 @@ def installed(monkeypatch=None):
 
         return kernel
 
+    def launch_programmatic(programmatic, function, stream, params):
+        """cuLaunchKernelEx with programmatic stream serialization: recorded as a launch, its index noted."""
+        kind, grid, smem = programmatic
+        assert kind == "programmatic"
+        driver.launchKernel(function, grid, 1, 1, gemm.THREADS, 1, 1, smem, stream, params, 0)
+        driver.programmatic.append(len(driver.launches) - 1)
+
     patches = dict(_cupy_module=fake, _driver_module=driver, _FAST_ARRAY=FakeArray,
+                   _programmatic_config=lambda grid, smem: ("programmatic", grid, smem),
+                   _launch_programmatic=launch_programmatic,
                    device_properties=lambda device: PROPS, function_ptr=function_ptr, get_kernel=get_kernel,
                    resident_blocks=lambda name, device: 2, resident_clusters=lambda cfg, device, grid: 1 << 30)
     saved = {name: getattr(gemm, name) for name in patches}

@@ -681,6 +681,16 @@ _SCALARS_OFFSET = MarlinLaunch.prob_m.offset  # the record's non-pointer tail: s
 # converting every argument on each call, as HEAD did): a switch for bench/bench_host.py's A/B, and a way back
 # (WORKBENCH_DIRECT_LAUNCH=0) should a driver/CuPy combination refuse the direct launch.
 DIRECT_LAUNCH = os.environ.get("WORKBENCH_DIRECT_LAUNCH", "1") != "0"
+# Programmatic dependent launch (sm_90+, direct launches; off unless WORKBENCH_PROGRAMMATIC_LAUNCH=1 or set here): the
+# GEMM is launched with programmatic stream serialization, so its blocks may be scheduled while the kernel before it
+# in the stream finishes; they fetch their first weight stage at once and wait (griddepcontrol.wait,
+# kernels_cuda/mma.cuh) before they read the activations or write anything. Every GEMM lets the next one start so
+# (griddepcontrol.launch_dependents). It pays only where the kernel before triggers it: back-to-back GEMMs (as in
+# bench_gemm's graphs) or another kernel that does. A/B round 11g (H200, back-to-back in graphs, µs plain ->
+# programmatic): u4b8 4096^2 M = 1 7.12 -> 5.70, 4096x14336 M = 1 12.60 -> 10.81, 8192^2 M = 16 16.00 -> 15.19; but
+# u4b8 14336x4096 M = 1 13.75 -> 16.88 and FP8 4096x14336 M = 1 19.00 -> 25.29 (both launched in clusters of two; not
+# understood). Hence opt-in. Needs cuda-python's driver bindings (cuLaunchKernelEx), else launches stay plain.
+PROGRAMMATIC_LAUNCH = os.environ.get("WORKBENCH_PROGRAMMATIC_LAUNCH", "0") == "1"
 # The argument blocks below, as 'p' (64-bit address) / 'i' (int32) per kernel parameter.
 KERNEL_ARG_KINDS = {"marlin_gemm": "pppppppp" + "iiiiii", "permute_cols": "ppp" + "iii"}
 
@@ -741,6 +751,10 @@ class PreparedLaunch:
         self._perm_ptrs = (ctypes.c_uint64 * 3)()
         self._perm_ints = (ctypes.c_int32 * 3)(m, k, self.lda)
         self._perm_params = _param_table(self._perm_ptrs, 3, self._perm_ints, 3)
+        # the launch configuration of a programmatic launch (None: cuLaunchKernel), its stream set per call
+        self._programmatic = None
+        if m > 0 and PROGRAMMATIC_LAUNCH and device_properties(self.device)[0] >= 90:
+            self._programmatic = _programmatic_config(self.grid, self.smem)
 
     def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,
                permutation: int, a_tmp: int, workspace: int, stream: int) -> None:
@@ -789,7 +803,11 @@ class PreparedLaunch:
             p = self._ptrs
             p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7] = (a, b, c, c_tmp, scales, zero_points, group_index,
                                                               workspace)
-            driver.launchKernel(self._function, self.grid, 1, 1, THREADS, 1, 1, self.smem, stream, self._params, 0)
+            if self._programmatic is not None:
+                _launch_programmatic(self._programmatic, self._function, stream, self._params)
+            else:
+                driver.launchKernel(self._function, self.grid, 1, 1, THREADS, 1, 1, self.smem, stream, self._params,
+                                    0)
 
     def _launch_cupy(self, a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
                      stream):
@@ -836,6 +854,35 @@ def _driver():
 
         _driver_module = driver
     return _driver_module
+
+
+def _programmatic_config(grid: int, smem: int):
+    """(cuda.bindings driver module, CUlaunchConfig with programmatic stream serialization allowed) for a launch of
+    ``grid`` blocks; None where cuda-python's driver bindings are missing (the launch stays plain)."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:  # pragma: no cover - environment
+        return None
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = THREADS, 1, 1
+    config.sharedMemBytes = smem
+    config.attrs = [attr]
+    config.numAttrs = 1
+    return cu, config
+
+
+def _launch_programmatic(programmatic, function: int, stream: int, params: int) -> None:
+    """cuLaunchKernelEx of ``function`` with a prepared programmatic configuration on ``stream``; RuntimeError
+    naming the driver's error if it refuses."""
+    cu, config = programmatic
+    config.hStream = cu.CUstream(stream)
+    err, = cu.cuLaunchKernelEx(config, cu.CUfunction(function), params, 0)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx (programmatic launch) failed: {err!r}")
 
 
 def _param_table(ptrs, n_ptrs: int, ints, n_ints: int):

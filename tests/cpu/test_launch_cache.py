@@ -334,6 +334,27 @@ def test_argument_blocks_follow_the_kernels_parameter_lists(name):
     assert kinds == gemm.KERNEL_ARG_KINDS[name], params
 
 
+@pytest.mark.parametrize("cc, switch, programmatic", [(90, True, True), (90, False, False), (80, True, False)])
+def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, programmatic):
+    """sm_90+ with PROGRAMMATIC_LAUNCH: cuLaunchKernelEx with programmatic stream serialization (the kernel waits
+    before it reads A or writes anything: kernels_cuda/mma.cuh); else cuLaunchKernel. Same grid, shared memory and
+    arguments either way; the act-order gather before it stays a plain launch."""
+    _, driver = fake
+    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", switch)
+    monkeypatch.setattr(gemm, "device_properties", lambda device: (cc,) + PROPS[1:])
+    call(dense())
+    call(dense(m=3, act_order=True))
+    assert driver.programmatic == ([0, 2] if programmatic else [])
+    reference = []
+    with installed() as (_, plain):
+        monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", False)
+        call(dense())
+        call(dense(m=3, act_order=True))
+        reference = plain.launches
+    # (fresh arrays there: compare all but the addresses)
+    assert [x[1:5] + x[5][-3:] for x in driver.launches] == [x[1:5] + x[5][-3:] for x in reference]
+
+
 @pytest.mark.parametrize("act_order", [False, True])
 def test_cupy_call_fallback_passes_the_same_arguments(fake, monkeypatch, act_order):
     """WORKBENCH_DIRECT_LAUNCH=0 / DIRECT_LAUNCH = False: the same kernels, grids and argument values."""

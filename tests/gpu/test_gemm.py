@@ -5,7 +5,6 @@ names its code: exact), then random data over a vLLM-like grid, every reduction 
 Outputs are poisoned (NaN) before every launch so an unwritten element fails.
 """
 import dataclasses
-import itertools
 
 import ml_dtypes
 import numpy as np
@@ -374,6 +373,58 @@ def test_explicit_stream_and_cuda_graph_capture():
     ref = a_host.astype(np.float32) @ q.w_ref
     assert np.all(np.abs(out - ref) <= error_bound(a_host, q.w_ref, np.float16, "fp32", a_host.shape[1]))
     assert int(cp.count_nonzero(ws)) == 0
+
+
+@pytest.mark.parametrize("programmatic", [False, True])
+@pytest.mark.parametrize("sms,m", [(-1, 1), (6, 16), (5, 40)])
+def test_back_to_back_launches_chain_and_share_a_workspace(sms, m, programmatic, rng, monkeypatch, request):
+    """GEMM 2 reads GEMM 1's output as its activations, and both use one workspace (lock counters, fp32 slots),
+    launched back to back on one stream without a sync, plain and captured in a CUDA graph; on sm_90 also as
+    programmatic launches (gemm.PROGRAMMATIC_LAUNCH): each may start while the one before finishes and must wait
+    before it reads A or touches the workspace. Every output equals the same GEMM run alone, bitwise. Few SMs: blocks
+    share slices (slots and counts); M = 40: several 16-row chunks (the other prologue)."""
+    device = cp.cuda.Device().id
+    if programmatic and gemm.device_properties(device)[0] < 90:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", programmatic)
+    _forget_plans()
+    request.addfinalizer(_forget_plans)  # (plans made under this setting)
+    if programmatic:
+        assert gemm._programmatic_config(4, 0) is not None, "no cuLaunchKernelEx (cuda-python): not programmatic"
+    w1, _ = random_marlin_weight(1024, 512, S.U4B8, 128, act_dtype=np.float16, seed=int(rng.integers(1 << 20)))
+    w2, _ = random_marlin_weight(512, 256, S.U8B128, 64, act_dtype=np.float16, seed=int(rng.integers(1 << 20)))
+    w1, w2 = gemm.upload_weight(w1), gemm.upload_weight(w2)
+    a = cp.asarray((rng.standard_normal((m, 1024)) * 0.5).astype(np.float16))
+    n_sms = gemm.device_properties(device)[1] if sms <= 0 else sms
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        ws = cp.zeros(gemm.workspace_numel(n_sms), dtype=np.int32)
+        ct = cp.empty(gemm.c_tmp_numel(n_sms), dtype=np.float32)
+        c1_alone = gemm.marlin_gemm(a, w1, workspace=ws, c_tmp=ct, sms=sms, stream=stream)
+        stream.synchronize()
+        c2_alone = gemm.marlin_gemm(c1_alone, w2, workspace=ws, c_tmp=ct, sms=sms, stream=stream)
+        stream.synchronize()
+        c1, c2 = poisoned(m, 512, np.float16), poisoned(m, 256, np.float16)
+
+        def chain():
+            for _ in range(4):  # the second pair's GEMM 1 follows GEMM 2 of the first, and so on
+                gemm.marlin_gemm(a, w1, c=c1, workspace=ws, c_tmp=ct, sms=sms, stream=stream)
+                gemm.marlin_gemm(c1, w2, c=c2, workspace=ws, c_tmp=ct, sms=sms, stream=stream)
+
+        chain()
+        stream.synchronize()
+        for got, alone in ((c1, c1_alone), (c2, c2_alone)):
+            assert np.array_equal(cp.asnumpy(got).view(np.uint16), cp.asnumpy(alone).view(np.uint16))
+        c1.fill(np.nan), c2.fill(np.nan)
+        stream.begin_capture()
+        chain()
+        graph = stream.end_capture()
+        for _ in range(3):
+            graph.launch(stream)
+        stream.synchronize()
+    for got, alone in ((c1, c1_alone), (c2, c2_alone)):
+        assert np.array_equal(cp.asnumpy(got).view(np.uint16), cp.asnumpy(alone).view(np.uint16)), "in the graph"
+    assert int(cp.count_nonzero(ws)) == 0, "lock counters must be left zero"
 
 
 def test_m_zero_returns_empty_output_without_launch():
