@@ -49,7 +49,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench_gemm, when imported from elsewhere
 
+from bench_gemm import time_cupy_graph  # noqa: E402  (the GEMM table's graph timing, for "fused graph")
 from workbench import gemm, moe  # noqa: E402
 from workbench.formats.moe_align import moe_align_block_size as align_ref  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
@@ -109,36 +111,19 @@ def rotated_routings(cp, rng, m: int, e: int, top_k: int, count: int):
     return out, touched
 
 
-def time_graph(cp, launches, reps: int = 5) -> float:
-    """Mean µs per call of ``launches`` (callables taking a stream), captured once as one CUDA graph (bench_gemm's
-    method: the calls run back to back, without flushes)."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        for f in launches[:2]:  # warm-up outside capture (compilation, plans, allocator)
-            f(stream)
-        stream.begin_capture()
-        for f in launches:
-            f(stream)
-        graph = stream.end_capture()
-        graph.launch(stream)
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        for _ in range(reps):
-            graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / (reps * len(launches))
-
-
-def timed(cp, fn, flush, before_start=None) -> float:
-    """Median µs of fn() over REPS calls, each after an L2 flush, each alone between two events. ``before_start``
+def timed(cp, fn, flush, before_start=None, read_flush: bool = False, reps: int = REPS) -> float:
+    """Median µs of fn() over ``reps`` calls, each after an L2 flush, each alone between two events. ``before_start``
     (a launch, e.g. a spin kernel) is queued after the flush and before the start event: while the GPU runs it the
-    host queues the events and fn, so the events bracket fn's device work rather than its host side."""
+    host queues the events and fn, so the events bracket fn's device work rather than its host side. The flush
+    writes the buffer (the table's method: L2 left full of dirty lines), or reads it (``read_flush``: clean lines)."""
     fn()  # warm-up (compilation, allocator)
     cp.cuda.Device().synchronize()
     times = []
-    for _ in range(REPS):
-        flush.fill(0)
+    for _ in range(reps):
+        if read_flush:
+            flush.sum(dtype=np.uint64)  # (reads every byte; the 0-d result is dropped)
+        else:
+            flush.fill(0)
         if before_start is not None:
             before_start()
         start, stop = cp.cuda.Event(), cp.cuda.Event()
@@ -501,7 +486,7 @@ def main(argv=None) -> int:
             timings = {method: (timed(cp, fn, flush), nbytes) for method, fn in paths.items()}
             if "fused" in paths:
                 routings, touched = rotated_routings(cp, rng, m, e, top_k, LAUNCHES_PER_GRAPH)
-                timings["fused graph"] = (time_graph(cp, [
+                timings["fused graph"] = (time_cupy_graph(cp, [
                     lambda s, r=r: stack.gemm_phase_fused(a, *r, out_fused, m, block, top_k, stream=s)
                     for r in routings]), float(np.mean([touched_bytes(t, k, n) for t in touched])))
             for method, (us, nbytes) in timings.items():

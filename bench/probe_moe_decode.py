@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_gemm import LAUNCHES_PER_GRAPH, copies_for, l2_bytes, random_weight, time_cupy_graph  # noqa: E402
 from bench_moe import (CONFIGS, FLUSH_BYTES, GROUP, SPIN_SOURCE, SPIN_US, copy_bandwidth, random_stack,  # noqa: E402
-                       rotated_routings, touched_bytes)
+                       rotated_routings, timed, touched_bytes)
 from workbench import gemm, moe  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
 
@@ -45,22 +45,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
 
     def single(fn, read_flush: bool) -> float:
-        fn()
-        cp.cuda.Device().synchronize()
-        times = []
-        for _ in range(REPS):
-            spin((1,), (1,), (np.int64(SPIN_US * 2100),))  # the host queues everything below while the GPU spins
-            if read_flush:
-                flush.sum(dtype=np.uint64)  # (reads every byte; the 0-d result is dropped)
-            else:
-                flush.fill(0)
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
-        return float(np.median(times))
+        return timed(cp, fn, flush, lambda: spin((1,), (1,), (np.int64(SPIN_US * 2100),)), read_flush, REPS)
 
     rows = []
     for name, e, k, n, top_k in CONFIGS:
