@@ -345,7 +345,6 @@ def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, program
     call(dense())
     call(dense(m=3, act_order=True))
     assert driver.programmatic == ([0, 2] if programmatic else [])
-    reference = []
     with installed() as (_, plain):
         monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", False)
         call(dense())
