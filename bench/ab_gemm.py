@@ -15,7 +15,8 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
   new-nocluster workbench.gemm with the slice sums in global memory everywhere (CLUSTER_SUMS = False: no
               thread-block clusters on sm_90; the same tiles and grids, the pair policy's included)
   new-plain   workbench.gemm with plain launches (PROGRAMMATIC_LAUNCH = False: no programmatic dependent launch on
-              sm_90; the same kernels, which then never wait); new-programmatic: with them (PROGRAMMATIC_LAUNCH = True)
+              sm_90; the same kernels, which then never wait); new-programmatic: with them (PROGRAMMATIC_LAUNCH = True);
+              new-programmatic-nocluster: with them and the slice sums in global memory (no cluster launches)
   new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
               different configuration, so its bits may differ from old's (another K split)
   new-oldpolicy workbench.gemm's kernels with the policy before round 6 (OLD_POLICY: 8 stages first for M <= 16,
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
                     "new-nocluster": (gemm, Setting(CLUSTER_SUMS=False)),
                     "new-plain": (gemm, Setting(PROGRAMMATIC_LAUNCH=False)),
                     "new-programmatic": (gemm, Setting(PROGRAMMATIC_LAUNCH=True)),
+                    "new-programmatic-nocluster": (gemm, Setting(PROGRAMMATIC_LAUNCH=True, CLUSTER_SUMS=False)),
                     "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8))),
                     "new-oldpolicy": (gemm, Setting(**OLD_POLICY))}
     names = [v for v in args.variants.split(",") if v]
