@@ -204,9 +204,9 @@ __device__ __forceinline__ void cluster_sync() {
 // once every block of this one has called it (or exited); it only lets that grid's blocks take SM space as ours
 // retire: they still wait for our completion at their own grid_dependency_wait().
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr bool kProgrammaticLaunch = true;  // the device code can be launched programmatically
+inline constexpr bool kProgrammaticLaunch = true;  // the device code can be launched programmatically
 #else
-constexpr bool kProgrammaticLaunch = false;
+inline constexpr bool kProgrammaticLaunch = false;
 #endif
 
 __device__ __forceinline__ void grid_dependency_wait() {
