@@ -340,15 +340,13 @@ def ab_main(args) -> int:
                     c, grid, _ = (old if v == "old" else moe)._fused_grid(
                         stacks["old" if v == "old" else "new"], device, S.F16, block, m * top_k, int(sorted_ids.size),
                         GROUP)
-                striped = "striped," if getattr(c, "routed", False) else ""
                 row = dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m, moe_block_size=block,
                            variant=v, us=round(us, 2), us_min=round(float(np.min(times[v])), 2),
                            us_q25=round(q25, 2), us_q75=round(q75, 2), us_max=round(float(np.max(times[v])), 2),
                            host_covered=covered, gbs=round(gbs, 1),
                            pct_copy=round(100 * gbs / copy_gbs, 1), rel_diff_vs_old=diff, bits_equal_old=same,
-                           shape=f"{striped}bn{c.block_n},bk{c.block_k},st{c.stages},b{c.blocks_per_sm}"
-                                 + ("s" if c.swap else "") + (f"c{c.cluster}" if getattr(c, "cluster", 1) > 1 else "")
-                                 + f",g{grid}")
+                           shape=f"bn{c.block_n},bk{c.block_k},st{c.stages},b{c.blocks_per_sm}"
+                                 + ("s" if c.swap else "") + f",g{grid}")
                 rows.append(row)
                 print(f"{name:10s} M={m:4d} {v:10s} {us:9.2f} us [IQR {q25:.2f}-{q75:.2f}] {row['pct_copy']:5.1f}% "
                       f"copy {row['shape']:22s} bitwise equal to old: {same} (rel diff {diff:.1e})", flush=True)
