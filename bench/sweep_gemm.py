@@ -711,7 +711,8 @@ def _thread_shapes(text: str) -> frozenset:
     except ValueError:
         shapes = frozenset()
     if not shapes or any(len(s) != 2 for s in shapes) or not shapes <= set(gemm._THREAD_SHAPES):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected n_tiles x k_warp pairs from {sorted(gemm._THREAD_SHAPES)}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected n_tiles x k_warp pairs from {sorted(gemm._THREAD_SHAPES)}")
     return shapes
 
 

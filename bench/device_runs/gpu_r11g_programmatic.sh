@@ -11,5 +11,6 @@ set -u
 . bench/device_runs/device_env.sh
 [ -n "${SKIP_TIER:-}" ] || tier_and_partition artifacts/r11g_old r11g || { echo "TESTS FAILED: no A/B"; exit 1; }
 timeout 200 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r11g_old \
-  --variants new-programmatic,new-plain,old --m 1,16 --no-tinygemm --labels "u4b8 g128 fp16,fe4m3fn chan fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
+  --variants new-programmatic,new-plain,old --m 1,16 --no-tinygemm \
+  --labels "u4b8 g128 fp16,fe4m3fn chan fp16" > "$OUT/ab.log" 2>&1; echo "ab rc=$?"
 grep -hE "\[(new-programmatic|new-plain|old)\]" "$OUT/ab.log" | cut -c1-100; pack r11g
