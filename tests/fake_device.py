@@ -227,15 +227,15 @@ def installed(monkeypatch=None):
 
         return kernel
 
-    def launch_programmatic(programmatic, function, stream, params):
+    def launch_programmatic(programmatic, stream, params):
         """cuLaunchKernelEx with programmatic stream serialization: recorded as a launch, its index noted."""
-        kind, grid, smem = programmatic
+        kind, grid, smem, function = programmatic
         assert kind == "programmatic"
         driver.launchKernel(function, grid, 1, 1, gemm.THREADS, 1, 1, smem, stream, params, 0)
         driver.programmatic.append(len(driver.launches) - 1)
 
     patches = dict(_cupy_module=fake, _driver_module=driver, _FAST_ARRAY=FakeArray,
-                   _programmatic_config=lambda grid, smem: ("programmatic", grid, smem),
+                   _programmatic_config=lambda grid, smem, function: ("programmatic", grid, smem, function),
                    _launch_programmatic=launch_programmatic,
                    device_properties=lambda device: PROPS, function_ptr=function_ptr, get_kernel=get_kernel,
                    resident_blocks=lambda name, device: 2, resident_clusters=lambda cfg, device, grid: 1 << 30)

@@ -754,7 +754,7 @@ class PreparedLaunch:
         # the launch configuration of a programmatic launch (None: cuLaunchKernel), its stream set per call
         self._programmatic = None
         if m > 0 and PROGRAMMATIC_LAUNCH and device_properties(self.device)[0] >= 90:
-            self._programmatic = _programmatic_config(self.grid, self.smem)
+            self._programmatic = _programmatic_config(self.grid, self.smem, self._function)
 
     def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,
                permutation: int, a_tmp: int, workspace: int, stream: int) -> None:
@@ -804,7 +804,7 @@ class PreparedLaunch:
             p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7] = (a, b, c, c_tmp, scales, zero_points, group_index,
                                                               workspace)
             if self._programmatic is not None:
-                _launch_programmatic(self._programmatic, self._function, stream, self._params)
+                _launch_programmatic(self._programmatic, stream, self._params)
             else:
                 driver.launchKernel(self._function, self.grid, 1, 1, THREADS, 1, 1, self.smem, stream, self._params,
                                     0)
@@ -856,9 +856,10 @@ def _driver():
     return _driver_module
 
 
-def _programmatic_config(grid: int, smem: int):
-    """(cuda.bindings driver module, CUlaunchConfig with programmatic stream serialization allowed) for a launch of
-    ``grid`` blocks; None where cuda-python's driver bindings are missing (the launch stays plain)."""
+def _programmatic_config(grid: int, smem: int, function: int):
+    """(cuda.bindings driver module, CUlaunchConfig with programmatic stream serialization allowed, CUfunction) for a
+    launch of ``function`` on ``grid`` blocks, made once per plan; None where cuda-python's driver bindings are
+    missing (the launch stays plain)."""
     try:
         from cuda.bindings import driver as cu
     except ImportError:  # pragma: no cover - environment
@@ -872,15 +873,15 @@ def _programmatic_config(grid: int, smem: int):
     config.sharedMemBytes = smem
     config.attrs = [attr]
     config.numAttrs = 1
-    return cu, config
+    return cu, config, cu.CUfunction(function)
 
 
-def _launch_programmatic(programmatic, function: int, stream: int, params: int) -> None:
-    """cuLaunchKernelEx of ``function`` with a prepared programmatic configuration on ``stream``; RuntimeError
-    naming the driver's error if it refuses."""
-    cu, config = programmatic
+def _launch_programmatic(programmatic, stream: int, params: int) -> None:
+    """cuLaunchKernelEx of a prepared programmatic launch (_programmatic_config) on ``stream``; RuntimeError naming
+    the driver's error if it refuses."""
+    cu, config, function = programmatic
     config.hStream = cu.CUstream(stream)
-    err, = cu.cuLaunchKernelEx(config, cu.CUfunction(function), params, 0)
+    err, = cu.cuLaunchKernelEx(config, function, params, 0)
     if err != cu.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuLaunchKernelEx (programmatic launch) failed: {err!r}")
 

@@ -390,7 +390,7 @@ def test_back_to_back_launches_chain_and_share_a_workspace(sms, m, programmatic,
     _forget_plans()
     request.addfinalizer(_forget_plans)  # (plans made under this setting)
     if programmatic:
-        assert gemm._programmatic_config(4, 0) is not None, "no cuLaunchKernelEx (cuda-python): not programmatic"
+        assert gemm._programmatic_config(4, 0, 0) is not None, "no cuLaunchKernelEx (cuda-python): not programmatic"
     w1, _ = random_marlin_weight(1024, 512, S.U4B8, 128, act_dtype=np.float16, seed=int(rng.integers(1 << 20)))
     w2, _ = random_marlin_weight(512, 256, S.U8B128, 64, act_dtype=np.float16, seed=int(rng.integers(1 << 20)))
     w1, w2 = gemm.upload_weight(w1), gemm.upload_weight(w2)
