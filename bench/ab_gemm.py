@@ -16,7 +16,9 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
               thread-block clusters on sm_90; the same tiles and grids, the pair policy's included)
   new-plain   workbench.gemm with plain launches (PROGRAMMATIC_LAUNCH = False: no programmatic dependent launch on
               sm_90; the same kernels, which then never wait); new-programmatic: with them (PROGRAMMATIC_LAUNCH = True);
-              new-programmatic-nocluster: with them and the slice sums in global memory (no cluster launches)
+              new-programmatic-nocluster: with them and the slice sums in global memory (no cluster launches);
+              new-programmatic-unpinned: with them, the launch's shared memory as planned (PROGRAMMATIC_PIN_OCCUPANCY
+              off: as many blocks per SM as fit)
   new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
               different configuration, so its bits may differ from old's (another K split)
   new-oldpolicy workbench.gemm's kernels with the policy before round 6 (OLD_POLICY: 8 stages first for M <= 16,
@@ -116,6 +118,20 @@ class Setting:
         forget_plans(self.mod)
 
 
+def launched_plan(mod, cfg, m: int, n: int, k: int) -> dict:
+    """What the last plan of this shape and types launched: its kernel (cluster size included), the blocks per SM
+    that fit its shared memory as planned, and the shared memory it launches with (pinned for programmatic launches:
+    gemm.PROGRAMMATIC_PIN_OCCUPANCY)."""
+    plans = [p for p in mod._prepared.values() if (p.m, p.n, p.k, p.cfg.act, p.cfg.weight) == (m, n, k, cfg.act,
+                                                                                             cfg.weight)]
+    if not plans:
+        return {}
+    p = plans[-1]
+    return dict(cluster=p.cfg.cluster, resident=mod.resident_blocks(p.cfg.name_expression, 0), smem=p.smem,
+                launch_smem=getattr(p, "launch_smem", p.smem),
+                programmatic=getattr(p, "_programmatic", None) is not None)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=pathlib.Path)
@@ -144,6 +160,8 @@ def main(argv=None) -> int:
                     "new-plain": (gemm, Setting(PROGRAMMATIC_LAUNCH=False)),
                     "new-programmatic": (gemm, Setting(PROGRAMMATIC_LAUNCH=True)),
                     "new-programmatic-nocluster": (gemm, Setting(PROGRAMMATIC_LAUNCH=True, CLUSTER_SUMS=False)),
+                    "new-programmatic-unpinned": (gemm, Setting(PROGRAMMATIC_LAUNCH=True,
+                                                                PROGRAMMATIC_PIN_OCCUPANCY=False)),
                     "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8))),
                     "new-oldpolicy": (gemm, Setting(**OLD_POLICY))}
     names = [v for v in args.variants.split(",") if v]
@@ -230,10 +248,12 @@ def main(argv=None) -> int:
                         us = time_cupy_graph(cp, launches)
                         mod.marlin_gemm(a[0], ws_list[0], c=c, workspace=work, c_tmp=c_tmp)
                         grid = mod.grid_blocks(cfg, m, n, k, sms)  # (as planned; fewer if fewer are resident)
+                        plan = launched_plan(mod, cfg, m, n, k)
                     outs[name] = cp.asnumpy(c)
                     record(f"{label} [{name}]", us, weight_bytes(k, n, wt, gs) + base, fp16_us,
                            config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}"
-                           + ("s" if getattr(cfg, "swap", False) else ""), grid=grid)
+                           + ("s" if getattr(cfg, "swap", False) else ""), grid=grid,
+                           **plan)
                 ref = outs["old"].astype(np.float32)
                 scale = float(np.max(np.abs(ref))) or 1.0
                 for name, raw in outs.items():

@@ -239,7 +239,9 @@ def main(argv=None) -> int:
     meta = dict(gpu=gpu, sms=sms, l2_bytes=l2, copy_gbs=round(copy_gbs, 1),
                 date=datetime.date.today().isoformat(), commit=os.environ.get("BENCH_COMMIT", "unknown"),
                 torch=torch.__version__, cupy=cp.__version__, launches_per_graph=LAUNCHES_PER_GRAPH,
-                replays=REPLAYS, l2_multiple=L2_MULTIPLE)
+                replays=REPLAYS, l2_multiple=L2_MULTIPLE,
+                # how ours launched: programmatic dependent launches back to back in the graphs (sm_90) or plain
+                programmatic_launch=gemm.PROGRAMMATIC_LAUNCH and gemm.device_properties(0)[0] >= 90)
     tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
     (args.out / f"gemm_{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     with open(args.out / f"gemm_{tag}.csv", "w", newline="") as fh:
@@ -254,7 +256,8 @@ def markdown_table(meta, rows) -> str:
     """µs per (shape, M) with speedup over fp16 in parentheses; one column per method."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lines = [f"GPU {meta['gpu']} ({meta['sms']} SMs), {meta['date']}, commit {meta['commit']}, device copy "
-             f"{meta['copy_gbs']:.0f} GB/s (read+write). Cells: µs (speedup over cuBLAS fp16, % of copy bandwidth).",
+             f"{meta['copy_gbs']:.0f} GB/s (read+write). Cells: µs (speedup over cuBLAS fp16, % of copy bandwidth). "
+             f"Marlin launches: {'programmatic' if meta.get('programmatic_launch') else 'plain'}.",
              "", "| K×N | M | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     by_key = {}
     for r in rows:

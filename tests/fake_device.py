@@ -238,7 +238,8 @@ def installed(monkeypatch=None):
                    _programmatic_config=lambda grid, smem, function: ("programmatic", grid, smem, function),
                    _launch_programmatic=launch_programmatic,
                    device_properties=lambda device: PROPS, function_ptr=function_ptr, get_kernel=get_kernel,
-                   resident_blocks=lambda name, device: 2, resident_clusters=lambda cfg, device, grid: 1 << 30)
+                   resident_blocks=lambda name, device: 2, resident_clusters=lambda cfg, device, grid: 1 << 30,
+                   pin_occupancy=lambda name, device, smem, blocks_per_sm: smem)
     saved = {name: getattr(gemm, name) for name in patches}
     caches = (gemm._prepared, gemm._array_plans, gemm._scratch, gemm._streams, moe._config_cache)
     saved_caches = [dict(c) for c in caches]

@@ -510,6 +510,34 @@ def resident_blocks(name_expression: str, device: int) -> int:
     return _occupancy.get((name_expression, device), 1)
 
 
+RESERVED_SMEM_PER_BLOCK = 1024  # shared memory the system takes per resident block on sm_80 / sm_90
+
+
+def pinned_smem(smem_bytes: int, blocks_per_sm: int, sm_smem: int, reserved_per_block: int) -> int:
+    """The least dynamic shared memory >= smem_bytes (a multiple of 128 bytes) with which no more than
+    ``blocks_per_sm`` blocks fit in an SM's ``sm_smem`` bytes, each block also taking ``reserved_per_block``."""
+    least = sm_smem // (blocks_per_sm + 1) - reserved_per_block + 1  # blocks_per_sm + 1 of these overflow the SM
+    return max(smem_bytes, -(-least // 128) * 128)
+
+
+def pin_occupancy(name_expression: str, device: int, smem_bytes: int, blocks_per_sm: int) -> int:
+    """Dynamic shared memory for a launch of a compiled kernel that keeps at most ``blocks_per_sm`` of its blocks on
+    an SM (PROGRAMMATIC_PIN_OCCUPANCY): ``smem_bytes`` where no more fit already, else pinned_smem's amount, the
+    kernel's shared memory limit raised to it and the driver's occupancy query checking it. ``smem_bytes`` where the
+    pinned amount is over the per-block limit or the query disagrees (the launch is then as unpinned)."""
+    if resident_blocks(name_expression, device) <= blocks_per_sm:
+        return smem_bytes
+    _, _, smem_limit, sm_smem = device_properties(device)
+    pinned = pinned_smem(smem_bytes, blocks_per_sm, sm_smem, RESERVED_SMEM_PER_BLOCK)
+    if pinned > smem_limit:
+        return smem_bytes
+    kernel = get_kernel(name_expression, device, smem_bytes)
+    with _cupy().cuda.Device(device):
+        if pinned > max(48 * 1024, kernel.max_dynamic_shared_size_bytes):
+            kernel.max_dynamic_shared_size_bytes = pinned
+        return pinned if _resident_blocks(kernel, pinned) == blocks_per_sm else smem_bytes
+
+
 _cluster_occupancy: dict[tuple[str, int, int], int] = {}
 
 
@@ -681,16 +709,21 @@ _SCALARS_OFFSET = MarlinLaunch.prob_m.offset  # the record's non-pointer tail: s
 # converting every argument on each call, as HEAD did): a switch for bench/bench_host.py's A/B, and a way back
 # (WORKBENCH_DIRECT_LAUNCH=0) should a driver/CuPy combination refuse the direct launch.
 DIRECT_LAUNCH = os.environ.get("WORKBENCH_DIRECT_LAUNCH", "1") != "0"
-# Programmatic dependent launch (sm_90+, direct launches; off unless WORKBENCH_PROGRAMMATIC_LAUNCH=1 or set here): the
-# GEMM is launched with programmatic stream serialization, so its blocks may be scheduled while the kernel before it
-# in the stream finishes; they fetch their first weight stage at once and wait (griddepcontrol.wait,
-# kernels_cuda/mma.cuh) before they read the activations or write anything. Every GEMM lets the next one start so
+# Programmatic dependent launch (sm_90+, direct launches; on unless WORKBENCH_PROGRAMMATIC_LAUNCH=0): the GEMM is
+# launched with programmatic stream serialization, so its blocks may be scheduled while the kernel before it in the
+# stream finishes; they fetch their first weight stage at once and wait (griddepcontrol.wait, kernels_cuda/mma.cuh)
+# before they read the activations or write anything. Every GEMM lets the next one start so
 # (griddepcontrol.launch_dependents). It pays only where the kernel before triggers it: back-to-back GEMMs (as in
-# bench_gemm's graphs) or another kernel that does. A/B round 11g (H200, back-to-back in graphs, µs plain ->
-# programmatic): u4b8 4096^2 M = 1 7.12 -> 5.70, 4096x14336 M = 1 12.60 -> 10.81, 8192^2 M = 16 16.00 -> 15.19; but
-# u4b8 14336x4096 M = 1 13.75 -> 16.88 and FP8 4096x14336 M = 1 19.00 -> 25.29 (both launched in clusters of two; not
-# understood). Hence opt-in. Needs cuda-python's driver bindings (cuLaunchKernelEx), else launches stay plain.
-PROGRAMMATIC_LAUNCH = os.environ.get("WORKBENCH_PROGRAMMATIC_LAUNCH", "0") == "1"
+# bench_gemm's graphs) or another kernel that does; after any other kernel the launch behaves as a plain one.
+# Needs cuda-python's driver bindings (cuLaunchKernelEx), else launches stay plain.
+PROGRAMMATIC_LAUNCH = os.environ.get("WORKBENCH_PROGRAMMATIC_LAUNCH", "1") != "0"
+# A programmatic launch places the next grid's blocks in whatever SM space is free while the grid before runs, so
+# the SMs that grid leaves idle (it may have fewer blocks than SMs) take as many blocks as fit, where a launch on an
+# idle GPU spreads them one per SM. A kernel planned at b blocks per SM that fits more then runs some SMs stacked.
+# Pinning: the launch asks for just enough shared memory that no more than b fit. Measured (H200, back-to-back in
+# graphs, round 12a, µs plain / programmatic unpinned / pinned): u4b8 14336x4096 M = 1 13.77 / 15.90 / 12.67, FP8
+# 4096x14336 M = 1 18.86 / 25.18 / 17.63; elsewhere pinned = unpinned within 4% (4096^2 M = 1 7.15 / 5.85 / 6.07).
+PROGRAMMATIC_PIN_OCCUPANCY = True
 # The argument blocks below, as 'p' (64-bit address) / 'i' (int32) per kernel parameter.
 KERNEL_ARG_KINDS = {"marlin_gemm": "pppppppp" + "iiiiii", "permute_cols": "ppp" + "iii"}
 
@@ -753,8 +786,13 @@ class PreparedLaunch:
         self._perm_params = _param_table(self._perm_ptrs, 3, self._perm_ints, 3)
         # the launch configuration of a programmatic launch (None: cuLaunchKernel), its stream set per call
         self._programmatic = None
+        self.launch_smem = self.smem  # what a programmatic launch asks for (pinned_smem)
         if m > 0 and PROGRAMMATIC_LAUNCH and device_properties(self.device)[0] >= 90:
-            self._programmatic = _programmatic_config(self.grid, self.smem, self._function)
+            if PROGRAMMATIC_PIN_OCCUPANCY:
+                self.launch_smem = pin_occupancy(cfg.name_expression, self.device, self.smem,
+                                                 min(cfg.blocks_per_sm, resident_blocks(cfg.name_expression,
+                                                                                        self.device)))
+            self._programmatic = _programmatic_config(self.grid, self.launch_smem, self._function)
 
     def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,
                permutation: int, a_tmp: int, workspace: int, stream: int) -> None:

@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# Round 12a (prepared in session 8, not run; issue #4): why two configurations launched in clusters of two lose under
-# programmatic dependent launches (round 11g: u4b8 14336x4096 M = 1 13.75 -> 16.88 µs, FP8 4096x14336 M = 1 19.00 ->
-# 25.29) while other cluster launches gain. Hypothesis: the next grid's clusters, placed on the GPCs as pairs of SMs
-# free up, end on a worse placement than a fresh launch. Test: the same cells with programmatic launches and the
-# slice sums in global memory (same tiles and grids, no clusters): if the loss goes, it is the cluster placement.
-# Cells that gained (4096^2, 8192^2) beside them. Then, if nsys is on the machine, one timeline of each losing cell.
-#   usage (device machine, repo root; carry .whl, artifacts/<HEAD copy>):
-#     OLD=artifacts/<dir> RET=$OUT bash bench/device_runs/gpu_r12a_programmatic_clusters.sh
+# Round 12a (issue #4): why two configurations lose under programmatic dependent launches (round 11g: u4b8 14336x4096
+# M = 1 13.75 -> 16.88 µs, FP8 4096x14336 M = 1 19.00 -> 25.29) while others gain. Hypotheses: (1) stacking: a
+# programmatic grid's blocks take whatever SM space is free while the grid before runs, so the SMs that grid leaves
+# idle (grids of fewer blocks than SMs) take as many blocks as fit, where a fresh launch spreads them one per SM; the
+# pinned launch (PROGRAMMATIC_PIN_OCCUPANCY, new-programmatic) asks for enough shared memory that only the planned
+# blocks per SM fit, new-programmatic-unpinned is round 11g's launch; (2) cluster placement: new-programmatic-nocluster
+# sums slices in global memory on the same tiles and grids. ab rows carry resident= (blocks per SM that fit unpinned).
+# Then, if the pinned launch loses nowhere, a wider A/B (six layers, M = 1 to 256, u4b8 and FP8) for the default.
+#   usage (device machine, repo root; carry .whl, artifacts/r12_old):
+#     RET=$OUT bash bench/device_runs/gpu_r12a_programmatic_clusters.sh
 set -u
 . bench/device_runs/device_env.sh
-OLD=${OLD:?a HEAD copy of workbench/gemm.py and kernels_cuda/* (bench/device_runs/README.md)}
+OLD=artifacts/r12_old
 timeout 200 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$OLD" \
-  --variants new-plain,new-programmatic,new-programmatic-nocluster,old --m 1,16 --no-tinygemm \
-  --shapes 14336x4096,4096x14336,4096x4096,8192x8192 --labels "u4b8 g128 fp16,fe4m3fn chan fp16" \
-  > "$OUT/ab.log" 2>&1; echo "ab rc=$?"; grep -hE "\[new" "$OUT/ab.log" | cut -c1-110; pack r12a
-if command -v nsys > /dev/null; then
-  WORKBENCH_PROGRAMMATIC_LAUNCH=1 timeout 120 nsys profile -o "$OUT/r12a_u4b8_14336x4096" --force-overwrite true \
-    python3 bench/ab_gemm.py --out "$OUT/nsys_ab" --old-dir "$OLD" --variants new,old --m 1 --no-tinygemm \
-    --shapes 14336x4096 --labels "u4b8 g128 fp16" > "$OUT/nsys.log" 2>&1; echo "nsys rc=$?"; pack r12a
-fi
+  --variants new-programmatic,new-programmatic-unpinned,new-programmatic-nocluster,new-plain,old --m 1,16 \
+  --no-tinygemm --shapes 14336x4096,4096x14336,4096x4096,8192x8192 --labels "u4b8 g128 fp16,fe4m3fn chan fp16" \
+  > "$OUT/ab.log" 2>&1; echo "ab rc=$?"; grep -hE "\[new" "$OUT/ab.log" | cut -c1-120; pack r12a
+timeout 330 python3 bench/ab_gemm.py --out "$OUT/ab_wide" --old-dir "$OLD" \
+  --variants new-programmatic,new-plain,old --m 1,4,16,64,256 --no-tinygemm \
+  --labels "u4b8 g128 fp16,fe4m3fn chan fp16" > "$OUT/ab_wide.log" 2>&1; echo "ab wide rc=$?"
+grep -hE "\[new" "$OUT/ab_wide.log" | cut -c1-100; pack r12a

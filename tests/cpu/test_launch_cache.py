@@ -342,6 +342,9 @@ def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, program
     _, driver = fake
     monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", switch)
     monkeypatch.setattr(gemm, "device_properties", lambda device: (cc,) + PROPS[1:])
+    # a stand-in pin (PROGRAMMATIC_PIN_OCCUPANCY): 128 bytes more where the plan has one block per SM
+    monkeypatch.setattr(gemm, "pin_occupancy",
+                        lambda name, device, smem, blocks_per_sm: smem + 128 * (blocks_per_sm < 2))
     call(dense())
     call(dense(m=3, act_order=True))
     assert driver.programmatic == ([0, 2] if programmatic else [])
@@ -350,8 +353,14 @@ def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, program
         call(dense())
         call(dense(m=3, act_order=True))
         reference = plain.launches
-    # (fresh arrays there: compare all but the addresses)
-    assert [x[1:5] + x[5][-3:] for x in driver.launches] == [x[1:5] + x[5][-3:] for x in reference]
+    # (fresh arrays there: compare all but the addresses); a programmatic launch's shared memory is pin_occupancy's
+    for i, (launch, plain_launch) in enumerate(zip(driver.launches, reference, strict=True)):
+        smem = plain_launch[3]
+        if i in driver.programmatic:
+            cfg = [p for p in gemm._prepared.values() if p._function == launch[0]][0].cfg
+            smem = gemm.pin_occupancy(cfg.name_expression, 0, smem, cfg.blocks_per_sm)
+            assert cfg.blocks_per_sm > 1 or smem > plain_launch[3]
+        assert launch[1:5] + launch[5][-3:] == plain_launch[1:3] + (smem, plain_launch[4]) + plain_launch[5][-3:]
 
 
 @pytest.mark.parametrize("act_order", [False, True])
@@ -412,3 +421,38 @@ def test_residency_query_failure_is_conservative(monkeypatch):
 
     monkeypatch.setattr(gemm, "_driver_apis", lambda: (Driver(), None))
     assert gemm._resident_blocks(_Kernel, 1024) == 1
+
+
+@pytest.mark.parametrize("smem, blocks_per_sm", [(33792, 1), (33792, 2), (100352, 1), (66560, 3), (120000, 1)])
+def test_pinned_smem_is_the_least_that_keeps_the_planned_blocks(smem, blocks_per_sm):
+    """PROGRAMMATIC_PIN_OCCUPANCY: the smallest 128-byte multiple >= the kernel's shared memory with which the H200's
+    SM (228 KiB, 1 KiB reserved per block) holds no more than the planned blocks, found here by trying every one."""
+    sm_smem, reserved = 233472, 1024
+
+    def fits(s):
+        return sm_smem // (s + reserved)
+
+    want = next(s for s in range(smem, sm_smem, 128) if fits(s) <= blocks_per_sm)
+    assert gemm.pinned_smem(smem, blocks_per_sm, sm_smem, reserved) in (want, smem)
+    assert gemm.pinned_smem(smem, blocks_per_sm, sm_smem, reserved) == (want if fits(smem) > blocks_per_sm else smem)
+
+
+def test_pin_occupancy_raises_the_kernels_limit_and_checks_the_query(monkeypatch):
+    import contextlib
+    import types
+
+    class Kernel:
+        max_dynamic_shared_size_bytes = 49152
+
+    kernel = Kernel()
+    resident = {}
+    monkeypatch.setattr(gemm, "_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda device: contextlib.nullcontext())))
+    monkeypatch.setattr(gemm, "device_properties", lambda device: (90, 132, 232448, 233472))
+    monkeypatch.setattr(gemm, "get_kernel", lambda name, device, smem=0: kernel)
+    monkeypatch.setattr(gemm, "_resident_blocks", lambda k, smem: resident.get(smem, 233472 // (smem + 1024)))
+    monkeypatch.setitem(gemm._occupancy, ("k", 0), 6)  # a 33 KiB kernel: six fit
+    assert gemm.pin_occupancy("k", 0, 33792, 1) == 115840 == kernel.max_dynamic_shared_size_bytes
+    assert gemm.pin_occupancy("k", 0, 33792, 6) == 33792, "as many as planned fit already"
+    resident[76928] = 3  # the driver disagrees (e.g. a different reservation): launch as planned
+    assert gemm.pin_occupancy("k", 0, 33792, 2) == 33792
