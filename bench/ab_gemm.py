@@ -44,7 +44,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from bench_gemm import (OURS, SHAPES, LAUNCHES_PER_GRAPH, copies_for, device_summary,  # noqa: E402
-                        random_weight, time_cupy_graph, time_torch_graph, weight_bytes)
+                        forget_plans, random_weight, time_cupy_graph, time_torch_graph, weight_bytes)
 from workbench import gemm  # noqa: E402
 
 LEGACY_LABELS = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
@@ -61,13 +61,6 @@ def load_old(old_dir: pathlib.Path, module_name: str = "gemm_old"):
     mod.KERNEL_DIR = old_dir
     mod.kernel_source.cache_clear()
     return mod
-
-
-def forget_plans(mod=gemm):
-    """Drop a gemm module's cached launch plans: they are keyed by shapes and flags, not by the module switches the
-    variants below set, so a plan made under one variant would otherwise launch that variant's kernel for another."""
-    mod._array_plans.clear()
-    mod._prepared.clear()
 
 
 class Striped:

@@ -7,6 +7,8 @@ Method
 * Each measurement is a CUDA graph of R launches that cycle through enough copies of the inputs (weights,
   activations, scales) to exceed 3x the L2 cache, so every launch reads its weights from HBM; the graph removes
   Python launch overhead. Time = device events around graph replays / R.
+* On sm_90 ours launch as programmatic dependent launches (workbench/gemm.py PROGRAMMATIC_LAUNCH): each launch in a
+  graph may start while the one before finishes. PLAIN_TOO's types are timed again with plain launches.
 * Weights for timing are random words (speed does not depend on their values); correctness is tests/gpu's job.
 * Bytes the kernel must move = weights + scales (+ zero points) + A + C. Effective GB/s = those bytes / time;
   "% copy" compares it with a device-to-device copy (read + write) measured in the same run.
@@ -15,6 +17,7 @@ Writes DIR/gemm_<gpu>.json, DIR/gemm_<gpu>.csv and DIR/gemm_<gpu>.md (the table 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
@@ -40,6 +43,10 @@ OURS = (
     ("marlin fe4m3fn chan fp16", S.FE4M3FN, -1, "float16"),
     ("marlin u4b8 g128 bf16", S.U4B8, 128, "bfloat16"),
 )
+# Timed a second time with plain launches where ours launch programmatically (sm_90): a GEMM's programmatic launch
+# gains only after a kernel that lets it start early, as the GEMM before it in these graphs does; in a model the
+# kernel before is often one that does not (workbench/gemm.py PROGRAMMATIC_LAUNCH), so both are reported.
+PLAIN_TOO = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
 L2_MULTIPLE = 3
 LAUNCHES_PER_GRAPH = 20
 REPLAYS = 5
@@ -49,11 +56,33 @@ def l2_bytes(cp) -> int:
     return int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["l2CacheSize"])
 
 
+def forget_plans(mod=gemm):
+    """Drop a gemm module's cached launch plans: they are keyed by shapes and flags, not by the module switches
+    (PROGRAMMATIC_LAUNCH, the policy constants) that the benches flip, so a plan made under one setting would
+    otherwise launch as that setting for another."""
+    mod._array_plans.clear()
+    mod._prepared.clear()
+
+
+@contextlib.contextmanager
+def plain_launches(mod=gemm):
+    """Ours launched with cuLaunchKernel inside the block (no programmatic dependent launch)."""
+    saved = mod.PROGRAMMATIC_LAUNCH
+    mod.PROGRAMMATIC_LAUNCH = False
+    forget_plans(mod)
+    try:
+        yield
+    finally:
+        mod.PROGRAMMATIC_LAUNCH = saved
+        forget_plans(mod)
+
+
 def device_summary(cp):
     """(name, SMs, L2 bytes, copy GB/s) of the current device, printed as the A/B and probe scripts start."""
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     sms = props["multiProcessorCount"]
+    programmatic = gemm.PROGRAMMATIC_LAUNCH and gemm.device_properties(dev.id)[0] >= 90
     copy_gbs = copy_bandwidth(cp)
     print(f"{gpu}: {sms} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
     return gpu, sms, l2_bytes(cp), copy_gbs
@@ -81,6 +110,22 @@ def time_cupy_graph(cp, launches) -> float:
         stop.record(stream)
         stop.synchronize()
     return cp.cuda.get_elapsed_time(start, stop) * 1e3 / (REPLAYS * len(launches))
+
+
+def time_copy_graph(cp, nbytes: int, l2: int) -> float:
+    """Mean µs of a device-to-device copy that moves ``nbytes`` (nbytes / 2 read, nbytes / 2 written), timed as the
+    kernels are: LAUNCHES_PER_GRAPH copies back to back in a graph, their buffers rotated past L2. The copy ceiling
+    at that size: a launch's fixed costs weigh on a small copy as on a small GEMM."""
+    half = max(nbytes // 2 // 16 * 16, 16)
+    pairs = [(cp.empty(half, dtype=np.uint8), cp.empty(half, dtype=np.uint8))
+             for _ in range(min(LAUNCHES_PER_GRAPH, copies_for(half, l2)))]
+    for src, _ in pairs:
+        src.fill(1)
+    d2d = cp.cuda.runtime.memcpyDeviceToDevice
+    launches = [(lambda s, i=i: cp.cuda.runtime.memcpyAsync(pairs[i % len(pairs)][1].data.ptr,
+                                                            pairs[i % len(pairs)][0].data.ptr, half, d2d, s.ptr))
+                for i in range(LAUNCHES_PER_GRAPH)]
+    return time_cupy_graph(cp, launches) * (nbytes / (2 * half))
 
 
 def time_torch_graph(torch, launches) -> float:
@@ -231,6 +276,10 @@ def main(argv=None) -> int:
                             for i in range(LAUNCHES_PER_GRAPH)]
                 us = time_cupy_graph(cp, launches)
                 record(label, us, weight_bytes(k, n, wt, gs) + base_bytes, fp16_us)
+                if programmatic and label in PLAIN_TOO:
+                    with plain_launches():
+                        us = time_cupy_graph(cp, launches)
+                    record(f"{label} (plain launch)", us, weight_bytes(k, n, wt, gs) + base_bytes, fp16_us)
             del a16, abf
         del w16, tiny, ours
         torch.cuda.empty_cache()
@@ -241,7 +290,7 @@ def main(argv=None) -> int:
                 torch=torch.__version__, cupy=cp.__version__, launches_per_graph=LAUNCHES_PER_GRAPH,
                 replays=REPLAYS, l2_multiple=L2_MULTIPLE,
                 # how ours launched: programmatic dependent launches back to back in the graphs (sm_90) or plain
-                programmatic_launch=gemm.PROGRAMMATIC_LAUNCH and gemm.device_properties(0)[0] >= 90)
+                programmatic_launch=programmatic)
     tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
     (args.out / f"gemm_{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     with open(args.out / f"gemm_{tag}.csv", "w", newline="") as fh:
@@ -257,7 +306,8 @@ def markdown_table(meta, rows) -> str:
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lines = [f"GPU {meta['gpu']} ({meta['sms']} SMs), {meta['date']}, commit {meta['commit']}, device copy "
              f"{meta['copy_gbs']:.0f} GB/s (read+write). Cells: µs (speedup over cuBLAS fp16, % of copy bandwidth). "
-             f"Marlin launches: {'programmatic' if meta.get('programmatic_launch') else 'plain'}.",
+             + ("Marlin launches: programmatic (the \"plain launch\" columns: the same kernels launched plainly)."
+                if meta.get("programmatic_launch") else "Marlin launches: plain."),
              "", "| K×N | M | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     by_key = {}
     for r in rows:

@@ -16,8 +16,10 @@ Method
 * The fused path is also timed as bench_gemm times the dense GEMM ("fused graph"): a CUDA graph of
   LAUNCHES_PER_GRAPH calls, each on its own routing (drawn as above; at decode sizes each avoids the experts of the
   one before, so no call finds its weights in L2: rotated_routings), per call, without flushes; its bytes are the
-  mean touched bytes of those routings. The single-call times include what the memset leaves behind: L2 full of dirty
-  lines that the call's own reads must write back first (bench/probe_moe_decode.py measures the difference).
+  mean touched bytes of those routings. "copy graph" is the copy ceiling at that size: device-to-device copies moving
+  the same bytes (half read, half written), timed the same way (bench_gemm.time_copy_graph). The single-call times
+  include what the memset leaves behind: L2 full of dirty lines that the call's own reads must write back first
+  (bench/probe_moe_decode.py measures the difference).
 * The fused time covers the GEMM launch only; moe_align_block_size is timed separately, three ways: "align CUDA µs"
   is the CUDA C++ kernel that fused_moe launches (``workbench.moe.moe_align_block_size``, ``mwb::moe_align``), device
   time only (the GPU spins SPIN_US ahead of the start event while the host queues the call, as in the A/B mode);
@@ -51,7 +53,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench_gemm, when imported from elsewhere
 
-from bench_gemm import time_cupy_graph  # noqa: E402  (the GEMM table's graph timing, for "fused graph")
+from bench_gemm import l2_bytes, time_copy_graph, time_cupy_graph  # noqa: E402  (bench_gemm's timings)
 from workbench import gemm, moe  # noqa: E402
 from workbench.formats.moe_align import moe_align_block_size as align_ref  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
@@ -139,15 +141,15 @@ def table_lines(rows) -> list[str]:
     """The markdown table of the table mode's rows, one line per (config, M); a path not timed shows '—'.
     "align CUDA µs" is the CUDA C++ align fused_moe uses (device time); the two "call" columns include host time."""
     lines = ["| config | M | experts touched | block | fused µs | batched µs | dense loop µs | torch µs | fused GB/s "
-             "| fused % copy | fused graph µs | fused graph % copy | align CUDA µs | align CUDA call µs "
-             "| align Numba call µs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| fused % copy | fused graph µs | fused graph % copy | copy graph µs | copy graph % copy "
+             "| align CUDA µs | align CUDA call µs | align Numba call µs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {}
     for r in rows:
         by.setdefault((r["config"], r["m"]), {})[r["method"]] = r
     for (cfg, m), d in by.items():
         any_row = next(iter(d.values()))
-        f, g = d.get("fused", {}), d.get("fused graph", {})
+        f, g, c = d.get("fused", {}), d.get("fused graph", {}), d.get("copy graph", {})
 
         def us(method):
             return d[method]["us"] if method in d else "—"
@@ -156,6 +158,7 @@ def table_lines(rows) -> list[str]:
                      f"| {m} | {any_row['experts_touched']} | {any_row['moe_block_size']} | {us('fused')} | "
                      f"{us('batched')} | {us('dense loop')} | {us('torch dequant+matmul')} | {f.get('gbs', '—')} | "
                      f"{f.get('pct_copy', '—')} | {g.get('us', '—')} | {g.get('pct_copy', '—')} | "
+                     f"{c.get('us', '—')} | {c.get('pct_copy', '—')} | "
                      f"{any_row['align_cuda_us']} | {any_row['align_cuda_call_us']} | "
                      f"{any_row['align_numba_call_us']} |")
     return lines
@@ -403,6 +406,7 @@ def main(argv=None) -> int:
     copy_gbs = copy_bandwidth(cp)
     print(f"{gpu}: {props['multiProcessorCount']} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
     flush = cp.empty(FLUSH_BYTES, dtype=np.uint8)
+    l2 = l2_bytes(cp)
     rng = np.random.default_rng(0)
     rows = []
     configs = CONFIGS[:1] if args.quick else CONFIGS
@@ -487,6 +491,8 @@ def main(argv=None) -> int:
                 timings["fused graph"] = (time_cupy_graph(cp, [
                     lambda s, r=r: stack.gemm_phase_fused(a, *r, out_fused, m, block, top_k, stream=s)
                     for r in routings]), float(np.mean([touched_bytes(t, k, n) for t in touched])))
+                graph_bytes = timings["fused graph"][1]
+                timings["copy graph"] = (time_copy_graph(cp, int(graph_bytes), l2), graph_bytes)
             for method, (us, nbytes) in timings.items():
                 gbs = nbytes / (us * 1e-6) / 1e9
                 row = dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m, experts_touched=int(len(used)),

@@ -39,3 +39,17 @@ def test_decode_routings_avoid_the_previous_experts(e, top_k):
 def test_larger_routings_keep_the_uniform_distribution(e, top_k, m):
     _, touched = bench_moe.rotated_routings(_HostArrays, np.random.default_rng(2), m, e, top_k, 40)
     assert abs(np.mean(touched) - expected_touched(e, m, top_k)) < 0.08 * expected_touched(e, m, top_k)
+
+
+def test_table_lines_put_every_timed_path_in_its_column():
+    cell = dict(config="mixtral", experts=8, k=4096, n=14336, top_k=2, m=1, experts_touched=2, moe_block_size=8,
+                align_cuda_us=4.9, align_cuda_call_us=5.0, align_numba_call_us=400.0)
+    rows = [dict(cell, method="fused", us=26.4, gbs=2296.5, pct_copy=53.8),
+            dict(cell, method="fused graph", us=19.8, gbs=3000.0, pct_copy=71.6),
+            dict(cell, method="copy graph", us=17.1, gbs=3500.0, pct_copy=82.3)]
+    header, rule, line = bench_moe.table_lines(rows)
+    names = [x.strip() for x in header.strip("|").split("|")]
+    cells = dict(zip(names, (x.strip() for x in line.strip("|").split("|")), strict=True))
+    assert rule.count("---") == len(names)
+    assert (cells["fused µs"], cells["fused graph µs"], cells["copy graph µs"], cells["copy graph % copy"],
+            cells["batched µs"]) == ("26.4", "19.8", "17.1", "82.3", "—")
