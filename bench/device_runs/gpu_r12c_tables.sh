@@ -3,7 +3,8 @@
 #   bench_gemm.py: the full grid, u4b8 and FP8 also with plain launches in the same run (PLAIN_TOO)
 #   bench_moe.py: the MoE table with the size-matched copy ceiling ("copy graph"); the batched and dense-loop paths
 #   launch dense plans, now programmatic
-#   usage (device machine, repo root; carry .whl):  BENCH_COMMIT=<rev> RET=$OUT bash bench/device_runs/gpu_r12c_tables.sh
+#   usage (device machine, repo root; carry .whl):
+#     BENCH_COMMIT=<rev> RET=$OUT bash bench/device_runs/gpu_r12c_tables.sh
 set -u
 . bench/device_runs/device_env.sh
 mkdir -p "$OUT/results"
