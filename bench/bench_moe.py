@@ -16,7 +16,9 @@ Method
 * The fused path is also timed as bench_gemm times the dense GEMM ("fused graph"): a CUDA graph of
   LAUNCHES_PER_GRAPH calls, each on its own routing (drawn as above; at decode sizes each avoids the experts of the
   one before, so no call finds its weights in L2: rotated_routings), per call, without flushes; its bytes are the
-  mean touched bytes of those routings. "copy graph" is the copy ceiling at that size: device-to-device copies moving
+  mean touched bytes of those routings. On sm_90 the phases launch programmatically (workbench/gemm.py
+  PROGRAMMATIC_LAUNCH): each may start while the one before finishes; "fused graph plain" is the same graph of plain
+  launches. "copy graph" is the copy ceiling at that size: device-to-device copies moving
   the same bytes (half read, half written), timed the same way (bench_gemm.time_copy_graph). The single-call times
   include what the memset leaves behind: L2 full of dirty lines that the call's own reads must write back first
   (bench/probe_moe_decode.py measures the difference).
@@ -53,7 +55,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench_gemm, when imported from elsewhere
 
-from bench_gemm import l2_bytes, time_copy_graph, time_cupy_graph  # noqa: E402  (bench_gemm's timings)
+from bench_gemm import l2_bytes, plain_launches, time_copy_graph, time_cupy_graph  # noqa: E402
 from workbench import gemm, moe  # noqa: E402
 from workbench.formats.moe_align import moe_align_block_size as align_ref  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
@@ -141,9 +143,9 @@ def table_lines(rows) -> list[str]:
     """The markdown table of the table mode's rows, one line per (config, M); a path not timed shows '—'.
     "align CUDA µs" is the CUDA C++ align fused_moe uses (device time); the two "call" columns include host time."""
     lines = ["| config | M | experts touched | block | fused µs | batched µs | dense loop µs | torch µs | fused GB/s "
-             "| fused % copy | fused graph µs | fused graph % copy | copy graph µs | copy graph % copy "
-             "| align CUDA µs | align CUDA call µs | align Numba call µs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| fused % copy | fused graph µs | fused graph % copy | fused graph plain µs | copy graph µs "
+             "| copy graph % copy | align CUDA µs | align CUDA call µs | align Numba call µs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {}
     for r in rows:
         by.setdefault((r["config"], r["m"]), {})[r["method"]] = r
@@ -158,7 +160,7 @@ def table_lines(rows) -> list[str]:
                      f"| {m} | {any_row['experts_touched']} | {any_row['moe_block_size']} | {us('fused')} | "
                      f"{us('batched')} | {us('dense loop')} | {us('torch dequant+matmul')} | {f.get('gbs', '—')} | "
                      f"{f.get('pct_copy', '—')} | {g.get('us', '—')} | {g.get('pct_copy', '—')} | "
-                     f"{c.get('us', '—')} | {c.get('pct_copy', '—')} | "
+                     f"{us('fused graph plain')} | {c.get('us', '—')} | {c.get('pct_copy', '—')} | "
                      f"{any_row['align_cuda_us']} | {any_row['align_cuda_call_us']} | "
                      f"{any_row['align_numba_call_us']} |")
     return lines
@@ -488,10 +490,13 @@ def main(argv=None) -> int:
             timings = {method: (timed(cp, fn, flush), nbytes) for method, fn in paths.items()}
             if "fused" in paths:
                 routings, touched = rotated_routings(cp, rng, m, e, top_k, LAUNCHES_PER_GRAPH)
-                timings["fused graph"] = (time_cupy_graph(cp, [
-                    lambda s, r=r: stack.gemm_phase_fused(a, *r, out_fused, m, block, top_k, stream=s)
-                    for r in routings]), float(np.mean([touched_bytes(t, k, n) for t in touched])))
-                graph_bytes = timings["fused graph"][1]
+                phases = [lambda s, r=r: stack.gemm_phase_fused(a, *r, out_fused, m, block, top_k, stream=s)
+                          for r in routings]
+                graph_bytes = float(np.mean([touched_bytes(t, k, n) for t in touched]))
+                timings["fused graph"] = (time_cupy_graph(cp, phases), graph_bytes)
+                if gemm.programmatic_launches(cp.cuda.Device().id):  # (the gain needs the kernel before to trigger)
+                    with plain_launches():
+                        timings["fused graph plain"] = (time_cupy_graph(cp, phases), graph_bytes)
                 timings["copy graph"] = (time_copy_graph(cp, int(graph_bytes), l2), graph_bytes)
             for method, (us, nbytes) in timings.items():
                 gbs = nbytes / (us * 1e-6) / 1e9

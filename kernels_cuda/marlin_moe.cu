@@ -48,6 +48,8 @@ template <typename T>
 __global__ void silu_and_mul(const T* __restrict__ x,  // (rows, 2n)
                              T* __restrict__ out,      // (rows, n)
                              int rows, int n) {
+  allow_dependent_launch();
+  grid_dependency_wait();  // x is the gate_up GEMM's output
   const long long total = static_cast<long long>(rows) * n;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
@@ -64,6 +66,8 @@ __global__ void moe_sum(const T* __restrict__ y,            // (y_rows, k)
                         const int* __restrict__ row_of,     // (m * top_k,) row of y per entry, -1 = none; or null
                         T* __restrict__ out,                // (m, k)
                         int m, int top_k, int k, int y_rows) {
+  allow_dependent_launch();
+  grid_dependency_wait();  // y is the down GEMM's output
   const long long total = static_cast<long long>(m) * k;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
@@ -83,6 +87,8 @@ __global__ void moe_sum(const T* __restrict__ y,            // (y_rows, k)
 // 16-byte chunks: rows are K % 8 == 0 activation values long.
 __global__ void gather_rows(const int4* __restrict__ x, const int* __restrict__ rows, int4* __restrict__ out, int n,
                             int chunks_per_row, int x_rows) {
+  allow_dependent_launch();
+  grid_dependency_wait();
   const long long total = static_cast<long long>(n) * chunks_per_row;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
@@ -94,6 +100,8 @@ __global__ void gather_rows(const int4* __restrict__ x, const int* __restrict__ 
 
 template <typename T>
 __global__ void add_bias(T* __restrict__ y, const T* __restrict__ bias, int rows, int n) {
+  allow_dependent_launch();
+  grid_dependency_wait();
   const long long total = static_cast<long long>(rows) * n;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
@@ -123,6 +131,8 @@ moe_align(const int* __restrict__ topk_ids,    // (numel,) expert per routed ent
           int* __restrict__ num_post_padded) { // (1,)
   __shared__ int counts[kAlignMaxExperts];
   __shared__ int starts[kAlignMaxExperts + 1];
+  allow_dependent_launch();
+  grid_dependency_wait();  // topk_ids may be the router's output; the outputs may still be read by the kernel before
   const int tid = threadIdx.x;
   for (int e = tid; e < num_experts; e += blockDim.x) counts[e] = 0;
   __syncthreads();
@@ -183,6 +193,10 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   constexpr int kPack = Weight<W>::kPack;
   constexpr int kAChunks = (G::kAI4 + kThreads - 1) / kThreads;  // A chunks (16 bytes) a thread fetches per stage
 
+  // Under a programmatic launch (workbench/moe.py) this grid may start while the kernel before it runs: every read
+  // below depends on the routing (which expert's weights), so all of it waits; only the launch itself overlaps.
+  allow_dependent_launch();
+  grid_dependency_wait();
   extern __shared__ int4 smem[];
   const StageRing<G> ring(smem);
   // Every cp.async destination below derives from fetch_base, a per-thread register that ptxas cannot prove

@@ -229,19 +229,23 @@ def installed(monkeypatch=None):
 
     def launch_programmatic(programmatic, stream, params):
         """cuLaunchKernelEx with programmatic stream serialization: recorded as a launch, its index noted."""
-        kind, grid, smem, function = programmatic
+        kind, grid, smem, function, threads = programmatic
         assert kind == "programmatic"
-        driver.launchKernel(function, grid, 1, 1, gemm.THREADS, 1, 1, smem, stream, params, 0)
+        driver.launchKernel(function, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
         driver.programmatic.append(len(driver.launches) - 1)
 
     patches = dict(_cupy_module=fake, _driver_module=driver, _FAST_ARRAY=FakeArray,
-                   _programmatic_config=lambda grid, smem, function: ("programmatic", grid, smem, function),
+                   _programmatic_config=lambda grid, smem, function, threads=gemm.THREADS: (
+                       "programmatic", grid, smem, function, threads),
                    _launch_programmatic=launch_programmatic,
                    device_properties=lambda device: PROPS, function_ptr=function_ptr, get_kernel=get_kernel,
                    resident_blocks=lambda name, device: 2, resident_clusters=lambda cfg, device, grid: 1 << 30,
-                   pin_occupancy=lambda name, device, smem, blocks_per_sm: smem)
+                   pin_occupancy=lambda name, device, smem, blocks_per_sm: smem,
+                   pin_occupancy_of=lambda kernel, device, smem, blocks_per_sm: smem,
+                   # plain launches unless a test turns them on (test_launch_cache, test_moe_plan compare the two)
+                   PROGRAMMATIC_LAUNCH=False)
     saved = {name: getattr(gemm, name) for name in patches}
-    caches = (gemm._prepared, gemm._array_plans, gemm._scratch, gemm._streams, moe._config_cache)
+    caches = (gemm._prepared, gemm._array_plans, gemm._scratch, gemm._streams, moe._config_cache, moe._pinned_smem)
     saved_caches = [dict(c) for c in caches]
     for c in caches:
         c.clear()

@@ -510,6 +510,12 @@ def resident_blocks(name_expression: str, device: int) -> int:
     return _occupancy.get((name_expression, device), 1)
 
 
+def programmatic_launches(device: int) -> bool:
+    """Whether launches on ``device`` are programmatic dependent launches (PROGRAMMATIC_LAUNCH on an sm_90+ device):
+    the dense GEMM's and the MoE kernels' (workbench/moe.py)."""
+    return PROGRAMMATIC_LAUNCH and device_properties(device)[0] >= 90
+
+
 RESERVED_SMEM_PER_BLOCK = 1024  # shared memory the system takes per resident block on sm_80 / sm_90
 
 
@@ -521,17 +527,25 @@ def pinned_smem(smem_bytes: int, blocks_per_sm: int, sm_smem: int, reserved_per_
 
 
 def pin_occupancy(name_expression: str, device: int, smem_bytes: int, blocks_per_sm: int) -> int:
-    """Dynamic shared memory for a launch of a compiled kernel that keeps at most ``blocks_per_sm`` of its blocks on
-    an SM (PROGRAMMATIC_PIN_OCCUPANCY): ``smem_bytes`` where no more fit already, else pinned_smem's amount, the
-    kernel's shared memory limit raised to it and the driver's occupancy query checking it. ``smem_bytes`` where the
-    pinned amount is over the per-block limit or the query disagrees (the launch is then as unpinned)."""
+    """pin_occupancy_of for one of this module's kernels (compiled and its residency known)."""
     if resident_blocks(name_expression, device) <= blocks_per_sm:
         return smem_bytes
+    return pin_occupancy_of(get_kernel(name_expression, device, smem_bytes), device, smem_bytes, blocks_per_sm)
+
+
+def pin_occupancy_of(kernel, device: int, smem_bytes: int, blocks_per_sm: int) -> int:
+    """Dynamic shared memory for a launch of a compiled kernel (a CuPy function) that keeps at most
+    ``blocks_per_sm`` of its blocks on an SM (PROGRAMMATIC_PIN_OCCUPANCY): ``smem_bytes`` where no more fit already,
+    else pinned_smem's amount, the kernel's shared memory limit raised to it and the driver's occupancy query checking
+    it. ``smem_bytes`` where the pinned amount is over the per-block limit or the query disagrees (the launch is then
+    as unpinned)."""
+    with _cupy().cuda.Device(device):
+        if _resident_blocks(kernel, smem_bytes) <= blocks_per_sm:
+            return smem_bytes
     _, _, smem_limit, sm_smem = device_properties(device)
     pinned = pinned_smem(smem_bytes, blocks_per_sm, sm_smem, RESERVED_SMEM_PER_BLOCK)
     if pinned > smem_limit:
         return smem_bytes
-    kernel = get_kernel(name_expression, device, smem_bytes)
     with _cupy().cuda.Device(device):
         if pinned > max(48 * 1024, kernel.max_dynamic_shared_size_bytes):
             kernel.max_dynamic_shared_size_bytes = pinned
@@ -787,7 +801,7 @@ class PreparedLaunch:
         # the launch configuration of a programmatic launch (None: cuLaunchKernel), its stream set per call
         self._programmatic = None
         self.launch_smem = self.smem  # what a programmatic launch asks for (pinned_smem)
-        if m > 0 and PROGRAMMATIC_LAUNCH and device_properties(self.device)[0] >= 90:
+        if m > 0 and programmatic_launches(self.device):
             if PROGRAMMATIC_PIN_OCCUPANCY:
                 self.launch_smem = pin_occupancy(cfg.name_expression, self.device, self.smem,
                                                  min(cfg.blocks_per_sm, resident_blocks(cfg.name_expression,
@@ -894,10 +908,10 @@ def _driver():
     return _driver_module
 
 
-def _programmatic_config(grid: int, smem: int, function: int):
+def _programmatic_config(grid: int, smem: int, function: int, threads: int = THREADS):
     """(cuda.bindings driver module, CUlaunchConfig with programmatic stream serialization allowed, CUfunction) for a
-    launch of ``function`` on ``grid`` blocks, made once per plan; None where cuda-python's driver bindings are
-    missing (the launch stays plain)."""
+    launch of ``function`` on ``grid`` blocks of ``threads``, made once per plan; None where cuda-python's driver
+    bindings are missing (the launch stays plain)."""
     try:
         from cuda.bindings import driver as cu
     except ImportError:  # pragma: no cover - environment
@@ -907,7 +921,7 @@ def _programmatic_config(grid: int, smem: int, function: int):
     attr.value.programmaticStreamSerializationAllowed = 1
     config = cu.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
-    config.blockDimX, config.blockDimY, config.blockDimZ = THREADS, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
     config.sharedMemBytes = smem
     config.attrs = [attr]
     config.numAttrs = 1

@@ -1006,6 +1006,14 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
     kernel = get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes)
     null = np.uint64(0)
     cupy = gemm._cupy()
+    if gemm.programmatic_launches(device):
+        _launch_fused_programmatic(cfg, grid, device, (
+            input.data.ptr, w.qweight.data.ptr, output.data.ptr, w.scales.data.ptr,
+            0 if w.zeros is None else w.zeros.data.ptr, sorted_token_ids.data.ptr, expert_ids.data.ptr,
+            num_tokens_post_padded.data.ptr, 0 if topk_weights is None else topk_weights.data.ptr, n_blocks,
+            moe_block_size, numel, top_k, stack.n_per_expert, stack.k, lda, group, stack.num_experts),
+            gemm._stream_ptr(stream))
+        return output
     with cupy.cuda.Device(device):
         kernel((grid,), (256,),
                (input, w.qweight, output, w.scales, null if w.zeros is None else w.zeros, sorted_token_ids,
@@ -1015,6 +1023,38 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
                 np.int32(stack.num_experts)),
                shared_mem=cfg.smem_bytes, stream=gemm._stream(gemm._stream_ptr(stream)))
     return output
+
+
+def _launch_smem(cfg: MoeConfig, device: int) -> int:
+    """The shared memory of a programmatic launch of a fused GEMM: pinned to its planned CTAs per SM, as the dense
+    GEMM's (gemm.PROGRAMMATIC_PIN_OCCUPANCY: a grid placed while the one before runs would otherwise stack CTAs on
+    the SMs that grid leaves idle)."""
+    if not gemm.PROGRAMMATIC_PIN_OCCUPANCY:
+        return cfg.smem_bytes
+    key = (cfg.name_expression, device, cfg.blocks_per_sm)
+    if key not in _pinned_smem:
+        _pinned_smem[key] = gemm.pin_occupancy_of(get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes),
+                                                  device, cfg.smem_bytes, cfg.blocks_per_sm)
+    return _pinned_smem[key]
+
+
+_pinned_smem: dict[tuple[str, int, int], int] = {}  # (kernel, device, CTAs per SM) -> _launch_smem's answer
+
+
+def _launch_fused_programmatic(cfg: MoeConfig, grid: int, device: int, values: tuple, stream: int) -> None:
+    """One fused GEMM phase as a programmatic dependent launch (cuLaunchKernelEx) on checked arguments: ``values``
+    in the kernel's parameter order (PLAN_ARG_KINDS["marlin_moe"]: addresses, then int32 scalars)."""
+    f = _moe_function_ptr(cfg.name_expression, device, cfg.smem_bytes)
+    config = gemm._programmatic_config(grid, _launch_smem(cfg, device), f)
+    args = _Args(PLAN_ARG_KINDS["marlin_moe"])
+    for slot, v in zip(args.slots, values, strict=True):
+        slot.value = int(v)
+    cupy = gemm._cupy()
+    with cupy.cuda.Device(device):
+        if config is None:  # no cuda-python driver bindings: a plain launch of the same arguments
+            gemm._driver().launchKernel(f, grid, 1, 1, 256, 1, 1, cfg.smem_bytes, stream, args.address, 0)
+        else:
+            gemm._launch_programmatic(config, stream, args.address)
 
 
 def _fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int, numel: int, cap: int, group: int):
@@ -1127,6 +1167,7 @@ class _LayerPlan:
         item = np.dtype(hidden.dtype).itemsize
         lda = int(hidden.strides[0]) // item if m > 1 else w13.k
         launches = []
+        pinned = {}  # GEMM function -> the shared memory of its programmatic launch (_launch_smem)
         # moe_align: one block of ALIGN_THREADS
         f = _moe_function_ptr("mwb::moe_align", device)
         launches.append((f, 1, ALIGN_THREADS, 0, _Args(PLAN_ARG_KINDS["moe_align"]),
@@ -1137,6 +1178,7 @@ class _LayerPlan:
             group = -1 if ng == 1 else stack.k // ng
             cfg, grid, n_blocks = _fused_grid(stack, device, act, block, rows * tk, cap, group)
             f = _moe_function_ptr(cfg.name_expression, device, cfg.smem_bytes)
+            pinned[f] = _launch_smem(cfg, device)
             w = stack.weight
             launches.append((f, grid, 256, cfg.smem_bytes, _Args(PLAN_ARG_KINDS["marlin_moe"]),
                              (a, w.qweight.data.ptr, c, w.scales.data.ptr, 0 if w.zeros is None else w.zeros.data.ptr,
@@ -1163,6 +1205,9 @@ class _LayerPlan:
         fixed = {} if self.buffers is None else {name: b.data.ptr for name, b in self.buffers.items()}
         # per launch: (function, grid, threads, shared memory, argument table, [(slot, name) filled per call]);
         # scalars, weights and kept intermediates are written once here
+        # programmatic dependent launches (gemm.PROGRAMMATIC_LAUNCH, sm_90+): each kernel waits for the one before
+        # (kernels_cuda/marlin_moe.cu) before touching its data; the GEMMs' shared memory pinned as the dense one's
+        programmatic = gemm.programmatic_launches(device)
         self.launches = []
         for f, grid, threads, smem, args, values in launches:
             dynamic = []
@@ -1173,7 +1218,10 @@ class _LayerPlan:
                     slot.value = fixed[v]
                 else:
                     dynamic.append((slot, v))
-            self.launches.append((f, grid, threads, smem, args.address, dynamic, args))
+            config = None
+            if programmatic:
+                config = gemm._programmatic_config(grid, pinned.get(f, smem), f, threads)
+            self.launches.append((f, grid, threads, smem, args.address, dynamic, args, config))
         self._lock = threading.Lock()
 
     def matches(self, w13, w2) -> bool:
@@ -1205,12 +1253,16 @@ class _LayerPlan:
         driver = gemm._driver()
         launch = driver.launchKernel
         with self._lock:  # the argument blocks are shared by every call of this plan
-            for i, (f, grid, threads, smem, params, dynamic, _) in enumerate(self.launches):
-                if i == 3:  # before the down GEMM: rows of entries no local expert takes stay 0 (cupy.zeros in HEAD)
-                    runtime.memsetAsync(ptrs["y"], 0, self.y_bytes, stream)
+            # first, so that the five kernels follow each other with nothing between (a programmatic launch after
+            # a memset is a plain one): rows of entries no local expert takes stay 0 in the down GEMM's output
+            runtime.memsetAsync(ptrs["y"], 0, self.y_bytes, stream)
+            for f, grid, threads, smem, params, dynamic, _, config in self.launches:
                 for slot, name in dynamic:
                     slot.value = ptrs[name]
-                launch(f, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
+                if config is not None:
+                    gemm._launch_programmatic(config, stream, params)
+                else:
+                    launch(f, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
         return out
 
 

@@ -363,3 +363,40 @@ def test_argument_kinds_follow_the_kernels_parameter_lists(name):
     params = [p.strip() for p in re.sub(r"//[^\n]*", "", match.group(1)).split(",")]
     kinds = "".join("p" if "*" in p else "i" if re.match(r"(const )?int\b", p) else "?" for p in params)
     assert kinds == moe.PLAN_ARG_KINDS[name], params
+
+
+def test_programmatic_layer_launches_the_same_kernels(fake, monkeypatch):
+    """gemm.PROGRAMMATIC_LAUNCH on sm_90: a planned layer launches its five kernels through cuLaunchKernelEx (each
+    waits for the one before: kernels_cuda/marlin_moe.cu), with the zeroing memset before the first, and the same
+    kernels, grids, arguments and blocks as plain launches; the GEMMs' shared memory is pin_occupancy_of's. The
+    checked path's GEMMs (gemm_phase_fused's launch) are programmatic too, with the same values as its CuPy call."""
+    from workbench import gemm
+
+    cupy, driver = fake
+    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", True)
+    monkeypatch.setattr(gemm, "pin_occupancy_of", lambda kernel, device, smem, blocks_per_sm: smem + 128)
+    args = layer(m=3, top_k=2)
+    call(args)
+    checked_gemms = [x for x in driver.launches]
+    assert len(checked_gemms) == 2 and driver.programmatic == [0, 1], "the checked path's two GEMMs"
+    driver.launches.clear(), driver.programmatic.clear()
+    call(args)
+    assert driver.programmatic == [0, 1, 2, 3, 4]
+    programmatic = list(driver.launches)
+    (ptr, _, _, _), = cupy.state.memsets[-1:]
+    assert ptr == programmatic[3][5][2], "the memset zeroes the down GEMM's output"
+    with installed() as (_, plain):
+        plain_args = layer(m=3, top_k=2)
+        call(plain_args)
+        checked_plain = named(plain, plain.cupy_calls)
+        call(plain_args)
+        reference = plain.launches
+    # the checked path's GEMMs: the values of its plain CuPy calls (but the addresses) and the pinned memory
+    for got, want in zip(named(driver, checked_gemms), [c for c in checked_plain if "marlin_moe" in c[0]],
+                         strict=True):
+        assert (got[0], got[1], got[2], got[4][9:]) == (want[0], want[1], want[2] + 128, want[4][9:])
+    for got, want in zip(programmatic, reference, strict=True):
+        gemm_kernel = "marlin_moe" in driver.moe_names[got[0]]
+        assert got[1:3] == want[1:3] and got[3] == want[3] + 128 * gemm_kernel, "grid, block, shared memory"
+        kinds = moe.PLAN_ARG_KINDS[next(k for k in moe.PLAN_ARG_KINDS if k in driver.moe_names[got[0]])]
+        assert [v for v, k in zip(got[5], kinds) if k == "i"] == [v for v, k in zip(want[5], kinds) if k == "i"]

@@ -346,6 +346,84 @@ def test_fused_moe_expert_parallel_and_empty_experts(rng):
         check_layer(out, hidden, w13_ref, w2_ref, weights, ids, np.float16, f"path={path}", expert_map=emap)
 
 
+def _bits(x):
+    return cp.asnumpy(x).view(np.uint16)
+
+
+@pytest.mark.parametrize("programmatic", [False, True])
+def test_layers_back_to_back_chain(programmatic, rng, monkeypatch):
+    """Four fused_moe layers, each reading the one before's output, queued without a sync (the first call of a key
+    takes the checked path, the rest the layer plan), plain and as programmatic launches (gemm.PROGRAMMATIC_LAUNCH,
+    sm_90): each of the five kernels may start while the one before finishes and must wait before it touches data.
+    Every output equals the same layer run alone, bitwise."""
+    if programmatic and gemm.device_properties(cp.cuda.Device().id)[0] < 90:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", programmatic)
+    e, k, n, m, top_k = 8, 256, 128, 5, 2
+    w13, w2, _, _ = layer_stacks(rng, e, k, n, S.U4B8, 128, F16)
+    ids, weights = (cp.asarray(x) for x in routing(rng, m, top_k, e))
+    hidden = cp.asarray((rng.standard_normal((m, k)) * 0.5).astype(np.float16))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        alone, x = [], hidden
+        for _ in range(4):
+            x = moe.fused_moe(x, w13, w2, weights, ids, stream=stream)
+            stream.synchronize()
+            alone.append(x)
+        chained, x = [], hidden
+        for _ in range(4):
+            x = moe.fused_moe(x, w13, w2, weights, ids, stream=stream)
+            chained.append(x)
+        stream.synchronize()
+    assert all(np.isfinite(cp.asnumpy(x).astype(np.float32)).all() for x in alone)
+    for i, (got, want) in enumerate(zip(chained, alone)):
+        assert np.array_equal(_bits(got), _bits(want)), f"layer {i}"
+
+
+@pytest.mark.parametrize("programmatic", [False, True])
+def test_fused_phases_back_to_back_in_a_graph(programmatic, rng, monkeypatch):
+    """gemm_phase_fused calls, each reading the one before's output (square experts, top_k = 1), back to back on a
+    stream and captured in a CUDA graph, plain and programmatic: outputs bitwise equal to lone calls."""
+    if programmatic and gemm.device_properties(cp.cuda.Device().id)[0] < 90:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", programmatic)
+    e, k, m, block = 4, 256, 7, 8
+    w, _ = moe.random_expert_stack(e, k, k, S.U4B8, 128, seed=int(rng.integers(1 << 20)))
+    stack = moe.MarlinExpertStack(gemm.upload_weight(w))
+    ids, _ = routing(rng, m, 1, e)
+    sorted_ids, expert_ids, post = (cp.asarray(x) for x in align_ref.moe_align_block_size(ids, block, e))
+    a = cp.asarray((rng.standard_normal((m, k)) * 0.5).astype(np.float16))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        outs = [cp.full((m, k), np.nan, dtype=np.float16) for _ in range(3)]
+
+        def chain():
+            x = a
+            for out in outs:
+                stack.gemm_phase_fused(x, sorted_ids, expert_ids, post, out, m, block, 1, stream=stream)
+                x = out
+
+        chain()
+        stream.synchronize()
+        alone = [cp.asnumpy(o).copy() for o in outs]
+        for o in outs:
+            o.fill(np.nan)
+        stream.begin_capture()
+        chain()
+        graph = stream.end_capture()
+        for _ in range(3):
+            graph.launch(stream)
+        stream.synchronize()
+    x = a
+    for i, out in enumerate(outs):  # each against a lone call on the same input
+        lone = cp.full((m, k), np.nan, dtype=np.float16)
+        stack.gemm_phase_fused(x, sorted_ids, expert_ids, post, lone, m, block, 1)
+        cp.cuda.Device().synchronize()
+        assert np.isfinite(cp.asnumpy(lone).astype(np.float32)).all()
+        assert np.array_equal(_bits(out), _bits(lone)) and np.array_equal(alone[i].view(np.uint16), _bits(lone)), i
+        x = lone
+
+
 def test_expert_linear_with_bias_on_gpu(rng):
     w, w_ref = moe.random_expert_stack(2, 256, 256, S.U4, 64, seed=int(rng.integers(1 << 20)))
     stack = moe.MarlinExpertStack(gemm.upload_weight(w))
