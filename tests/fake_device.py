@@ -245,7 +245,8 @@ def installed(monkeypatch=None):
                    # plain launches unless a test turns them on (test_launch_cache, test_moe_plan compare the two)
                    PROGRAMMATIC_LAUNCH=False)
     saved = {name: getattr(gemm, name) for name in patches}
-    caches = (gemm._prepared, gemm._array_plans, gemm._scratch, gemm._streams, moe._config_cache, moe._pinned_smem)
+    caches = (gemm._prepared, gemm._array_plans, gemm._scratch, gemm._streams, moe._config_cache, moe._pinned_smem,
+              moe._phase_launches)
     saved_caches = [dict(c) for c in caches]
     for c in caches:
         c.clear()

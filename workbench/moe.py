@@ -1043,18 +1043,31 @@ _pinned_smem: dict[tuple[str, int, int], int] = {}  # (kernel, device, CTAs per 
 
 def _launch_fused_programmatic(cfg: MoeConfig, grid: int, device: int, values: tuple, stream: int) -> None:
     """One fused GEMM phase as a programmatic dependent launch (cuLaunchKernelEx) on checked arguments: ``values``
-    in the kernel's parameter order (PLAN_ARG_KINDS["marlin_moe"]: addresses, then int32 scalars)."""
-    f = _moe_function_ptr(cfg.name_expression, device, cfg.smem_bytes)
-    config = gemm._programmatic_config(grid, _launch_smem(cfg, device), f)
-    args = _Args(PLAN_ARG_KINDS["marlin_moe"])
-    for slot, v in zip(args.slots, values, strict=True):
-        slot.value = int(v)
+    in the kernel's parameter order (PLAN_ARG_KINDS["marlin_moe"]: addresses, then int32 scalars). The launch
+    configuration and argument block are made once per (kernel, device, grid) and reused under a lock (~20 µs of
+    host time each to make)."""
+    key = (cfg.name_expression, device, grid, cfg.blocks_per_sm)
+    launch = _phase_launches.get(key)
+    if launch is None:
+        f = _moe_function_ptr(cfg.name_expression, device, cfg.smem_bytes)
+        config = gemm._programmatic_config(grid, _launch_smem(cfg, device), f)
+        launch = (f, config, _Args(PLAN_ARG_KINDS["marlin_moe"]), threading.Lock())
+        if len(_phase_launches) >= _MAX_CACHED:
+            _phase_launches.clear()
+        _phase_launches[key] = launch
+    f, config, args, lock = launch
     cupy = gemm._cupy()
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), lock:
+        for slot, v in zip(args.slots, values, strict=True):
+            slot.value = int(v)
         if config is None:  # no cuda-python driver bindings: a plain launch of the same arguments
             gemm._driver().launchKernel(f, grid, 1, 1, 256, 1, 1, cfg.smem_bytes, stream, args.address, 0)
         else:
             gemm._launch_programmatic(config, stream, args.address)
+
+
+# (kernel, device, grid, CTAs per SM) -> (function, programmatic launch configuration, argument block, lock)
+_phase_launches: dict[tuple, tuple] = {}
 
 
 def _fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int, numel: int, cap: int, group: int):
