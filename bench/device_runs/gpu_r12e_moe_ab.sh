@@ -9,7 +9,7 @@
 set -u
 . bench/device_runs/device_env.sh
 mkdir -p "$OUT/ab" "$OUT/results"
-timeout 250 python3 bench/bench_moe.py --out "$OUT/ab" --ab-old artifacts/r12_old --m 1,8,64 > "$OUT/ab.log" 2>&1
+timeout 250 python3 bench/bench_moe.py --out "$OUT/ab" --ab-old artifacts/r12_old --m 1,8,64 --variants "" > "$OUT/ab.log" 2>&1
 echo "ab rc=$?"; grep -E " (old|new) " "$OUT/ab.log" | cut -c1-110; pack r12e
 timeout 150 python3 bench/bench_moe.py --out "$OUT/results" --paths fused > "$OUT/table.log" 2>&1
 echo "table rc=$?"; tail -13 "$OUT/table.log" | cut -c1-250; pack r12e
