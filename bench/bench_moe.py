@@ -260,7 +260,7 @@ def ab_main(args) -> int:
     def variants_of(block, n, k, items):
         """old, new, and each other requested variant whose kernel differs from new's in this cell."""
         out = ["old", "new"]
-        for v in args.variants.split(","):
+        for v in filter(None, args.variants.split(",")):  # (--variants "": old and new only)
             if v not in out and cfg_of(v, block, n, k, items) != cfg_of("new", block, n, k, items):
                 out.append(v)
         return out
@@ -359,7 +359,7 @@ def ab_main(args) -> int:
                                                                   reps=args.reps, rows=rows), indent=1))
         del w, stacks
         cp.get_default_memory_pool().free_all_blocks()
-    others = [v for v in args.variants.split(",") if v not in ("old", "new")]
+    others = [v for v in args.variants.split(",") if v not in ("old", "new", "")]
     print("\n| config | M | block | old µs | new µs | old/new | " + " | ".join(f"{v} µs" for v in others)
           + " | new shape | bits = old |")
     print("|---|---|---|---|---|---|" + "---|" * len(others) + "---|---|")

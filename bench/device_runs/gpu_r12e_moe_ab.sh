@@ -11,5 +11,6 @@ set -u
 mkdir -p "$OUT/ab" "$OUT/results"
 timeout 250 python3 bench/bench_moe.py --out "$OUT/ab" --ab-old artifacts/r12_old --m 1,8,64 --variants "" > "$OUT/ab.log" 2>&1
 echo "ab rc=$?"; grep -E " (old|new) " "$OUT/ab.log" | cut -c1-110; pack r12e
+[ "${AB_ONLY:-0}" = 1 ] && exit 0
 timeout 150 python3 bench/bench_moe.py --out "$OUT/results" --paths fused > "$OUT/table.log" 2>&1
 echo "table rc=$?"; tail -13 "$OUT/table.log" | cut -c1-250; pack r12e
