@@ -23,6 +23,19 @@ def test_gemm_chart_and_bars():
     assert "×2.00 – ×2.00" in html  # INT4 vs fp16 at M <= 16: 10 / 5
     assert "×1.25 – ×1.25" in html  # FP8: 10 / 8
     assert "<td>1, 2</td>" in html  # tinygemm (2·M µs) beats 5 + M/16 µs only at M = 1, 2
+    assert "plain" not in html
+
+
+def test_gemm_bars_with_plain_launches_beside():
+    """bench_gemm's "(plain launch)" rows: their ranges in brackets after the programmatic ones; not in the chart."""
+    doc = _gemm_doc()
+    doc["rows"] += [dict(r, method=r["method"] + " (plain launch)", us=r["us"] + 1.0,
+                         speedup_vs_fp16=10.0 / (r["us"] + 1.0))
+                    for r in doc["rows"] if r["method"] in ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")]
+    html = perf.gemm_bars_html(doc)._repr_html_()
+    assert "×2.00 – ×2.00 [plain ×1.67 – ×1.67]" in html and "×1.25 – ×1.25 [plain ×1.11 – ×1.11]" in html
+    labels = [line.get_label() for line in perf.render_gemm_times(doc).axes[0].lines]
+    assert not any("plain" in label for label in labels) and "marlin u4b8 g128 fp16" in labels
 
 
 def test_repack_and_moe_charts(tmp_path):

@@ -42,7 +42,8 @@ def render_gemm_times(doc: dict, methods: tuple[str, ...] | None = None):
     """
     rows = _rows(doc)
     shapes = sorted({(r["k"], r["n"]) for r in rows}, key=lambda s: (s[0] * s[1], s))
-    methods = methods or tuple(dict.fromkeys(r["method"] for r in rows))
+    # (bench_gemm's "(plain launch)" timings of ours are left out unless asked for: gemm_bars_html reports them)
+    methods = methods or tuple(m for m in dict.fromkeys(r["method"] for r in rows) if not m.endswith(PLAIN))
     cols = min(3, len(shapes))
     fig, axes = new_figure(4.4 * cols, 3.3 * -(-len(shapes) // cols), ncols=cols, nrows=-(-len(shapes) // cols))
     copy = _copy_gbs(doc)
@@ -69,29 +70,39 @@ def render_gemm_times(doc: dict, methods: tuple[str, ...] | None = None):
 
 def gemm_bars_html(doc: dict) -> HTML:
     """The issue's speed bars, read off the data: per layer, the range of speedups over cuBLAS fp16 at M ≤ 16 for
-    INT4 g128 and FP8, and the M ≤ 64 values where INT4 g128 (bf16) loses to tinygemm."""
+    INT4 g128 and FP8, and the M ≤ 64 values where INT4 g128 (bf16) loses to tinygemm. Where the run also timed
+    ours with plain launches (bench_gemm's "(plain launch)" methods, beside programmatic ones), their ranges follow
+    in brackets."""
     rows = _rows(doc)
     by = {(r["k"], r["n"], r["m"], r["method"]): r for r in rows}
     shapes = sorted({(r["k"], r["n"]) for r in rows}, key=lambda s: (s[0] * s[1], s))
     methods = {r["method"] for r in rows}
 
     def pick(word: str) -> str | None:
-        return next((m for m in sorted(methods) if word in m), None)
+        return next((m for m in sorted(methods) if word in m and not m.endswith(PLAIN)), None)
 
     int4, fp8, int4_bf16, tiny = (pick("u4b8 g128 fp16"), pick("fe4m3fn"), pick("u4b8 g128 bf16"), pick("tinygemm"))
     table = []
     for k, n in shapes:
         def speedups(method):
             return [by[(k, n, m, method)]["speedup_vs_fp16"] for m in (1, 2, 4, 8, 16) if (k, n, m, method) in by]
-        s4, s8 = speedups(int4), speedups(fp8)
+
+        def span(method):
+            s = speedups(method)
+            text = f"×{min(s):.2f} – ×{max(s):.2f}" if s else "—"
+            plain = speedups(f"{method}{PLAIN}") if method else []
+            return text + (f" [plain ×{min(plain):.2f} – ×{max(plain):.2f}]" if plain else "")
+
         compared = [m for m in (1, 2, 4, 8, 16, 32, 64) if (k, n, m, int4_bf16) in by and (k, n, m, tiny) in by]
         losses = [m for m in compared if by[(k, n, m, int4_bf16)]["us"] > by[(k, n, m, tiny)]["us"]]
         verdict = ", ".join(map(str, losses)) or "none" if compared else "not in this run (no bf16 INT4 row)"
-        table.append((f"{k}×{n}", f"×{min(s4):.2f} – ×{max(s4):.2f}" if s4 else "—",
-                      f"×{min(s8):.2f} – ×{max(s8):.2f}" if s8 else "—", verdict))
+        table.append((f"{k}×{n}", span(int4), span(fp8), verdict))
     return HTML(html_table(["layer", "INT4 g128 vs fp16, M ≤ 16 (bar ×2.5)", "FP8 vs fp16, M ≤ 16 (bar ×1.6)",
                             "M ≤ 64 where tinygemm is faster (bar: none)"], table,
                            caption=f"{doc.get('meta', {}).get('gpu', '')} commit {doc.get('meta', {}).get('commit', '')}"))
+
+
+PLAIN = " (plain launch)"  # bench_gemm's suffix for ours timed with plain launches beside programmatic ones
 
 
 def render_repack_bandwidth(doc: dict, target: float = 0.8, skip_prefixes: tuple[str, ...] = ("direct ", "staged ")):
