@@ -159,9 +159,12 @@ def test_cells_cover_the_brief_in_order_of_importance():
     large = {(S.U4B8, 128, k, n, m) for m in (1, 16) for k, n in ((8192, 28672), (28672, 8192))}
     want |= large  # added after HEAD's run (round 6, "policy"): after the first 24 cells, which keep their indices
     fp8_narrow = {(S.FE4M3FN, -1, k, n, 1) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096))}
-    want |= fp8_narrow  # added in round 10, last
-    assert {(c.weight, c.group_size, c.k, c.n, c.m) for c in cells[-7:-3]} == large
-    assert {(c.weight, c.group_size, c.k, c.n, c.m) for c in cells[-3:]} == fp8_narrow
+    want |= fp8_narrow  # added in round 10
+    fp8_m16 = (S.FE4M3FN, -1, 4096, 14336, 16)
+    want.add(fp8_m16)  # added in round 12, last
+    assert {(c.weight, c.group_size, c.k, c.n, c.m) for c in cells[-8:-4]} == large
+    assert {(c.weight, c.group_size, c.k, c.n, c.m) for c in cells[-4:-1]} == fp8_narrow
+    assert (cells[-1].weight, cells[-1].group_size, cells[-1].k, cells[-1].n, cells[-1].m) == fp8_m16
     assert {(c.weight, c.group_size, c.k, c.n, c.m) for c in cells} == want and len(cells) == len(want)
     assert all(c.act == "float16" for c in cells)
 
