@@ -198,6 +198,7 @@ PAIR_MAX_STEPS = 32
 # 16.61 -> 17.80, M = 16 18.13 -> 20.41, while u4b8 there gained (14.85 -> 13.84). Round 9d: 8192^2 (16) won.
 PAIR_MAX_STEPS_NOT_PLAIN = 16
 PAIR_TWO_BLOCK_MIN_FILL = 0.8
+PAIR_TWO_BLOCK_EIGHT_BIT_ROWS = True  # (see choose_config's pair_choice; a switch for bench/ab_gemm.py's A/B)
 # Stage counts of 4-bit pairs on the 256 x 64 tile, by swap (twice the bytes per stage of 128 x 64, whose order is
 # ONE_M_BLOCK_STAGES). Sweep r11a, u4b8 fp16 4096^2, µs with 4 / 6 / 8 stages: swapped M = 1 7.27 / 7.61 / 7.66,
 # M = 8 7.28 / 7.51 / 7.41; rows layout M = 16 8.30 / 8.31 / 7.98.
@@ -284,6 +285,23 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       blocks_per_sm=2, cluster=2, **variant)]
                              if cfg.smem_bytes <= half_smem), None)
+        # 8-bit fp16 kernels at M = 9..16 (rows layout): the first tile whose slices fill the SMs so, two blocks per
+        # SM in pairs where one fits half an SM (PAIR_TWO_BLOCK_EIGHT_BIT_ROWS; sweep r12f under programmatic
+        # launches, FP8 4096x14336 M = 16: one block per SM on 112 blocks 20.05 -> 2,2,3 pairs on 224 17.81 µs).
+        if PAIR_TWO_BLOCK_EIGHT_BIT_ROWS and weight.bits == 8 and not variant["swap"] and plain \
+                and act is ScalarType.F16 and sm_smem > 0:
+            for n_tiles, k_warp in shapes():
+                tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
+                # (at most PAIR_MAX_STEPS per block, as the one-block pairs: the sweep had no longer range)
+                steps = size_k // tk
+                if not (PAIR_TWO_BLOCK_MIN_FILL * sms <= size_n // tn <= sms and 2 <= steps <= 2 * PAIR_MAX_STEPS):
+                    continue
+                two = next((cfg for stages in (3, 4)
+                            for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
+                                                     blocks_per_sm=2, cluster=2, **variant)]
+                            if cfg.smem_bytes <= half_smem), None)
+                if two is not None:
+                    return two
         return None
 
     if pairs and PAIR_CLUSTERS and m_blocks == 1 and sms > 0:

@@ -194,6 +194,11 @@ PAIRS = [
     ((S.FE4M3FN, 1, 8192, 8192), (2, 4, 4, 1, 128, 2)),  # (4, 2) gives 32 slices: the next shape, 64
     ((S.FE4M3FN, 16, 8192, 8192), (2, 4, 4, 1, 128, 2)),
     ((S.FE4M3FN, 1, 4096, 14336), (4, 2, 4, 1, 112, 2)),  # the grid the policy gave already: 56 x 2
+    # 8-bit at M = 9..16: the first tile whose 112 slices fill the SMs two blocks each, 16 steps per block (sweep r12f)
+    ((S.FE4M3FN, 16, 4096, 14336), (2, 2, 3, 2, 224, 2)),
+    ((S.U8B128, 9, 4096, 14336), (2, 2, 3, 2, 224, 2)),
+    ((S.FE4M3FN, 16, 8192, 28672), (4, 2, 4, 1, 132, 1)),  # 112 slices, but 64 steps per block: as before
+    ((S.FE4M3FN, 8, 4096, 14336), (4, 2, 4, 1, 112, 2)),  # swapped: as before
     ((S.FE4M3FN, 1, 28672, 8192), (4, 2, 4, 1, 128, 1)),
     ((S.U4, 1, 8192, 8192), (2, 4, 6, 1, 128, 2)),  # zero points, 16 steps: pairs (round 9d: 18.71 -> 17.12)
     ((S.U4, 1, 28672, 8192), (2, 4, 3, 2, 256, 1)),  # zero points, 56 steps: as before (pairs: 44.88 -> 46.96)
@@ -246,3 +251,10 @@ def test_late_scale_mirrors_the_kernel_rule():
     assert not cfg(blocks_per_sm=2).late_scale and cfg(blocks_per_sm=2, swap=True).late_scale
     assert not cfg(k_warp=1).late_scale and cfg(k_warp=1, swap=True).late_scale and cfg(k_warp=2).late_scale
     assert cfg(weight=S.U4).late_scale and cfg(act=S.BF16).late_scale
+
+
+def test_eight_bit_row_pairs_switch(monkeypatch):
+    """PAIR_TWO_BLOCK_EIGHT_BIT_ROWS off (bench/ab_gemm.py new-no8bitpairs): FP8 4096 x 14336 at M = 16 back to one
+    block per SM on 112 blocks in clusters of two."""
+    monkeypatch.setattr(gemm, "PAIR_TWO_BLOCK_EIGHT_BIT_ROWS", False)
+    assert pair_choice(S.FE4M3FN, 16, 4096, 14336) == (4, 2, 4, 1, 112, 2)
