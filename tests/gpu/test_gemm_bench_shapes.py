@@ -34,7 +34,9 @@ LAYERS = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672
 CASES = ([(S.U4B8, 128, kn, m) for kn in LAYERS for m in (1, 8, 16, 64)]
          + [(S.FE4M3FN, -1, kn, m) for kn in ((8192, 8192), (8192, 28672), (28672, 8192)) for m in (1, 16)]
          + [(S.U8B128, 128, kn, m) for kn in ((8192, 8192), (8192, 28672)) for m in (1, 16)]
-         + [(S.U4, 128, (8192, 28672), m) for m in (1, 16)])
+         + [(S.U4, 128, (8192, 28672), m) for m in (1, 16)]
+         # the 8-bit two-block pairs at M = 9..16 (gemm.PAIR_TWO_BLOCK_EIGHT_BIT_ROWS, round 12)
+         + [(wt, gs, (4096, 14336), m) for wt, gs in ((S.FE4M3FN, -1), (S.U8B128, 128)) for m in (9, 16)])
 
 
 @functools.lru_cache(maxsize=2)
