@@ -38,6 +38,16 @@ def poisoned(m, n, dtype):
     return cp.full((m, n), np.nan, dtype=dtype)
 
 
+def replay_in_graph(stream, launches, replays: int = 3) -> None:
+    """Capture ``launches()`` on ``stream`` as one CUDA graph, replay it ``replays`` times and wait for it."""
+    stream.begin_capture()
+    launches()
+    graph = stream.end_capture()
+    for _ in range(replays):
+        graph.launch(stream)
+    stream.synchronize()
+
+
 def run(a_host, w_dev, mode="fp32", sms=-1, **kw):
     """Upload a, launch into a poisoned C, return C on the host as float32 (and check the locks are left zero)."""
     a = cp.asarray(a_host)
@@ -363,12 +373,7 @@ def test_explicit_stream_and_cuda_graph_capture():
         ct = cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32)
         gemm.marlin_gemm(a, w_dev, c=c, workspace=ws, c_tmp=ct, stream=stream)  # warm: compile outside capture
         c.fill(np.nan)
-        stream.begin_capture()
-        gemm.marlin_gemm(a, w_dev, c=c, workspace=ws, c_tmp=ct, stream=stream)
-        graph = stream.end_capture()
-        for _ in range(2):
-            graph.launch(stream)
-        stream.synchronize()
+        replay_in_graph(stream, lambda: gemm.marlin_gemm(a, w_dev, c=c, workspace=ws, c_tmp=ct, stream=stream), 2)
     out = cp.asnumpy(c).astype(np.float32)
     ref = a_host.astype(np.float32) @ q.w_ref
     assert np.all(np.abs(out - ref) <= error_bound(a_host, q.w_ref, np.float16, "fp32", a_host.shape[1]))
@@ -416,12 +421,7 @@ def test_back_to_back_launches_chain_and_share_a_workspace(sms, m, programmatic,
         for got, alone in ((c1, c1_alone), (c2, c2_alone)):
             assert np.array_equal(cp.asnumpy(got).view(np.uint16), cp.asnumpy(alone).view(np.uint16))
         c1.fill(np.nan), c2.fill(np.nan)
-        stream.begin_capture()
-        chain()
-        graph = stream.end_capture()
-        for _ in range(3):
-            graph.launch(stream)
-        stream.synchronize()
+        replay_in_graph(stream, chain)
     for got, alone in ((c1, c1_alone), (c2, c2_alone)):
         assert np.array_equal(cp.asnumpy(got).view(np.uint16), cp.asnumpy(alone).view(np.uint16)), "in the graph"
     assert int(cp.count_nonzero(ws)) == 0, "lock counters must be left zero"

@@ -108,3 +108,25 @@ def test_two_full_grids_on_two_streams_finish_and_match_their_serial_results():
     for (wt, gs, k, n, m), r in zip(jobs, runs):
         np.testing.assert_array_equal(cp.asnumpy(r["c"]), r["serial"], err_msg=f"{wt} {k}x{n} M={m}")
         assert int(cp.count_nonzero(r["ws"])) == 0, "lock counters must be left zero"
+
+
+@pytest.mark.parametrize("wt,gs,kn,m", [(S.U4B8, 128, (14336, 4096), 1), (S.FE4M3FN, -1, (4096, 14336), 1),
+                                        (S.U4B8, 128, (4096, 14336), 1), (S.FE4M3FN, -1, (4096, 14336), 16)],
+                         ids=lambda v: str(v))
+def test_programmatic_plans_keep_their_planned_blocks_per_sm(wt, gs, kn, m):
+    """gemm.PROGRAMMATIC_PIN_OCCUPANCY: a programmatic launch's shared memory lets no more blocks share an SM than
+    its plan counts on (round 12a: the first two cells lost 15-33% when the next grid's blocks stacked two to an SM
+    on the SMs the grid before left idle; the last two plan two blocks per SM)."""
+    device = cp.cuda.Device().id
+    if not gemm.programmatic_launches(device):
+        pytest.skip("programmatic launches off or not sm_90")
+    k, n = kn
+    w, _ = layer(wt, gs, k, n)
+    a = cp.asarray(np.random.default_rng().standard_normal((m, k), dtype=np.float32).astype(np.float16))
+    gemm.marlin_gemm(a, w)
+    plans = [p for p in gemm._prepared.values() if (p.m, p.n, p.k, p.cfg.weight) == (m, n, k, wt)]
+    assert plans and all(p._programmatic is not None for p in plans)
+    for p in plans:
+        kernel = gemm.get_kernel(p.cfg.name_expression, device, p.smem)
+        assert p.launch_smem >= p.smem
+        assert gemm._resident_blocks(kernel, p.launch_smem) <= p.cfg.blocks_per_sm, (p.cfg, p.launch_smem)

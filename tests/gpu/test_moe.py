@@ -21,6 +21,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not hardware.cupy_available(), reason="no CUDA GPU visible to CuPy")]
 
 cp = pytest.importorskip("cupy")
+
+from gpu.test_gemm import replay_in_graph  # noqa: E402  (tests/ is on the pytest pythonpath)
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 ALL_TYPES = ((S.U4B8, 128), (S.U4, 64), (S.U8B128, 32), (S.U8, -1), (S.FE4M3FN, 128), (S.FE4M3FN, -1))
@@ -408,12 +411,7 @@ def test_fused_phases_back_to_back_in_a_graph(programmatic, rng, monkeypatch):
         alone = [cp.asnumpy(o).copy() for o in outs]
         for o in outs:
             o.fill(np.nan)
-        stream.begin_capture()
-        chain()
-        graph = stream.end_capture()
-        for _ in range(3):
-            graph.launch(stream)
-        stream.synchronize()
+        replay_in_graph(stream, chain)
     x = a
     for i, out in enumerate(outs):  # each against a lone call on the same input
         lone = cp.full((m, k), np.nan, dtype=np.float16)
