@@ -12,6 +12,8 @@ import numpy as np
 
 from workbench.render._draw import HTML, html_table, new_figure
 
+PLAIN = " (plain launch)"  # bench_gemm's suffix for ours timed with plain launches beside programmatic ones
+
 
 def load_result(results_dir, name: str) -> dict | None:
     """The parsed ``results_dir/name`` or None when that file is not committed."""
@@ -100,9 +102,6 @@ def gemm_bars_html(doc: dict) -> HTML:
     return HTML(html_table(["layer", "INT4 g128 vs fp16, M ≤ 16 (bar ×2.5)", "FP8 vs fp16, M ≤ 16 (bar ×1.6)",
                             "M ≤ 64 where tinygemm is faster (bar: none)"], table,
                            caption=f"{doc.get('meta', {}).get('gpu', '')} commit {doc.get('meta', {}).get('commit', '')}"))
-
-
-PLAIN = " (plain launch)"  # bench_gemm's suffix for ours timed with plain launches beside programmatic ones
 
 
 def render_repack_bandwidth(doc: dict, target: float = 0.8, skip_prefixes: tuple[str, ...] = ("direct ", "staged ")):
