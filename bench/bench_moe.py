@@ -18,10 +18,10 @@ Method
   one before, so no call finds its weights in L2: rotated_routings), per call, without flushes; its bytes are the
   mean touched bytes of those routings. On sm_90 the phases launch programmatically (workbench/gemm.py
   PROGRAMMATIC_LAUNCH): each may start while the one before finishes; "fused graph plain" is the same graph of plain
-  launches. "copy graph" is the copy ceiling at that size: device-to-device copies moving
-  the same bytes (half read, half written), timed the same way (bench_gemm.time_copy_graph). The single-call times
-  include what the memset leaves behind: L2 full of dirty lines that the call's own reads must write back first
-  (bench/probe_moe_decode.py measures the difference).
+  launches. "copy graph" is the copy ceiling at that size: device copies moving the same bytes (half read, half
+  written), timed the same way (bench_gemm.time_copy_graph). The single-call times include what the memset leaves
+  behind: L2 full of dirty lines that the call's own reads must write back first (bench/probe_moe_decode.py
+  measures the difference).
 * The fused time covers the GEMM launch only; moe_align_block_size is timed separately, three ways: "align CUDA µs"
   is the CUDA C++ kernel that fused_moe launches (``workbench.moe.moe_align_block_size``, ``mwb::moe_align``), device
   time only (the GPU spins SPIN_US ahead of the start event while the host queues the call, as in the A/B mode);
