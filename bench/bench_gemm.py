@@ -234,7 +234,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     rows = []
     sms = props["multiProcessorCount"]
-    programmatic = gemm.PROGRAMMATIC_LAUNCH and gemm.device_properties(dev.id)[0] >= 90
+    programmatic = gemm.programmatic_launches(dev.id)
 
     for k, n in shapes:
         # ---- inputs, rotated through enough copies to defeat L2 -------------------------------------------------

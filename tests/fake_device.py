@@ -240,7 +240,6 @@ def installed(monkeypatch=None):
                    _launch_programmatic=launch_programmatic,
                    device_properties=lambda device: PROPS, function_ptr=function_ptr, get_kernel=get_kernel,
                    resident_blocks=lambda name, device: 2, resident_clusters=lambda cfg, device, grid: 1 << 30,
-                   pin_occupancy=lambda name, device, smem, blocks_per_sm: smem,
                    pin_occupancy_of=lambda kernel, device, smem, blocks_per_sm: smem,
                    # plain launches unless a test turns them on (test_launch_cache, test_moe_plan compare the two)
                    PROGRAMMATIC_LAUNCH=False)

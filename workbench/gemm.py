@@ -544,13 +544,6 @@ def pinned_smem(smem_bytes: int, blocks_per_sm: int, sm_smem: int, reserved_per_
     return max(smem_bytes, -(-least // 128) * 128)
 
 
-def pin_occupancy(name_expression: str, device: int, smem_bytes: int, blocks_per_sm: int) -> int:
-    """pin_occupancy_of for one of this module's kernels (compiled and its residency known)."""
-    if resident_blocks(name_expression, device) <= blocks_per_sm:
-        return smem_bytes
-    return pin_occupancy_of(get_kernel(name_expression, device, smem_bytes), device, smem_bytes, blocks_per_sm)
-
-
 def pin_occupancy_of(kernel, device: int, smem_bytes: int, blocks_per_sm: int) -> int:
     """Dynamic shared memory for a launch of a compiled kernel (a CuPy function) that keeps at most
     ``blocks_per_sm`` of its blocks on an SM (PROGRAMMATIC_PIN_OCCUPANCY): ``smem_bytes`` where no more fit already,
@@ -821,9 +814,7 @@ class PreparedLaunch:
         self.launch_smem = self.smem  # what a programmatic launch asks for (pinned_smem)
         if m > 0 and programmatic_launches(self.device):
             if PROGRAMMATIC_PIN_OCCUPANCY:
-                self.launch_smem = pin_occupancy(cfg.name_expression, self.device, self.smem,
-                                                 min(cfg.blocks_per_sm, resident_blocks(cfg.name_expression,
-                                                                                        self.device)))
+                self.launch_smem = pin_occupancy_of(self._kernel, self.device, self.smem, cfg.blocks_per_sm)
             self._programmatic = _programmatic_config(self.grid, self.launch_smem, self._function)
 
     def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,

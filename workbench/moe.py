@@ -1180,6 +1180,9 @@ class _LayerPlan:
         item = np.dtype(hidden.dtype).itemsize
         lda = int(hidden.strides[0]) // item if m > 1 else w13.k
         launches = []
+        # programmatic dependent launches (gemm.PROGRAMMATIC_LAUNCH, sm_90+): each kernel waits for the one before
+        # (kernels_cuda/marlin_moe.cu) before touching its data; the GEMMs' shared memory pinned as the dense one's
+        programmatic = gemm.programmatic_launches(device)
         pinned = {}  # GEMM function -> the shared memory of its programmatic launch (_launch_smem)
         # moe_align: one block of ALIGN_THREADS
         f = _moe_function_ptr("mwb::moe_align", device)
@@ -1191,7 +1194,8 @@ class _LayerPlan:
             group = -1 if ng == 1 else stack.k // ng
             cfg, grid, n_blocks = _fused_grid(stack, device, act, block, rows * tk, cap, group)
             f = _moe_function_ptr(cfg.name_expression, device, cfg.smem_bytes)
-            pinned[f] = _launch_smem(cfg, device)
+            if programmatic:
+                pinned[f] = _launch_smem(cfg, device)
             w = stack.weight
             launches.append((f, grid, 256, cfg.smem_bytes, _Args(PLAN_ARG_KINDS["marlin_moe"]),
                              (a, w.qweight.data.ptr, c, w.scales.data.ptr, 0 if w.zeros is None else w.zeros.data.ptr,
@@ -1218,9 +1222,6 @@ class _LayerPlan:
         fixed = {} if self.buffers is None else {name: b.data.ptr for name, b in self.buffers.items()}
         # per launch: (function, grid, threads, shared memory, argument table, [(slot, name) filled per call]);
         # scalars, weights and kept intermediates are written once here
-        # programmatic dependent launches (gemm.PROGRAMMATIC_LAUNCH, sm_90+): each kernel waits for the one before
-        # (kernels_cuda/marlin_moe.cu) before touching its data; the GEMMs' shared memory pinned as the dense one's
-        programmatic = gemm.programmatic_launches(device)
         self.launches = []
         for f, grid, threads, smem, args, values in launches:
             dynamic = []

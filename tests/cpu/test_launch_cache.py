@@ -343,8 +343,8 @@ def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, program
     monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", switch)
     monkeypatch.setattr(gemm, "device_properties", lambda device: (cc,) + PROPS[1:])
     # a stand-in pin (PROGRAMMATIC_PIN_OCCUPANCY): 128 bytes more where the plan has one block per SM
-    monkeypatch.setattr(gemm, "pin_occupancy",
-                        lambda name, device, smem, blocks_per_sm: smem + 128 * (blocks_per_sm < 2))
+    monkeypatch.setattr(gemm, "pin_occupancy_of",
+                        lambda kernel, device, smem, blocks_per_sm: smem + 128 * (blocks_per_sm < 2))
     call(dense())
     call(dense(m=3, act_order=True))
     assert driver.programmatic == ([0, 2] if programmatic else [])
@@ -353,12 +353,12 @@ def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, program
         call(dense())
         call(dense(m=3, act_order=True))
         reference = plain.launches
-    # (fresh arrays there: compare all but the addresses); a programmatic launch's shared memory is pin_occupancy's
+    # (fresh arrays there: compare all but the addresses); a programmatic launch's shared memory is pin_occupancy_of's
     for i, (launch, plain_launch) in enumerate(zip(driver.launches, reference, strict=True)):
         smem = plain_launch[3]
         if i in driver.programmatic:
             cfg = [p for p in gemm._prepared.values() if p._function == launch[0]][0].cfg
-            smem = gemm.pin_occupancy(cfg.name_expression, 0, smem, cfg.blocks_per_sm)
+            smem = gemm.pin_occupancy_of(None, 0, smem, cfg.blocks_per_sm)
             assert cfg.blocks_per_sm > 1 or smem > plain_launch[3]
         assert launch[1:5] + launch[5][-3:] == plain_launch[1:3] + (smem, plain_launch[4]) + plain_launch[5][-3:]
 
@@ -449,10 +449,9 @@ def test_pin_occupancy_raises_the_kernels_limit_and_checks_the_query(monkeypatch
     monkeypatch.setattr(gemm, "_cupy", lambda: types.SimpleNamespace(
         cuda=types.SimpleNamespace(Device=lambda device: contextlib.nullcontext())))
     monkeypatch.setattr(gemm, "device_properties", lambda device: (90, 132, 232448, 233472))
-    monkeypatch.setattr(gemm, "get_kernel", lambda name, device, smem=0: kernel)
     monkeypatch.setattr(gemm, "_resident_blocks", lambda k, smem: resident.get(smem, 233472 // (smem + 1024)))
-    monkeypatch.setitem(gemm._occupancy, ("k", 0), 6)  # a 33 KiB kernel: six fit
-    assert gemm.pin_occupancy("k", 0, 33792, 1) == 115840 == kernel.max_dynamic_shared_size_bytes
-    assert gemm.pin_occupancy("k", 0, 33792, 6) == 33792, "as many as planned fit already"
+    # a 33 KiB kernel: six fit
+    assert gemm.pin_occupancy_of(kernel, 0, 33792, 1) == 115840 == kernel.max_dynamic_shared_size_bytes
+    assert gemm.pin_occupancy_of(kernel, 0, 33792, 6) == 33792, "as many as planned fit already"
     resident[76928] = 3  # the driver disagrees (e.g. a different reservation): launch as planned
-    assert gemm.pin_occupancy("k", 0, 33792, 2) == 33792
+    assert gemm.pin_occupancy_of(kernel, 0, 33792, 2) == 33792
