@@ -19,6 +19,7 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
               new-programmatic-nocluster: with them and the slice sums in global memory (no cluster launches);
               new-programmatic-unpinned: with them, the launch's shared memory as planned (PROGRAMMATIC_PIN_OCCUPANCY
               off: as many blocks per SM as fit)
+  old-plain   OLD with plain launches (its PROGRAMMATIC_LAUNCH off), beside new-plain
   new-no8bitpairs workbench.gemm without the 8-bit two-block pairs at M = 9..16 (PAIR_TWO_BLOCK_EIGHT_BIT_ROWS off)
   new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
               different configuration, so its bits may differ from old's (another K split)
@@ -152,6 +153,7 @@ def main(argv=None) -> int:
                     "new-noswap": (gemm, Setting(SWAP_MAX_M=0)),
                     "new-nocluster": (gemm, Setting(CLUSTER_SUMS=False)),
                     "new-plain": (gemm, Setting(PROGRAMMATIC_LAUNCH=False)),
+                    "old-plain": (old, Setting(old, PROGRAMMATIC_LAUNCH=False)),
                     "new-programmatic": (gemm, Setting(PROGRAMMATIC_LAUNCH=True)),
                     "new-programmatic-nocluster": (gemm, Setting(PROGRAMMATIC_LAUNCH=True, CLUSTER_SUMS=False)),
                     "new-programmatic-unpinned": (gemm, Setting(PROGRAMMATIC_LAUNCH=True,
@@ -179,12 +181,9 @@ def main(argv=None) -> int:
                     if wanted(name, label):
                         with ctx():
                             todo[name].append(mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False))
-    for name, (mod, _) in variants.items():  # the "new-*" variants share workbench.gemm's kernels
-        if name == "old":
-            mod.precompile(todo[name], workers=16)
-    new_todo = [cfg for name in variants if name != "old" for cfg in todo[name]]
-    if new_todo:
-        gemm.precompile(new_todo, workers=16)
+    for mod in {id(m): m for m, _ in variants.values()}.values():  # the "new-*" / "old-*" variants share kernels
+        mod_todo = [cfg for name, (m, _) in variants.items() if m is mod for cfg in todo[name]]
+        mod.precompile(mod_todo, workers=16)
     print("compiled", {k: len(set(v)) for k, v in todo.items()}, flush=True)
 
     rng = np.random.default_rng(0)

@@ -66,9 +66,10 @@ def run(old_dir, case_list=None) -> int:
     from workbench.weight import random_marlin_weight
 
     case_list = cases() if case_list is None else case_list
-    # OLD's tiles and grids (the pair policy changes both; its choices are checked against the reference by
-    # tests/gpu); slices with two blocks each are still summed in clusters on sm_90, which must give OLD's bits
-    gemm.PAIR_CLUSTERS = False
+    # The tiles and grids without the pair policy, in both versions (its choices are checked against the reference by
+    # tests/gpu; left on in OLD alone, OLD's launches took its pairs where the configurations compared below are
+    # without: r13a, u8b128 M = 16 on 5 SMs); slices with two blocks each are still summed in clusters on sm_90
+    gemm.PAIR_CLUSTERS = old.PAIR_CLUSTERS = False
     _, _, smem_limit, sm_smem = gemm.device_properties(0)
     cfgs = {name: [mod.choose_config(gemm.act_scalar_type(act), wt, m, n, k, gs, False, smem_limit, sm_smem=sm_smem,
                                      sms=sms) for m, k, n, wt, gs, act, sms in case_list]

@@ -214,8 +214,70 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   const int n_tiles_total = prob_n / 64;
   const int KI = prob_k / BK;
   const int cols = prob_n / BN;
+  constexpr int kARowI4 = BK / 8;
+  // ---- routing, read one item ahead ------------------------------------------------------------------------
+  // An item's routing (its block's expert and the sorted ids of the rows this thread copies) is loaded when the
+  // fetch enters the item before it, so no fetch waits on a routing load (bench/NOTES_moe.md "Session 10"); the
+  // first item's routing is loaded beside num_post_padded. Any block < n_blocks is inside both arrays; whether it is
+  // in use (< num_post_padded / block_size) is decided when its item is reached.
+  struct Routing {
+    int expert;
+    int ids[kAChunks];  // the sorted id of each A copy's row (numel for rows past the block)
+  };
+  auto load_routing = [&](int w, Routing& r) {
+    const int b = w / cols;
+    r.expert = -1;
+#pragma unroll
+    for (int j = 0; j < kAChunks; ++j) r.ids[j] = numel;
+    if (b >= n_blocks) return;
+    r.expert = expert_ids[b];
+#pragma unroll
+    for (int j = 0; j < kAChunks; ++j) {
+      const int i = tid + j * kThreads;
+      const int row = i / kARowI4;
+      if (i < G::kAI4 && row < block_size) r.ids[j] = sorted_ids[static_cast<long long>(b) * block_size + row];
+    }
+  };
+  // The output rows of an item (warps 0..N_TILES-1, which store them): each lane's two rows per m16 block. Their
+  // sorted ids are loaded an item ahead (the first item's at the start, before any copy is in flight), their router
+  // weights when the item starts: the finishing waits on no load (it waited on two dependent ones before).
+  unsigned out_id[M_BLOCKS][2], next_out_id[M_BLOCKS][2];
+  float out_scale[M_BLOCKS][2];
+  int next_out_item = blockIdx.x;  // the item whose ids next_out_id holds
+  auto load_out_ids = [&](int w) {
+    next_out_item = w;
+    if (kg != 0) return;
+    const int b = w / cols;
+#pragma unroll
+    for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mb * 16 + lane / 4 + 8 * half;
+        next_out_id[mb][half] = r < block_size && b < n_blocks
+                                    ? static_cast<unsigned>(sorted_ids[static_cast<long long>(b) * block_size + r])
+                                    : static_cast<unsigned>(numel);
+      }
+  };
+  Routing f_route;  // the routing of the next item the fetch enters
+  load_routing(blockIdx.x, f_route);
+  load_out_ids(blockIdx.x);
   const int used_blocks = min(num_post_padded[0] / block_size, n_blocks);  // never past the arrays' end
   const int total_items = max(used_blocks, 0) * cols;
+  auto start_out_rows = [&](int w) {
+    if (next_out_item != w) load_out_ids(w);  // (the item before was followed by skipped ones: expert maps only)
+    if (kg == 0) {
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          out_id[mb][half] = next_out_id[mb][half];
+          out_scale[mb][half] = topk_weights && out_id[mb][half] < static_cast<unsigned>(numel)
+                                    ? topk_weights[out_id[mb][half]]
+                                    : 1.f;
+        }
+    }
+    if (w + gridDim.x < total_items) load_out_ids(w + gridDim.x);
+  };
   const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;
   const int num_groups = GROUP_MODE == kGrouped ? prob_k >> group_shift : 1;
   const long long b_expert_i4 = static_cast<long long>(prob_k / 16) * (prob_n * 16 / kPack) / 4;
@@ -223,10 +285,13 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   const long long z_expert_i4 = static_cast<long long>(num_groups) * prob_n / kPack / 4;
 
   // The next item at or after w on this CTA's stride whose block has a local expert (ids outside [0, E) are
-  // skipped too: -1 marks experts on other devices, anything else would read past the weights).
-  auto next_item = [&](int w) -> int {
-    while (w < total_items && static_cast<unsigned>(expert_ids[w / cols]) >= static_cast<unsigned>(num_experts))
+  // skipped too: -1 marks experts on other devices, anything else would read past the weights); r holds w's routing
+  // on entry and the returned item's on exit (a skip loads the next one's at once: only with an expert map).
+  auto settle = [&](int w, Routing& r) -> int {
+    while (w < total_items && static_cast<unsigned>(r.expert) >= static_cast<unsigned>(num_experts)) {
       w += gridDim.x;
+      load_routing(w, r);
+    }
     return w;
   };
 
@@ -235,24 +300,19 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   // rows' pointers (gathered by sorted id, at k = 0) are formed when the fetch enters an item, a stage adds k0 / 8.
   // Padding rows (invalid ids) change per item: they are zero-filled by their copies (source size 0, from A's first
   // row).
-  constexpr int kARowI4 = BK / 8;
   static_assert((kThreads / kARowI4) % 8 == 0, "copies of one thread share the swizzle");
   const unsigned a_dst = fetch_base + G::kAOff + 16 * G::a_index(tid / kARowI4, tid % kARowI4);
   const int4* a_src[kAChunks];  // this thread's row of each copy at k = 0 (A's first row for padding)
   unsigned a_valid = 0;         // bit j: copy j's row is a routed entry
-  auto gather_rows_of = [&](int b) {
+  auto gather_rows = [&](const Routing& r) {
     a_valid = 0;
 #pragma unroll
     for (int j = 0; j < kAChunks; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / kARowI4;
+      const unsigned id = static_cast<unsigned>(r.ids[j]);
       long long row_i4 = 0;
-      if (i < G::kAI4 && r < block_size) {
-        const unsigned id = static_cast<unsigned>(sorted_ids[static_cast<long long>(b) * block_size + r]);
-        if (id < static_cast<unsigned>(numel)) {
-          row_i4 = static_cast<long long>(id / top_k) * (lda / 8);
-          a_valid |= 1u << j;
-        }
+      if (id < static_cast<unsigned>(numel)) {
+        row_i4 = static_cast<long long>(id / top_k) * (lda / 8);
+        a_valid |= 1u << j;
       }
       a_src[j] = A + row_i4 + tid % kARowI4;
     }
@@ -260,16 +320,17 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   WeightFetch<G, W, GROUP_MODE> wfetch;
   wfetch.init(n_tiles_total, prob_n, group_size, fetch_base);
   // The fetched item's column tile and expert, set at its first stage (every item's fetches start at kit 0): no
-  // division, no expert_ids load and no pointer formation per stage.
+  // division, no routing load and no pointer formation per stage. Entering an item starts the next one's routing.
   int f_col = 0;
   auto fetch_stage = [&](unsigned slot, int w, int kit) {
     if (kit == 0) {
       const int b = w / cols;
       f_col = w - b * cols;
-      const int e = expert_ids[b];
-      gather_rows_of(b);
+      const int e = f_route.expert;
+      gather_rows(f_route);
       wfetch.begin(B + e * b_expert_i4, scales + e * s_expert_i4, zeros + (kHasZero ? e * z_expert_i4 : 0), nullptr,
                    f_col, n_tiles_total);
+      if (w + gridDim.x < total_items) load_routing(w + gridDim.x, f_route);  // (else never read: settle stops)
     }
     // SWAP reads rows 0..7 only (kThreads / kARowI4 >= 8 rows per copy): the copies of rows 8.. are not made.
 #pragma unroll
@@ -283,8 +344,8 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   // ---- per-item state: this warp's accumulators and the current group's pairs (marlin_mainloop.cuh) ----------
   Loop loop;
   const typename Loop::LaneOffsets lane_off = Loop::lane_offsets();
-  auto load_channelwise = [&](int w) {
-    const int e = expert_ids[w / cols], col = w % cols;
+  auto load_channelwise = [&](int w, int e) {
+    const int col = w % cols;
     loop.load_channelwise(reinterpret_cast<const T*>(scales + e * s_expert_i4) + col * BN + nt * 64,
                           reinterpret_cast<const unsigned*>(zeros + (kHasZero ? e * z_expert_i4 : 0)) +
                               (col * BN + nt * 64) / kPack);
@@ -299,16 +360,14 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
     if (kg != 0) return;  // warps 0..N_TILES-1 hold the item's sums
     float acc[M_BLOCKS][8][4];  // the item's sums in row layout
     loop.rows_layout(acc);
-    const int b = w / cols, col = w % cols;
+    const int col = w % cols;
 #pragma unroll
     for (int mb = 0; mb < M_BLOCKS; ++mb)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int r = mb * 16 + lane / 4 + 8 * half;
-        if (r >= block_size) continue;
-        const unsigned id = static_cast<unsigned>(sorted_ids[static_cast<long long>(b) * block_size + r]);
+        const unsigned id = out_id[mb][half];
         if (id >= static_cast<unsigned>(numel)) continue;
-        const float scale = topk_weights ? topk_weights[id] : 1.f;
+        const float scale = out_scale[mb][half];
         T* c_row = C + static_cast<long long>(id) * prob_n + col * BN + nt * 64 + 2 * (lane % 4);
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
@@ -317,21 +376,24 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   };
 
   // ---- main loop: one ring over this CTA's (item, k-stage) sequence -------------------------------------------
-  int f_item = next_item(blockIdx.x), f_kit = 0;  // next stage to fetch
-  int c_item = f_item;                            // next item to compute
-  auto advance = [&](int& w, int& kit) {
-    if (++kit == KI) {
-      kit = 0;
-      w = next_item(w + gridDim.x);
+  int f_item = settle(blockIdx.x, f_route), f_kit = 0;  // next stage to fetch
+  int c_item = f_item;                                   // next item to compute
+  int c_expert = f_route.expert;                         // its expert
+  auto advance_fetch = [&]() {
+    if (++f_kit == KI) {
+      f_kit = 0;
+      f_item = settle(f_item + gridDim.x, f_route);
     }
   };
   const unsigned last_off = zero_t + (STAGES - 1) * G::kStageBytes;
   unsigned fetch_off = last_off;  // the main loop's first refill: slot STAGES - 1, then 0, 1, ...
-#pragma unroll
+  // (Not unrolled: each copy of the loop body would hold the item entry's code, which a CTA with one item runs
+  // once, cold: round 13d.)
+#pragma unroll 1
   for (int st = 0; st < STAGES - 1; ++st) {
     if (f_item < total_items) {
       fetch_stage(zero_t + st * G::kStageBytes, f_item, f_kit);
-      advance(f_item, f_kit);
+      advance_fetch();
     }
     cp_async_commit();
   }
@@ -339,14 +401,18 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   SlotCursor<G, STAGES> cursor(ring.base);
   // One stage loop per item (every item runs all KI stages), the item's finishing after it: the stage loop has no
   // finishing under a branch inside it (bench/NOTES_gemm.md "Round 7").
+  // The compute side walks the fetch's item sequence behind it: the next item's expert is read when an item starts.
   while (c_item < total_items) {
-    if (GROUP_MODE == kChannelwise) load_channelwise(c_item);
+    if (GROUP_MODE == kChannelwise) load_channelwise(c_item, c_expert);
+    start_out_rows(c_item);
+    Routing c_next;
+    c_next.expert = c_item + gridDim.x < total_items ? expert_ids[(c_item + gridDim.x) / cols] : -1;
     for (int c_kit = 0; c_kit < KI; ++c_kit) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();  // the compute slot is visible; the slot refilled below was released by every warp
       if (f_item < total_items) {
         fetch_stage(fetch_off, f_item, f_kit);
-        advance(f_item, f_kit);
+        advance_fetch();
       }
       cp_async_commit();
       loop.compute_stage(cursor.slot, lane_off, c_kit * BK, group_size, group_shift, nullptr, nullptr, prob_n, 0);
@@ -355,7 +421,8 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
     }
     finish_item(c_item);
     loop.zero_acc();
-    c_item = next_item(c_item + gridDim.x);
+    c_item = settle(c_item + gridDim.x, c_next);
+    c_expert = c_next.expert;
   }
   cp_async_wait<0>();
 }
