@@ -6,6 +6,7 @@
 # kernels: 7 of 16); plain launches unchanged (+-2%). A/B new / old / new-plain / old-plain (old = artifacts/r13_old,
 # HEAD 04db8d4) on the six layers at M = 1, 8, 16; then the GPU tier and the partition check against r13_old
 # (the same partition and the same fp operations: every bit must stay).
+# Refuted and not landed (bench/NOTES_gemm.md "Round 13" item 2): the kernel change is no longer in the tree.
 #   usage (device machine, repo root; carry .whl, artifacts/r13_old):
 #     RET=$OUT bash bench/device_runs/gpu_r13b_deep_prologue.sh
 set -u
