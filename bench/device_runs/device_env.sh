@@ -26,3 +26,19 @@ tier_and_partition() {
   grep -E "FAIL|Error|passed|failed" "$OUT/gpu_tier.log" | head -20; tail -3 "$OUT/partition_check.log"; pack "$name"
   ! grep -qE "rc=[1-9]" "$OUT/gpu_tier.log" "$OUT/partition_check.log"
 }
+
+# tests/gpu/test_moe.py, then bench_moe's A/B of lone calls against OLD (a previous commit's moe.py and kernels, M = 1,
+# 8, 64), then the fused paths of the MoE table; logs $OUT/{gpu_moe,ab,table}.log, packed as NAME after each step.
+# Fails (status 1), timing nothing, when the tests failed.
+#   usage: moe_tests_ab_table OLD NAME || { echo "TESTS FAILED"; exit 1; }
+moe_tests_ab_table() {
+  local old=$1 name=$2
+  mkdir -p "$OUT/ab" "$OUT/results"
+  timeout 200 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_moe.py > "$OUT/gpu_moe.log" 2>&1
+  echo "moe tests rc=$?" | tee -a "$OUT/gpu_moe.log"; tail -3 "$OUT/gpu_moe.log"; pack "$name"
+  grep -q "rc=0" "$OUT/gpu_moe.log" || return 1
+  timeout 250 python3 bench/bench_moe.py --out "$OUT/ab" --ab-old "$old" --m 1,8,64 --variants "" \
+    > "$OUT/ab.log" 2>&1; echo "ab rc=$?"; grep -E " (old|new) " "$OUT/ab.log" | cut -c1-110; pack "$name"
+  timeout 150 python3 bench/bench_moe.py --out "$OUT/results" --paths fused > "$OUT/table.log" 2>&1
+  echo "table rc=$?"; tail -13 "$OUT/table.log" | cut -c1-250; pack "$name"
+}

@@ -10,11 +10,4 @@
 #     RET=$OUT bash bench/device_runs/gpu_r13e_moe_prologue.sh
 set -u
 . bench/device_runs/device_env.sh
-mkdir -p "$OUT/ab" "$OUT/results"
-timeout 200 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_moe.py > "$OUT/gpu_moe.log" 2>&1
-echo "moe tests rc=$?" | tee -a "$OUT/gpu_moe.log"; tail -3 "$OUT/gpu_moe.log"; pack r13e
-grep -q "rc=0" "$OUT/gpu_moe.log" || { echo "TESTS FAILED"; exit 1; }
-timeout 250 python3 bench/bench_moe.py --out "$OUT/ab" --ab-old artifacts/r13_old --m 1,8,64 --variants "" \
-  > "$OUT/ab.log" 2>&1; echo "ab rc=$?"; grep -E " (old|new) " "$OUT/ab.log" | cut -c1-110; pack r13e
-timeout 150 python3 bench/bench_moe.py --out "$OUT/results" --paths fused > "$OUT/table.log" 2>&1
-echo "table rc=$?"; tail -13 "$OUT/table.log" | cut -c1-250; pack r13e
+moe_tests_ab_table artifacts/r13_old r13e || { echo "TESTS FAILED"; exit 1; }
