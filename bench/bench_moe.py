@@ -39,8 +39,9 @@ above (L2 flush, events, median) for the variants, interleaved call by call on t
 variant is warmed first; the call order rotates from round to round; before each timed call the GPU spins (SPIN_US)
 so that the events bracket device work only, not the call's host side (round 3 showed host time leaking into some
 calls: one config timed 25 and 44 us). Reports the median with the interquartile range. Records whether each
-variant's output is bitwise equal to old's and max |variant - old| / max |old|. Writes DIR/ab_moe.json and prints
-a table.
+variant's output is bitwise equal to old's and max |variant - old| / max |old|. Each variant is also timed as the
+table's "fused graph" (graph_us: GRAPH_ROUNDS interleaved rounds on the same rotated routings, median), the bar's
+method. Writes DIR/ab_moe.json and prints a table.
 """
 from __future__ import annotations
 
@@ -195,6 +196,7 @@ def load_old(old_dir: pathlib.Path):
 # A/B timing: each variant warmed WARM_CALLS times; before each timed call the GPU spins SPIN_US (one thread) while
 # the host queues the flush, the events and the call
 WARM_CALLS = 3
+GRAPH_ROUNDS = 3  # A/B mode: graph timings per variant and cell, interleaved
 SPIN_US = 1000
 SPIN_SOURCE = r"""
 extern "C" __global__ void spin(long long cycles) {
@@ -248,6 +250,7 @@ def ab_main(args) -> int:
     print(f"{gpu}: {gpu_props['multiProcessorCount']} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
     flush = cp.empty(FLUSH_BYTES, dtype=np.uint8)
     rng = np.random.default_rng(0)
+    graph_rng = np.random.default_rng(1)  # (its own stream: the single calls' routings stay those of earlier runs)
     m_values = tuple(int(x) for x in args.m.split(","))
     _, sms, smem, sm_smem = gemm.device_properties(device)
 
@@ -329,6 +332,19 @@ def ab_main(args) -> int:
             if not covered:
                 print(f"WARNING {name} M={m}: host enqueue took up to {max(host_us):.0f} us, longer than the "
                       f"{SPIN_US} us spin: host time may be in these numbers", flush=True)
+            # The bar's timing too: each variant in a CUDA graph of LAUNCHES_PER_GRAPH phases on the same rotated
+            # routings (as the table's "fused graph"), GRAPH_ROUNDS rounds interleaved, the median per variant.
+            routings, touched = rotated_routings(cp, graph_rng, m, e, top_k, LAUNCHES_PER_GRAPH)
+            graph_bytes = float(np.mean([touched_bytes(t, k, n) for t in touched]))
+            graph_out = cp.empty((m * top_k, n), dtype=np.float16)
+            graph_times = {v: [] for v in variants}
+            for rnd in range(GRAPH_ROUNDS):
+                for v in (variants if rnd % 2 == 0 else variants[::-1]):
+                    stack = stacks["old" if v == "old" else "new"]
+                    with _Forced(*AB_VARIANTS["new" if v == "old" else v]):
+                        phases = [lambda st, r=r, stack=stack: stack.gemm_phase_fused(
+                            a, *r, graph_out, m, block, top_k, topk_weights=weights, stream=st) for r in routings]
+                        graph_times[v].append(time_cupy_graph(cp, phases))
             ref_raw = cp.asnumpy(outs["old"])
             ref = ref_raw.astype(np.float32)
             scale = float(np.nanmax(np.abs(ref))) or 1.0
@@ -341,6 +357,7 @@ def ab_main(args) -> int:
                 diff = float(np.nanmax(np.abs(got - ref))) / scale if np.array_equal(np.isnan(got), np.isnan(ref)) \
                     else float("inf")
                 gbs = nbytes / (us * 1e-6) / 1e9
+                graph_us = float(np.median(graph_times[v]))
                 with _Forced(*AB_VARIANTS["new" if v == "old" else v]):  # what the call launched
                     c, grid, _ = (old if v == "old" else moe)._fused_grid(
                         stacks["old" if v == "old" else "new"], device, S.F16, block, m * top_k, int(sorted_ids.size),
@@ -350,27 +367,32 @@ def ab_main(args) -> int:
                            us_q25=round(q25, 2), us_q75=round(q75, 2), us_max=round(float(np.max(times[v])), 2),
                            host_covered=covered, gbs=round(gbs, 1),
                            pct_copy=round(100 * gbs / copy_gbs, 1), rel_diff_vs_old=diff, bits_equal_old=same,
+                           graph_us=round(graph_us, 2),
+                           graph_pct_copy=round(100 * graph_bytes / (graph_us * 1e-6) / 1e9 / copy_gbs, 1),
                            shape=f"bn{c.block_n},bk{c.block_k},st{c.stages},b{c.blocks_per_sm}"
                                  + ("s" if c.swap else "") + f",g{grid}")
                 rows.append(row)
                 print(f"{name:10s} M={m:4d} {v:10s} {us:9.2f} us [IQR {q25:.2f}-{q75:.2f}] {row['pct_copy']:5.1f}% "
-                      f"copy {row['shape']:22s} bitwise equal to old: {same} (rel diff {diff:.1e})", flush=True)
+                      f"copy {row['shape']:22s} bitwise equal to old: {same} (rel diff {diff:.1e}); graph "
+                      f"{graph_us:.2f} us {row['graph_pct_copy']:.1f}%", flush=True)
             (args.out / "ab_moe.json").write_text(json.dumps(dict(gpu=gpu, copy_gbs=round(copy_gbs, 1),
                                                                   reps=args.reps, rows=rows), indent=1))
         del w, stacks
         cp.get_default_memory_pool().free_all_blocks()
     others = [v for v in args.variants.split(",") if v not in ("old", "new", "")]
-    print("\n| config | M | block | old µs | new µs | old/new | " + " | ".join(f"{v} µs" for v in others)
-          + " | new shape | bits = old |")
-    print("|---|---|---|---|---|---|" + "---|" * len(others) + "---|---|")
+    print("\n| config | M | block | old µs | new µs | old/new | old graph µs | new graph µs | graph old/new | "
+          + "".join(f"{v} µs | " for v in others) + "new shape | bits = old |")
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * len(others) + "---|---|")
     by = {}
     for r in rows:
         by.setdefault((r["config"], r["m"]), {})[r["variant"]] = r
     for (cfg, m), d in by.items():
         equal = ", ".join(v for v, r in d.items() if v != "old" and not r["bits_equal_old"]) or "all"
         print(f"| {cfg} | {m} | {d['old']['moe_block_size']} | {d['old']['us']} | {d['new']['us']} | "
-              f"{d['old']['us'] / d['new']['us']:.3f} | " + " | ".join(str(d.get(v, {}).get("us", "—")) for v in others)
-              + f" | {d['new']['shape']} | {'all' if equal == 'all' else 'not: ' + equal} |")
+              f"{d['old']['us'] / d['new']['us']:.3f} | {d['old']['graph_us']} | {d['new']['graph_us']} | "
+              f"{d['old']['graph_us'] / d['new']['graph_us']:.3f} | "
+              + "".join(f"{d.get(v, {}).get('us', '—')} | " for v in others)
+              + f"{d['new']['shape']} | {'all' if equal == 'all' else 'not: ' + equal} |")
     return 0
 
 
