@@ -387,8 +387,8 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   };
   const unsigned last_off = zero_t + (STAGES - 1) * G::kStageBytes;
   unsigned fetch_off = last_off;  // the main loop's first refill: slot STAGES - 1, then 0, 1, ...
-  // (Not unrolled: each copy of the loop body would hold the item entry's code, which a CTA with one item runs
-  // once, cold: round 13d.)
+  // (Not unrolled: each unrolled stage carried the item entry's code, 4336 SASS instructions against 2744 in a
+  // V2-Lite-like M = 1 kernel; bench/NOTES_moe.md "Session 10", r13e.)
 #pragma unroll 1
   for (int st = 0; st < STAGES - 1; ++st) {
     if (f_item < total_items) {
