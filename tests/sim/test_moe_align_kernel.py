@@ -28,8 +28,10 @@ def _check_against_reference(topk_ids, block, num_experts, expert_map=None):
     # every slot outside the real entries is the sentinel (tail included), and each real entry appears once
     real = sorted_ids[sorted_ids != numel]
     assert np.array_equal(np.sort(real), np.sort(want[0][want[0] != numel]))
-    # spec §8.1: an expert's segment holds its entries first, then sentinels
-    starts = [0] + [b * block for b in range(1, int(total[0]) // block) if expert_ids[b] != expert_ids[b - 1]]
+    # spec §8.1: an expert's segment holds its entries first, then sentinels. Segments by global expert, from the
+    # reference without the map (the same blocks): with it, two non-local experts in a row both read -1
+    owner = ref.moe_align_block_size(topk_ids, block, num_experts)[1]
+    starts = [0] + [b * block for b in range(1, int(total[0]) // block) if owner[b] != owner[b - 1]]
     for lo, hi in zip(starts, starts[1:] + [int(total[0])]):
         pad = sorted_ids[lo:hi] == numel
         assert not np.any(pad[:-1] & ~pad[1:]), f"sentinel before a real entry in segment [{lo}, {hi})"
@@ -60,6 +62,14 @@ def test_expert_map_marks_non_local_blocks(rng):
     emap = np.array([-1, 0, -1, 1], np.int32)
     _, expert_ids, total = _check_against_reference(ids, 8, 4, emap)
     assert -1 in expert_ids[:total[0] // 8].tolist()
+
+
+def test_adjacent_non_local_experts_keep_their_own_segments():
+    # experts 0 and 2 both map to -1 and sit side by side: each segment is checked on its own (CI once failed a
+    # correct kernel here when the check split segments by mapped id)
+    ids = np.array([[0, 2], [0, 3], [0, 3], [2, 3], [2, 0]], np.int32)
+    _, expert_ids, total = _check_against_reference(ids, 8, 4, np.array([-1, 0, -1, 1], np.int32))
+    assert expert_ids[:total[0] // 8].tolist() == [-1, -1, 1]  # experts 0, 2 (non-local), 3; 1 has no token
 
 
 def test_bad_input_is_rejected_before_launch():
