@@ -7,4 +7,5 @@
 #     OLD=artifacts/<dir> RET=$OUT bash bench/device_runs/gpu_r13a_tier.sh
 set -u
 . bench/device_runs/device_env.sh
-tier_and_partition "${OLD:?a copy of the gemm.py and kernels_cuda files of HEAD}" r13a || { echo "TESTS FAILED"; exit 1; }
+tier_and_partition "${OLD:?a copy of the gemm.py and kernels_cuda files of HEAD}" r13a \
+  || { echo "TESTS FAILED"; exit 1; }
