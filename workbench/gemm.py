@@ -163,8 +163,10 @@ def thread_shapes() -> dict[tuple[int, int], tuple[int, int]]:
     return dict(_THREAD_SHAPES)
 
 
-# Shared memory the driver reserves per resident block, plus the kernel's static shared memory.
-_SMEM_RESERVED_PER_BLOCK = 1024 + 64
+RESERVED_SMEM_PER_BLOCK = 1024  # shared memory the system takes per resident block on sm_80 / sm_90
+# What a block needs beside its dynamic shared memory when planning blocks per SM: the system's reserve plus room for
+# the kernel's static shared memory.
+_SMEM_RESERVED_PER_BLOCK = RESERVED_SMEM_PER_BLOCK + 64
 
 # When two blocks per SM pay (measured on the H200, bench/NOTES_gemm.md step 5): only for 4-bit weights (8-bit
 # stages hold twice the bytes, so only shallow stages fit beside a second block: slower on every 8-bit layer), and
@@ -532,9 +534,6 @@ def programmatic_launches(device: int) -> bool:
     """Whether launches on ``device`` are programmatic dependent launches (PROGRAMMATIC_LAUNCH on an sm_90+ device):
     the dense GEMM's and the MoE kernels' (workbench/moe.py)."""
     return PROGRAMMATIC_LAUNCH and device_properties(device)[0] >= 90
-
-
-RESERVED_SMEM_PER_BLOCK = 1024  # shared memory the system takes per resident block on sm_80 / sm_90
 
 
 def pinned_smem(smem_bytes: int, blocks_per_sm: int, sm_smem: int, reserved_per_block: int) -> int:

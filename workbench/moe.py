@@ -1003,9 +1003,6 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
         return output
     cfg, grid, n_blocks = _fused_grid(stack, device, gemm.act_scalar_type(input.dtype), moe_block_size, numel, cap,
                                       group)
-    kernel = get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes)
-    null = np.uint64(0)
-    cupy = gemm._cupy()
     if gemm.programmatic_launches(device):
         _launch_fused_programmatic(cfg, grid, device, (
             input.data.ptr, w.qweight.data.ptr, output.data.ptr, w.scales.data.ptr,
@@ -1014,7 +1011,9 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
             moe_block_size, numel, top_k, stack.n_per_expert, stack.k, lda, group, stack.num_experts),
             gemm._stream_ptr(stream))
         return output
-    with cupy.cuda.Device(device):
+    kernel = get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes)
+    null = np.uint64(0)
+    with gemm._cupy().cuda.Device(device):
         kernel((grid,), (256,),
                (input, w.qweight, output, w.scales, null if w.zeros is None else w.zeros, sorted_token_ids,
                 expert_ids, num_tokens_post_padded, null if topk_weights is None else topk_weights,
