@@ -42,7 +42,8 @@ _WAIT = "    cp_async_wait<STAGES - 2>();\n"
 _COMPUTE = "    compute_stage(cursor.slot, slice_, kit_);\n"
 _ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));\n'
 _NO_ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" ::"r"(smem), "l"(gmem));\n  (void)src_bytes;\n'
-_A_COPY = "          cp_async16_at(slot + a_dst + 16 * n * kThreads, a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);\n"
+_A_COPY = ("          cp_async16_at(slot + ((kARowsPerPass % 8 != 0 && n % 2) ? a_dst_odd : a_dst) + "
+           "16 * n * kThreads,\n                        a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);\n")
 # end_slice's finishing: the SWAP kernels' fold in the loop layout, the row layout, the finish call
 _SWAP_FOLD = "    if constexpr (SWAP) fold_warps<M_BLOCKS, N_TILES>(loop.acc, ring.red);\n"
 _ROWS = "    loop.rows_layout(partial);\n"

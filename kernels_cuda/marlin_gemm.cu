@@ -376,19 +376,20 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
 
   // ---- fetch: global -> shared of linear iteration (slice = chunk * cols + col, kit) into a ring slot ----------
   // A: BM rows x BK columns (swizzled, Geometry::a_index). Thread t copies chunk c = t % kARowI4 of rows
-  // t / kARowI4 + n kARowsPerPass (n < kACopies): one pass of the block covers kARowsPerPass rows (a multiple of 8, so
-  // every copy has the same swizzle and its shared position is copy 0's + n kThreads int4). Pointers to the rows
-  // (at k = 0) are formed when the fetch enters a chunk; a stage adds k0 / 8.
+  // t / kARowI4 + n kARowsPerPass (n < kACopies): one pass of the block covers kARowsPerPass rows. Where that is a
+  // multiple of 8, every copy has the same swizzle and its shared position is copy 0's + n kThreads int4; with 4 rows
+  // per pass (BK = 512) the swizzle of odd copies is that of row t / kARowI4 + 4, so they start from a_dst_odd.
+  // Pointers to the rows (at k = 0) are formed when the fetch enters a chunk; a stage adds k0 / 8.
   constexpr int kARowI4 = BK / 8;
   constexpr int kARowsPerPass = kThreads / kARowI4;
   constexpr int kACopies = (G::kAI4 + kThreads - 1) / kThreads;
-  static_assert(kARowsPerPass % 8 == 0, "copies of one thread share the swizzle");
+  static_assert(kARowsPerPass % 8 == 0 || kARowsPerPass == 4, "copies of one thread share one of two swizzles");
   // SWAP reads rows 0..7 only: copies whose rows are all >= 8 are never made.
-  constexpr int kACopiesUsed = SWAP ? 1 : kACopies;
+  constexpr int kACopiesUsed = SWAP ? (8 + kARowsPerPass - 1) / kARowsPerPass : kACopies;
   const bool a_thread_on = G::kAI4 % kThreads == 0 || tid < G::kAI4;  // (BM BK / 8 < 256: the first threads)
   const unsigned a_dst = fetch_base + G::kAOff + 16 * G::a_index(tid / kARowI4, tid % kARowI4);
-  // One m16 chunk (prob_m <= BM): the block's rows never change, so rows >= prob_m are zeroed once in every slot
-  // (below) and never copied; with several chunks the last one's padding rows are zero-filled by each copy.
+  const unsigned a_dst_odd =
+      fetch_base + G::kAOff + 16 * (G::a_index(tid / kARowI4 + kARowsPerPass, tid % kARowI4) - kThreads);
   const bool one_chunk = chunks == 1;
   const int4* a_src[kACopies];  // (row, chunk t % kARowI4, k = 0) of each copy; row 0 for a padding row
   unsigned a_valid = 0;          // bit n: copy n's row is < prob_m
@@ -415,7 +416,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
 #pragma unroll
       for (int n = 0; n < kACopiesUsed; ++n) {
         if ((a_issue >> n) & 1u)
-          cp_async16_at(slot + a_dst + 16 * n * kThreads, a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);
+          cp_async16_at(slot + ((kARowsPerPass % 8 != 0 && n % 2) ? a_dst_odd : a_dst) + 16 * n * kThreads,
+                        a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);
       }
     }
   };

@@ -144,7 +144,7 @@ class KernelConfig(TileGeometry):
 _SMALL_M_SHAPES = ((2, 4), (2, 2), (1, 2), (1, 1), (2, 1), (4, 2))
 _LARGE_M_SHAPES = ((4, 2), (2, 2), (2, 1), (1, 1))
 _THREAD_SHAPES = {(2, 4): (256, 128), (2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128),
-                  (1, 2): (256, 64)}
+                  (1, 2): (256, 64), (1, 4): (512, 64), (2, 8): (512, 128)}
 # 8 stages keep ~7 weight stages in flight per SM for small M (HBM needs tens of KiB in flight per SM); 4 else.
 _DEEP_STAGES, _STAGES = 8, 4
 # Kernels with one m16 block (M <= 16) and one block per SM: stage counts in order of preference, per weight bits
@@ -205,6 +205,16 @@ PAIR_TWO_BLOCK_EIGHT_BIT_ROWS = True  # (see choose_config's pair_choice; a swit
 # ONE_M_BLOCK_STAGES). Sweep r11a, u4b8 fp16 4096^2, µs with 4 / 6 / 8 stages: swapped M = 1 7.27 / 7.61 / 7.66,
 # M = 8 7.28 / 7.51 / 7.41; rows layout M = 16 8.30 / 8.31 / 7.98.
 K256_PAIR_STAGES = {True: (4, 6, 8), False: (8, 6, 4)}
+# 4-bit pairs try the 512 x 64 tile before 256 x 64 (both fill the SMs on 4096-column layers: 64 slices x 2): a
+# block runs half as many stages of twice the bytes again. Sweep r14a, u4b8 g128 fp16 under programmatic launches,
+# µs 256 x 64 -> 512 x 64 (stages): 14336x4096 M = 1 12.75 -> 11.81 (4; 6: 12.72), M = 16 15.39 -> 14.37 (4; 6:
+# 14.39); 4096^2 M = 1 6.12 -> 6.13, M = 8 6.13 -> 6.03, M = 16 7.08 -> 6.90 (6; 4: 7.01). Not for 8-bit weights
+# (FP8 4096^2 M = 1 7.37 -> 8.24, 14336x4096 16.52 -> 16.90), whose order starts with their own tile anyway.
+# The 512 x 128 tile ((2, 8), in _THREAD_SHAPES for sweeps) is in no order: before 256 x 128 it gained little where
+# the bars are met already and lost on 8192^2 (sweep r14c, µs: 28672x8192 M = 1 33.72 -> 33.05, M = 16 42.32 ->
+# 40.59; 8192^2 M = 1 13.06 -> 13.23, M = 16 15.13 -> 15.08; 4096x14336 M = 16, one block per SM, 14.27 -> 14.11).
+FOUR_BIT_PAIR_SHAPES = ((2, 4), (2, 2), (1, 4), (1, 2), (1, 1), (2, 1), (4, 2))
+K512_PAIR_STAGES = {True: (4, 6), False: (6, 4)}
 
 
 def pairs_possible(compute_capability: int, fp32_reduce: bool) -> bool:
@@ -240,8 +250,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     stage_order = ((_DEEP_STAGES, 6, _STAGES) if m_blocks == 2 else (_STAGES, 3)) if m_blocks > 1 else \
         ONE_M_BLOCK_STAGES.get(weight.bits, (_DEEP_STAGES, 6, _STAGES))
 
-    def shapes():
-        for n_tiles, k_warp in order:
+    def shapes(shape_order=order):
+        for n_tiles, k_warp in shape_order:
             tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
             if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
                 continue
@@ -256,7 +266,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     def pair_choice() -> KernelConfig | None:
         """The pair policy (PAIR_*): slices of two blocks each, summed in clusters of two."""
         first = next(shapes(), None)
-        for n_tiles, k_warp in shapes():
+        for n_tiles, k_warp in shapes(FOUR_BIT_PAIR_SHAPES if weight.bits == 4 else order):
             tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
             slices = size_n // tn
             if not PAIR_MIN_FILL * sms <= 2 * slices <= sms:
@@ -266,8 +276,9 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             one_flush = variant["swap"] or group_size < 0 or group_size >= 16 * k_warp
             long_ok = plain and act is ScalarType.F16 and (n_tiles, k_warp) == first and one_flush
             if steps >= 1 and (steps <= (PAIR_MAX_STEPS if plain else PAIR_MAX_STEPS_NOT_PLAIN) or long_ok):
-                stages_here = K256_PAIR_STAGES[variant["swap"]] if (n_tiles, k_warp) == (1, 2) and weight.bits == 4 \
-                    else stage_order
+                stages_here = stage_order
+                if weight.bits == 4 and (n_tiles, k_warp) in ((1, 2), (1, 4)):
+                    stages_here = (K256_PAIR_STAGES if k_warp == 2 else K512_PAIR_STAGES)[variant["swap"]]
                 pair = next((cfg for stages in stages_here
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       **variant)] if cfg.smem_bytes <= smem_limit), None)
@@ -349,9 +360,15 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
 # 127.5. Where the aligned grid is 17% longer it lost or tied (8192x28672 M = 64, 128 vs 109 steps: 131.3 -> 136.3;
 # u8b128 8192x28672 M = 1: 130.7 -> 137.6, FP8 the same cell 130.3 -> 123.2), and two blocks per SM on 8192x28672
 # (aligned 224, 32 steps vs 28) lost 5% at M = 16 (63.6 -> 67.1): hence 1.15, one block per SM only.
+# Swapped two-block kernels (M <= 8) without zero points or act-order take it up to ALIGNED_MAX_LONGER too (one block
+# per slice there: no cross-block sum at all). Sweep r14c under programmatic launches, u4b8 fp16 8192x28672 M = 1,
+# striped 264 (28 steps) 36.88 -> aligned 224 (32 steps) 32.75 µs; A/B r14d, µs M = 1 / 8: u4b8 fp16 36.66 / 36.76 ->
+# 32.74 / 33.25, bf16 37.29 / 37.50 -> 35.77 / 36.38, but u4 + zero points 42.39 / 42.30 -> 43.23 / 43.44 (not
+# taken); the rows-layout kernels at M = 16 lose too (sweep r14c: 43.23 -> 45.12).
 ALIGN_SLICES = True
 ALIGNED_MAX_LONGER = 1.15
 ALIGNED_EXTRA_STEPS = 0
+ALIGNED_SWAP_TWO_BLOCKS = True  # (a switch for bench/ab_gemm.py's A/B)
 
 # The policy before round 6: bench/ab_gemm.py's variant new-oldpolicy sets these module switches to time it.
 PRE_R6_POLICY = dict(ONE_M_BLOCK_STAGES={4: (8, 6, 4), 8: (8, 6, 4)}, EIGHT_BIT_ONE_M_BLOCK_SHAPES=_SMALL_M_SHAPES,
@@ -362,13 +379,14 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
     """Blocks launched: at most as many as can be resident at once (every block must be: in the in-C and fp32
     reductions blocks wait on others' counts), fewer when the problem has fewer (slice, k) iterations.
 
-    The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block
-    c s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
+    The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block c
+    s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
     finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range to fold its warps
     and store and count in its partial, and sums its last slice's partials at the end). Chosen unless it lengthens
-    the longest range by more than ALIGNED_MAX_LONGER (x, one block per SM; two blocks per SM: not at all) +
-    ALIGNED_EXTRA_STEPS. A configuration that choose_config returned with ``cluster`` > 1 (a pair policy choice) gets
-    the aligned grid of that many blocks per slice wherever they fit.
+    the longest range by more than ALIGNED_MAX_LONGER (x, one block per SM or swapped two-block kernels without zero
+    points or act-order; other two-block kernels: not at all) + ALIGNED_EXTRA_STEPS. A configuration that
+    choose_config returned with ``cluster`` > 1 (a pair policy choice) gets the aligned grid of that many blocks per
+    slice wherever they fit.
     """
     chunks = math.ceil(size_m / cfg.block_m)
     slices = chunks * (size_n // cfg.block_n)
@@ -380,7 +398,8 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
         splits = min(ki, max_grid // slices)
         if cfg.cluster > 1 and cfg.cluster <= splits:  # chosen as a pair (choose_config): cluster blocks per slice
             return slices * cfg.cluster
-        longer = ALIGNED_MAX_LONGER if max_grid <= sms else 1.0
+        plain_swap = cfg.swap and not cfg.weight.has_zero_points and not cfg.per_row_groups
+        longer = ALIGNED_MAX_LONGER if max_grid <= sms or (plain_swap and ALIGNED_SWAP_TWO_BLOCKS) else 1.0
         if math.ceil(ki / splits) <= math.ceil(iterations / striped) * longer + ALIGNED_EXTRA_STEPS:
             return slices * splits
     return striped

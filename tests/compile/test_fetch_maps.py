@@ -34,7 +34,8 @@ def test_weight_fetch_covers_every_b_int4_at_heads_position(tmp_path):
 @pytest.mark.parametrize("m_blocks", [1, 2, 3, 4])
 def test_a_fetch_copies_share_one_swizzle(m_blocks, n_tiles, k_warp):
     """Thread t's A copy n goes to a_index(t // row + n * rows_per_pass, t % row) = copy 0's + n * 256 (the kernels
-    add 16 * n * kThreads bytes), and the copies of all threads cover the stage exactly once."""
+    add 16 * n * kThreads bytes) — with 4 rows per pass (BK = 512), odd copies: copy 1's + (n - 1) * 256 (the
+    kernel's a_dst_odd) — and the copies of all threads cover the stage exactly once."""
     bk = 16 * k_warp * (8 // n_tiles)
     row = bk // 8
     rows_per_pass = THREADS // row
@@ -47,7 +48,11 @@ def test_a_fetch_copies_share_one_swizzle(m_blocks, n_tiles, k_warp):
                 continue
             r, c = t // row + n * rows_per_pass, t % row
             assert (r, c) == (i // row, i % row)
-            assert a_index(r, c, bk) == a_index(t // row, c, bk) + n * THREADS
+            if rows_per_pass % 8 == 0 or n % 2 == 0:
+                assert a_index(r, c, bk) == a_index(t // row, c, bk) + n * THREADS
+            else:
+                assert rows_per_pass == 4, rows_per_pass
+                assert a_index(r, c, bk) == a_index(t // row + rows_per_pass, c, bk) + (n - 1) * THREADS
             seen.append(a_index(r, c, bk))
     assert sorted(seen) == list(range(a_i4))
 

@@ -48,7 +48,10 @@ CELLS = [
     ((S.U4, 1, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
     # two blocks per SM: unchanged (the aligned 224 on 8192x28672, 32 steps vs 28, lost 5% at M = 16)
     ((S.U4B8, 16, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
-    ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 264), (2, 4, 3, 2, 264)),
+    ((S.U4B8, 16, 8192, 28672), (2, 4, 3, 2, 264), (2, 4, 3, 2, 264)),
+    # ... except swapped ones without zero points since round 14 (A/B r14d, M = 1: 36.66 -> 32.74 on the aligned 224)
+    ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 224), (2, 4, 3, 2, 264)),
+    ((S.U4, 1, 8192, 28672), (2, 4, 3, 2, 264), (2, 4, 3, 2, 264)),
     ((S.U4B8, 1, 28672, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
     # M = 32 (two m16 blocks): stages as before, the aligned grid where it is at most 15% longer
     ((S.U4B8, 32, 4096, 14336), (2, 4, 6, 1, 112), (2, 4, 6, 1, 132)),
@@ -83,14 +86,16 @@ def test_old_policy_reproduces_head(old_policy, key, new, head):
 def test_aligned_grid_bound():
     """ALIGNED_MAX_LONGER = 1.15: 4096 x 14336's aligned 112 grid (16 steps vs 14) passes, an aligned grid that leaves
     about half the SMs idle does not (here 67 slices of a 16-step K: 67 blocks x 16 steps vs 132 x ~9), nor one
-    17% longer (8192 x 28672 at M = 64: 128 vs 109 steps), nor a two-block kernel's 224 on 8192 x 28672 (32 vs 28)."""
+    17% longer (8192 x 28672 at M = 64: 128 vs 109 steps), nor a rows-layout or zero-point two-block kernel's 224 on
+    8192 x 28672 (32 vs 28); the swapped u4b8 two-block kernel takes it (round 14)."""
     cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT)
     assert gemm.grid_blocks(cfg, 1, 14336, 4096, SMS) == 112
     assert gemm.grid_blocks(cfg, 1, 67 * 128, 4096, SMS) == SMS  # striped: 1072 steps over 132 blocks
     wide = gemm.choose_config(S.F16, S.U4B8, 64, 28672, 8192, 128, False, SMEM_LIMIT)
     assert gemm.grid_blocks(wide, 64, 28672, 8192, SMS) == SMS
-    two = gemm.choose_config(S.F16, S.U4B8, 1, 28672, 8192, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
-    assert two.blocks_per_sm == 2 and gemm.grid_blocks(two, 1, 28672, 8192, SMS) == 2 * SMS
+    for weight, m, grid in ((S.U4B8, 16, 2 * SMS), (S.U4, 1, 2 * SMS), (S.U4B8, 1, 224)):
+        two = gemm.choose_config(S.F16, weight, m, 28672, 8192, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
+        assert two.blocks_per_sm == 2 and gemm.grid_blocks(two, m, 28672, 8192, SMS) == grid, (weight, m)
 
 
 def test_eight_bit_falls_back_when_the_wide_tile_does_not_divide_n():
@@ -134,7 +139,8 @@ CLUSTERS = [
     ((S.U4B8, 1, 28672, 8192), 1, 4),
     ((S.FE4M3FN, 1, 4096, 4096), 1, 8),  # 16 x 8
     ((S.U4B8, 1, 4096, 14336), 1, 1),  # 112 slices, one block each: no cross-block sum at all
-    ((S.U4B8, 1, 8192, 28672), 1, 1),  # striped 264
+    ((S.U4B8, 1, 8192, 28672), 1, 1),  # aligned 224: one block per slice
+    ((S.U4B8, 16, 8192, 28672), 1, 1),  # striped 264
     ((S.U4B8, 32, 4096, 4096), 1, 1),  # two m16 blocks
 ]
 
@@ -178,18 +184,20 @@ PAIRS = [
     ((S.U4B8, 16, 8192, 8192), (2, 4, 6, 1, 128, 2)),  # was two blocks per SM, 64 x 4
     ((S.U4B8, 1, 28672, 8192), (2, 4, 6, 1, 128, 2)),  # 56 steps per block, but swapped and the first-choice tile
     ((S.U4B8, 16, 28672, 8192), (2, 4, 6, 1, 128, 2)),  # 56 steps, fp16, first-choice tile (sweep r10f: 44.6 -> 43.1)
-    # the 256 x 64 tile: 64 slices x 2, 8 steps per block; 4 stages swapped, 8 in the rows layout (sweep r11a)
-    ((S.U4B8, 1, 4096, 4096), (1, 2, 4, 1, 128, 2)),
-    ((S.U4B8, 16, 4096, 4096), (1, 2, 8, 1, 128, 2)),
-    ((S.U4B8, 1, 14336, 4096), (1, 2, 4, 1, 128, 2)),  # 28 steps per block (128 x 64 pairs: 56, not taken)
+    # 4-bit: the 512 x 64 tile, 64 slices x 2, 4 steps per block on 4096^2; 4 stages swapped, 6 in the rows layout
+    # (round 14: sweep r14a, A/B r14b); 8-bit: the 256 x 64 tile (sweep r11a)
+    ((S.U4B8, 1, 4096, 4096), (1, 4, 4, 1, 128, 2)),
+    ((S.U4B8, 16, 4096, 4096), (1, 4, 6, 1, 128, 2)),
+    ((S.U4B8, 1, 14336, 4096), (1, 4, 4, 1, 128, 2)),  # 14 steps per block (256 x 64: 28; 128 x 64: 56)
     ((S.FE4M3FN, 1, 4096, 4096), (1, 2, 4, 1, 128, 2)),
-    ((S.U4, 1, 4096, 4096), (1, 2, 4, 1, 128, 2)),  # zero points, 8 steps: pairs (round 11b: 9.47 -> 8.41 µs)
-    ((S.U4, 1, 14336, 4096), (2, 4, 6, 1, 128, 1)),  # zero points, 28 steps: not (round 11b: 16.61 -> 17.80)
+    ((S.U4, 1, 4096, 4096), (1, 4, 4, 1, 128, 2)),  # zero points, 4 steps: pairs (A/B r14b: 7.18 -> 6.85 µs)
+    ((S.U4, 1, 14336, 4096), (1, 4, 4, 1, 128, 2)),  # zero points, 14 steps: pairs (r14b: 15.58 -> 14.14; 28
+    # steps of 256 x 64 lost in round 11b: 16.61 -> 17.80)
     # no shape's pairs fill 90% of the SMs one block each; the first's fill 85% two blocks each (sweep r10i)
     ((S.U4B8, 1, 4096, 14336), (2, 4, 3, 2, 224, 2)),
     ((S.U4B8, 16, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # not swapped: as before
     ((S.U4, 1, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # zero points: as before
-    ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 264, 1)),
+    ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 224, 1)),  # swapped two-block kernels: aligned (round 14)
     ((S.U4B8, 32, 8192, 8192), (2, 4, 6, 1, 128, 1)),  # two m16 blocks: no clusters
     ((S.FE4M3FN, 1, 8192, 8192), (2, 4, 4, 1, 128, 2)),  # (4, 2) gives 32 slices: the next shape, 64
     ((S.FE4M3FN, 16, 8192, 8192), (2, 4, 4, 1, 128, 2)),

@@ -185,9 +185,18 @@ def test_every_candidate_is_accepted_by_the_launch_hook(fake, cell):
         assert cand.grid <= SMS * cand.cfg.blocks_per_sm
     variants = {c.variant for c in cands}
     assert ("swap-flip" in variants) == (cell.m <= 8)
-    # every thread shape that divides the problem, one and two blocks per SM
+    # every thread shape that divides the problem and fits shared memory with the fewest stages the sweep tries (the
+    # 512 x 128 tile's 8-bit stages do not fit), one and two blocks per SM
+    m_blocks = min(4, -(-cell.m // 16))
+    fewest = min(sweep_gemm.ONE_BLOCK_STAGES if m_blocks <= 2 else sweep_gemm.LARGE_M_STAGES)
+
+    def fits(n_tiles, k_warp):
+        cfg = gemm.KernelConfig(S.F16, cell.weight, m_blocks, n_tiles, k_warp, fewest, cands[0].cfg.group_mode)
+        return cfg.smem_bytes <= SMEM_LIMIT
+
     shapes = {(c.cfg.block_k, c.cfg.block_n) for c in cands}
-    assert shapes == {(tk, tn) for tk, tn in gemm.thread_shapes().values() if cell.k % tk == 0 and cell.n % tn == 0}
+    assert shapes == {(tk, tn) for shape, (tk, tn) in gemm.thread_shapes().items()
+                      if cell.k % tk == 0 and cell.n % tn == 0 and fits(*shape)}
     assert {c.cfg.blocks_per_sm for c in cands} == {1, 2}
 
 

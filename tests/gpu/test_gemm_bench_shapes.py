@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.gpu,
 
 cp = pytest.importorskip("cupy")
 
-from gpu.test_gemm import error_bound, poisoned  # noqa: E402  (tests/ is on the pytest pythonpath)
+from gpu.test_gemm import BF16, error_bound, poisoned  # noqa: E402  (tests/ is on the pytest pythonpath)
 
 LAYERS = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192))
 # (weight type, group size, layers, M values): every layer for the INT4 headline type, the largest layers and the
@@ -37,11 +37,17 @@ CASES = ([(S.U4B8, 128, kn, m) for kn in LAYERS for m in (1, 8, 16, 64)]
          + [(S.U4, 128, (8192, 28672), m) for m in (1, 16)]
          # the 8-bit two-block pairs at M = 9..16 (gemm.PAIR_TWO_BLOCK_EIGHT_BIT_ROWS, round 12)
          + [(wt, gs, (4096, 14336), m) for wt, gs in ((S.FE4M3FN, -1), (S.U8B128, 128)) for m in (9, 16)])
+CASES = [case + (np.float16,) for case in CASES]
+# round 14: the 512 x 64 pairs of 4-bit weights (gemm.FOUR_BIT_PAIR_SHAPES) with zero points and with bf16; bf16 on
+# the slice-aligned grid of swapped two-block kernels (gemm.ALIGNED_SWAP_TWO_BLOCKS)
+CASES += [(wt, 128, (14336, 4096), m, act) for wt, act in ((S.U4, np.float16), (S.U4B8, BF16)) for m in (1, 16)]
+CASES += [(S.U4B8, 128, (8192, 28672), 8, BF16)]
 
 
 @functools.lru_cache(maxsize=2)
-def layer(wt, gs, k, n):
-    """(device MarlinWeight, reference W (K, N) float32) with fresh random codes, scales and zero points."""
+def layer(wt, gs, k, n, act=np.float16):
+    """(device MarlinWeight, reference W (K, N) float32) with fresh random codes, scales and zero points, for
+    activations of dtype ``act``."""
     rng = np.random.default_rng()
     ng = 1 if gs == -1 else k // gs
     if wt is S.FE4M3FN:
@@ -50,24 +56,24 @@ def layer(wt, gs, k, n):
         scales = (rng.random((ng, n), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
     else:
         codes = rng.integers(0, 1 << wt.bits, size=(k, n), dtype=np.uint8)
-        scales = (rng.random((ng, n), dtype=np.float32) * 0.02 + 0.001).astype(np.float16)
+        scales = (rng.random((ng, n), dtype=np.float32) * 0.02 + 0.001).astype(act)
     zeros = rng.integers(0, 1 << wt.bits, size=(ng, n), dtype=np.uint8) if wt.has_zero_points else None
-    w_ref = dequantize(codes, scales, zeros, wt, gs, act_dtype=np.float16)
-    q = QuantizedWeight(codes, scales, zeros, None, gs, wt, np.dtype(np.float16), w_ref)
+    w_ref = dequantize(codes, scales, zeros, wt, gs, act_dtype=act)
+    q = QuantizedWeight(codes, scales, zeros, None, gs, wt, np.dtype(act), w_ref)
     return gemm.upload_weight(make_marlin_weight(q)), w_ref
 
 
-@pytest.mark.parametrize("wt,gs,kn,m", CASES, ids=lambda v: str(v))
-def test_bench_shape_matches_reference(wt, gs, kn, m):
+@pytest.mark.parametrize("wt,gs,kn,m,act", CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_bench_shape_matches_reference(wt, gs, kn, m, act):
     k, n = kn
-    w, w_ref = layer(wt, gs, k, n)
+    w, w_ref = layer(wt, gs, k, n, act)
     rng = np.random.default_rng()
-    a = rng.standard_normal((m, k), dtype=np.float32).astype(np.float16)
-    c = poisoned(m, n, np.float16)
+    a = rng.standard_normal((m, k), dtype=np.float32).astype(act)
+    c = poisoned(m, n, act)
     out = cp.asnumpy(gemm.marlin_gemm(cp.asarray(a), w, c=c)).astype(np.float32)
     assert np.all(np.isfinite(out)), f"{int((~np.isfinite(out)).sum())} elements not written (or not finite)"
     ref = a.astype(np.float32) @ w_ref
-    bound = error_bound(a, w_ref, np.float16, "fp32", k)  # the default reduction: fp32 partials
+    bound = error_bound(a, w_ref, act, "fp32", k)  # the default reduction: fp32 partials
     excess = np.abs(out - ref) - bound
     worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
     assert excess[worst] <= 0, (f"C{worst} = {out[worst]} vs reference {ref[worst]} (bound {bound[worst]:.3g}); "
