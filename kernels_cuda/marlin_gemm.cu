@@ -433,8 +433,19 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     loop.load_channelwise(reinterpret_cast<const T*>(scales) + col * BN + nt * 64,
                           reinterpret_cast<const unsigned*>(zeros) + (col * BN + nt * 64) / Weight<W>::kPack);
   };
+  // A stage without group reloads between the warp's k16 tiles where the groups span them (grouped scales with
+  // G >= 16 K_WARP; the host allows G >= 32, so always for K_WARP <= 2; channelwise and per-row groups never
+  // reload there). One block per SM only: with the stage as one scheduling region the swapped two-block u4b8 fp16
+  // 8192x28672 M = 1 kernel (2,4,3, 128 registers) ran 32.7 -> 40.6 µs (A/B r14g), where every other 4-bit cell
+  // gained 1-4%, and with both forms of the stage the two-block rows-layout kernel spills 72 bytes.
+  constexpr bool kSplitReloads = GROUP_MODE == kGrouped && MIN_BLOCKS == 1;
+  const bool stage_reloads = 16 * K_WARP > 32 && group_size < 16 * K_WARP;
   auto compute_stage = [&](unsigned slot, int slice, int kit) {
-    loop.compute_stage(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, prob_n, slice % cols);
+    if (kSplitReloads && !stage_reloads)
+      loop.template compute_stage<false>(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, prob_n,
+                                         slice % cols);
+    else
+      loop.compute_stage(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, prob_n, slice % cols);
   };
   auto zero_acc = [&]() { loop.zero_acc(); };
 

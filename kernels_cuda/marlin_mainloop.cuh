@@ -411,6 +411,11 @@ struct WarpLoop {
   // This warp's K_WARP k16 tiles of the stage in the slot at shared address `slot`, k0 its first K row; o: this
   // lane's offsets (lane_offsets). kPerRow reads scales / zero points from global memory through the stage's
   // g_idx: scales / zeros point at the column tile's matrices (num_groups, prob_n), col = the block's column tile.
+  // RELOADS: groups may end inside the warp's K_WARP tiles (G < 16 K_WARP; grouped scales only), so the group's
+  // pairs are reloaded (and kLateScale's sums flushed) between tiles under a runtime test. RELOADS = false is for
+  // callers that know G >= 16 K_WARP: without that test between the tiles, ptxas schedules the stage as one
+  // region instead of one per k16 tile (bench/NOTES_gemm.md "Round 14").
+  template <bool RELOADS = true>
   __device__ __forceinline__ void compute_stage(unsigned slot, const LaneOffsets& o, int k0, int group_size,
                                                 int group_shift, const int4* __restrict__ scales,
                                                 const int4* __restrict__ zeros, int prob_n, int col) {
@@ -421,7 +426,7 @@ struct WarpLoop {
     for (int i = 0; i < K_WARP; ++i) {
       if constexpr (GROUP_MODE == kGrouped) {
         // A warp's K_WARP tiles lie in one group when G >= 16 K_WARP (both powers of two, aligned): load once.
-        if (i == 0 || group_size < 16 * K_WARP) {
+        if (i == 0 || (RELOADS && group_size < 16 * K_WARP)) {
           if constexpr (kLateScale) {
             if (i > 0) {  // the previous group's sums, with its scales, before they are replaced
               flush_part();
