@@ -21,6 +21,8 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
               off: as many blocks per SM as fit)
   old-plain   OLD with plain launches (its PROGRAMMATIC_LAUNCH off), beside new-plain
   new-no8bitpairs workbench.gemm without the 8-bit two-block pairs at M = 9..16 (PAIR_TWO_BLOCK_EIGHT_BIT_ROWS off)
+  new-noswapaligned workbench.gemm with swapped two-block kernels kept off longer slice-aligned grids
+              (ALIGNED_SWAP_TWO_BLOCKS off: the striped grid, as before round 14)
   new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
               different configuration, so its bits may differ from old's (another K split)
   new-oldpolicy workbench.gemm's kernels with the policy before round 6 (OLD_POLICY: 8 stages first for M <= 16,
@@ -160,6 +162,7 @@ def main(argv=None) -> int:
                                                                 PROGRAMMATIC_PIN_OCCUPANCY=False)),
                     "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8))),
                     "new-no8bitpairs": (gemm, Setting(PAIR_TWO_BLOCK_EIGHT_BIT_ROWS=False)),
+                    "new-noswapaligned": (gemm, Setting(ALIGNED_SWAP_TWO_BLOCKS=False)),
                     "new-oldpolicy": (gemm, Setting(**OLD_POLICY))}
     names = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(names) - set(all_variants))

@@ -390,6 +390,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   const unsigned a_dst = fetch_base + G::kAOff + 16 * G::a_index(tid / kARowI4, tid % kARowI4);
   const unsigned a_dst_odd =
       fetch_base + G::kAOff + 16 * (G::a_index(tid / kARowI4 + kARowsPerPass, tid % kARowI4) - kThreads);
+  // One m16 chunk (prob_m <= BM): the block's rows never change, so rows >= prob_m are zeroed once in every slot
+  // (below) and never copied; with several chunks the last one's padding rows are zero-filled by each copy.
   const bool one_chunk = chunks == 1;
   const int4* a_src[kACopies];  // (row, chunk t % kARowI4, k = 0) of each copy; row 0 for a padding row
   unsigned a_valid = 0;          // bit n: copy n's row is < prob_m

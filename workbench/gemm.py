@@ -379,8 +379,8 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
     """Blocks launched: at most as many as can be resident at once (every block must be: in the in-C and fp32
     reductions blocks wait on others' counts), fewer when the problem has fewer (slice, k) iterations.
 
-    The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block c
-    s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
+    The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block
+    c s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
     finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range to fold its warps
     and store and count in its partial, and sums its last slice's partials at the end). Chosen unless it lengthens
     the longest range by more than ALIGNED_MAX_LONGER (x, one block per SM or swapped two-block kernels without zero
