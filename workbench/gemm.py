@@ -99,6 +99,11 @@ class TileGeometry:
         return 16 * (self.stages * (a + b + s + z + g) + red)
 
     @property
+    def plain(self) -> bool:
+        """Weights without zero points or act-order groups (several policy rules were measured for these only)."""
+        return not self.weight.has_zero_points and self.group_mode != GROUP_PER_ROW
+
+    @property
     def late_scale(self) -> bool:
         """Whether the kernel applies the scales to fp32 partial sums instead of to each dequantized weight (mirrors
         ``WarpLoop::kLateScale`` and ``late_scale_pays`` in kernels_cuda/marlin_mainloop.cuh). Two kernels that differ
@@ -204,7 +209,7 @@ PAIR_TWO_BLOCK_EIGHT_BIT_ROWS = True  # (see choose_config's pair_choice; a swit
 # Stage counts of 4-bit pairs on the 256 x 64 tile, by swap (twice the bytes per stage of 128 x 64, whose order is
 # ONE_M_BLOCK_STAGES). Sweep r11a, u4b8 fp16 4096^2, µs with 4 / 6 / 8 stages: swapped M = 1 7.27 / 7.61 / 7.66,
 # M = 8 7.28 / 7.51 / 7.41; rows layout M = 16 8.30 / 8.31 / 7.98.
-K256_PAIR_STAGES = {True: (4, 6, 8), False: (8, 6, 4)}
+# (the table FOUR_BIT_PAIR_STAGES below, tile (1, 2))
 # 4-bit pairs try the 512 x 64 tile before 256 x 64 (both fill the SMs on 4096-column layers: 64 slices x 2): a
 # block runs half as many stages of twice the bytes again. Sweep r14a, u4b8 g128 fp16 under programmatic launches,
 # µs 256 x 64 -> 512 x 64 (stages): 14336x4096 M = 1 12.75 -> 11.81 (4; 6: 12.72), M = 16 15.39 -> 14.37 (4; 6:
@@ -214,7 +219,8 @@ K256_PAIR_STAGES = {True: (4, 6, 8), False: (8, 6, 4)}
 # the bars are met already and lost on 8192^2 (sweep r14c, µs: 28672x8192 M = 1 33.72 -> 33.05, M = 16 42.32 ->
 # 40.59; 8192^2 M = 1 13.06 -> 13.23, M = 16 15.13 -> 15.08; 4096x14336 M = 16, one block per SM, 14.27 -> 14.11).
 FOUR_BIT_PAIR_SHAPES = ((2, 4), (2, 2), (1, 4), (1, 2), (1, 1), (2, 1), (4, 2))
-K512_PAIR_STAGES = {True: (4, 6), False: (6, 4)}
+# Stage orders of 4-bit pairs by tile and swap (the other tiles: the policy's stage_order).
+FOUR_BIT_PAIR_STAGES = {(1, 2): {True: (4, 6, 8), False: (8, 6, 4)}, (1, 4): {True: (4, 6), False: (6, 4)}}
 
 
 def pairs_possible(compute_capability: int, fp32_reduce: bool) -> bool:
@@ -277,8 +283,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             long_ok = plain and act is ScalarType.F16 and (n_tiles, k_warp) == first and one_flush
             if steps >= 1 and (steps <= (PAIR_MAX_STEPS if plain else PAIR_MAX_STEPS_NOT_PLAIN) or long_ok):
                 stages_here = stage_order
-                if weight.bits == 4 and (n_tiles, k_warp) in ((1, 2), (1, 4)):
-                    stages_here = (K256_PAIR_STAGES if k_warp == 2 else K512_PAIR_STAGES)[variant["swap"]]
+                if weight.bits == 4 and (n_tiles, k_warp) in FOUR_BIT_PAIR_STAGES:
+                    stages_here = FOUR_BIT_PAIR_STAGES[(n_tiles, k_warp)][variant["swap"]]
                 pair = next((cfg for stages in stages_here
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       **variant)] if cfg.smem_bytes <= smem_limit), None)
@@ -398,8 +404,7 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
         splits = min(ki, max_grid // slices)
         if cfg.cluster > 1 and cfg.cluster <= splits:  # chosen as a pair (choose_config): cluster blocks per slice
             return slices * cfg.cluster
-        plain_swap = cfg.swap and not cfg.weight.has_zero_points and not cfg.per_row_groups
-        longer = ALIGNED_MAX_LONGER if max_grid <= sms or (plain_swap and ALIGNED_SWAP_TWO_BLOCKS) else 1.0
+        longer = ALIGNED_MAX_LONGER if max_grid <= sms or (cfg.swap and cfg.plain and ALIGNED_SWAP_TWO_BLOCKS) else 1.0
         if math.ceil(ki / splits) <= math.ceil(iterations / striped) * longer + ALIGNED_EXTRA_STEPS:
             return slices * splits
     return striped
