@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Round 14k (issue #4; prepared in session 11, not run: the session's device time was spent): the cluster slice sum
-# with its C stores after the second cluster barrier (bench/attic/gemm_r14k_cluster_stores_after_barrier.patch).
+# Round 14k (issue #4; prepared in session 11, run and landed in session 12): the cluster slice sum with its C stores
+# after the second cluster barrier (then an attic patch, now in kernels_cuda/marlin_gemm.cu).
 # The barrier keeps its release semantics (MEMBAR.ALL.GPU), but no C stores are in flight for it to wait for; r14j
 # measured the barrier without release at -0.2..-0.5 µs on every cluster cell (4096^2 M = 1 6.10 -> 5.84).
 # Prediction: most of that. Output bitwise equal to OLD (the same sums). Before the call:
-#   git apply bench/attic/gemm_r14k_cluster_stores_after_barrier.patch
+#   (then: git apply the attic patch)
 #   mkdir -p artifacts/r14k_old && for f in marlin_gemm.cu marlin_mainloop.cuh dequant.cuh mma.cuh marlin_moe.cu; do
 #     git show HEAD:kernels_cuda/$f > artifacts/r14k_old/$f; done
 #   git show HEAD:workbench/gemm.py > artifacts/r14k_old/gemm.py
