@@ -67,6 +67,12 @@ _SINK = (_ROWS + "    float sink = 0.f;\n"
          "    for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < 8; ++nb) for (int r = 0; r < 4; ++r)\n"
          "      sink += partial[mb][nb][r];\n    if (sink == 1234.5f) C[0] = C[1];\n")
 _FOLD = "  if constexpr (FOLD) fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
+# the cluster kernels' warp fold (both layouts) left out; their cross-block sum done on the block's own partial with
+# block barriers (what the fold and the distributed-shared-memory sum cost in the cluster finish)
+_CLUSTER_FOLD = "      if constexpr (!SWAP) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);\n"
+_CLUSTER_BAR1 = "  }\n  cluster_sync();\n  const int chunk"
+_CLUSTER_BAR2 = "  }\n  cluster_sync();\n#pragma unroll\n  for (int it = 0; it < kIters"
+_CLUSTER_LOAD = "theirs[q] = ld_cluster_f4(cluster_map(ring_base + 16 * e, q));"
 # the scale multiply of every dequantized pair left out (what applying scales after the mma could save at most)
 _SCALE_MUL = ("    for (int r = 0; r < 2; ++r) b[h][r] = SCALED ? as_u32(__hmul2(v[r], scale[h][r])) : "
               "as_u32(v[r]);\n")
@@ -98,6 +104,10 @@ VARIANTS = {
     "nofold": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "")],
     "noscale": [("dequant.cuh", _SCALE_MUL, _NO_SCALE_MUL)],
     "noB": [("marlin_mainloop.cuh", _B_COPY, "      (void)b;\n")],
+    "nofold_cluster": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _CLUSTER_FOLD, "")],
+    "localsum": [("marlin_gemm.cu", _CLUSTER_BAR1, _CLUSTER_BAR1.replace("cluster_sync", "__syncthreads")),
+                 ("marlin_gemm.cu", _CLUSTER_BAR2, _CLUSTER_BAR2.replace("cluster_sync", "__syncthreads")),
+                 ("marlin_gemm.cu", _CLUSTER_LOAD, "theirs[q] = ld_cluster_f4(ring_base + 16 * e);")],
 }
 DEFAULT_CELLS = ("8192x28672:u4b8 g128 fp16:1", "8192x28672:u4b8 g128 fp16:16", "4096x14336:u4b8 g128 fp16:1",
                  "4096x4096:u4b8 g128 fp16:1", "8192x8192:u4b8 g128 fp16:1", "8192x28672:fe4m3fn chan fp16:1")

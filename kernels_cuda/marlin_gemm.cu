@@ -262,13 +262,17 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
 // ---- the slice sum inside a thread-block cluster (sm_90) ------------------------------------------------------
 // On a slice-aligned grid (workbench/gemm.py grid_blocks) every slice is split over the same number s of consecutive
 // blocks; launched in clusters of CLUSTER = s blocks (marlin_gemm_cluster), a slice's contributors are one cluster and
-// read each other's shared memory. Each block stores its folded partial in its own stage ring (idle: the block's
-// range is this one slice), one cluster barrier, then block r sums float4s [r E / s, (r + 1) E / s) of the partial
-// over the cluster's blocks in rank order (rank = block - first contributor: block order, the same sums as
-// sum_fp32_slots, bit for bit) and writes them to C; a second barrier keeps every block's shared memory alive until
-// the others have read it. No C_tmp slot, lock or global round trip, and no block waits on a block outside its
-// cluster (whose blocks the hardware makes co-resident). `acc`: folded (warps of k group 0 hold the partial).
-template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int CLUSTER>
+// read each other's shared memory. Each block puts its folded partial in its own stage ring (idle: the block's range
+// is this one slice). Unless FOLDED (k group 0's warps hold it), the fold happens there: every warp stores its
+// partial, one block barrier, then each thread sums a few float4s over the k groups in fold_warps' tree order (bit
+// for bit its sums, every thread at work instead of one warp in passes: ablation r15b charged fold_warps 0.55 µs of
+// u4b8 4096^2 M = 1 / 16; this form took 0.17-0.35 µs off the row-layout cells, A/B r15c). One cluster barrier, then
+// block r sums float4s [r E / s, (r + 1) E / s) of the folded partial over the cluster's blocks in rank order (rank =
+// block - first contributor: block order, the same sums as sum_fp32_slots, bit for bit) and writes them to C; a
+// second barrier keeps every block's shared memory alive until the others have read it. No C_tmp slot, lock or
+// global round trip, and no block waits on a block outside its cluster (whose blocks the hardware makes
+// co-resident). `acc`: in the row layout; FOLDED: k group 0's warps hold the block's partial, else each warp its own.
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int CLUSTER, bool FOLDED>
 __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS][8][4], unsigned ring_base,
                                                      int slice, int cols, T* __restrict__ C, int prob_m,
                                                      int prob_n) {
@@ -278,14 +282,32 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
   constexpr int kF4 = N_TILES * M_BLOCKS * 8 * 32;  // float4s of a partial (fragment order, as a C_tmp slot)
   static_assert(kF4 % CLUSTER == 0, "a cluster's blocks share the partial evenly");
   constexpr int kShare = kF4 / CLUSTER;
-  if (warp / N_TILES == 0) {
-    const int nt = warp % N_TILES;
+  constexpr int kGroups = kWarps / N_TILES;  // k groups (warps per 64-column tile)
+  const int nt = warp % N_TILES, kg = warp / N_TILES;
+  if constexpr (!FOLDED) __syncthreads();  // every warp is past its last stage: the ring is idle
+  if (!FOLDED || kg == 0) {
 #pragma unroll
     for (int mb = 0; mb < M_BLOCKS; ++mb)
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb)
-        sts128_f32(ring_base + 16 * (((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane), acc[mb][nb][0], acc[mb][nb][1],
-                   acc[mb][nb][2], acc[mb][nb][3]);
+        sts128_f32(ring_base + 16 * (kg * kF4 + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane), acc[mb][nb][0],
+                   acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]);
+  }
+  if constexpr (!FOLDED && kGroups > 1) {
+    __syncthreads();
+#pragma unroll
+    for (int e = tid; e < kF4; e += kThreads) {
+      float4 v[kGroups];
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) v[g] = ld_shared_f4(ring_base + 16 * (g * kF4 + e));
+#pragma unroll
+      for (int step = kGroups / 2; step >= 1; step /= 2)
+#pragma unroll
+        for (int j = 0; j < step; ++j) {
+          v[j].x += v[j + step].x; v[j].y += v[j + step].y; v[j].z += v[j + step].z; v[j].w += v[j + step].w;
+        }
+      sts128_f32(ring_base + 16 * e, v[0].x, v[0].y, v[0].z, v[0].w);  // (only this thread reads element e)
+    }
   }
   cluster_sync();
   const int chunk = slice / cols, col = slice % cols;
@@ -354,7 +376,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
   static_assert(CLUSTER == 1 || (M_BLOCKS == 1 && CLUSTER <= 8), "cluster sums: 16-row tiles, at most 8 blocks");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
-  static_assert(CLUSTER == 1 || G::BM * G::BN * 4 <= G::kRingBytes, "the partial fits the idle stage ring");
+  static_assert(CLUSTER == 1 || G::kWarpsPerN * G::BM * G::BN * 4 <= G::kSmemBytes,
+                "every k group's partial fits the idle stage ring and fold buffer");
   using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP,
                         late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>()>;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
@@ -532,16 +555,16 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     fetch_off = fetch_off == last_off ? zero_t : fetch_off + G::kStageBytes;
   };
   // The end of this block's part of slice slice_. SWAP kernels fold the warps in the loop's own layout (elementwise:
-  // the same sums as after the transpose, on half the values).
+  // the same sums as after the transpose, on half the values); row-layout cluster kernels fold in the idle ring,
+  // every thread at work (finish_slice_cluster; there the swapped kernels lost 2-6%, A/B r15c).
   auto end_slice = [&](int slice_) {
     float partial[M_BLOCKS][8][4];
     if constexpr (SWAP) fold_warps<M_BLOCKS, N_TILES>(loop.acc, ring.red);
     loop.rows_layout(partial);
-    if constexpr (CLUSTER > 1) {
-      if constexpr (!SWAP) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);
+    if constexpr (CLUSTER > 1) {  // (row-layout warps are folded there)
       cp_async_wait<0>();  // (nothing is in flight: the last fetch was waited for before its compute)
-      finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER>(partial, ring.base, slice_, cols, C, prob_m,
-                                                                  prob_n);
+      finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER, SWAP>(partial, ring.base, slice_, cols, C, prob_m,
+                                                                        prob_n);
     } else if constexpr (kInlineFinish)
       finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, !SWAP>(
           partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
