@@ -12,6 +12,8 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
               straddle two slices), to tell the kernel change from the slice-aligned grid
   new-legacy  workbench.gemm with the fbd47ed blocks-per-SM rule (two blocks for every M <= 16 kernel)
   new-noswap  workbench.gemm without the operand swap for M <= 8 (SWAP_MAX_M = 0)
+  new-swap16  workbench.gemm with the operand swap's 16-row form for M = 9..16 too (SWAP_MAX_M = 16; the swap
+              policies of M <= 8 then apply to M <= 16)
   new-nocluster workbench.gemm with the slice sums in global memory everywhere (CLUSTER_SUMS = False: no
               thread-block clusters on sm_90; the same tiles and grids, the pair policy's included)
   new-plain   workbench.gemm with plain launches (PROGRAMMATIC_LAUNCH = False: no programmatic dependent launch on
@@ -49,6 +51,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from bench_gemm import (OURS, SHAPES, LAUNCHES_PER_GRAPH, copies_for, device_summary,  # noqa: E402
                         forget_plans, random_weight, time_cupy_graph, time_torch_graph, weight_bytes)
+from sweep_gemm import swap_text  # noqa: E402
 from workbench import gemm  # noqa: E402
 
 LEGACY_LABELS = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
@@ -153,6 +156,7 @@ def main(argv=None) -> int:
     all_variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),
                     "new-striped": (gemm, Striped), "new-legacy": (gemm, Legacy),
                     "new-noswap": (gemm, Setting(SWAP_MAX_M=0)),
+                    "new-swap16": (gemm, Setting(SWAP_MAX_M=16)),
                     "new-nocluster": (gemm, Setting(CLUSTER_SUMS=False)),
                     "new-plain": (gemm, Setting(PROGRAMMATIC_LAUNCH=False)),
                     "old-plain": (old, Setting(old, PROGRAMMATIC_LAUNCH=False)),
@@ -249,7 +253,7 @@ def main(argv=None) -> int:
                     outs[name] = cp.asnumpy(c)
                     record(f"{label} [{name}]", us, weight_bytes(k, n, wt, gs) + base, fp16_us,
                            config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}"
-                           + ("s" if getattr(cfg, "swap", False) else ""), grid=grid,
+                           + swap_text(cfg), grid=grid,
                            **plan)
                 ref = outs["old"].astype(np.float32)
                 scale = float(np.max(np.abs(ref))) or 1.0

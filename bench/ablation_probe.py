@@ -45,17 +45,16 @@ _NO_ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" ::"r"
 _A_COPY = ("          cp_async16_at(slot + ((kARowsPerPass % 8 != 0 && n % 2) ? a_dst_odd : a_dst) + "
            "16 * n * kThreads,\n                        a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);\n")
 # end_slice's finishing: the SWAP kernels' fold in the loop layout, the row layout, the finish call
-_SWAP_FOLD = "    if constexpr (SWAP) fold_warps<M_BLOCKS, N_TILES>(loop.acc, ring.red);\n"
+_SWAP_FOLD = "    if constexpr (SWAP) fold_warps<Loop::kAccM, N_TILES>(loop.acc, ring.red);\n"
 _ROWS = "    loop.rows_layout(partial);\n"
-_CALL = ("    if constexpr (CLUSTER > 1) {\n"
-         "      if constexpr (!SWAP) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);\n"
+_CALL = ("    if constexpr (CLUSTER > 1) {  // (row-layout warps are folded there)\n"
          "      cp_async_wait<0>();  // (nothing is in flight: the last fetch was waited for before its compute)"
          "\n"
-         "      finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER>(partial, ring.base, slice_, cols, C, "
-         "prob_m,\n"
-         "                                                                  prob_n);\n"
+         "      finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER, SWAP != 0>(partial, ring.base, slice_, "
+         "cols, C,\n"
+         "                                                                             prob_m, prob_n);\n"
          "    } else if constexpr (kInlineFinish)\n"
-         "      finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, !SWAP>(\n"
+         "      finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, SWAP == 0>(\n"
          "          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);\n"
          "    else\n"
          "      finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total, C,\n"
@@ -67,9 +66,10 @@ _SINK = (_ROWS + "    float sink = 0.f;\n"
          "    for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < 8; ++nb) for (int r = 0; r < 4; ++r)\n"
          "      sink += partial[mb][nb][r];\n    if (sink == 1234.5f) C[0] = C[1];\n")
 _FOLD = "  if constexpr (FOLD) fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
-# the cluster kernels' warp fold (both layouts) left out; their cross-block sum done on the block's own partial with
-# block barriers (what the fold and the distributed-shared-memory sum cost in the cluster finish)
-_CLUSTER_FOLD = "      if constexpr (!SWAP) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);\n"
+# the cluster kernels' warp fold (both layouts: fold_warps, or the fold in the ring) left out; their cross-block sum
+# done on the block's own partial with block barriers (what the fold and the distributed-shared-memory sum cost in
+# the cluster finish)
+_CLUSTER_FOLD = "  if constexpr (!FOLDED && kGroups > 1) {\n"
 _CLUSTER_BAR1 = "  }\n  cluster_sync();\n  const int chunk"
 _CLUSTER_BAR2 = "  }\n  cluster_sync();\n#pragma unroll\n  for (int it = 0; it < kIters"
 _CLUSTER_LOAD = "theirs[q] = ld_cluster_f4(cluster_map(ring_base + 16 * e, q));"
@@ -104,7 +104,7 @@ VARIANTS = {
     "nofold": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "")],
     "noscale": [("dequant.cuh", _SCALE_MUL, _NO_SCALE_MUL)],
     "noB": [("marlin_mainloop.cuh", _B_COPY, "      (void)b;\n")],
-    "nofold_cluster": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _CLUSTER_FOLD, "")],
+    "nofold_cluster": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _CLUSTER_FOLD, "  if (false) {\n")],
     "localsum": [("marlin_gemm.cu", _CLUSTER_BAR1, _CLUSTER_BAR1.replace("cluster_sync", "__syncthreads")),
                  ("marlin_gemm.cu", _CLUSTER_BAR2, _CLUSTER_BAR2.replace("cluster_sync", "__syncthreads")),
                  ("marlin_gemm.cu", _CLUSTER_LOAD, "theirs[q] = ld_cluster_f4(ring_base + 16 * e);")],

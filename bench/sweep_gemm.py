@@ -104,10 +104,16 @@ class Candidate:
         return config_text(self.cfg)
 
 
+def swap_text(cfg) -> str:
+    """The swap suffix of a configuration's text: "" (row layout), "s" (8 rows), "s2" (16 rows)."""
+    swap = int(getattr(cfg, "swap", 0))
+    return "s" * (swap > 0) + ("2" if swap == 2 else "")
+
+
 def config_text(cfg: gemm.KernelConfig) -> str:
-    """(n_tiles, k_warp, stages, blocks per SM), s = swap and cN = clusters of N blocks, as bench/ab_gemm.py writes
-    it."""
-    return (f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}" + ("s" if cfg.swap else "")
+    """(n_tiles, k_warp, stages, blocks per SM), s = swap (s2: its 16-row form) and cN = clusters of N blocks, as
+    bench/ab_gemm.py writes it."""
+    return (f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}" + swap_text(cfg)
             + (f"c{cfg.cluster}" if cfg.cluster > 1 else ""))
 
 
@@ -211,7 +217,9 @@ def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int, compute_capa
                     out.append(Candidate(c, grid, kinds, variant, is_default=(c == default and grid == default_grid)))
 
     add(default, "shape")
-    swaps = (default.swap, not default.swap) if default.m_blocks == 1 and m <= 8 else (default.swap,)
+    # the other loop layout where both run this M: rows <-> swapped (16-row form for M = 9..16)
+    swaps = (default.swap, 0 if default.swap else (1 if m <= 8 else 2)) if default.m_blocks == 1 and m <= 16 \
+        else (default.swap,)
     for swap in swaps:
         for cfg in shape_configs(cell, smem_limit, sm_smem, swap):
             if near_default and (cfg.n_tiles, cfg.k_warp, cfg.blocks_per_sm, cfg.swap) != (

@@ -354,13 +354,13 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
 // LDS -> dequant -> mma chain of one block's 8 warps, but only pay when every block has a long run of pipeline steps
 // (workbench/gemm.py chooses; measured in bench/NOTES_gemm.md); the 64-row accumulators need one block's registers.
 //
-// SWAP: at most 8 rows (M_BLOCKS = 1): one mma per 16x16 sub-block on the transposed problem (WarpLoop).
+// SWAP = 1 / 2: at most 8 / 16 rows (M_BLOCKS = 1), the loop on the transposed problem (WarpLoop); 0: row layout.
 //
 // CLUSTER > 1 (sm_90, marlin_gemm_cluster): the grid is slice-aligned with CLUSTER blocks per slice, launched in
 // clusters of CLUSTER blocks; slices are summed through distributed shared memory (finish_slice_cluster) in the fp32
 // reduction's order. The host takes it only for the fp32 reduction.
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
-          bool SWAP, int CLUSTER>
+          int SWAP, int CLUSTER>
 __device__ __forceinline__ void
 gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
            const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
@@ -422,8 +422,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   constexpr int kARowsPerPass = kThreads / kARowI4;
   constexpr int kACopies = (G::kAI4 + kThreads - 1) / kThreads;
   static_assert(kARowsPerPass % 8 == 0 || kARowsPerPass == 4, "copies of one thread share one of two swizzles");
-  // SWAP reads rows 0..7 only: copies whose rows are all >= 8 are never made.
-  constexpr int kACopiesUsed = SWAP ? (8 + kARowsPerPass - 1) / kARowsPerPass : kACopies;
+  // SWAP = 1 reads rows 0..7 only: copies whose rows are all >= 8 are never made.
+  constexpr int kACopiesUsed = SWAP == 1 ? (8 + kARowsPerPass - 1) / kARowsPerPass : kACopies;
   const bool a_thread_on = G::kAI4 % kThreads == 0 || tid < G::kAI4;  // (BM BK / 8 < 256: the first threads)
   const unsigned a_dst = fetch_base + G::kAOff + 16 * G::a_index(tid / kARowI4, tid % kARowI4);
   const unsigned a_dst_odd =
@@ -559,14 +559,14 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   // every thread at work (finish_slice_cluster; there the swapped kernels lost 2-6%, A/B r15c).
   auto end_slice = [&](int slice_) {
     float partial[M_BLOCKS][8][4];
-    if constexpr (SWAP) fold_warps<M_BLOCKS, N_TILES>(loop.acc, ring.red);
+    if constexpr (SWAP) fold_warps<Loop::kAccM, N_TILES>(loop.acc, ring.red);
     loop.rows_layout(partial);
     if constexpr (CLUSTER > 1) {  // (row-layout warps are folded there)
       cp_async_wait<0>();  // (nothing is in flight: the last fetch was waited for before its compute)
-      finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER, SWAP>(partial, ring.base, slice_, cols, C, prob_m,
-                                                                        prob_n);
+      finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER, SWAP != 0>(partial, ring.base, slice_, cols, C,
+                                                                             prob_m, prob_n);
     } else if constexpr (kInlineFinish)
-      finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, !SWAP>(
+      finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, SWAP == 0>(
           partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
     else
       finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total, C,
@@ -604,7 +604,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
 #define MWB_GEMM_ARGS A, B, C, C_tmp, scales, zeros, g_idx, locks, prob_m, prob_n, prob_k, lda, group_size, reduce_mode
 
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
-          bool SWAP>
+          int SWAP>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) marlin_gemm(MWB_GEMM_PARAMS) {
   gemm_block<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, 1>(MWB_GEMM_ARGS);
 }
@@ -617,7 +617,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) marlin_gemm(MWB_GEMM_PAR
 #define MWB_CLUSTER_DIMS(n)
 #endif
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
-          bool SWAP, int CLUSTER>
+          int SWAP, int CLUSTER>
 __global__ void MWB_CLUSTER_DIMS(CLUSTER) __launch_bounds__(kThreads, MIN_BLOCKS)
     marlin_gemm_cluster(MWB_GEMM_PARAMS) {
   gemm_block<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, CLUSTER>(MWB_GEMM_ARGS);

@@ -200,9 +200,9 @@ struct WeightFetch {
 // 17.12 -> 16.04) and tied at 2 (8-bit, +-1%), lost at K_WARP = 1 (4096^2 M = 16 8.74 -> 9.06); the 128-register
 // two-block rows-layout kernels lost 13% (fp16 u4b8 28672x8192 M = 16 44.62 -> 50.47) and spilled 184-352 bytes
 // with bf16 or zero points.
-template <int MIN_BLOCKS, bool SWAP, int K_WARP>
+template <int MIN_BLOCKS, int SWAP, int K_WARP>
 __host__ __device__ constexpr bool late_scale_pays() {
-  return SWAP || (MIN_BLOCKS == 1 && K_WARP >= 2);
+  return SWAP == 1 || (MIN_BLOCKS == 1 && (SWAP == 2 || K_WARP >= 2));
 }
 
 // ---- the register side -------------------------------------------------------------------------------------
@@ -211,20 +211,24 @@ __host__ __device__ constexpr bool late_scale_pays() {
 // Pairs for sub-block s, column half h are valid for every row of the current group (channelwise: the whole
 // column tile). They are rebuilt only when the group changes, so the per-tile work is dequant + mma.
 //
-// SWAP (at most 8 rows, M_BLOCKS = 1): the four registers a lane dequantizes for a 16x16 sub-block are exactly the
-// mma A fragment of its transpose (rows n0, n0 + 8 of W^T, k pairs 2t, 2t + 8), and the A tile's first 8 rows
-// loaded by ldmatrix.x2 are the B fragment of A^T, so one mma.m16n8k16 gives C^T for the sub-block's 16 columns x
-// 8 rows, instead of two mma (16 rows x 8 columns each, half of the rows padding). Same products, same k order.
+// SWAP = 1 or 2 (at most 8 or 16 rows, M_BLOCKS = 1; 0: the row layout): the four registers a lane dequantizes for
+// a 16x16 sub-block are exactly the mma A fragment of its transpose (rows n0, n0 + 8 of W^T, k pairs 2t, 2t + 8),
+// and 8 rows of the A tile loaded by ldmatrix are the B fragment of their transpose, so one mma.m16n8k16 per 8 rows
+// gives C^T for the sub-block's 16 columns x 8 rows: at most 8 rows, one mma instead of two (16 rows x 8 columns
+// each, half of the rows padding); 9..16 rows, two mma as in the row layout, but the weight fragment is the A
+// operand of both, so each lane dequantizes the same registers for fewer ldmatrix (bench/NOTES_gemm.md "Round 15").
+// Same products, same k order.
 // LATE_SCALE = false: scales applied to every dequantized pair even where kLateScale could apply (for kernels whose
 // register budget or stage shape make it slower: late_scale_pays).
-template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, bool SWAP = false,
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int SWAP = 0,
           bool LATE_SCALE = true>
 struct WarpLoop {
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   using Pair = typename Act<T>::Pair;
-  static_assert(!SWAP || M_BLOCKS == 1, "the swapped mma covers 8 rows");
+  static_assert(SWAP == 0 || (M_BLOCKS == 1 && SWAP <= 2), "the swapped loop covers 8 or 16 rows of one m16 block");
   static constexpr bool kHasZero = Weight<W>::kHasZero;
   static constexpr int kWordsPerLane = 16 * 64 / Weight<W>::kPack / 32;  // 4 (4-bit) or 8 (8-bit) words of a tile
+  static constexpr int kAccM = SWAP ? SWAP : M_BLOCKS;  // SWAP: 8-row halves
   static constexpr int kAccN = SWAP ? 4 : 8;
   // Late scaling: with one m16 block and one scale per (group, column) (grouped or channelwise, not per-row groups),
   // the tiles are dequantized without their scale (exact: code - zero, FP8 the moved bits), a stage's mma of one
@@ -240,18 +244,18 @@ struct WarpLoop {
   static constexpr bool kLateScale = LATE_SCALE && M_BLOCKS == 1 && GROUP_MODE != kPerRow && !Weight<W>::kIsFp8;
 
   // [m16 block][n8 block = 2 s + h][mma C registers]: C rows lane/4 (+8 for registers 2, 3), columns 8 nb + 2 (lane
-  // % 4) (+1). SWAP: [0][sub-block s][r]: C^T, i.e. C columns 16 s + lane/4 (+8 for r = 2, 3), rows 2 (lane % 4)
-  // (+1 for odd r); see rows_layout.
-  float acc[M_BLOCKS][kAccN][4];
-  float part[M_BLOCKS][kAccN][4];  // kLateScale: this stage's sums of the current group, unscaled
+  // % 4) (+1). SWAP: [8-row half][sub-block s][r]: C^T, i.e. C columns 16 s + lane/4 (+8 for r = 2, 3), rows 8 half
+  // + 2 (lane % 4) (+1 for odd r); see rows_layout.
+  float acc[kAccM][kAccN][4];
+  float part[kAccM][kAccN][4];  // kLateScale: this stage's sums of the current group, unscaled
   float l_sc[kAccN][2];            // kLateScale: the scale of acc[.][nb][r] is l_sc[nb][late_half(r)]
   Pair g_sc[4][2];
   unsigned g_off[4][2];    // (magic + zero) pairs
   unsigned g_off16[4][2];  // -(64 + zero) fp16 pairs (fp16 4-bit high nibbles)
 
-  __device__ __forceinline__ static void zero(float (&x)[M_BLOCKS][kAccN][4]) {
+  __device__ __forceinline__ static void zero(float (&x)[kAccM][kAccN][4]) {
 #pragma unroll
-    for (int mb = 0; mb < M_BLOCKS; ++mb)
+    for (int mb = 0; mb < kAccM; ++mb)
 #pragma unroll
       for (int nb = 0; nb < kAccN; ++nb)
 #pragma unroll
@@ -265,7 +269,7 @@ struct WarpLoop {
   __device__ __forceinline__ static int late_half(int r) { return SWAP ? r >> 1 : r & 1; }
   __device__ __forceinline__ void flush_part() {
 #pragma unroll
-    for (int mb = 0; mb < M_BLOCKS; ++mb)
+    for (int mb = 0; mb < kAccM; ++mb)
 #pragma unroll
       for (int nb = 0; nb < kAccN; ++nb)
 #pragma unroll
@@ -273,7 +277,7 @@ struct WarpLoop {
   }
 
   // The accumulators in the row layout (acc's when !SWAP) that the kernels' finishing code reads. SWAP: a transpose
-  // across lanes (two shuffles per value, once per finished tile); rows 8..15 (padding) are zero.
+  // across lanes (two shuffles per value, once per finished tile); SWAP = 1: rows 8..15 (padding) are zero.
   __device__ __forceinline__ void rows_layout(float (&out)[M_BLOCKS][8][4]) const {
     if constexpr (!SWAP) {
 #pragma unroll
@@ -293,10 +297,16 @@ struct WarpLoop {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int src = 4 * (2 * (lane % 4) + r) + row / 2;
-          const float even = __shfl_sync(0xffffffffu, acc[0][nb / 2][2 * (nb % 2)], src);
-          const float odd = __shfl_sync(0xffffffffu, acc[0][nb / 2][2 * (nb % 2) + 1], src);
-          out[0][nb][r] = (row % 2) ? odd : even;
-          out[0][nb][r + 2] = 0.f;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {  // rows 8 half + lane / 4: mma register r + 2 half
+            if (half < SWAP) {
+              const float even = __shfl_sync(0xffffffffu, acc[half][nb / 2][2 * (nb % 2)], src);
+              const float odd = __shfl_sync(0xffffffffu, acc[half][nb / 2][2 * (nb % 2) + 1], src);
+              out[0][nb][r + 2 * half] = (row % 2) ? odd : even;
+            } else {
+              out[0][nb][r + 2 * half] = 0.f;
+            }
+          }
         }
     }
   }
@@ -396,8 +406,9 @@ struct WarpLoop {
     const int kg = warp / N_TILES;
     const int kt0 = kg * K_WARP;
     LaneOffsets o;
-    // SWAP: ldmatrix.x2 rows lane % 8, column block (lane / 8) % 2; else .x4 rows lane % 16, block lane / 16.
-    o.a = G::kAOff + 16 * (SWAP ? G::a_index(lane % 8, 2 * kt0 + (lane / 8) % 2)
+    // SWAP: ldmatrix.x2 (x4 for 16 rows) rows lane % 8 (+ 8 for lanes 16..31), column block (lane / 8) % 2; else
+    // .x4 rows lane % 16, block lane / 16.
+    o.a = G::kAOff + 16 * (SWAP ? G::a_index(lane % 8 + (SWAP == 2 ? 8 * (lane / 16) : 0), 2 * kt0 + (lane / 8) % 2)
                                 : G::a_index(lane % 16, 2 * kt0 + lane / 16));
     o.b = G::kBOff + 16 * ((kt0 * N_TILES + nt) * G::kTileI4 + lane * (G::kTileI4 / 32));
     o.s = G::kSOff + 16 * (nt * 8 + lane / 4);
@@ -421,7 +432,7 @@ struct WarpLoop {
                                                 const int4* __restrict__ zeros, int prob_n, int col) {
     if constexpr (kLateScale) zero(part);
     // kLateScale: the mma write the unscaled sums of the current group
-    float(&sums)[M_BLOCKS][kAccN][4] = kLateScale ? part : acc;
+    float(&sums)[kAccM][kAccN][4] = kLateScale ? part : acc;
 #pragma unroll
     for (int i = 0; i < K_WARP; ++i) {
       if constexpr (GROUP_MODE == kGrouped) {
@@ -490,16 +501,20 @@ struct WarpLoop {
       }
 
       // A fragments of every m16 block for this k16 tile (lane -> row lane % 16, column block lane / 16); SWAP: the
-      // B fragment of the first 8 rows' transpose (lane -> row lane % 8, column block (lane / 8) % 2).
+      // B fragments of the transposes of rows 0..7 (and 8..15): a_t[half]. 
       unsigned a[M_BLOCKS][4];
-      unsigned a_t[2];
+      unsigned a_t[SWAP ? SWAP : 1][2];
       // Column block c = 2 kt + (0 or 1) of row r sits at chunk c ^ (r % 8) of the row: 2 kt = 2 kt0 + 2 i adds
       // without carry into the bits r % 8 flips (kt0 = kg K_WARP is a multiple of K_WARP, 2 i < 2 K_WARP), so tile i's
       // chunk is tile 0's with bit 1..2 flipped by 2 i; rows are 2 BK >= 128 bytes apart, so in bytes: o.a ^ 32 i
       // (o.a is relative to the slot, whose start need not be 128-byte aligned).
       const unsigned a_lane = o.a ^ (32u * i);
-      if constexpr (SWAP) {
-        ldmatrix_x2_at(a_t, slot + a_lane);
+      if constexpr (SWAP == 1) {
+        ldmatrix_x2_at(a_t[0], slot + a_lane);
+      } else if constexpr (SWAP == 2) {
+        unsigned r4[4];
+        ldmatrix_x4_at(r4, slot + a_lane);
+        a_t[0][0] = r4[0]; a_t[0][1] = r4[1]; a_t[1][0] = r4[2]; a_t[1][1] = r4[3];
       } else {
 #pragma unroll
         for (int mb = 0; mb < M_BLOCKS; ++mb) ldmatrix_x4_at(a[mb], slot + a_lane + mb * 16 * (G::BK / 8) * 16);
@@ -514,7 +529,8 @@ struct WarpLoop {
         dequant_subblock<T, W, !kLateScale>(words + s * Weight<W>::kWordsPerSubblock, off, off16, sc, b);
         if constexpr (SWAP) {
           const unsigned w_t[4] = {b[0][0], b[1][0], b[0][1], b[1][1]};  // A fragment of the sub-block's W^T
-          mma_m16n8k16<Act<T>::kIsBf16>(w_t, a_t, sums[0][s]);
+#pragma unroll
+          for (int half = 0; half < SWAP; ++half) mma_m16n8k16<Act<T>::kIsBf16>(w_t, a_t[half], sums[half][s]);
         } else {
 #pragma unroll
           for (int h = 0; h < 2; ++h)

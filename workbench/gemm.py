@@ -108,7 +108,7 @@ class TileGeometry:
         """Whether the kernel applies the scales to fp32 partial sums instead of to each dequantized weight (mirrors
         ``WarpLoop::kLateScale`` and ``late_scale_pays`` in kernels_cuda/marlin_mainloop.cuh). Two kernels that differ
         here round differently: their outputs are not bitwise equal even where the partition is the same."""
-        fits = self.swap or (self.blocks_per_sm == 1 and self.k_warp >= 2)
+        fits = self.swap == 1 or (self.blocks_per_sm == 1 and (self.swap == 2 or self.k_warp >= 2))
         return self.m_blocks == 1 and self.group_mode != GROUP_PER_ROW and self.weight is not ScalarType.FE4M3FN \
             and fits
 
@@ -125,14 +125,16 @@ class KernelConfig(TileGeometry):
     stages: int
     group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
     blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
-    swap: bool = False  # M <= 8: one mma per 16x16 sub-block on the transposed problem (template argument SWAP)
+    # 8-row halves of the operand-swapped loop (template argument SWAP; 0: row layout): 1 for M <= 8 (one mma per
+    # 16x16 sub-block instead of two), 2 for M <= 16 (bools are taken as 0 / 1)
+    swap: int = 0
     cluster: int = 1  # > 1: blocks per thread-block cluster, slices summed in shared memory (marlin_gemm_cluster)
 
     @property
     def name_expression(self) -> str:
         t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
         args = (f"{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, {self.stages}, "
-                f"{self.group_mode}, {self.blocks_per_sm}, {str(self.swap).lower()}")
+                f"{self.group_mode}, {self.blocks_per_sm}, {int(self.swap)}")
         if self.cluster > 1:
             return f"mwb::marlin_gemm_cluster<{args}, {self.cluster}>"
         return f"mwb::marlin_gemm<{args}>"
@@ -228,9 +230,17 @@ def pairs_possible(compute_capability: int, fp32_reduce: bool) -> bool:
     return PAIR_CLUSTERS and compute_capability >= 90 and fp32_reduce
 
 
-# Operand swap (KernelConfig.swap) for M <= SWAP_MAX_M (at most 8; 0 = never). A module switch so that
-# bench/ab_gemm.py can time the alternative.
+# Operand swap (KernelConfig.swap) for M <= SWAP_MAX_M (at most 16; 0 = never): one 8-row half for M <= 8, two for
+# M = 9..16 where the weights have no zero points or act-order groups (with them the 16-row form's two-block kernels
+# spill 8-136 bytes at 128 registers, nvcc sm_80 / sm_90). A module switch so that bench/ab_gemm.py can time the
+# alternatives.
 SWAP_MAX_M = 8
+
+
+def swap_halves(size_m: int, plain: bool = True) -> int:
+    """KernelConfig.swap for M rows under SWAP_MAX_M: 8-row halves of the swapped loop, 0 for the row layout.
+    ``plain``: weights without zero points or act-order groups (KernelConfig.plain)."""
+    return 1 if size_m <= min(SWAP_MAX_M, 8) else 2 if plain and size_m <= min(SWAP_MAX_M, 16) else 0
 
 
 def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int, group_size: int,
@@ -246,10 +256,10 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     """
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
-    variant = dict(swap=size_m <= min(SWAP_MAX_M, 8))
     # kernels of weights without zero points or act-order groups (swapped: their own thresholds below)
     plain = not weight.has_zero_points and not per_row_groups
-    plain_swap = variant["swap"] and plain
+    variant = dict(swap=swap_halves(size_m, plain))
+    plain_swap = bool(variant["swap"]) and plain
     order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
     if m_blocks == 1 and weight.bits == 8:
         order = EIGHT_BIT_ONE_M_BLOCK_SHAPES
@@ -284,7 +294,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             if steps >= 1 and (steps <= (PAIR_MAX_STEPS if plain else PAIR_MAX_STEPS_NOT_PLAIN) or long_ok):
                 stages_here = stage_order
                 if weight.bits == 4 and (n_tiles, k_warp) in FOUR_BIT_PAIR_STAGES:
-                    stages_here = FOUR_BIT_PAIR_STAGES[(n_tiles, k_warp)][variant["swap"]]
+                    stages_here = FOUR_BIT_PAIR_STAGES[(n_tiles, k_warp)][bool(variant["swap"])]
                 pair = next((cfg for stages in stages_here
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       **variant)] if cfg.smem_bytes <= smem_limit), None)
@@ -1021,7 +1031,8 @@ def prepare_launch(launch: MarlinLaunch, *, config: KernelConfig | None = None, 
 def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int | None) -> PreparedLaunch:
     """prepare_launch with a forced configuration and/or grid: every rule of check_launch, then ValueError unless the
     configuration is one the kernel computes this problem correctly with (same types and group mode, tile divides
-    (K, N) and the group size, swap only for M <= 8, two blocks per SM only with 16-row tiles, shared memory fits)
+    (K, N) and the group size, swap 1 / 2 only for M <= 8 / 16, two blocks per SM only with 16-row tiles, shared
+    memory fits)
     and every block of the grid can be resident (the in-C and fp32 reductions wait on other blocks; the scratch buffers
     hold sms x blocks_per_sm blocks)."""
     cc, device_sms, smem_limit, sm_smem = device_properties(launch.device)
@@ -1045,8 +1056,10 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     if cfg.blocks_per_sm not in (1, 2) or (cfg.blocks_per_sm == 2 and cfg.m_blocks != 1):
         raise _err(f"config blocks_per_sm = {cfg.blocks_per_sm} with m_blocks = {cfg.m_blocks}: 1, or 2 with "
                    f"m_blocks = 1")
-    if cfg.swap and (cfg.m_blocks != 1 or m > 8):
-        raise _err(f"config swap = True needs m_blocks = 1 and size_m <= 8 (got {cfg.m_blocks}, {m})")
+    if cfg.swap not in (0, 1, 2):
+        raise _err(f"config swap = {cfg.swap!r} is not 0, 1 or 2 (8-row halves of the swapped loop)")
+    if cfg.swap and (cfg.m_blocks != 1 or m > 8 * cfg.swap):
+        raise _err(f"config swap = {cfg.swap} needs m_blocks = 1 and size_m <= {8 * cfg.swap} (got {cfg.m_blocks}, {m})")
     limit = smem_limit if cfg.blocks_per_sm == 1 else min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)
     if cfg.smem_bytes > limit:
         raise _err(f"config needs {cfg.smem_bytes} bytes of shared memory; {cfg.blocks_per_sm} block(s) per SM "

@@ -101,12 +101,17 @@ def test_forced_config_that_cannot_compute_the_problem_is_refused(fake, change, 
         gemm.prepare_launch(rec, config=cfg, grid=64)
 
 
-def test_forced_swap_needs_at_most_8_rows(fake):
+def test_forced_swap_needs_at_most_8_rows_per_half(fake):
     rec = record(m=9)
     cfg = gemm.prepare_launch(rec).cfg
-    assert not cfg.swap
+    assert cfg.swap == gemm.swap_halves(9)
     with pytest.raises(ValueError, match=r"swap = True needs m_blocks = 1 and size_m <= 8 \(got 1, 9\)"):
         gemm.prepare_launch(rec, config=dataclasses.replace(cfg, swap=True))
+    assert gemm.prepare_launch(rec, config=dataclasses.replace(cfg, swap=2)).cfg.swap == 2  # the 16-row form
+    with pytest.raises(ValueError, match=r"swap = 2 needs m_blocks = 1 and size_m <= 16 \(got 1, 17\)"):
+        gemm.prepare_launch(record(m=17), config=dataclasses.replace(cfg, swap=2))
+    with pytest.raises(ValueError, match=r"swap = 3 is not 0, 1 or 2"):
+        gemm.prepare_launch(rec, config=dataclasses.replace(cfg, swap=3))
 
 
 def test_forced_tile_must_divide_the_problem_and_the_group(fake):
@@ -184,7 +189,7 @@ def test_every_candidate_is_accepted_by_the_launch_hook(fake, cell):
         assert launch_of(prepared, driver)[:2] == (cand.grid, cand.cfg.smem_bytes)
         assert cand.grid <= SMS * cand.cfg.blocks_per_sm
     variants = {c.variant for c in cands}
-    assert ("swap-flip" in variants) == (cell.m <= 8)
+    assert ("swap-flip" in variants) == (cell.m <= 16)  # (M = 9..16: the swapped loop's 16-row form)
     # every thread shape that divides the problem and fits shared memory with the fewest stages the sweep tries (the
     # 512 x 128 tile's 8-bit stages do not fit), one and two blocks per SM
     m_blocks = min(4, -(-cell.m // 16))

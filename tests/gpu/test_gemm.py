@@ -120,6 +120,71 @@ def test_identity_rows_exact_on_the_swapped_loop(wt, gs, shard, act):
             np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
 
 
+@pytest.fixture
+def swap16(monkeypatch, request):
+    """The swapped loop's 16-row form for M = 9..16 (SWAP_MAX_M = 16), whatever the policy's default; plans made under
+    it are forgotten before and after."""
+    monkeypatch.setattr(gemm, "SWAP_MAX_M", 16)
+    _forget_plans()
+    request.addfinalizer(_forget_plans)
+
+
+@pytest.mark.parametrize("wt,gs,shard", SWAP_CASES, ids=str)
+@pytest.mark.parametrize("act", ACTS, ids=str)
+def test_identity_rows_exact_on_the_16_row_swapped_loop(wt, gs, shard, act, swap16):
+    """The 16-row form of the swapped loop (KernelConfig.swap = 2: two mma per sub-block, rows 8..15 the second
+    half of the transposed accumulators): rows i0 .. i0 + M - 1 of the identity give exactly those rows of the
+    dequantized weight for M = 9..16, in every reduction mode."""
+    k, n = 256, 256
+    mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + gs + 9)
+    w_dev = gemm.upload_weight(mw)
+    assert gemm.config_for(gemm.act_scalar_type(act), wt, 16, n, k, gs, shard).swap == 2
+    eye = np.eye(k, dtype=np.float32).astype(act)
+    for m, i0 in ((16, 0), (16, 240), (9, 3), (13, 120)):
+        for mode in ("fp32", "in_c", "atomic", "deterministic"):
+            kw = dict(is_k_full=False) if shard else {}
+            out = run(eye[i0:i0 + m], w_dev, mode, **kw)
+            np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
+
+
+# (weight, group size, act, M, K, N, sms) -> (blocks per SM, blocks per cluster) of the 16-row swapped kernel the
+# policy picks: one block per SM (global and cluster sums) and two (128 registers: no late scaling there, see
+# late_scale_pays), with zero points, 8-bit, FP8 and both activation types.
+SWAP16_CASES = (
+    ((S.U4B8, 128, np.float16, 16, 1024, 256, 8), (1, 2)),
+    ((S.U4, 64, BF16, 12, 2048, 128, 8), (1, 1)),
+    ((S.U8B128, -1, BF16, 16, 1024, 256, 8), (1, 2)),
+    ((S.FE4M3FN, 128, np.float16, 10, 1024, 512, 8), (1, 2)),
+    ((S.U4B8, 128, np.float16, 16, 4096, 512, 4), (1, 2)),
+    ((S.U4, 128, BF16, 15, 4096, 512, 4), (2, 2)),
+    ((S.U4B8, 128, np.float16, 16, 1024, 1024, -1), None),
+)
+
+
+@pytest.mark.parametrize("case,expect", SWAP16_CASES, ids=str)
+def test_16_row_swapped_loop_holds_the_bound(case, expect, swap16):
+    """Random data through the 16-row swapped kernels: within the fp32 bound of the reference in every reduction
+    mode, and the deterministic mode bitwise the same twice."""
+    wt, gs, act, m, k, n, sms = case
+    mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=act, seed=k + n + m + sms)
+    w_dev = gemm.upload_weight(mw)
+    a = np.random.default_rng(m + k + n).standard_normal((m, k), dtype=np.float32).astype(act)
+    n_sms = gemm.device_properties(cp.cuda.Device().id)[1] if sms <= 0 else sms
+    plan = gemm.plan_marlin_gemm(cp.asarray(a), w_dev, c=poisoned(m, n, act), sms=sms,
+                                 workspace=cp.zeros(gemm.workspace_numel(n_sms), dtype=np.int32),
+                                 c_tmp=cp.empty(gemm.c_tmp_numel(n_sms), dtype=np.float32))
+    assert plan.cfg.swap == 2, plan.cfg
+    cc = gemm.device_properties(cp.cuda.Device().id)[0]
+    if expect is not None and cc >= 90:
+        assert (plan.cfg.blocks_per_sm, plan.cfg.cluster) == expect, plan.cfg
+    ref = a.astype(np.float32) @ q.w_ref
+    for mode in ("fp32", "in_c", "atomic", "deterministic"):
+        out = run(a, w_dev, mode, sms=sms)
+        bound = error_bound(a, q.w_ref, act, mode, k)
+        assert np.all(np.abs(out - ref) <= bound), (mode, float(np.max(np.abs(out - ref) / bound)))
+    np.testing.assert_array_equal(run(a, w_dev, "deterministic", sms=sms), out)
+
+
 # Row counts that leave padding rows in the block tile: one m16 chunk (the kernel copies rows < M only and zeroes the
 # rest once), two and more chunks (padding rows zero-filled by their copies); (M, first identity row).
 ROW_COUNTS = ((9, 3), (12, 100), (15, 241), (17, 0), (40, 77), (80, 160))
@@ -181,7 +246,7 @@ def test_late_scaling_holds_the_bound_of_the_unrounded_weight(wt, gs, act, m):
     k, n = 1024, 256
     mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=act, seed=k + gs + m)
     cfg = gemm.config_for(gemm.act_scalar_type(act), wt, m, n, k, gs, False)
-    assert cfg.late_scale and cfg.swap == (m <= gemm.SWAP_MAX_M), cfg
+    assert cfg.late_scale and bool(cfg.swap) == (m <= gemm.SWAP_MAX_M), cfg
     w_exact = dequantize(q.codes, q.scales, q.zeros, wt, gs, None, act, rounded=False)
     a = (np.random.default_rng(m + gs).standard_normal((m, k), dtype=np.float32)).astype(act)
     out = run(a, gemm.upload_weight(mw))
