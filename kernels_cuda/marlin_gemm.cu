@@ -266,7 +266,7 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
 // is this one slice). Unless FOLDED (k group 0's warps hold it), the fold happens there: every warp stores its
 // partial, one block barrier, then each thread sums a few float4s over the k groups in fold_warps' tree order (bit
 // for bit its sums, every thread at work instead of one warp in passes: ablation r15b charged fold_warps 0.55 µs of
-// u4b8 4096^2 M = 1 / 16; this form took 0.17-0.35 µs off the row-layout cells, A/B r15c). One cluster barrier, then
+// u4b8 4096^2 M = 16; this form took 0.17-0.35 µs off the row-layout cells, A/B r15c). One cluster barrier, then
 // block r sums float4s [r E / s, (r + 1) E / s) of the folded partial over the cluster's blocks in rank order (rank =
 // block - first contributor: block order, the same sums as sum_fp32_slots, bit for bit) and writes them to C; a
 // second barrier keeps every block's shared memory alive until the others have read it. No C_tmp slot, lock or

@@ -25,8 +25,9 @@ enum GroupMode : int {
 };
 
 // Floats of the warp-fold buffer (fold_warps): room for half the k groups to store a row-layout m16 tile (the fold
-// pass by pass); the SWAP layout's one pass fits it too. (Room for the one-pass fold of a one-m16-block row-layout
-// tile, 8 KiB more with 4 k groups, made the two-block M = 9..16 kernels 7-8% slower: bench/NOTES_gemm.md "Round 8".)
+// pass by pass); the 8-row SWAP layout's one pass fits it too (the 16-row one folds pass by pass). (Room for the
+// one-pass fold of a one-m16-block row-layout tile, 8 KiB more with 4 k groups, made the two-block M = 9..16 kernels
+// 7-8% slower: bench/NOTES_gemm.md "Round 8".)
 __host__ __device__ constexpr int fold_buffer_floats(int n_tiles) {
   return kWarps / n_tiles > 1 ? kWarps / n_tiles / 2 * n_tiles * 1024 : 0;
 }
