@@ -200,7 +200,8 @@ struct WeightFetch {
 // K_WARP = 1 tile on 4096^2 8.20 -> 8.01); the rows layout with one block per SM gained at K_WARP = 4 (8192^2 M = 16
 // 17.12 -> 16.04) and tied at 2 (8-bit, +-1%), lost at K_WARP = 1 (4096^2 M = 16 8.74 -> 9.06); the 128-register
 // two-block rows-layout kernels lost 13% (fp16 u4b8 28672x8192 M = 16 44.62 -> 50.47) and spilled 184-352 bytes
-// with bf16 or zero points.
+// with bf16 or zero points. The 16-row SWAP form (SWAP = 2) scales late with one block per SM only: its two-block
+// kernels spilled with it at 128 registers.
 template <int MIN_BLOCKS, int SWAP, int K_WARP>
 __host__ __device__ constexpr bool late_scale_pays() {
   return SWAP == 1 || (MIN_BLOCKS == 1 && (SWAP == 2 || K_WARP >= 2));
@@ -216,8 +217,8 @@ __host__ __device__ constexpr bool late_scale_pays() {
 // a 16x16 sub-block are exactly the mma A fragment of its transpose (rows n0, n0 + 8 of W^T, k pairs 2t, 2t + 8),
 // and 8 rows of the A tile loaded by ldmatrix are the B fragment of their transpose, so one mma.m16n8k16 per 8 rows
 // gives C^T for the sub-block's 16 columns x 8 rows: at most 8 rows, one mma instead of two (16 rows x 8 columns
-// each, half of the rows padding); 9..16 rows, two mma as in the row layout, but the weight fragment is the A
-// operand of both, so each lane dequantizes the same registers for fewer ldmatrix (bench/NOTES_gemm.md "Round 15").
+// each, half of the rows padding); 9..16 rows, two mma, the row layout's work in the other operand order (measured
+// no faster where the bars are missed, so the policy leaves it off: SWAP_MAX_M, bench/NOTES_gemm.md "Round 15").
 // Same products, same k order.
 // LATE_SCALE = false: scales applied to every dequantized pair even where kLateScale could apply (for kernels whose
 // register budget or stage shape make it slower: late_scale_pays).
@@ -502,7 +503,7 @@ struct WarpLoop {
       }
 
       // A fragments of every m16 block for this k16 tile (lane -> row lane % 16, column block lane / 16); SWAP: the
-      // B fragments of the transposes of rows 0..7 (and 8..15): a_t[half]. 
+      // B fragments of the transposes of rows 0..7 (and 8..15): a_t[half].
       unsigned a[M_BLOCKS][4];
       unsigned a_t[SWAP ? SWAP : 1][2];
       // Column block c = 2 kt + (0 or 1) of row r sits at chunk c ^ (r % 8) of the row: 2 kt = 2 kt0 + 2 i adds

@@ -1059,7 +1059,8 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     if cfg.swap not in (0, 1, 2):
         raise _err(f"config swap = {cfg.swap!r} is not 0, 1 or 2 (8-row halves of the swapped loop)")
     if cfg.swap and (cfg.m_blocks != 1 or m > 8 * cfg.swap):
-        raise _err(f"config swap = {cfg.swap} needs m_blocks = 1 and size_m <= {8 * cfg.swap} (got {cfg.m_blocks}, {m})")
+        raise _err(f"config swap = {cfg.swap} needs m_blocks = 1 and size_m <= {8 * cfg.swap} "
+                   f"(got {cfg.m_blocks}, {m})")
     limit = smem_limit if cfg.blocks_per_sm == 1 else min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)
     if cfg.smem_bytes > limit:
         raise _err(f"config needs {cfg.smem_bytes} bytes of shared memory; {cfg.blocks_per_sm} block(s) per SM "

@@ -101,23 +101,11 @@ SWAP_CASES = [(S.U4B8, 128, False), (S.U4, 64, False), (S.U8B128, -1, False), (S
               (S.U8, 32, True)]
 
 
-@pytest.mark.parametrize("wt,gs,shard", SWAP_CASES, ids=str)
-@pytest.mark.parametrize("act", ACTS, ids=str)
-def test_identity_rows_exact_on_the_swapped_loop(wt, gs, shard, act):
-    """M <= 8 runs the operand-swapped loop (KernelConfig.swap: C^T = W^T A^T, transposed back across lanes): rows
-    i0 .. i0 + M - 1 of the identity must give exactly those rows of the dequantized weight, in every reduction mode
-    (a wrong lane or register in the transpose moves a value: caught here bit for bit)."""
-    k, n = 256, 256
-    mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + gs + 8)
-    w_dev = gemm.upload_weight(mw)
-    assert gemm.config_for(gemm.act_scalar_type(act), wt, 8, n, k, gs, shard).swap
-    eye = np.eye(k, dtype=np.float32).astype(act)
-    for m, i0 in ((8, 0), (8, 120), (1, 255), (5, 37)):
-        for mode in ("fp32", "in_c", "atomic", "deterministic"):
-            kw = dict(is_k_full=False) if shard else {}
-            out = run(eye[i0:i0 + m], w_dev, mode, **kw)
-            # exact: one product 1 * w per output, the rest exact zeros (as the full identity test above)
-            np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
+# The swapped loop's forms (8-row halves: KernelConfig.swap) -> the rows checked, (M, first identity row). The 16-row
+# form runs weights without zero points or act-order groups only (gemm.swap_halves keeps the others on the row layout).
+SWAP_ROWS = {1: ((8, 0), (8, 120), (1, 255), (5, 37)), 2: ((16, 0), (16, 240), (9, 3), (13, 120))}
+SWAP_FORM_CASES = [(halves, *case) for halves in SWAP_ROWS for case in SWAP_CASES
+                   if halves == 1 or not (case[0].has_zero_points or case[2])]
 
 
 @pytest.fixture
@@ -129,22 +117,23 @@ def swap16(monkeypatch, request):
     request.addfinalizer(_forget_plans)
 
 
-@pytest.mark.parametrize("wt,gs,shard", [c for c in SWAP_CASES if not c[0].has_zero_points and not c[2]], ids=str)
+@pytest.mark.parametrize("halves,wt,gs,shard", SWAP_FORM_CASES, ids=str)
 @pytest.mark.parametrize("act", ACTS, ids=str)
-def test_identity_rows_exact_on_the_16_row_swapped_loop(wt, gs, shard, act, swap16):
-    """The 16-row form of the swapped loop (KernelConfig.swap = 2: two mma per sub-block, rows 8..15 the second
-    half of the transposed accumulators): rows i0 .. i0 + M - 1 of the identity give exactly those rows of the
-    dequantized weight for M = 9..16, in every reduction mode (weights without zero points or act-order groups: the
-    others keep the row layout, gemm.swap_halves)."""
+def test_identity_rows_exact_on_the_swapped_loop(halves, wt, gs, shard, act, swap16):
+    """M <= 8 runs the operand-swapped loop (KernelConfig.swap: C^T = W^T A^T, transposed back across lanes), and so
+    can M = 9..16 (its 16-row form, two mma per sub-block, rows 8..15 the second half of the transposed accumulators;
+    SWAP_MAX_M = 16 here): rows i0 .. i0 + M - 1 of the identity must give exactly those rows of the dequantized
+    weight, in every reduction mode (a wrong lane or register in the transpose moves a value: caught bit for bit)."""
     k, n = 256, 256
-    mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + gs + 9)
+    mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + gs + 7 + halves)
     w_dev = gemm.upload_weight(mw)
-    assert gemm.config_for(gemm.act_scalar_type(act), wt, 16, n, k, gs, shard).swap == 2
+    assert gemm.config_for(gemm.act_scalar_type(act), wt, 8 * halves, n, k, gs, shard).swap == halves
     eye = np.eye(k, dtype=np.float32).astype(act)
-    for m, i0 in ((16, 0), (16, 240), (9, 3), (13, 120)):
+    for m, i0 in SWAP_ROWS[halves]:
         for mode in ("fp32", "in_c", "atomic", "deterministic"):
             kw = dict(is_k_full=False) if shard else {}
             out = run(eye[i0:i0 + m], w_dev, mode, **kw)
+            # exact: one product 1 * w per output, the rest exact zeros (as the full identity test above)
             np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
 
 
