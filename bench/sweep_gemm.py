@@ -10,7 +10,7 @@ Candidates per cell (K x N layer, M, weight type; fp32 reduction, the default mo
 * every thread shape of ``gemm._THREAD_SHAPES`` that divides K, N and the group size (or is divided by it),
   x one block per SM with stages 8 / 6 / 4, or two blocks per SM (16-row tiles only) with stages 4 / 3, where the
   shared memory fits (the kernel's static_asserts: two blocks only with M_BLOCKS = 1), x operand swap on / off
-  (M <= 8);
+  (M <= 8; M = 9..16: the swap's 16-row form, printed s2);
 * x grids: today's policy (``grid_blocks``), the striped grid at sms x blocks per SM and (two blocks) at 1 x sms,
   the slice-aligned grid even where the policy rejects it, and two smaller ones (the aligned grid with half the
   splits per slice, the striped grid at 3/4); every block is resident (``prepare_launch`` refuses otherwise).
