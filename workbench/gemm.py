@@ -126,7 +126,7 @@ class KernelConfig(TileGeometry):
     group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
     blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
     # 8-row halves of the operand-swapped loop (template argument SWAP; 0: row layout): 1 for M <= 8 (one mma per
-    # 16x16 sub-block instead of two), 2 for M <= 16 (bools are taken as 0 / 1)
+    # 16x16 sub-block instead of two), 2 for M <= 16 (the policy's only under SWAP_MAX_M = 16); bools read as 0 / 1
     swap: int = 0
     cluster: int = 1  # > 1: blocks per thread-block cluster, slices summed in shared memory (marlin_gemm_cluster)
 
