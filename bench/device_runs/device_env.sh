@@ -42,3 +42,17 @@ moe_tests_ab_table() {
   timeout 150 python3 bench/bench_moe.py --out "$OUT/results" --paths fused > "$OUT/table.log" 2>&1
   echo "table rc=$?"; tail -13 "$OUT/table.log" | cut -c1-250; pack "$name"
 }
+
+# tier_and_partition against OLD, then bench/ab_gemm.py's A/B of new against OLD on the cells whose slices are summed
+# in clusters (4096², 14336×4096, 8192², 28672×8192 at M = 1, 8, 16; LABELS: bench_gemm label substrings, default
+# u4b8 fp16, FP8 channelwise, u4 + zero points), with whether each output is bitwise OLD's; packed as NAME. Fails
+# (status 1), timing nothing, when the tests failed. OLD: bench/device_runs/make_old.sh writes it from HEAD.
+#   usage: tier_partition_ab OLD NAME [LABELS] || exit 1
+tier_partition_ab() {
+  local old=$1 name=$2 labels=${3:-"u4b8 g128 fp16,fe4m3fn chan fp16,u4 g128"}
+  tier_and_partition "$old" "$name" || { echo "TESTS FAILED"; return 1; }
+  timeout 200 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$old" --m 1,8,16 \
+    --shapes 4096x4096,14336x4096,8192x8192,28672x8192 --labels "$labels" \
+    --variants new,old --no-tinygemm > "$OUT/ab.log" 2>&1
+  echo "ab rc=$?"; grep -E "\[(new|old)\]|bitwise" "$OUT/ab.log" | sed -E 's/ +/ /g' | cut -c1-72; pack "$name"
+}

@@ -5,13 +5,14 @@
 # policy: row layout at M = 9..16, swap 1 at M <= 8 — bitwise HEAD's), new-swap16 (SWAP_MAX_M = 16: the swap
 # policies of M <= 8 at M = 9..16), old (HEAD). Prediction: M = 16 near the swapped M = 8 times (14336x4096 11.5 us,
 # 4096x14336 10.9) + 5-15%, i.e. -10..-15% against the row layout; the two-block kernels there run without late
-# scaling (128 registers). Before the call: artifacts/r15d_old from HEAD (see gpu_r14k_cluster_stores.sh).
+# scaling (128 registers). Before the call: bash bench/device_runs/make_old.sh artifacts/r15d_old.
 #   usage (device machine, repo root; carry .whl, artifacts/r15d_old):
 #     RET=$OUT bash bench/device_runs/gpu_r15d_swap16.sh
 set -u
 . bench/device_runs/device_env.sh
 if [ -n "${ONLY_NEW_TESTS:-}" ]; then  # (second call: the tier ran; its swap16 tests fixed)
-  timeout 120 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_gemm.py -k "16_row" > "$OUT/gpu_tier.log" 2>&1
+  # (the swapped-loop tests: both forms' identity rows, the 16-row form's bound; "16_row" when r15d ran)
+  timeout 120 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu/test_gemm.py -k "swapped" > "$OUT/gpu_tier.log" 2>&1
   echo "swap16 tests rc=$?"; tail -3 "$OUT/gpu_tier.log"
 else
   tier_and_partition artifacts/r15d_old r15d || { echo "TESTS FAILED"; exit 1; }

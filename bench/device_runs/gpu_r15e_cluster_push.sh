@@ -5,13 +5,9 @@
 # that block's mbarrier; each block waits on its own mbarrier, sums its share in rank order and writes C. No block
 # reads another's shared memory, so the second cluster barrier goes. Prediction: -0.1..-0.25 µs on cluster cells
 # (r14j's relaxed second barrier: -0.2..-0.5; r14k kept half). Bitwise equal to OLD (same sums, same order).
-# Before the call: artifacts/r15e_old from HEAD (see gpu_r14k_cluster_stores.sh).
+# Before the call: bash bench/device_runs/make_old.sh artifacts/r15e_old.
 #   usage (device machine, repo root; carry .whl, artifacts/r15e_old):
 #     RET=$OUT bash bench/device_runs/gpu_r15e_cluster_push.sh
 set -u
 . bench/device_runs/device_env.sh
-tier_and_partition artifacts/r15e_old r15e || { echo "TESTS FAILED"; exit 1; }
-timeout 200 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r15e_old --m 1,8,16 \
-  --shapes 4096x4096,14336x4096,8192x8192,28672x8192 --labels "u4b8 g128 fp16,fe4m3fn chan fp16,u4 g128" \
-  --variants new,old --no-tinygemm > "$OUT/ab.log" 2>&1
-echo "ab rc=$?"; grep -E "\[(new|old)\]|bitwise" "$OUT/ab.log" | sed -E 's/ +/ /g' | cut -c1-72; pack r15e
+tier_partition_ab artifacts/r15e_old r15e || exit 1

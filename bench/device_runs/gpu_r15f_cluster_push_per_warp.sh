@@ -6,16 +6,9 @@
 # were the cost. Prediction: at least level with HEAD, at best r14j's -0.2..-0.3 µs. Bitwise equal to OLD.
 # Before the call:
 #   git apply bench/attic/gemm_r15f_cluster_push_per_warp.patch
-#   mkdir -p artifacts/r15f_old && for f in marlin_gemm.cu marlin_mainloop.cuh dequant.cuh mma.cuh marlin_moe.cu; do
-#     git show HEAD:kernels_cuda/$f > artifacts/r15f_old/$f; done
-#   git show HEAD:workbench/gemm.py > artifacts/r15f_old/gemm.py
-#   git show HEAD:workbench/moe.py > artifacts/r15f_old/moe.py
+#   bash bench/device_runs/make_old.sh artifacts/r15f_old
 #   usage (device machine, repo root; carry .whl, artifacts/r15f_old):
 #     RET=$OUT bash bench/device_runs/gpu_r15f_cluster_push_per_warp.sh
 set -u
 . bench/device_runs/device_env.sh
-tier_and_partition artifacts/r15f_old r15f || { echo "TESTS FAILED"; exit 1; }
-timeout 200 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r15f_old --m 1,8,16 \
-  --shapes 4096x4096,14336x4096,8192x8192,28672x8192 --labels "u4b8 g128 fp16,fe4m3fn chan fp16,u4 g128" \
-  --variants new,old --no-tinygemm > "$OUT/ab.log" 2>&1
-echo "ab rc=$?"; grep -E "\[(new|old)\]|bitwise" "$OUT/ab.log" | sed -E 's/ +/ /g' | cut -c1-72; pack r15f
+tier_partition_ab artifacts/r15f_old r15f || exit 1
