@@ -211,7 +211,7 @@ PAIR_TWO_BLOCK_EIGHT_BIT_ROWS = True  # (see choose_config's pair_choice; a swit
 # Stage counts of 4-bit pairs on the 256 x 64 tile, by swap (twice the bytes per stage of 128 x 64, whose order is
 # ONE_M_BLOCK_STAGES). Sweep r11a, u4b8 fp16 4096^2, µs with 4 / 6 / 8 stages: swapped M = 1 7.27 / 7.61 / 7.66,
 # M = 8 7.28 / 7.51 / 7.41; rows layout M = 16 8.30 / 8.31 / 7.98.
-# (the table FOUR_BIT_PAIR_STAGES below, tile (1, 2))
+# (the table PAIR_STAGES below, tile (1, 2))
 # 4-bit pairs try the 512 x 64 tile before 256 x 64 (both fill the SMs on 4096-column layers: 64 slices x 2): a
 # block runs half as many stages of twice the bytes again. Sweep r14a, u4b8 g128 fp16 under programmatic launches,
 # µs 256 x 64 -> 512 x 64 (stages): 14336x4096 M = 1 12.75 -> 11.81 (4; 6: 12.72), M = 16 15.39 -> 14.37 (4; 6:
@@ -221,8 +221,20 @@ PAIR_TWO_BLOCK_EIGHT_BIT_ROWS = True  # (see choose_config's pair_choice; a swit
 # the bars are met already and lost on 8192^2 (sweep r14c, µs: 28672x8192 M = 1 33.72 -> 33.05, M = 16 42.32 ->
 # 40.59; 8192^2 M = 1 13.06 -> 13.23, M = 16 15.13 -> 15.08; 4096x14336 M = 16, one block per SM, 14.27 -> 14.11).
 FOUR_BIT_PAIR_SHAPES = ((2, 4), (2, 2), (1, 4), (1, 2), (1, 1), (2, 1), (4, 2))
-# Stage orders of 4-bit pairs by tile and swap (the other tiles: the policy's stage_order).
-FOUR_BIT_PAIR_STAGES = {(1, 2): {True: (4, 6, 8), False: (8, 6, 4)}, (1, 4): {True: (4, 6), False: (6, 4)}}
+# Stage orders of one-block pairs by (weight bits, tile) and swap (the other tiles: the policy's stage_order).
+# A shallow ring first (round 16): 3 stages, never tried before, beat 4, 5, 6 and 8 on every 4-bit pair cell and
+# on the 8-bit 256 x 128 ones. Fewer bytes in flight per SM, so a block's first stages land sooner and its compute
+# starts earlier. Near-default sweep r16b (H200, under programmatic launches), µs default -> 3 stages: u4b8 g128 fp16
+# 4096^2 M = 1 5.99 (4) -> 5.84, M = 8 5.89 -> 5.82, M = 16 6.25 (6) -> 6.19; 14336x4096 M = 1 11.57 -> 11.33,
+# M = 16 13.46 -> 13.38; 8192^2 M = 1 12.95 (6) -> 12.10, M = 8 12.64 -> 12.15, M = 16 14.35 -> 14.20; 28672x8192
+# M = 1 33.92 -> 33.77 (5: 33.69), M = 16 41.02 -> 40.90; FP8 / u8b128 8192^2 M = 1 18.33 / 18.46 -> 18.09 / 18.04,
+# M = 16 19.34 / 19.37 -> 18.75 / 18.61. Two stages lost (4096^2 M = 1 6.45, sweep r16a). Not taken: 8-bit on the
+# 256 x 64 and 128 x 256 tiles, where 4 stays first (FP8 4096^2 M = 1 7.25 -> 7.30, 14336x4096 16.45 -> 17.23,
+# 4096x14336 17.37 -> 18.14), and the 4-bit 256 x 64 tile (not swept with 3).
+PAIR_STAGES = {(4, (1, 2)): {True: (4, 6, 8), False: (8, 6, 4)},
+               (4, (1, 4)): {True: (3, 4, 6), False: (3, 6, 4)},
+               (4, (2, 4)): {True: (3, 4, 6), False: (3, 6, 4)},
+               (8, (2, 4)): {True: (3, 4), False: (3, 4)}}
 
 
 def pairs_possible(compute_capability: int, fp32_reduce: bool) -> bool:
@@ -292,9 +304,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             one_flush = variant["swap"] or group_size < 0 or group_size >= 16 * k_warp
             long_ok = plain and act is ScalarType.F16 and (n_tiles, k_warp) == first and one_flush
             if steps >= 1 and (steps <= (PAIR_MAX_STEPS if plain else PAIR_MAX_STEPS_NOT_PLAIN) or long_ok):
-                stages_here = stage_order
-                if weight.bits == 4 and (n_tiles, k_warp) in FOUR_BIT_PAIR_STAGES:
-                    stages_here = FOUR_BIT_PAIR_STAGES[(n_tiles, k_warp)][bool(variant["swap"])]
+                stages_here = PAIR_STAGES.get((weight.bits, (n_tiles, k_warp)), {}).get(bool(variant["swap"]),
+                                                                                        stage_order)
                 pair = next((cfg for stages in stages_here
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       **variant)] if cfg.smem_bytes <= smem_limit), None)
@@ -383,12 +394,18 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
 # taken); the rows-layout kernels at M = 16 lose too (sweep r14c: 43.23 -> 45.12).
 ALIGN_SLICES = True
 ALIGNED_MAX_LONGER = 1.15
+# One-block swapped kernels (M <= 8) take the aligned grid up to 20% longer (round 16). Sweep r16b under programmatic
+# launches, 8192x28672 M = 1 (the 64 x 256 tile: aligned 112 blocks of 128 steps vs striped 132 of ~109, 17% longer),
+# µs striped -> aligned: FP8 63.40 -> 58.82, u8b128 63.16 -> 57.76; the rows layout at M = 16 still loses there
+# (FP8 64.89 -> 68.14), so it keeps ALIGNED_MAX_LONGER.
+ALIGNED_MAX_LONGER_SWAP = 1.2
 ALIGNED_EXTRA_STEPS = 0
 ALIGNED_SWAP_TWO_BLOCKS = True  # (a switch for bench/ab_gemm.py's A/B)
 
 # The policy before round 6: bench/ab_gemm.py's variant new-oldpolicy sets these module switches to time it.
 PRE_R6_POLICY = dict(ONE_M_BLOCK_STAGES={4: (8, 6, 4), 8: (8, 6, 4)}, EIGHT_BIT_ONE_M_BLOCK_SHAPES=_SMALL_M_SHAPES,
-                     ALIGNED_MAX_LONGER=1.0, TWO_BLOCKS_MIN_STEPS_SWAP=TWO_BLOCKS_MIN_STEPS)
+                     ALIGNED_MAX_LONGER=1.0, ALIGNED_MAX_LONGER_SWAP=1.0,
+                     TWO_BLOCKS_MIN_STEPS_SWAP=TWO_BLOCKS_MIN_STEPS)
 
 
 def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:
@@ -400,7 +417,8 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
     finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range to fold its warps
     and store and count in its partial, and sums its last slice's partials at the end). Chosen unless it lengthens
     the longest range by more than ALIGNED_MAX_LONGER (x, one block per SM or swapped two-block kernels without zero
-    points or act-order; other two-block kernels: not at all) + ALIGNED_EXTRA_STEPS. A configuration that
+    points or act-order; one-block swapped kernels: ALIGNED_MAX_LONGER_SWAP; other two-block kernels: not at all) +
+    ALIGNED_EXTRA_STEPS. A configuration that
     choose_config returned with ``cluster`` > 1 (a pair policy choice) gets the aligned grid of that many blocks per
     slice wherever they fit.
     """
@@ -414,7 +432,10 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
         splits = min(ki, max_grid // slices)
         if cfg.cluster > 1 and cfg.cluster <= splits:  # chosen as a pair (choose_config): cluster blocks per slice
             return slices * cfg.cluster
-        longer = ALIGNED_MAX_LONGER if max_grid <= sms or (cfg.swap and cfg.plain and ALIGNED_SWAP_TWO_BLOCKS) else 1.0
+        if max_grid <= sms:
+            longer = ALIGNED_MAX_LONGER_SWAP if cfg.swap else ALIGNED_MAX_LONGER
+        else:
+            longer = ALIGNED_MAX_LONGER if cfg.swap and cfg.plain and ALIGNED_SWAP_TWO_BLOCKS else 1.0
         if math.ceil(ki / splits) <= math.ceil(iterations / striped) * longer + ALIGNED_EXTRA_STEPS:
             return slices * splits
     return striped

@@ -62,8 +62,9 @@ CELLS = [
     ((S.U4B8, 64, 8192, 8192), (4, 2, 4, 1, 128), (4, 2, 4, 1, 128)),
     ((S.U4B8, 64, 8192, 28672), (4, 2, 4, 1, 132), (4, 2, 4, 1, 132)),
     # 8-bit, M <= 16: the (4, 2) tile, 4 stages (A/B: FP8 8192^2 M = 16 49.1 -> 44.8, 4096x14336 M = 16 44.5 ->
-    # 38.2 with the aligned 112; u8b128 8192^2 M = 16 48.8 -> 46.2); striped on 8192x28672 (aligned: 128 vs 109)
-    ((S.FE4M3FN, 1, 8192, 28672), (4, 2, 4, 1, 132), (2, 4, 4, 1, 132)),
+    # 38.2 with the aligned 112; u8b128 8192^2 M = 16 48.8 -> 46.2); on 8192x28672 (aligned: 128 vs 109 steps) the
+    # aligned grid for the swapped kernel since round 16 (A/B r16c, M = 1: 63.54 -> 59.17), striped at M = 16
+    ((S.FE4M3FN, 1, 8192, 28672), (4, 2, 4, 1, 112), (2, 4, 4, 1, 132)),
     ((S.FE4M3FN, 16, 4096, 14336), (4, 2, 4, 1, 112), (2, 4, 4, 1, 132)),
     ((S.FE4M3FN, 16, 8192, 8192), (4, 2, 4, 1, 128), (2, 4, 4, 1, 128)),
     ((S.U8B128, 1, 8192, 8192), (4, 2, 4, 1, 128), (2, 4, 4, 1, 128)),
@@ -180,18 +181,19 @@ def pair_choice(weight, m, k, n):
 
 # (weight, M, K, N) -> the pair policy's choice (round 9c sweep, µs default -> pair in gemm.py's PAIR_* comment)
 PAIRS = [
-    ((S.U4B8, 1, 8192, 8192), (2, 4, 6, 1, 128, 2)),
-    ((S.U4B8, 16, 8192, 8192), (2, 4, 6, 1, 128, 2)),  # was two blocks per SM, 64 x 4
-    ((S.U4B8, 1, 28672, 8192), (2, 4, 6, 1, 128, 2)),  # 56 steps per block, but swapped and the first-choice tile
-    ((S.U4B8, 16, 28672, 8192), (2, 4, 6, 1, 128, 2)),  # 56 steps, fp16, first-choice tile (sweep r10f: 44.6 -> 43.1)
-    # 4-bit: the 512 x 64 tile, 64 slices x 2, 4 steps per block on 4096^2; 4 stages swapped, 6 in the rows layout
-    # (round 14: sweep r14a, A/B r14b); 8-bit: the 256 x 64 tile (sweep r11a)
-    ((S.U4B8, 1, 4096, 4096), (1, 4, 4, 1, 128, 2)),
-    ((S.U4B8, 16, 4096, 4096), (1, 4, 6, 1, 128, 2)),
-    ((S.U4B8, 1, 14336, 4096), (1, 4, 4, 1, 128, 2)),  # 14 steps per block (256 x 64: 28; 128 x 64: 56)
+    # one-block pairs of 4-bit weights and of the 8-bit 256 x 128 tile: 3 stages first (round 16, gemm.PAIR_STAGES)
+    ((S.U4B8, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),
+    ((S.U4B8, 16, 8192, 8192), (2, 4, 3, 1, 128, 2)),  # was two blocks per SM, 64 x 4
+    ((S.U4B8, 1, 28672, 8192), (2, 4, 3, 1, 128, 2)),  # 56 steps per block, but swapped and the first-choice tile
+    ((S.U4B8, 16, 28672, 8192), (2, 4, 3, 1, 128, 2)),  # 56 steps, fp16, first-choice tile (sweep r10f: 44.6 -> 43.1)
+    # 4-bit: the 512 x 64 tile, 64 slices x 2, 4 steps per block on 4096^2 (round 14: sweep r14a, A/B r14b);
+    # 8-bit: the 256 x 64 tile (sweep r11a), 4 stages
+    ((S.U4B8, 1, 4096, 4096), (1, 4, 3, 1, 128, 2)),
+    ((S.U4B8, 16, 4096, 4096), (1, 4, 3, 1, 128, 2)),
+    ((S.U4B8, 1, 14336, 4096), (1, 4, 3, 1, 128, 2)),  # 14 steps per block (256 x 64: 28; 128 x 64: 56)
     ((S.FE4M3FN, 1, 4096, 4096), (1, 2, 4, 1, 128, 2)),
-    ((S.U4, 1, 4096, 4096), (1, 4, 4, 1, 128, 2)),  # zero points, 4 steps: pairs (A/B r14b: 7.18 -> 6.85 µs)
-    ((S.U4, 1, 14336, 4096), (1, 4, 4, 1, 128, 2)),  # zero points, 14 steps: pairs (r14b: 15.58 -> 14.14; 28
+    ((S.U4, 1, 4096, 4096), (1, 4, 3, 1, 128, 2)),  # zero points, 4 steps: pairs (A/B r14b: 7.18 -> 6.85 µs)
+    ((S.U4, 1, 14336, 4096), (1, 4, 3, 1, 128, 2)),  # zero points, 14 steps: pairs (r14b: 15.58 -> 14.14; 28
     # steps of 256 x 64 lost in round 11b: 16.61 -> 17.80)
     # no shape's pairs fill 90% of the SMs one block each; the first's fill 85% two blocks each (sweep r10i)
     ((S.U4B8, 1, 4096, 14336), (2, 4, 3, 2, 224, 2)),
@@ -199,8 +201,8 @@ PAIRS = [
     ((S.U4, 1, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # zero points: as before
     ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 224, 1)),  # swapped two-block kernels: aligned (round 14)
     ((S.U4B8, 32, 8192, 8192), (2, 4, 6, 1, 128, 1)),  # two m16 blocks: no clusters
-    ((S.FE4M3FN, 1, 8192, 8192), (2, 4, 4, 1, 128, 2)),  # (4, 2) gives 32 slices: the next shape, 64
-    ((S.FE4M3FN, 16, 8192, 8192), (2, 4, 4, 1, 128, 2)),
+    ((S.FE4M3FN, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),  # (4, 2) gives 32 slices: the next shape, 64
+    ((S.FE4M3FN, 16, 8192, 8192), (2, 4, 3, 1, 128, 2)),
     ((S.FE4M3FN, 1, 4096, 14336), (4, 2, 4, 1, 112, 2)),  # the grid the policy gave already: 56 x 2
     # 8-bit at M = 9..16: the first tile whose 112 slices fill the SMs two blocks each, 16 steps per block (sweep r12f)
     ((S.FE4M3FN, 16, 4096, 14336), (2, 2, 3, 2, 224, 2)),
@@ -208,7 +210,7 @@ PAIRS = [
     ((S.FE4M3FN, 16, 8192, 28672), (4, 2, 4, 1, 132, 1)),  # 112 slices, but 64 steps per block: as before
     ((S.FE4M3FN, 8, 4096, 14336), (4, 2, 4, 1, 112, 2)),  # swapped: as before
     ((S.FE4M3FN, 1, 28672, 8192), (4, 2, 4, 1, 128, 1)),
-    ((S.U4, 1, 8192, 8192), (2, 4, 6, 1, 128, 2)),  # zero points, 16 steps: pairs (round 9d: 18.71 -> 17.12)
+    ((S.U4, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),  # zero points, 16 steps: pairs (round 9d: 18.71 -> 17.12)
     ((S.U4, 1, 28672, 8192), (2, 4, 3, 2, 256, 1)),  # zero points, 56 steps: as before (pairs: 44.88 -> 46.96)
 ]
 
