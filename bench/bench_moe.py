@@ -35,7 +35,8 @@ A/B mode (--ab-old OLD): OLD holds a previous commit's workbench/moe.py and kern
 (``git show REV:path > OLD/name``), loaded as a second module with its own kernels. The fused GEMM phase is timed as
 above (L2 flush, events, median) for the variants, interleaved call by call on the same inputs: "old" (OLD), "new"
 (as checked out, automatic CTAs-per-SM choice), and each of --variants whose kernel differs from new's in that cell
-("new-b1" / "new-b2": forced one / two CTAs per SM; "new-noswap": moe_block_size 8 without the operand swap). Every
+("new-b1" / "new-b2": forced one / two CTAs per SM; "new-noswap": moe_block_size 8 without the operand swap;
+"new-s3" / "new-s4": one-CTA kernels with 3 / 4 stages first). Every
 variant is warmed first; the call order rotates from round to round; before each timed call the GPU spins (SPIN_US)
 so that the events bracket device work only, not the call's host side (round 3 showed host time leaking into some
 calls: one config timed 25 and 44 us). Reports the median with the interquartile range. Records whether each
@@ -206,23 +207,27 @@ extern "C" __global__ void spin(long long cycles) {
 }
 """
 
-# A/B variants of the checked-out module: (MOE_BLOCKS_PER_SM, operand swap on)
-AB_VARIANTS = {"new": (0, True), "new-b1": (1, True), "new-b2": (2, True), "new-noswap": (0, False)}
+# A/B variants of the checked-out module: (MOE_BLOCKS_PER_SM, operand swap on, one-CTA stage order or None = the
+# module's MOE_ONE_BLOCK_STAGES)
+AB_VARIANTS = {"new": (0, True, None), "new-b1": (1, True, None), "new-b2": (2, True, None),
+               "new-noswap": (0, False, None), "new-s3": (0, True, (3, 4, 6, 8)), "new-s4": (0, True, (4, 3, 6, 8))}
 
 
 class _Forced:
-    """Context: workbench.moe with MOE_BLOCKS_PER_SM forced (0 = the automatic rule) and the operand swap on or off."""
+    """Context: workbench.moe with MOE_BLOCKS_PER_SM forced (0 = the automatic rule), the operand swap on or off and
+    (``stages``) another one-CTA stage order."""
 
-    def __init__(self, blocks: int, swap: bool = True):
-        self.blocks, self.swap_max = blocks, (8 if swap else 0)
+    def __init__(self, blocks: int, swap: bool = True, stages: tuple[int, ...] | None = None):
+        self.blocks, self.swap_max, self.stages = blocks, (8 if swap else 0), stages
 
     def __enter__(self):
         # (a tree without the swap has no MOE_SWAP_MAX_BLOCK: setting it there changes nothing)
-        self.saved = moe.MOE_BLOCKS_PER_SM, getattr(moe, "MOE_SWAP_MAX_BLOCK", 0)
+        self.saved = moe.MOE_BLOCKS_PER_SM, getattr(moe, "MOE_SWAP_MAX_BLOCK", 0), moe.MOE_ONE_BLOCK_STAGES
         moe.MOE_BLOCKS_PER_SM, moe.MOE_SWAP_MAX_BLOCK = self.blocks, self.swap_max
+        moe.MOE_ONE_BLOCK_STAGES = self.stages or self.saved[2]
 
     def __exit__(self, *exc):
-        moe.MOE_BLOCKS_PER_SM, moe.MOE_SWAP_MAX_BLOCK = self.saved
+        moe.MOE_BLOCKS_PER_SM, moe.MOE_SWAP_MAX_BLOCK, moe.MOE_ONE_BLOCK_STAGES = self.saved
 
 
 def ab_main(args) -> int:

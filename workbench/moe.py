@@ -886,6 +886,11 @@ MOE_TWO_BLOCKS_WEIGHT_BITS = (4,)
 MOE_BLOCKS_PER_SM = 0
 # moe_block_size <= MOE_SWAP_MAX_BLOCK (8 or 0 = never): the operand-swapped loop (MoeConfig.swap).
 MOE_SWAP_MAX_BLOCK = 8
+# Stage counts of one-CTA kernels with at most two m16 blocks, in order of preference (the first that fits). 4 first
+# since round 16 (8 before): a shallower ring lands its first stages sooner, as on the dense pairs (bench/NOTES_gemm.md
+# "Round 16"). A/B r16d (H200, lone calls / fused graphs, µs): dsv2-lite M = 1 (8-row items, one CTA per SM) 11.52 /
+# 6.44 -> 10.27 / 5.89 (3 first: 10.59 / 6.02); mixtral M = 64 (32-row items) 129.79 / 123.44 -> 129.09 / 122.39.
+MOE_ONE_BLOCK_STAGES = (4, 3, 6, 8)
 
 
 def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int,
@@ -928,7 +933,7 @@ def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int
                 weight.bits in MOE_TWO_BLOCKS_WEIGHT_BITS and items_hint * (size_n // two.block_n) > sms)):
             return two
     for shape in order:
-        for stages in ((8, 6, 4, 3) if m_blocks <= 2 else (4, 3)):
+        for stages in (MOE_ONE_BLOCK_STAGES if m_blocks <= 2 else (4, 3)):
             cfg = dataclasses.replace(shape, stages=stages)
             if cfg.smem_bytes <= smem_limit:
                 return cfg
