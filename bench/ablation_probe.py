@@ -36,8 +36,7 @@ from bench_gemm import (OURS, LAUNCHES_PER_GRAPH, copies_for, device_summary, ra
 from ab_gemm import Setting, load_old  # noqa: E402
 from workbench import gemm  # noqa: E402
 
-_BARRIER = ("    __syncthreads();  // the compute slot is visible to all warps; the slot fetched below was released by "
-            "all of them\n")
+_BARRIER = "    stage_barrier();  // the compute slot is visible to its readers; the slot fetched below was released by them\n"
 _WAIT = "    cp_async_wait<STAGES - 2>();\n"
 _COMPUTE = "    compute_stage(cursor.slot, slice_, kit_);\n"
 _ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));\n'

@@ -350,6 +350,9 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
   }
 }
 
+// The per-warp pipeline where gemm_block allows it (kWarpFetch); false: every stage behind a block barrier.
+inline constexpr bool kWarpFetchEnabled = true;
+
 // MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
 // LDS -> dequant -> mma chain of one block's 8 warps, but only pay when every block has a long run of pipeline steps
 // (workbench/gemm.py chooses; measured in bench/NOTES_gemm.md); the 64-row accumulators need one block's registers.
@@ -378,8 +381,15 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   static_assert(CLUSTER == 1 || G::kWarpsPerN * G::BM * G::BN * 4 <= G::kSmemBytes,
                 "every k group's partial fits the idle stage ring and fold buffer");
+  // A pipeline per warp (round 16): with one 64-column tile, one m16 block and K_WARP >= 2 every warp fetches the
+  // bytes it reads (its K_WARP k16 rows of B, their A chunks, the group rows of scales / zero points / g_idx they
+  // span) and waits for its own copies only: no block barrier per stage, so a warp whose stage has landed computes
+  // while others' still arrive. Slots are refilled by the warp that reads them, so releasing one needs no barrier
+  // either. One block per SM (the A copies' pointers cost registers). Ablation r16g (the barrier left out, timing
+  // only): u4b8 fp16 14336x4096 M = 16 13.27 -> 11.92 µs, 4096^2 M = 1 5.81 -> 5.50.
+  constexpr bool kWarpFetch = kWarpFetchEnabled && N_TILES == 1 && M_BLOCKS == 1 && K_WARP >= 2 && MIN_BLOCKS == 1;
   using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP,
-                        late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>()>;
+                        late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>(), kWarpFetch>;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
   constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;  // float4 loads per lane in the fp32 cross-block sum
   // The slice finishing inlined in every one-m16-block kernel, where it measured faster (bench/NOTES_gemm.md "Round
@@ -445,14 +455,48 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     }
     a_issue = one_chunk ? a_valid : ~0u;
   };
-  WeightFetch<G, W, GROUP_MODE> wfetch;
+  // kWarpFetch: the warp's A instead: lane l's copy n is chunk j = i % kWarpAChunks of row i / kWarpAChunks of its
+  // k range (i = l + 32 n; chunk 2 kt0 + j of the row), rows the loop reads only (0..7 for SWAP = 1).
+  constexpr int kWarpAChunks = 2 * K_WARP;
+  constexpr int kWarpARows = SWAP == 1 ? 8 : BM;
+  constexpr int kWarpACopies = kWarpFetch ? (kWarpARows * kWarpAChunks + 31) / 32 : 1;
+  const int warp_chunk0 = 2 * K_WARP * (warp / N_TILES);  // the warp's first A chunk of a row (kt0 = kg K_WARP)
+  const int4* wa_src[kWarpACopies];
+  unsigned wa_dst[kWarpACopies];
+  auto begin_a_warp = [&](int chunk) {
+    a_valid = 0;
+#pragma unroll
+    for (int n = 0; n < kWarpACopies; ++n) {
+      const int i = tid % 32 + 32 * n;
+      const int r = i / kWarpAChunks, c = warp_chunk0 + i % kWarpAChunks;
+      const int row = chunk * BM + r;
+      const bool valid = i < kWarpARows * kWarpAChunks && row < prob_m;
+      a_valid |= valid ? 1u << n : 0u;
+      wa_src[n] = A + (valid ? static_cast<long long>(row) * (lda / 8) : 0) + c;
+      wa_dst[n] = fetch_base + G::kAOff + 16 * G::a_index(r < kWarpARows ? r : 0, c);
+    }
+    // (one chunk: padding rows were zeroed once; several: each copy of a padding row zero-fills it)
+    a_issue = 0;
+#pragma unroll
+    for (int n = 0; n < kWarpACopies; ++n)
+      a_issue |= ((one_chunk ? (a_valid >> n) & 1u : 1u) && tid % 32 + 32 * n < kWarpARows * kWarpAChunks) ? 1u << n
+                                                                                                             : 0u;
+  };
+  WeightFetch<G, W, GROUP_MODE, kWarpFetch> wfetch;
   wfetch.init(n_tiles_total, prob_n, group_size, fetch_base);
   auto begin_slice = [&](int chunk, int col) {
-    begin_a(chunk);
+    if constexpr (kWarpFetch)
+      begin_a_warp(chunk);
+    else
+      begin_a(chunk);
     wfetch.begin(B, scales, zeros, g_idx, col, n_tiles_total);
   };
   auto fetch_a = [&](unsigned slot, int kit) {
-    if (a_thread_on) {
+    if constexpr (kWarpFetch) {
+#pragma unroll
+      for (int n = 0; n < kWarpACopies; ++n)
+        if ((a_issue >> n) & 1u) cp_async16_at(slot + wa_dst[n], wa_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);
+    } else if (a_thread_on) {
 #pragma unroll
       for (int n = 0; n < kACopiesUsed; ++n) {
         if ((a_issue >> n) & 1u)
@@ -494,6 +538,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
       const int slot = i / ((BM - prob_m) * kARowI4), rem = i % ((BM - prob_m) * kARowI4);
       sts128_zero(ring.base + slot * G::kStageBytes + G::kAOff + 16 * (prob_m * kARowI4 + rem));
     }
+    if constexpr (kWarpFetch) __syncthreads();  // (else the first stage's barrier publishes them)
   }
 
   // ---- main loop -------------------------------------------------------------------------------------------
@@ -544,9 +589,17 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   SlotCursor<G, STAGES> cursor(ring.base);
   int slice = it_begin / KI, kit = it_begin % KI;
   // One pipeline stage: wait for the compute slot, refill the slot STAGES - 1 ahead, compute.
+  // The compute slot visible to the warps that read it, the slot fetched below released by them: the whole block, or
+  // with kWarpFetch this warp alone (it fetched every byte it reads and refills only those).
+  auto stage_barrier = [&]() {
+    if constexpr (kWarpFetch)
+      __syncwarp();
+    else
+      __syncthreads();
+  };
   auto run_stage = [&](int slice_, int kit_) {
     cp_async_wait<STAGES - 2>();
-    __syncthreads();  // the compute slot is visible to all warps; the slot fetched below was released by all of them
+    stage_barrier();  // the compute slot is visible to its readers; the slot fetched below was released by them
     if (it_fetch < it_end) fetch_stage(fetch_off, f_kit);
     cp_async_commit();
     advance_fetch();
@@ -558,6 +611,10 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   // the same sums as after the transpose, on half the values); row-layout cluster kernels fold in the idle ring,
   // every thread at work (finish_slice_cluster; there the swapped kernels lost 2-6%, A/B r15c).
   auto end_slice = [&](int slice_) {
+    // kWarpFetch: every warp done with its stages before the finishing reuses shared memory (the fold buffer, the
+    // cluster kernels' idle ring), and the previous fold's reads of the fold buffer done (with a barrier per stage,
+    // a stage lies between two folds)
+    if constexpr (kWarpFetch) __syncthreads();
     float partial[M_BLOCKS][8][4];
     if constexpr (SWAP) fold_warps<Loop::kAccM, N_TILES>(loop.acc, ring.red);
     loop.rows_layout(partial);

@@ -116,7 +116,13 @@ struct SlotCursor {
 //
 // Per-thread state, formed when the fetch enters a slice (dense) or an item (MoE): begin(); each stage then adds
 // kit times a stride (fetch()).
-template <typename G, int W, int GROUP_MODE>
+//
+// PER_WARP (one 64-column tile, K_WARP >= 2): every warp fetches exactly the bytes it reads, so it can wait for
+// its own copies alone (the dense kernel's kWarpFetch). B already is so with one tile: the 32 lanes of warp w copy its
+// K_WARP k16 rows. Scales / zero points: each warp copies the group rows its 16 K_WARP k rows span (at most
+// kWarpScaleRows) into a region of its own (warp w's at w kWarpScaleRows rows; two warps in one group copy the same
+// row twice), g_idx: the int4 of its rows (same place as shared). A stays with the caller (marlin_gemm.cu).
+template <typename G, int W, int GROUP_MODE, bool PER_WARP = false>
 struct WeightFetch {
   static constexpr int N_TILES = G::BN / 64;
   static constexpr int kRowI4 = N_TILES * G::kTileI4;     // int4 of one k16 row of the block tile's B
@@ -125,6 +131,16 @@ struct WeightFetch {
   static_assert(kThreads % G::KT == 0 && kRowI4 % kRowThreads == 0 && kCopies * kThreads == G::kBI4,
                 "every thread copies kCopies int4 of one k16 row");
   static constexpr int kZRowI4 = Weight<W>::kHasZero ? G::BN / Weight<W>::kPack / 4 : 1;  // int4 of a zero row
+  static constexpr int kWarpRows = G::KT / kWarps * 16;  // PER_WARP: k rows of one warp (N_TILES = 1: 16 K_WARP)
+  static constexpr int kWarpScaleRows = kWarpRows / 32 > 1 ? kWarpRows / 32 : 1;  // group rows it spans (G >= 32)
+  static_assert(!PER_WARP || (N_TILES == 1 && kWarpRows >= 32 && kRowThreads * kWarpRows / 16 == 32 &&
+                              kWarps * kWarpScaleRows * (G::BN / 8) == G::kSI4 &&
+                              (!Weight<W>::kHasZero || kWarps * kWarpScaleRows * kZRowI4 == G::kZI4)),
+                "per-warp fetch: one tile, a warp's B rows copied by its own lanes, scale regions fill kSI4 / kZI4");
+  // PER_WARP: shared int4 position of lane `lane`'s scale copy (row lane / (BN/8) of warp w's region), relative to
+  // the stage's scales; the same with zero points (kZRowI4 int4 a row).
+  __host__ __device__ static constexpr int s_dst_of(int w, int lane) { return w * kWarpScaleRows * (G::BN / 8) + lane; }
+  __host__ __device__ static constexpr int z_dst_of(int w, int lane) { return w * kWarpScaleRows * kZRowI4 + lane; }
 
   // Copy n's position relative to copy 0's, in the row and in the stage (int4; the same on both sides).
   __host__ __device__ static constexpr int b_copy_delta(int n) { return n * kRowThreads; }
@@ -141,22 +157,36 @@ struct WeightFetch {
   int s_row, z_row;   // int4 per group row of scales / zero points
   bool s_on, z_on;    // this thread copies scale / zero-point bytes (threads < rows BN/8 / rows kZRowI4)
   bool g_on;          // this thread copies g_idx (threads < kGI4 = BK / 4)
+  int k_first;        // the first stage row whose scales / g_idx this thread's copies cover (PER_WARP: its warp's)
 
   // Once per kernel: the thread's shared offsets, strides and roles.
   __device__ __forceinline__ void init(int n_tiles_total, int prob_n, int group_size, unsigned ring_base) {
     const int tid = pinned_thread_index();
     b_step = G::KT * n_tiles_total * G::kTileI4;
     b_dst = ring_base + G::kBOff + 16 * b_dst_of(tid);
-    s_dst = ring_base + G::kSOff + 16 * tid;
-    z_dst = ring_base + G::kZOff + 16 * tid;
-    g_dst = ring_base + G::kGOff + 16 * tid;
     s_row = prob_n / 8;
     z_row = prob_n / Weight<W>::kPack / 4;
-    // The group rows a stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
-    const int rows = GROUP_MODE == kGrouped && G::BK > group_size ? G::BK / group_size : 1;  // <= kScaleRows
-    s_on = GROUP_MODE == kGrouped && tid < rows * (G::BN / 8);
-    z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && tid < rows * kZRowI4;
-    g_on = GROUP_MODE == kPerRow && tid < G::kGI4;
+    if constexpr (PER_WARP) {
+      const int w = tid / 32, lane = tid % 32;
+      s_dst = ring_base + G::kSOff + 16 * s_dst_of(w, lane);
+      z_dst = ring_base + G::kZOff + 16 * z_dst_of(w, lane);
+      g_dst = ring_base + G::kGOff + 16 * (w * (kWarpRows / 4) + lane);
+      k_first = w * kWarpRows;
+      const int rows = GROUP_MODE == kGrouped && kWarpRows > group_size ? kWarpRows / group_size : 1;
+      s_on = GROUP_MODE == kGrouped && lane < rows * (G::BN / 8);
+      z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && lane < rows * kZRowI4;
+      g_on = GROUP_MODE == kPerRow && lane < kWarpRows / 4;
+    } else {
+      s_dst = ring_base + G::kSOff + 16 * tid;
+      z_dst = ring_base + G::kZOff + 16 * tid;
+      g_dst = ring_base + G::kGOff + 16 * tid;
+      k_first = 0;
+      // The group rows a stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
+      const int rows = GROUP_MODE == kGrouped && G::BK > group_size ? G::BK / group_size : 1;  // <= kScaleRows
+      s_on = GROUP_MODE == kGrouped && tid < rows * (G::BN / 8);
+      z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && tid < rows * kZRowI4;
+      g_on = GROUP_MODE == kPerRow && tid < G::kGI4;
+    }
   }
 
   // When the fetch enters a slice / item: B, scales, zeros, g_idx of the matrix (the expert's for MoE), column
@@ -167,12 +197,13 @@ struct WeightFetch {
     const int tid = threadIdx.x;
     b_src = B + (static_cast<long long>(tid / kRowThreads) * n_tiles_total + col * N_TILES) * G::kTileI4 +
             tid % kRowThreads;
+    const int c = PER_WARP ? tid % 32 : tid;  // this thread's index among the copiers of scales / zeros / g_idx
     if constexpr (GROUP_MODE == kGrouped) {
-      s_src = scales + static_cast<long long>(tid / (G::BN / 8)) * s_row + col * (G::BN / 8) + tid % (G::BN / 8);
+      s_src = scales + static_cast<long long>(c / (G::BN / 8)) * s_row + col * (G::BN / 8) + c % (G::BN / 8);
       if constexpr (Weight<W>::kHasZero)
-        z_src = zeros + static_cast<long long>(tid / kZRowI4) * z_row + col * kZRowI4 + tid % kZRowI4;
+        z_src = zeros + static_cast<long long>(c / kZRowI4) * z_row + col * kZRowI4 + c % kZRowI4;
     }
-    if constexpr (GROUP_MODE == kPerRow) g_src = g_idx + 4 * tid;
+    if constexpr (GROUP_MODE == kPerRow) g_src = g_idx + k_first + 4 * c;
   }
 
   // Stage kit of the current slice / item into the slot at shared address `slot`.
@@ -183,7 +214,7 @@ struct WeightFetch {
       // no L2 cache-policy hint: see cp_async16_at
       cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));
     if constexpr (GROUP_MODE == kGrouped) {
-      const int g0 = (kit * G::BK) >> group_shift;  // first group row of the stage
+      const int g0 = (kit * G::BK + k_first) >> group_shift;  // first group row of the stage (PER_WARP: the warp's)
       if (s_on) cp_async16_at(slot + s_dst, s_src + g0 * s_row);
       if constexpr (Weight<W>::kHasZero)
         if (z_on) cp_async16_at(slot + z_dst, z_src + g0 * z_row);
@@ -222,10 +253,13 @@ __host__ __device__ constexpr bool late_scale_pays() {
 // Same products, same k order.
 // LATE_SCALE = false: scales applied to every dequantized pair even where kLateScale could apply (for kernels whose
 // register budget or stage shape make it slower: late_scale_pays).
+// PER_WARP: the stage's scales / zero points lie where WeightFetch<..., PER_WARP = true> puts them (each warp's group
+// rows in a region of its own, counted from the warp's first k row).
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int SWAP = 0,
-          bool LATE_SCALE = true>
+          bool LATE_SCALE = true, bool PER_WARP = false>
 struct WarpLoop {
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
+  using Fetch = WeightFetch<G, W, GROUP_MODE, PER_WARP>;
   using Pair = typename Act<T>::Pair;
   static_assert(SWAP == 0 || (M_BLOCKS == 1 && SWAP <= 2), "the swapped loop covers 8 or 16 rows of one m16 block");
   static constexpr bool kHasZero = Weight<W>::kHasZero;
@@ -416,6 +450,11 @@ struct WarpLoop {
     o.s = G::kSOff + 16 * (nt * 8 + lane / 4);
     o.s_acc = G::kSOff + 16 * (nt * 8 + 2 * (lane % 4));
     o.z = G::kZOff + 4 * (nt * (64 / Weight<W>::kPack) + (lane / 4) * (Weight<W>::kBits / 4));
+    if constexpr (PER_WARP) {  // (one tile: nt = 0) the warp's own region
+      o.s += 16 * Fetch::s_dst_of(warp, 0);
+      o.s_acc += 16 * Fetch::s_dst_of(warp, 0);
+      o.z += 16 * Fetch::z_dst_of(warp, 0);
+    }
     o.gi = G::kGOff + 4 * (16 * kt0 + 2 * (lane % 4));
     o.k = 16 * kt0;
     return o;
@@ -446,7 +485,8 @@ struct WarpLoop {
               zero(part);
             }
           }
-          load_group(slot, ((k0 + o.k + 16 * i) >> group_shift) - (k0 >> group_shift), o.s, o.z, o.s_acc);
+          load_group(slot, ((k0 + o.k + 16 * i) >> group_shift) - ((k0 + (PER_WARP ? o.k : 0)) >> group_shift), o.s,
+                     o.z, o.s_acc);
         }
       }
       // Per-row groups: the scale vectors and zero words of this lane's rows k0, k0+1, k0+8, k0+9.
