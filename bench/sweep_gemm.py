@@ -8,7 +8,7 @@ feasible configuration and a few grid sizes per cell, beside today's automatic c
 
 Candidates per cell (K x N layer, M, weight type; fp32 reduction, the default mode):
 * every thread shape of ``gemm._THREAD_SHAPES`` that divides K, N and the group size (or is divided by it),
-  x one block per SM with stages 8 / 6 / 4, or two blocks per SM (16-row tiles only) with stages 4 / 3, where the
+  x one block per SM with stages 8 / 6 / 4 / 3, or two blocks per SM (16-row tiles only) with stages 4 / 3, where the
   shared memory fits (the kernel's static_asserts: two blocks only with M_BLOCKS = 1), x operand swap on / off
   (M <= 8; M = 9..16: the swap's 16-row form, printed s2);
 * x grids: today's policy (``grid_blocks``), the striped grid at sms x blocks per SM and (two blocks) at 1 x sms,
@@ -48,7 +48,7 @@ from bench_gemm import L2_MULTIPLE, LAUNCHES_PER_GRAPH, REPLAYS, weight_bytes  #
 from workbench import gemm  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
 
-ONE_BLOCK_STAGES = (8, 6, 4)  # the stage lists choose_config picks from (m_blocks <= 2 / two blocks per SM)
+ONE_BLOCK_STAGES = (8, 6, 4, 3)  # the stage lists choose_config picks from (m_blocks <= 2 / two blocks per SM)
 TWO_BLOCK_STAGES = (4, 3)
 LARGE_M_STAGES = (4, 3)
 
