@@ -41,6 +41,8 @@ _WAIT = "    cp_async_wait<STAGES - 2>();\n"
 _COMPUTE = "    compute_stage(cursor.slot, slice_, kit_);\n"
 _ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));\n'
 _NO_ZFILL = '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" ::"r"(smem), "l"(gmem));\n  (void)src_bytes;\n'
+# (the block-wide A copy: kernels with the per-warp pipeline, marlin_gemm.cu kWarpFetch, copy A in fetch_a's other
+# branch, which nocompute_noA leaves in place)
 _A_COPY = ("          cp_async16_at(slot + ((kARowsPerPass % 8 != 0 && n % 2) ? a_dst_odd : a_dst) + "
            "16 * n * kThreads,\n                        a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);\n")
 # end_slice's finishing: the SWAP kernels' fold in the loop layout, the row layout, the finish call

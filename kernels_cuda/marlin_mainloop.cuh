@@ -120,8 +120,9 @@ struct SlotCursor {
 // PER_WARP (one 64-column tile, K_WARP >= 2): every warp fetches exactly the bytes it reads, so it can wait for
 // its own copies alone (the dense kernel's kWarpFetch). B already is so with one tile: the 32 lanes of warp w copy its
 // K_WARP k16 rows. Scales / zero points: each warp copies the group rows its 16 K_WARP k rows span (at most
-// kWarpScaleRows) into a region of its own (warp w's at w kWarpScaleRows rows; two warps in one group copy the same
-// row twice), g_idx: the int4 of its rows (same place as shared). A stays with the caller (marlin_gemm.cu).
+// kWarpScaleRows) into a region of its own (warp w's at w kWarpScaleRows rows; two warps whose k rows share a scale
+// group both copy its row), g_idx: the int4 of its rows (same place as shared). A stays with the caller
+// (marlin_gemm.cu).
 template <typename G, int W, int GROUP_MODE, bool PER_WARP = false>
 struct WeightFetch {
   static constexpr int N_TILES = G::BN / 64;
