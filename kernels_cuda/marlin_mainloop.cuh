@@ -158,7 +158,11 @@ struct WeightFetch {
   int s_row, z_row;   // int4 per group row of scales / zero points
   bool s_on, z_on;    // this thread copies scale / zero-point bytes (threads < rows BN/8 / rows kZRowI4)
   bool g_on;          // this thread copies g_idx (threads < kGI4 = BK / 4)
-  int k_first;        // the first stage row whose scales / g_idx this thread's copies cover (PER_WARP: its warp's)
+  int k_first;        // PER_WARP: the first stage row whose scales / g_idx this thread's copies cover (its warp's)
+
+  // The first stage row this thread's scale / g_idx copies cover: 0, or with PER_WARP its warp's (a compile-time 0
+  // where the whole block shares them, so those kernels add nothing per stage).
+  __device__ __forceinline__ int first_row() const { return PER_WARP ? k_first : 0; }
 
   // Once per kernel: the thread's shared offsets, strides and roles.
   __device__ __forceinline__ void init(int n_tiles_total, int prob_n, int group_size, unsigned ring_base) {
@@ -181,7 +185,6 @@ struct WeightFetch {
       s_dst = ring_base + G::kSOff + 16 * tid;
       z_dst = ring_base + G::kZOff + 16 * tid;
       g_dst = ring_base + G::kGOff + 16 * tid;
-      k_first = 0;
       // The group rows a stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
       const int rows = GROUP_MODE == kGrouped && G::BK > group_size ? G::BK / group_size : 1;  // <= kScaleRows
       s_on = GROUP_MODE == kGrouped && tid < rows * (G::BN / 8);
@@ -204,7 +207,7 @@ struct WeightFetch {
       if constexpr (Weight<W>::kHasZero)
         z_src = zeros + static_cast<long long>(c / kZRowI4) * z_row + col * kZRowI4 + c % kZRowI4;
     }
-    if constexpr (GROUP_MODE == kPerRow) g_src = g_idx + k_first + 4 * c;
+    if constexpr (GROUP_MODE == kPerRow) g_src = g_idx + first_row() + 4 * c;
   }
 
   // Stage kit of the current slice / item into the slot at shared address `slot`.
@@ -215,7 +218,7 @@ struct WeightFetch {
       // no L2 cache-policy hint: see cp_async16_at
       cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));
     if constexpr (GROUP_MODE == kGrouped) {
-      const int g0 = (kit * G::BK + k_first) >> group_shift;  // first group row of the stage (PER_WARP: the warp's)
+      const int g0 = (kit * G::BK + first_row()) >> group_shift;  // first group row of the stage (PER_WARP: the warp's)
       if (s_on) cp_async16_at(slot + s_dst, s_src + g0 * s_row);
       if constexpr (Weight<W>::kHasZero)
         if (z_on) cp_async16_at(slot + z_dst, z_src + g0 * z_row);
