@@ -350,8 +350,10 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
   }
 }
 
-// The per-warp pipeline where gemm_block allows it (kWarpFetch); false: every stage behind a block barrier.
+// The per-warp pipeline where gemm_block allows it (kWarpFetch); false: every stage behind a block barrier. Up to
+// kWarpFetchMaxTiles 64-column tiles per block.
 inline constexpr bool kWarpFetchEnabled = true;
+inline constexpr int kWarpFetchMaxTiles = 2;
 
 // MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
 // LDS -> dequant -> mma chain of one block's 8 warps, but only pay when every block has a long run of pipeline steps
@@ -381,13 +383,16 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   static_assert(CLUSTER == 1 || G::kWarpsPerN * G::BM * G::BN * 4 <= G::kSmemBytes,
                 "every k group's partial fits the idle stage ring and fold buffer");
-  // A pipeline per warp (round 16): with one 64-column tile, one m16 block and K_WARP >= 2 every warp fetches the
-  // bytes it reads (its K_WARP k16 rows of B, their A chunks, the group rows of scales / zero points / g_idx they
-  // span) and waits for its own copies only: no block barrier per stage, so a warp whose stage has landed computes
-  // while others' still arrive. Slots are refilled by the warp that reads them, so releasing one needs no barrier
-  // either. One block per SM (the A copies' pointers cost registers). Ablation r16g (the barrier left out, timing
-  // only): u4b8 fp16 14336x4096 M = 16 13.27 -> 11.92 µs, 4096^2 M = 1 5.81 -> 5.50.
-  constexpr bool kWarpFetch = kWarpFetchEnabled && N_TILES == 1 && M_BLOCKS == 1 && K_WARP >= 2 && MIN_BLOCKS == 1;
+  // A pipeline per warp (round 16): with one or two 64-column tiles, one m16 block and K_WARP >= 2 every warp
+  // fetches the bytes it reads (its K_WARP k16 rows of B, the group rows of scales / zero points they span), the
+  // N_TILES warps of a k group (warps kg N_TILES + nt) together the A chunks and g_idx they share, and each waits for
+  // its own copies and its group (one warp: __syncwarp; two: a named barrier of 64 threads) only: no block barrier per
+  // stage, so a group whose stage has landed computes while others' still arrive. Slots are refilled by the group
+  // that reads them, after its barrier, so releasing one needs no block barrier either. One block per SM (the A
+  // copies' pointers cost registers). Ablation r16g (the barrier left out, timing only): u4b8 fp16 14336x4096 M = 16
+  // 13.27 -> 11.92 µs, 4096^2 M = 1 5.81 -> 5.50; A/B r16h (one tile): bench/NOTES_gemm.md "Round 16".
+  constexpr bool kWarpFetch = kWarpFetchEnabled && N_TILES <= kWarpFetchMaxTiles && M_BLOCKS == 1 && K_WARP >= 2 &&
+                              MIN_BLOCKS == 1;
   using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP,
                         late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>(), kWarpFetch>;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
@@ -455,19 +460,22 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     }
     a_issue = one_chunk ? a_valid : ~0u;
   };
-  // kWarpFetch: the warp's A instead: lane l's copy n is chunk j = i % kWarpAChunks of row i / kWarpAChunks of its
-  // k range (i = l + 32 n; chunk 2 kt0 + j of the row), rows the loop reads only (0..7 for SWAP = 1).
+  // kWarpFetch: the k group's A instead: thread g (of the group's 32 N_TILES) copies n = chunk j = i % kWarpAChunks of
+  // row i / kWarpAChunks of its k range (i = g + 32 N_TILES n; chunk 2 kt0 + j of the row), rows the loop reads only
+  // (0..7 for SWAP = 1).
+  constexpr int kGroupThreads = 32 * N_TILES;
   constexpr int kWarpAChunks = 2 * K_WARP;
   constexpr int kWarpARows = SWAP == 1 ? 8 : BM;
-  constexpr int kWarpACopies = kWarpFetch ? (kWarpARows * kWarpAChunks + 31) / 32 : 1;
-  const int warp_chunk0 = 2 * K_WARP * (warp / N_TILES);  // the warp's first A chunk of a row (kt0 = kg K_WARP)
+  constexpr int kWarpACopies = kWarpFetch ? (kWarpARows * kWarpAChunks + kGroupThreads - 1) / kGroupThreads : 1;
+  const int warp_chunk0 = 2 * K_WARP * (warp / N_TILES);  // the group's first A chunk of a row (kt0 = kg K_WARP)
+  const int group_thread = tid % kGroupThreads;
   const int4* wa_src[kWarpACopies];
   unsigned wa_dst[kWarpACopies];
   auto begin_a_warp = [&](int chunk) {
     a_valid = 0;
 #pragma unroll
     for (int n = 0; n < kWarpACopies; ++n) {
-      const int i = tid % 32 + 32 * n;
+      const int i = group_thread + kGroupThreads * n;
       const int r = i / kWarpAChunks, c = warp_chunk0 + i % kWarpAChunks;
       const int row = chunk * BM + r;
       const bool valid = i < kWarpARows * kWarpAChunks && row < prob_m;
@@ -479,8 +487,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     a_issue = 0;
 #pragma unroll
     for (int n = 0; n < kWarpACopies; ++n)
-      a_issue |= ((one_chunk ? (a_valid >> n) & 1u : 1u) && tid % 32 + 32 * n < kWarpARows * kWarpAChunks) ? 1u << n
-                                                                                                             : 0u;
+      a_issue |= ((one_chunk ? (a_valid >> n) & 1u : 1u) && group_thread + kGroupThreads * n < kWarpARows *
+                  kWarpAChunks) ? 1u << n : 0u;
   };
   WeightFetch<G, W, GROUP_MODE, kWarpFetch> wfetch;
   wfetch.init(n_tiles_total, prob_n, group_size, fetch_base);
@@ -590,10 +598,12 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   int slice = it_begin / KI, kit = it_begin % KI;
   // One pipeline stage: wait for the compute slot, refill the slot STAGES - 1 ahead, compute.
   // The compute slot visible to the warps that read it, the slot fetched below released by them: the whole block, or
-  // with kWarpFetch this warp alone (it fetched every byte it reads and refills only those).
+  // with kWarpFetch this warp's k group alone (it fetched every byte it reads and refills only those).
   auto stage_barrier = [&]() {
-    if constexpr (kWarpFetch)
+    if constexpr (kWarpFetch && N_TILES == 1)
       __syncwarp();
+    else if constexpr (kWarpFetch)
+      named_barrier(1 + warp / N_TILES, kGroupThreads);
     else
       __syncthreads();
   };

@@ -117,12 +117,14 @@ struct SlotCursor {
 // Per-thread state, formed when the fetch enters a slice (dense) or an item (MoE): begin(); each stage then adds
 // kit times a stride (fetch()).
 //
-// PER_WARP (one 64-column tile, K_WARP >= 2): every warp fetches exactly the bytes it reads, so it can wait for
-// its own copies alone (the dense kernel's kWarpFetch). B already is so with one tile: the 32 lanes of warp w copy its
-// K_WARP k16 rows. Scales / zero points: each warp copies the group rows its 16 K_WARP k rows span (at most
-// kWarpScaleRows) into a region of its own (warp w's at w kWarpScaleRows rows; two warps whose k rows share a scale
-// group both copy its row), g_idx: the int4 of its rows (same place as shared). A stays with the caller
-// (marlin_gemm.cu).
+// PER_WARP (one or two 64-column tiles, K_WARP >= 2): every warp fetches the bytes of B, scales and zero points it
+// reads, and the N_TILES warps of one k group (warps kg N_TILES + nt) together the g_idx they share (A: the caller,
+// marlin_gemm.cu), so a warp waits for its own group's copies alone (the dense kernel's kWarpFetch). B with one tile
+// already is so: the 32 lanes of warp w copy its K_WARP k16 rows; with two, lane l of warp (nt, kg) copies int4 l
+// (and l + 32 for 8-bit) of tile nt in each of its rows. Scales / zero points: each k group has a region of
+// kWarpScaleRows group rows (the rows its 16 K_WARP k rows span at most, G >= 32), laid out as the shared rows (BN / 8
+// int4 a row), and warp nt copies tile nt's part of each row it needs (two k groups in one group copy the same row
+// twice). g_idx: the int4 of the group's rows, at the shared place.
 template <typename G, int W, int GROUP_MODE, bool PER_WARP = false>
 struct WeightFetch {
   static constexpr int N_TILES = G::BN / 64;
@@ -132,24 +134,41 @@ struct WeightFetch {
   static_assert(kThreads % G::KT == 0 && kRowI4 % kRowThreads == 0 && kCopies * kThreads == G::kBI4,
                 "every thread copies kCopies int4 of one k16 row");
   static constexpr int kZRowI4 = Weight<W>::kHasZero ? G::BN / Weight<W>::kPack / 4 : 1;  // int4 of a zero row
-  static constexpr int kWarpRows = G::KT / kWarps * 16;  // PER_WARP: k rows of one warp (N_TILES = 1: 16 K_WARP)
+  static constexpr int kWarpRows = 16 * (G::KT / G::kWarpsPerN);  // PER_WARP: k rows of one warp (16 K_WARP)
   static constexpr int kWarpScaleRows = kWarpRows / 32 > 1 ? kWarpRows / 32 : 1;  // group rows it spans (G >= 32)
-  static_assert(!PER_WARP || (N_TILES == 1 && kWarpRows >= 32 && kRowThreads * kWarpRows / 16 == 32 &&
-                              kWarps * kWarpScaleRows * (G::BN / 8) == G::kSI4 &&
-                              (!Weight<W>::kHasZero || kWarps * kWarpScaleRows * kZRowI4 == G::kZI4)),
-                "per-warp fetch: one tile, a warp's B rows copied by its own lanes, scale regions fill kSI4 / kZI4");
-  // PER_WARP: shared int4 position of lane `lane`'s scale copy (row lane / (BN/8) of warp w's region), relative to
-  // the stage's scales; the same with zero points (kZRowI4 int4 a row).
-  __host__ __device__ static constexpr int s_dst_of(int w, int lane) { return w * kWarpScaleRows * (G::BN / 8) + lane; }
-  __host__ __device__ static constexpr int z_dst_of(int w, int lane) { return w * kWarpScaleRows * kZRowI4 + lane; }
+  static constexpr int kZTileI4 = kZRowI4 / N_TILES > 1 ? kZRowI4 / N_TILES : 1;  // one tile's part of a zero row
+  static constexpr bool kRemapB = PER_WARP && N_TILES > 1;  // two tiles: each warp copies its own tile's rows
+  static constexpr int kLaneB = G::kTileI4 / 32;           // kRemapB: int4 of a tile row per lane (1, 8-bit 2)
+  static_assert(!PER_WARP || (N_TILES <= 2 && kWarpRows >= 32 && (N_TILES > 1 || kRowThreads * kWarpRows / 16 == 32) &&
+                              G::kWarpsPerN * kWarpScaleRows * (G::BN / 8) == G::kSI4 &&
+                              (!Weight<W>::kHasZero || G::kWarpsPerN * kWarpScaleRows * kZRowI4 == G::kZI4)),
+                "per-warp fetch: a warp's B rows copied by its own lanes, k groups' scale regions fill kSI4 / kZI4");
+  // PER_WARP: shared int4 position (relative to the stage's scales / zero points) of lane `lane`'s copy in warp w:
+  // row lane / 8 (lane / kZTileI4) of its k group's region, tile nt's part.
+  __host__ __device__ static constexpr int s_dst_of(int w, int lane) {
+    return (w / N_TILES * kWarpScaleRows + lane / 8) * (G::BN / 8) + w % N_TILES * 8 + lane % 8;
+  }
+  __host__ __device__ static constexpr int z_dst_of(int w, int lane) {
+    return (w / N_TILES * kWarpScaleRows + lane / kZTileI4) * kZRowI4 + w % N_TILES * kZTileI4 + lane % kZTileI4;
+  }
 
   // Copy n's position relative to copy 0's, in the row and in the stage (int4; the same on both sides).
   __host__ __device__ static constexpr int b_copy_delta(int n) { return n * kRowThreads; }
   // Shared position (int4, relative to the stage's B) of thread t's copy 0.
   __host__ __device__ static constexpr int b_dst_of(int t) { return (t / kRowThreads) * kRowI4 + t % kRowThreads; }
+  // kRemapB: the same for warp w's lane l, copy n = j kLaneB + h (its row kt0 + j, int4 32 h + l of tile nt): copy
+  // 0's position, and copy n's offset from it in shared memory (in global memory rows are n_tiles_total tiles apart).
+  __host__ __device__ static constexpr int b_dst_warp(int w, int lane) {
+    return w / N_TILES * (kWarpRows / 16) * kRowI4 + w % N_TILES * G::kTileI4 + lane;
+  }
+  __host__ __device__ static constexpr int b_warp_delta(int n) { return n / kLaneB * kRowI4 + n % kLaneB * 32; }
+  // PER_WARP: the first int4 of warp w's k group's scale / zero-point region (its readers add their row and column).
+  __host__ __device__ static constexpr int s_region(int w) { return w / N_TILES * kWarpScaleRows * (G::BN / 8); }
+  __host__ __device__ static constexpr int z_region(int w) { return w / N_TILES * kWarpScaleRows * kZRowI4; }
 
   const int4* b_src;  // this thread's copy 0 at stage 0 of the current slice / item
   int b_step;         // int4 between consecutive stages: KT n_tiles_total kTileI4
+  int b_row;          // kRemapB: int4 between consecutive k16 rows in global memory (n_tiles_total kTileI4)
   unsigned b_dst;     // byte offset of copy 0 inside a slot (from the slot's start)
   unsigned s_dst, z_dst, g_dst;  // byte offsets of this thread's scale / zero-point / g_idx int4 inside a slot
   const int4* s_src;  // grouped: this thread's scale int4 at group row 0 of the column tile
@@ -168,19 +187,21 @@ struct WeightFetch {
   __device__ __forceinline__ void init(int n_tiles_total, int prob_n, int group_size, unsigned ring_base) {
     const int tid = pinned_thread_index();
     b_step = G::KT * n_tiles_total * G::kTileI4;
-    b_dst = ring_base + G::kBOff + 16 * b_dst_of(tid);
+    b_row = n_tiles_total * G::kTileI4;
+    b_dst = ring_base + G::kBOff + 16 * (kRemapB ? b_dst_warp(tid / 32, tid % 32) : b_dst_of(tid));
     s_row = prob_n / 8;
     z_row = prob_n / Weight<W>::kPack / 4;
     if constexpr (PER_WARP) {
-      const int w = tid / 32, lane = tid % 32;
+      const int w = tid / 32, lane = tid % 32, kg = w / N_TILES;
+      const int gi = tid % (32 * N_TILES);  // index among the k group's threads (g_idx is shared by its warps)
       s_dst = ring_base + G::kSOff + 16 * s_dst_of(w, lane);
       z_dst = ring_base + G::kZOff + 16 * z_dst_of(w, lane);
-      g_dst = ring_base + G::kGOff + 16 * (w * (kWarpRows / 4) + lane);
-      k_first = w * kWarpRows;
+      g_dst = ring_base + G::kGOff + 16 * (kg * (kWarpRows / 4) + gi);
+      k_first = kg * kWarpRows;
       const int rows = GROUP_MODE == kGrouped && kWarpRows > group_size ? kWarpRows / group_size : 1;
-      s_on = GROUP_MODE == kGrouped && lane < rows * (G::BN / 8);
-      z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && lane < rows * kZRowI4;
-      g_on = GROUP_MODE == kPerRow && lane < kWarpRows / 4;
+      s_on = GROUP_MODE == kGrouped && lane < rows * 8;
+      z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && lane < rows * kZTileI4;
+      g_on = GROUP_MODE == kPerRow && gi < kWarpRows / 4;
     } else {
       s_dst = ring_base + G::kSOff + 16 * tid;
       z_dst = ring_base + G::kZOff + 16 * tid;
@@ -199,24 +220,44 @@ struct WeightFetch {
                                         const int4* __restrict__ zeros, const int* __restrict__ g_idx, int col,
                                         int n_tiles_total) {
     const int tid = threadIdx.x;
-    b_src = B + (static_cast<long long>(tid / kRowThreads) * n_tiles_total + col * N_TILES) * G::kTileI4 +
-            tid % kRowThreads;
-    const int c = PER_WARP ? tid % 32 : tid;  // this thread's index among the copiers of scales / zeros / g_idx
-    if constexpr (GROUP_MODE == kGrouped) {
-      s_src = scales + static_cast<long long>(c / (G::BN / 8)) * s_row + col * (G::BN / 8) + c % (G::BN / 8);
-      if constexpr (Weight<W>::kHasZero)
-        z_src = zeros + static_cast<long long>(c / kZRowI4) * z_row + col * kZRowI4 + c % kZRowI4;
+    if constexpr (kRemapB)
+      b_src = B + (static_cast<long long>(k_first / 16) * n_tiles_total + col * N_TILES + tid / 32 % N_TILES) *
+                      G::kTileI4 + tid % 32;
+    else
+      b_src = B + (static_cast<long long>(tid / kRowThreads) * n_tiles_total + col * N_TILES) * G::kTileI4 +
+              tid % kRowThreads;
+    if constexpr (PER_WARP) {  // (lane, tile nt): row lane / 8 (/ kZTileI4) of the region, int4 of tile nt
+      const int lane = tid % 32, nt = tid / 32 % N_TILES;
+      if constexpr (GROUP_MODE == kGrouped) {
+        s_src = scales + static_cast<long long>(lane / 8) * s_row + col * (G::BN / 8) + nt * 8 + lane % 8;
+        if constexpr (Weight<W>::kHasZero)
+          z_src = zeros + static_cast<long long>(lane / kZTileI4) * z_row + col * kZRowI4 + nt * kZTileI4 +
+                  lane % kZTileI4;
+      }
+      if constexpr (GROUP_MODE == kPerRow) g_src = g_idx + k_first + 4 * (tid % (32 * N_TILES));
+    } else {
+      if constexpr (GROUP_MODE == kGrouped) {
+        s_src = scales + static_cast<long long>(tid / (G::BN / 8)) * s_row + col * (G::BN / 8) + tid % (G::BN / 8);
+        if constexpr (Weight<W>::kHasZero)
+          z_src = zeros + static_cast<long long>(tid / kZRowI4) * z_row + col * kZRowI4 + tid % kZRowI4;
+      }
+      if constexpr (GROUP_MODE == kPerRow) g_src = g_idx + 4 * tid;
     }
-    if constexpr (GROUP_MODE == kPerRow) g_src = g_idx + first_row() + 4 * c;
   }
 
   // Stage kit of the current slice / item into the slot at shared address `slot`.
   __device__ __forceinline__ void fetch(unsigned slot, int kit, int group_shift) const {
     const int4* b = b_src + kit * b_step;
+    if constexpr (kRemapB) {
 #pragma unroll
-    for (int n = 0; n < kCopies; ++n)
-      // no L2 cache-policy hint: see cp_async16_at
-      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));
+      for (int n = 0; n < kCopies; ++n)
+        cp_async16_at(slot + b_dst + 16 * b_warp_delta(n), b + n / kLaneB * b_row + n % kLaneB * 32);
+    } else {
+#pragma unroll
+      for (int n = 0; n < kCopies; ++n)
+        // no L2 cache-policy hint: see cp_async16_at
+        cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));
+    }
     if constexpr (GROUP_MODE == kGrouped) {
       const int g0 = (kit * G::BK + first_row()) >> group_shift;  // first group row of the stage (PER_WARP: the warp's)
       if (s_on) cp_async16_at(slot + s_dst, s_src + g0 * s_row);
@@ -454,10 +495,10 @@ struct WarpLoop {
     o.s = G::kSOff + 16 * (nt * 8 + lane / 4);
     o.s_acc = G::kSOff + 16 * (nt * 8 + 2 * (lane % 4));
     o.z = G::kZOff + 4 * (nt * (64 / Weight<W>::kPack) + (lane / 4) * (Weight<W>::kBits / 4));
-    if constexpr (PER_WARP) {  // (one tile: nt = 0) the warp's own region
-      o.s += 16 * Fetch::s_dst_of(warp, 0);
-      o.s_acc += 16 * Fetch::s_dst_of(warp, 0);
-      o.z += 16 * Fetch::z_dst_of(warp, 0);
+    if constexpr (PER_WARP) {  // the k group's own region
+      o.s += 16 * Fetch::s_region(warp);
+      o.s_acc += 16 * Fetch::s_region(warp);
+      o.z += 16 * Fetch::z_region(warp);
     }
     o.gi = G::kGOff + 4 * (16 * kt0 + 2 * (lane % 4));
     o.k = 16 * kt0;

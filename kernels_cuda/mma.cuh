@@ -58,6 +58,12 @@ __device__ __forceinline__ void mma_m16n8k16(const unsigned (&a)[4], const unsig
   }
 }
 
+// Barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps (PTX bar.sync: memory ordering among
+// the participating threads, as __syncthreads among all).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // threadIdx.x read once through volatile asm: values derived from it (a lane's shared offsets) are then kept in
 // registers across the main loop; from the plain threadIdx.x, NVVM re-derived them inside the loop every stage.
 __device__ __forceinline__ int pinned_thread_index() {

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Round 16i, lead (issue #4; prepared in session 13, NOT RUN: the session's device time was spent). The per-warp
+# Round 16i, lead (issue #4; prepared in session 13, run and landed in session 14: NOTES_gemm.md round 16 item 11;
+# the patch it applied is now in the tree). The per-warp
 # pipeline of round 16 (kWarpFetch, landed for one 64-column tile) extended to two tiles
-# (bench/attic/gemm_r16i_pair_pipeline.patch): each warp copies its own tile's B rows (remapped), scales and zero
+# (then bench/attic/gemm_r16i_pair_pipeline.patch): each warp copies its own tile's B rows (remapped), scales and zero
 # points; the two warps of a k group together copy the A chunks and g_idx they share and meet at a named barrier of 64
 # threads (bar.sync 1 + kg) instead of the block barrier. Touches every one-block kernel on the 256 x 128 tile:
 # 8192^2 and 28672x8192 pairs, 4096x14336 M = 16 (the cell still short: x2.27, 13.80 us), FP8 / u8b128 8192^2.
 # Arithmetic unchanged: every output must be bitwise HEAD's. Local checks: fetch_maps.cu's host check (B remap,
 # scale / zero-point regions, both tile counts), the per-group A test, nvcc sm_90 no spills (115-222 registers).
 # Prediction: 4096x14336 M = 16 -5..-10% (nobar on 14336x4096 gave -10%); 8192^2 M <= 8 -2..-5%.
-# Before the call:
-#   git apply bench/attic/gemm_r16i_pair_pipeline.patch
+# Before the call (it was run with the patch applied, HEAD b53ceb7 as old):
 #   bash bench/device_runs/make_old.sh artifacts/r16i_old
 #   usage (device machine, repo root; carry .whl, artifacts/r16i_old):
 #     RET=$OUT bash bench/device_runs/gpu_r16i_pair_pipeline.sh

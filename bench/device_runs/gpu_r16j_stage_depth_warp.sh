@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Round 16j, lead (issue #4; prepared in session 13, NOT RUN). Round 16's stage orders (3 first for one-block pairs,
+# Round 16j, lead (issue #4; prepared in session 13, run in session 14 with r16i applied: no change,
+# NOTES_gemm.md round 16 item 12). Round 16's stage orders (3 first for one-block pairs,
 # sweep r16b) were measured with a block barrier per stage; the per-warp pipeline (92b3b6c) lets each warp's stages
 # land and run on their own, so the best depth may have moved. The near-default sweep of the cells still short of the
 # INT4 x2.5 bar and their neighbours, one-block stages 2, 3, 4, 5, 6 (every candidate checked against the fp32

@@ -27,7 +27,7 @@ def test_weight_fetch_covers_every_b_int4_at_heads_position(tmp_path):
                     str(DATA / "fetch_maps.cu")], check=True, capture_output=True, text=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(": ok") == 20, run.stdout
+    assert run.stdout.count(": ok") == 28, run.stdout
 
 
 @pytest.mark.parametrize("n_tiles,k_warp", sorted(gemm.thread_shapes()))
@@ -73,27 +73,30 @@ def test_ldmatrix_address_of_tile_i_is_tile_0_xor_32i(n_tiles, k_warp, swap):
                 assert base ^ (32 * i) == 16 * a_index(r, 2 * (kt0 + i) + b, bk), (kg, lane, i)
 
 
+@pytest.mark.parametrize("n_tiles", [1, 2])
 @pytest.mark.parametrize("k_warp", [2, 4])
 @pytest.mark.parametrize("swap", [0, 1, 2])
 @pytest.mark.parametrize("prob_m", [1, 5, 8, 9, 16])
-def test_per_warp_a_copies_are_what_the_warp_reads(k_warp, swap, prob_m):
-    """marlin_gemm.cu's kWarpFetch (one 64-column tile, one m16 block): lane l's A copy n is chunk j = i % (2 K_WARP)
-    of row i / (2 K_WARP), i = l + 32 n, of the warp's k range (chunk 2 kt0 + j). With one chunk, the copies a warp
-    issues are exactly the rows < prob_m it reads (rows 0..7 swapped with one half, else 0..15) at its own chunks
-    2 kt0 .. 2 kt0 + 2 K_WARP - 1 (what its ldmatrix addresses cover: the test above), each once; the rows it reads
-    beyond prob_m are the ones zeroed before the loop; no two warps write one position."""
+def test_per_warp_a_copies_are_what_the_group_reads(n_tiles, k_warp, swap, prob_m):
+    """marlin_gemm.cu's kWarpFetch (one or two 64-column tiles, one m16 block): thread g of a k group's 32 N_TILES
+    copies n = chunk j = i % (2 K_WARP) of row i / (2 K_WARP), i = g + 32 N_TILES n, of the group's k range (chunk
+    2 kt0 + j). With one chunk, the copies a group issues are exactly the rows < prob_m its warps read (rows 0..7
+    swapped with one half, else 0..15) at its chunks 2 kt0 .. 2 kt0 + 2 K_WARP - 1 (what their ldmatrix addresses
+    cover: the test above), each once; the rows read beyond prob_m are the ones zeroed before the loop; no two groups
+    write one position."""
     if swap == 1 and prob_m > 8:
         pytest.skip("one half covers 8 rows")
-    bk = 16 * k_warp * 8
+    bk = 16 * k_warp * (8 // n_tiles)
+    group = 32 * n_tiles
     chunks_per_row = 2 * k_warp
     rows_read = 8 if swap == 1 else 16
-    copies = -(-rows_read * chunks_per_row // 32)
+    copies = -(-rows_read * chunks_per_row // group)
     written = {}
-    for kg in range(8):
+    for kg in range(8 // n_tiles):
         issued = []
-        for lane in range(32):
+        for g in range(group):
             for n in range(copies):
-                i = lane + 32 * n
+                i = g + group * n
                 r, c = i // chunks_per_row, 2 * k_warp * kg + i % chunks_per_row
                 if i < rows_read * chunks_per_row and r < prob_m:
                     issued.append((r, c))
