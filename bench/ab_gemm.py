@@ -29,6 +29,11 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
               different configuration, so its bits may differ from old's (another K split)
   new-oldpolicy workbench.gemm's kernels with the policy before round 6 (OLD_POLICY: 8 stages first for M <= 16,
               the (2, 4) tile first for 8-bit, aligned grids only when no longer than the striped one)
+  new-r16pairs workbench.gemm with round 16's pair rules (long one-block pairs for fp16 without zero points only,
+              two-block pairs for fp16 only: PAIR_LONG_ACTS, PAIR_LONG_ZERO_POINTS, TWO_BLOCK_PAIR_ACTS); r17b timed
+              round 17's rules as variants of round 16's (new-longpairs, new-bf16two)
+  new-stages4 workbench.gemm with 4 stages first for one-block 4-bit kernels outside pairs (ONE_M_BLOCK_STAGES[4];
+              A/B r17b: not taken)
 Method as bench/bench_gemm.py (CUDA graphs over rotated inputs > 3 x L2). Also records max |new - old| / max |old|
 per cell (same inputs) and whether the outputs are bitwise equal (bits_equal_old: what a change that keeps the
 summation order must give); correctness itself is tests/gpu's job.
@@ -53,6 +58,7 @@ from bench_gemm import (OURS, SHAPES, LAUNCHES_PER_GRAPH, copies_for, device_sum
                         forget_plans, random_weight, time_cupy_graph, time_torch_graph, weight_bytes)
 from sweep_gemm import swap_text  # noqa: E402
 from workbench import gemm  # noqa: E402
+from workbench.scalar_types import ScalarType as S  # noqa: E402
 
 LEGACY_LABELS = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
 # workbench.gemm's policy constants before round 6's sweep (variant new-oldpolicy; tests/cpu pins what they choose)
@@ -167,7 +173,11 @@ def main(argv=None) -> int:
                     "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8))),
                     "new-no8bitpairs": (gemm, Setting(PAIR_TWO_BLOCK_EIGHT_BIT_ROWS=False)),
                     "new-noswapaligned": (gemm, Setting(ALIGNED_SWAP_TWO_BLOCKS=False)),
-                    "new-oldpolicy": (gemm, Setting(**OLD_POLICY))}
+                    "new-oldpolicy": (gemm, Setting(**OLD_POLICY)),
+                    "new-r16pairs": (gemm, Setting(PAIR_LONG_ACTS=(S.F16,), PAIR_LONG_ZERO_POINTS=False,
+                                                   TWO_BLOCK_PAIR_ACTS=(S.F16,))),
+                    "new-stages4": (gemm, Setting(ONE_M_BLOCK_STAGES={4: (4, 6, 8),
+                                                                      8: gemm.ONE_M_BLOCK_STAGES[8]}))}
     names = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(names) - set(all_variants))
     if unknown or "old" not in names:

@@ -189,15 +189,16 @@ TWO_BLOCKS_MIN_STEPS_SWAP = 8
 
 # Pairs (sm_90+, fp32 reduction; choose_config(pairs=True)): for M <= 16, the first thread shape whose slices, two
 # blocks each with one block per SM, fill PAIR_MIN_FILL..1 of the SMs is taken when each block then gets at most
-# PAIR_MAX_STEPS pipeline steps, or, for fp16 kernels without zero points or act-order groups, when it is the
-# first-choice shape (M <= 8 since round 9; M = 9..16 since round 10's late scaling made the one-block kernel
-# faster: sweep r10f, u4b8 28672x8192 M = 16 two blocks per SM 44.63 -> pairs 43.07 µs). Its grid is slice-aligned
-# with two blocks per slice, summed in clusters of two (cluster_blocks). PAIR_TWO_BLOCK_MIN_FILL: the same with two
-# blocks per SM (see choose_config; round 10j). Round 9c sweep on the H200 (bench/NOTES_gemm.md "Round 9"), µs default
-# -> pair: u4b8 8192^2 M = 16 18.45 -> 17.04, 28672x8192 M = 1 40.93 -> 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64
-# tile), FP8 8192^2 M = 1 22.98 -> 20.32 (the 256 x 128 tile); lost with long ranges (then): 28672x8192 M = 16 44.68
-# -> 46.87, 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16, and (round 9d A/B) u4 + zero points 28672x8192 M = 1 44.88
-# -> 46.96; u4b8 bf16 28672x8192 M = 1..8 (round 9f A/B, two blocks per SM -> pairs) 41.5-41.8 -> 41.8-43.1.
+# PAIR_MAX_STEPS pipeline steps, or, for kernels without act-order groups, when it is the first-choice shape (long
+# pairs: PAIR_LONG_*; fp16 without zero points: M <= 8 since round 9, M = 9..16 since round 10's late scaling made the
+# one-block kernel faster: sweep r10f, u4b8 28672x8192 M = 16 two blocks per SM 44.63 -> pairs 43.07 µs; bf16 and zero
+# points since round 17). Its grid is slice-aligned with two blocks per slice, summed in clusters of two
+# (cluster_blocks). PAIR_TWO_BLOCK_MIN_FILL: the same with two blocks per SM (see choose_config; round 10j). Round 9c
+# sweep on the H200 (bench/NOTES_gemm.md "Round 9"), µs default -> pair: u4b8 8192^2 M = 16 18.45 -> 17.04, 28672x8192
+# M = 1 40.93 -> 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64 tile), FP8 8192^2 M = 1 22.98 -> 20.32 (the 256 x 128
+# tile); lost with long ranges (then): 28672x8192 M = 16 44.68 -> 46.87, 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16,
+# and (round 9d A/B) u4 + zero points 28672x8192 M = 1 44.88 -> 46.96; u4b8 bf16 28672x8192 M = 1..8 (round 9f A/B, two
+# blocks per SM -> pairs) 41.5-41.8 -> 41.8-43.1.
 # The pairs do not depend on CLUSTER_SUMS: with the sums switched off the same partition runs with global sums.
 PAIR_CLUSTERS = True
 PAIR_MIN_FILL = 0.9
@@ -206,6 +207,18 @@ PAIR_MAX_STEPS = 32
 # fp16, µs, one block per SM -> 256 x 64 pairs): 4096^2 (8 steps) M = 1 9.47 -> 8.41; 14336x4096 (28 steps) M = 1
 # 16.61 -> 17.80, M = 16 18.13 -> 20.41, while u4b8 there gained (14.85 -> 13.84). Round 9d: 8192^2 (16) won.
 PAIR_MAX_STEPS_NOT_PLAIN = 16
+# Long pairs (long_ok in choose_config: the first-choice shape past PAIR_MAX_STEPS): activation types that may take
+# them, and whether zero-point kernels may (act-order ones never). fp16 without zero points only until round 17,
+# when the per-warp pipeline for two tiles (r16i) let the one-block kernels beat two blocks per SM there too. A/B
+# r17b (H200, 28672x8192, 56 steps a block; two blocks per SM -> one-block pairs), µs: u4 + zero points fp16 M = 1
+# 41.37 -> 35.05, M = 8 41.50 -> 35.05, M = 16 54.16 -> 44.75 (the two-block zero-point kernel spills 16 bytes);
+# u4b8 bf16 M = 1 35.07 -> 34.97, M = 8 35.47 -> 35.20, M = 16 44.89 -> 42.97.
+PAIR_LONG_ACTS = (ScalarType.F16, ScalarType.BF16)
+PAIR_LONG_ZERO_POINTS = True
+# Activation types of the swapped two-block pairs (choose_config's pair_choice). bf16 since round 17: A/B r17b, u4b8
+# bf16 4096x14336 (one block of 6 stages on 112 -> two blocks per SM on 224 in pairs), µs M = 1 12.46 -> 11.48,
+# M = 8 12.20 -> 11.60.
+TWO_BLOCK_PAIR_ACTS = (ScalarType.F16, ScalarType.BF16)
 PAIR_TWO_BLOCK_MIN_FILL = 0.8
 PAIR_TWO_BLOCK_EIGHT_BIT_ROWS = True  # (see choose_config's pair_choice; a switch for bench/ab_gemm.py's A/B)
 # Stage counts of 4-bit pairs on the 256 x 64 tile, by swap (twice the bytes per stage of 128 x 64, whose order is
@@ -302,7 +315,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             steps = size_k // tk // 2  # per block
             # (rows layout: only where late scaling flushes once per stage, i.e. a group spans a warp's k16 tiles)
             one_flush = variant["swap"] or group_size < 0 or group_size >= 16 * k_warp
-            long_ok = plain and act is ScalarType.F16 and (n_tiles, k_warp) == first and one_flush
+            long_plain = plain or (PAIR_LONG_ZERO_POINTS and not per_row_groups)
+            long_ok = long_plain and act in PAIR_LONG_ACTS and (n_tiles, k_warp) == first and one_flush
             if steps >= 1 and (steps <= (PAIR_MAX_STEPS if plain else PAIR_MAX_STEPS_NOT_PLAIN) or long_ok):
                 stages_here = PAIR_STAGES.get((weight.bits, (n_tiles, k_warp)), {}).get(bool(variant["swap"]),
                                                                                         stage_order)
@@ -316,8 +330,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
         # fill PAIR_TWO_BLOCK_MIN_FILL.. of them two blocks each (swapped fp16 4-bit kernels without zero points;
         # returned with cluster = 2, so grid_blocks gives each slice two blocks): sweep r10i, u4b8 4096x14336 M = 1
         # (112 slices of 128 columns, 8 steps per block) one block per SM on 112 blocks 13.76 -> 224 in pairs 12.65 µs.
-        if first is not None and plain_swap and act is ScalarType.F16 and weight.bits in TWO_BLOCKS_WEIGHT_BITS \
-                and sm_smem > 0:
+        if first is not None and plain_swap and act in TWO_BLOCK_PAIR_ACTS \
+                and weight.bits in TWO_BLOCKS_WEIGHT_BITS and sm_smem > 0:
             n_tiles, k_warp = first
             tk, tn = _THREAD_SHAPES[first]
             if PAIR_TWO_BLOCK_MIN_FILL * sms <= size_n // tn <= sms and size_k // tk >= 2:

@@ -211,7 +211,7 @@ PAIRS = [
     ((S.FE4M3FN, 8, 4096, 14336), (4, 2, 4, 1, 112, 2)),  # swapped: as before
     ((S.FE4M3FN, 1, 28672, 8192), (4, 2, 4, 1, 128, 1)),
     ((S.U4, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),  # zero points, 16 steps: pairs (round 9d: 18.71 -> 17.12)
-    ((S.U4, 1, 28672, 8192), (2, 4, 3, 2, 256, 1)),  # zero points, 56 steps: as before (pairs: 44.88 -> 46.96)
+    ((S.U4, 1, 28672, 8192), (2, 4, 3, 1, 128, 2)),  # zero points, 56 steps: long pairs (r17b: 41.37 -> 35.05)
 ]
 
 
@@ -227,23 +227,45 @@ def test_pairs_off_is_the_policy_without_pairs(monkeypatch):
         assert pair_choice(*key)[:5] == choice(*key)
 
 
-def test_pairs_long_range_exception_is_for_plain_fp16_kernels_only():
-    """56 steps per block: pairs for u4b8 fp16 (M <= 8 since round 9, M <= 16 since round 10's late scaling; bf16
-    and zero points lost, round 9d / 9f)."""
-    def pick(act, weight, m):
-        cfg = gemm.choose_config(act, weight, m, 8192, 28672, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
+def test_pairs_long_range_exception_is_for_the_first_tile_without_act_order():
+    """56 steps per block: long pairs for u4b8 fp16 (M <= 8 since round 9, M <= 16 since round 10's late scaling), for
+    bf16 and zero points since round 17 (A/B r17b, after the per-warp pipeline for two tiles; they lost in rounds 9d /
+    9f), never for act-order groups (PAIR_MAX_STEPS_NOT_PLAIN)."""
+    def pick(act, weight, m, per_row=False):
+        cfg = gemm.choose_config(act, weight, m, 8192, 28672, 128, per_row, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
                                  pairs=True)
         return cfg.blocks_per_sm, gemm.grid_blocks(cfg, m, 8192, 28672, SMS)
-    assert pick(S.F16, S.U4B8, 8) == (1, 128)
-    assert pick(S.BF16, S.U4B8, 8) == (2, 256)
-    assert pick(S.F16, S.U4, 8) == (2, 256)
-    assert pick(S.F16, S.U4B8, 16) == (1, 128) and pick(S.F16, S.U4B8, 12) == (1, 128)
-    assert pick(S.BF16, S.U4B8, 16) == (2, 256) and pick(S.F16, S.U4, 16) == (2, 256)
+    for m in (8, 12, 16):
+        assert pick(S.F16, S.U4B8, m) == (1, 128)
+        assert pick(S.BF16, S.U4B8, m) == (1, 128)
+        assert pick(S.F16, S.U4, m) == (1, 128)
+        assert pick(S.F16, S.U4B8, m, per_row=True)[0] == 2
+    # round 16's rules, still behind the switches (bench/ab_gemm.py's variant new-r16pairs)
+    saved = gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS
+    try:
+        gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS = (S.F16,), False
+        assert pick(S.BF16, S.U4B8, 8) == (2, 256) and pick(S.F16, S.U4, 16) == (2, 256)
+        assert pick(S.F16, S.U4B8, 8) == (1, 128)
+    finally:
+        gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS = saved
     # group 32 in the rows layout: a late-scaling flush per k16 tile (not measured with pairs): two blocks as before
     cfg = gemm.choose_config(S.F16, S.U4B8, 16, 8192, 28672, 32, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
                              pairs=True)
     assert cfg.blocks_per_sm == 2 and gemm.choose_config(S.F16, S.U4B8, 8, 8192, 28672, 32, False, SMEM_LIMIT,
                                                          sm_smem=SM_SMEM, sms=SMS, pairs=True).blocks_per_sm == 1
+
+
+def test_two_block_pairs_take_bf16_since_round_17():
+    """u4b8 4096x14336 M <= 8 (112 slices of 128 columns): two blocks per SM in pairs on 224 for fp16 and bf16 (A/B
+    r17b: bf16 M = 1 12.46 -> 11.48 µs); zero points keep one block on 112."""
+    def pick(act, weight, m):
+        cfg = gemm.choose_config(act, weight, m, 14336, 4096, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
+                                 pairs=True)
+        grid = gemm.grid_blocks(cfg, m, 14336, 4096, SMS)
+        return cfg.blocks_per_sm, grid, gemm.cluster_blocks(cfg, m, 14336, 4096, grid, 90, True)
+    for m in (1, 8):
+        assert pick(S.F16, S.U4B8, m) == (2, 224, 2) and pick(S.BF16, S.U4B8, m) == (2, 224, 2)
+        assert pick(S.F16, S.U4, m) == (1, 112, 1)
 
 
 def test_late_scale_mirrors_the_kernel_rule():
