@@ -42,6 +42,11 @@ CASES = [case + (np.float16,) for case in CASES]
 # the slice-aligned grid of swapped two-block kernels (gemm.ALIGNED_SWAP_TWO_BLOCKS)
 CASES += [(wt, 128, (14336, 4096), m, act) for wt, act in ((S.U4, np.float16), (S.U4B8, BF16)) for m in (1, 16)]
 CASES += [(S.U4B8, 128, (8192, 28672), 8, BF16)]
+# round 17: long one-block pairs for zero points and bf16 (gemm.PAIR_LONG_ACTS / PAIR_LONG_ZERO_POINTS: 56 steps a
+# block on 28672 x 8192), bf16 in the swapped two-block pairs (gemm.TWO_BLOCK_PAIR_ACTS: 4096 x 14336 at M <= 8)
+CASES += [(S.U4, 128, (28672, 8192), m, np.float16) for m in (1, 16)]
+CASES += [(S.U4B8, 128, (28672, 8192), m, BF16) for m in (1, 16)]
+CASES += [(S.U4B8, 128, (4096, 14336), m, BF16) for m in (1, 8)]
 
 
 @functools.lru_cache(maxsize=2)
