@@ -251,49 +251,34 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
 }
 
 // The out-of-line copy (see above: kernels with several m16 blocks spilled with the finish inlined).
-template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight, bool FOLD = true>
 __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI, int cols,
                                           long long total, T* __restrict__ C, float* __restrict__ C_tmp,
                                           int* __restrict__ locks, int prob_m, int prob_n, int reduce_mode) {
-  finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(acc, sRed, slice, KI, cols, total, C, C_tmp, locks,
-                                                                    prob_m, prob_n, reduce_mode);
+  finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, FOLD>(acc, sRed, slice, KI, cols, total, C, C_tmp,
+                                                                          locks, prob_m, prob_n, reduce_mode);
 }
 
-// ---- the slice sum inside a thread-block cluster (sm_90) ------------------------------------------------------
-// On a slice-aligned grid (workbench/gemm.py grid_blocks) every slice is split over the same number s of consecutive
-// blocks; launched in clusters of CLUSTER = s blocks (marlin_gemm_cluster), a slice's contributors are one cluster and
-// read each other's shared memory. Each block puts its folded partial in its own stage ring (idle: the block's range
-// is this one slice). Unless FOLDED (k group 0's warps hold it), the fold happens there: every warp stores its
-// partial, one block barrier, then each thread sums a few float4s over the k groups in fold_warps' tree order (bit
-// for bit its sums, every thread at work instead of one warp in passes: ablation r15b charged fold_warps 0.55 µs of
-// u4b8 4096^2 M = 16; this form took 0.17-0.35 µs off the row-layout cells, A/B r15c). One cluster barrier, then
-// block r sums float4s [r E / s, (r + 1) E / s) of the folded partial over the cluster's blocks in rank order (rank =
-// block - first contributor: block order, the same sums as sum_fp32_slots, bit for bit) and writes them to C; a
-// second barrier keeps every block's shared memory alive until the others have read it. No C_tmp slot, lock or
-// global round trip, and no block waits on a block outside its cluster (whose blocks the hardware makes
-// co-resident). `acc`: in the row layout; FOLDED: k group 0's warps hold the block's partial, else each warp its own.
-template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int CLUSTER, bool FOLDED>
-__device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS][8][4], unsigned ring_base,
-                                                     int slice, int cols, T* __restrict__ C, int prob_m,
-                                                     int prob_n) {
+// Every warp's row-layout partial summed over the k groups in the block's stage ring, every thread at work: each warp
+// stores its partial at its k group's place (kg kF4 float4s from ring_base, in fragment order, as a C_tmp slot), one
+// block barrier, then each thread sums a few float4s over the k groups in fold_warps' tree order (bit for bit its
+// sums) and leaves the sum where k group 0's partial was. The caller makes sure the ring is idle (every warp past its
+// last stage, no copy in flight) and passes a block barrier before the sums are read.
+template <int M_BLOCKS, int N_TILES>
+__device__ __forceinline__ void fold_warps_in_ring(const float (&acc)[M_BLOCKS][8][4], unsigned ring_base) {
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
-  constexpr int kF4 = N_TILES * M_BLOCKS * 8 * 32;  // float4s of a partial (fragment order, as a C_tmp slot)
-  static_assert(kF4 % CLUSTER == 0, "a cluster's blocks share the partial evenly");
-  constexpr int kShare = kF4 / CLUSTER;
-  constexpr int kGroups = kWarps / N_TILES;  // k groups (warps per 64-column tile)
+  constexpr int kF4 = N_TILES * M_BLOCKS * 8 * 32;  // float4s of a partial
+  constexpr int kGroups = kWarps / N_TILES;          // k groups (warps per 64-column tile)
   const int nt = warp % N_TILES, kg = warp / N_TILES;
-  if constexpr (!FOLDED) __syncthreads();  // every warp is past its last stage: the ring is idle
-  if (!FOLDED || kg == 0) {
 #pragma unroll
-    for (int mb = 0; mb < M_BLOCKS; ++mb)
+  for (int mb = 0; mb < M_BLOCKS; ++mb)
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
-        sts128_f32(ring_base + 16 * (kg * kF4 + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane), acc[mb][nb][0],
-                   acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]);
-  }
-  if constexpr (!FOLDED && kGroups > 1) {
+    for (int nb = 0; nb < 8; ++nb)
+      sts128_f32(ring_base + 16 * (kg * kF4 + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane), acc[mb][nb][0],
+                 acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]);
+  if constexpr (kGroups > 1) {
     __syncthreads();
 #pragma unroll
     for (int e = tid; e < kF4; e += kThreads) {
@@ -308,6 +293,44 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
         }
       sts128_f32(ring_base + 16 * e, v[0].x, v[0].y, v[0].z, v[0].w);  // (only this thread reads element e)
     }
+  }
+}
+
+// ---- the slice sum inside a thread-block cluster (sm_90) ------------------------------------------------------
+// On a slice-aligned grid (workbench/gemm.py grid_blocks) every slice is split over the same number s of consecutive
+// blocks; launched in clusters of CLUSTER = s blocks (marlin_gemm_cluster), a slice's contributors are one cluster and
+// read each other's shared memory. Each block puts its folded partial in its own stage ring (idle: the block's range
+// is this one slice). Unless FOLDED (k group 0's warps hold it), the fold happens there (fold_warps_in_ring, every
+// thread at work instead of one warp in passes: ablation r15b charged fold_warps 0.55 µs of u4b8 4096^2 M = 16; this
+// form took 0.17-0.35 µs off the row-layout cells, A/B r15c). One cluster barrier, then block r sums float4s
+// [r E / s, (r + 1) E / s) of the folded partial over the cluster's blocks in rank order (rank = block - first
+// contributor: block order, the same sums as sum_fp32_slots, bit for bit) and writes them to C; a second barrier keeps
+// every block's shared memory alive until the others have read it. No C_tmp slot, lock or
+// global round trip, and no block waits on a block outside its cluster (whose blocks the hardware makes
+// co-resident). `acc`: in the row layout; FOLDED: k group 0's warps hold the block's partial, else each warp its own.
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int CLUSTER, bool FOLDED>
+__device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS][8][4], unsigned ring_base,
+                                                     int slice, int cols, T* __restrict__ C, int prob_m,
+                                                     int prob_n) {
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  constexpr int kF4 = N_TILES * M_BLOCKS * 8 * 32;  // float4s of a partial (fragment order, as a C_tmp slot)
+  static_assert(kF4 % CLUSTER == 0, "a cluster's blocks share the partial evenly");
+  constexpr int kShare = kF4 / CLUSTER;
+  const int nt = warp % N_TILES, kg = warp / N_TILES;
+  if constexpr (FOLDED) {
+    if (kg == 0) {
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+          sts128_f32(ring_base + 16 * (kg * kF4 + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane), acc[mb][nb][0],
+                     acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]);
+    }
+  } else {
+    __syncthreads();  // every warp is past its last stage: the ring is idle
+    fold_warps_in_ring<M_BLOCKS, N_TILES>(acc, ring_base);
   }
   cluster_sync();
   const int chunk = slice / cols, col = slice % cols;
@@ -354,6 +377,9 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
 // kWarpFetchMaxTiles 64-column tiles per block.
 inline constexpr bool kWarpFetchEnabled = true;
 inline constexpr int kWarpFetchMaxTiles = 2;
+// The last slice of a block without clusters folds its row-layout warps in the idle ring (see gemm_block's
+// kRingFold); false: fold_warps everywhere.
+inline constexpr bool kRingFoldEnabled = true;
 
 // MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
 // LDS -> dequant -> mma chain of one block's 8 warps, but only pay when every block has a long run of pipeline steps
@@ -620,7 +646,20 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   // The end of this block's part of slice slice_. SWAP kernels fold the warps in the loop's own layout (elementwise:
   // the same sums as after the transpose, on half the values); row-layout cluster kernels fold in the idle ring,
   // every thread at work (finish_slice_cluster; there the swapped kernels lost 2-6%, A/B r15c).
-  auto end_slice = [&](int slice_) {
+  // The block's last slice in the row layout without clusters: its warps fold in the stage ring, idle by then
+  // (fold_warps_in_ring, every thread at work, as the cluster kernels fold), instead of fold_warps' passes through the
+  // fold buffer; the sums are bit for bit the same. Earlier slices of a block's range cannot: the next slice's stages
+  // are in flight in the ring. Ablation r17f (u4b8 fp16 4096x14336, fold_warps left out, timing only), µs: M = 16
+  // 12.94 -> 12.56, M = 32 23.54 -> 20.71, M = 64 (four m16 blocks: not here) 39.76 -> 37.63.
+  // Only where the finish is out of line (kInlineFinish false: fold_warps then works on the accumulators' local copy):
+  // A/B r17g, u4b8 fp16 M = 32, µs: 4096^2 13.58 -> 11.60, 4096x14336 23.49 -> 21.23, 28672x8192 65.58 -> 63.35. The
+  // inlined one-m16-block finishes did not gain (4096x14336 M = 16 13.01 -> 13.02, bf16 14.32 -> 14.85, FP8
+  // 28672x8192 62.74 -> 64.23). One block per SM and at most two m16 blocks: the 128-register two-block kernels spilled
+  // with it (68-76 bytes, nvcc sm_80 / sm_90), and so did a four-block one (bf16 FP8 128 x 128, 12 bytes at sm_90).
+  constexpr bool kRingFold = kRingFoldEnabled && CLUSTER == 1 && SWAP == 0 && !kInlineFinish && MIN_BLOCKS == 1 &&
+                             M_BLOCKS <= 2 && G::kWarpsPerN > 1 && G::kWarpsPerN * BM * BN * 4 <= G::kRingBytes;
+  // last: no stage of the block's range follows this slice's
+  auto end_slice = [&](int slice_, bool last) {
     // kWarpFetch: every warp done with its stages before the finishing reuses shared memory (the fold buffer, the
     // cluster kernels' idle ring), and the previous fold's reads of the fold buffer done (with a barrier per stage,
     // a stage lies between two folds)
@@ -632,12 +671,39 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
       cp_async_wait<0>();  // (nothing is in flight: the last fetch was waited for before its compute)
       finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER, SWAP != 0>(partial, ring.base, slice_, cols, C,
                                                                              prob_m, prob_n);
-    } else if constexpr (kInlineFinish)
-      finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, SWAP == 0>(
-          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
-    else
-      finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total, C,
-                                                                 C_tmp, locks, prob_m, prob_n, reduce_mode);
+    } else {
+      bool folded = SWAP != 0;  // k group 0's warps hold the block's partial
+      if constexpr (kRingFold) {
+        if (last) {
+          cp_async_wait<0>();  // (nothing is in flight: no fetch goes past the block's range)
+          if constexpr (!kWarpFetch) __syncthreads();  // every warp past its last stage: the ring is idle
+          fold_warps_in_ring<M_BLOCKS, N_TILES>(partial, ring.base);
+          __syncthreads();
+          if (warp < N_TILES) {  // k group 0 takes its tile's sums back (fragment order, as fold_warps_in_ring)
+#pragma unroll
+            for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+              for (int nb = 0; nb < 8; ++nb) {
+                const float4 v = ld_shared_f4(ring.base + 16 * (((warp * M_BLOCKS + mb) * 8 + nb) * 32 + tid % 32));
+                partial[mb][nb][0] = v.x; partial[mb][nb][1] = v.y; partial[mb][nb][2] = v.z; partial[mb][nb][3] = v.w;
+              }
+          }
+          folded = true;
+        }
+      }
+      if constexpr (kInlineFinish) {
+        if (!folded) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);
+        finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false>(
+            partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
+      } else if (folded) {
+        finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false>(partial, ring.red, slice_, KI, cols, total,
+                                                                          C, C_tmp, locks, prob_m, prob_n,
+                                                                          reduce_mode);
+      } else {
+        finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total, C,
+                                                                   C_tmp, locks, prob_m, prob_n, reduce_mode);
+      }
+    }
     zero_acc();
   };
   if constexpr (kInlineFinish || CLUSTER > 1) {
@@ -647,7 +713,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
       const int seg_end = it_end < it + (KI - kit) ? it_end : it + (KI - kit);
       if constexpr (GROUP_MODE == kChannelwise) load_channelwise(slice % cols);
       for (; it < seg_end; ++it, ++kit) run_stage(slice, kit);
-      end_slice(slice);
+      end_slice(slice, it == it_end);
       kit = 0;  // a next segment starts a new slice at its first k step
       ++slice;
     }
@@ -657,7 +723,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
         if (it == it_begin || kit == 0) load_channelwise(slice % cols);
       }
       run_stage(slice, kit);
-      if (kit + 1 == KI || it + 1 == it_end) end_slice(slice);
+      if (kit + 1 == KI || it + 1 == it_end) end_slice(slice, it + 1 == it_end);
       advance(slice, kit);
     }
   }
