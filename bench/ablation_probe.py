@@ -48,18 +48,22 @@ _A_COPY = ("          cp_async16_at(slot + ((kARowsPerPass % 8 != 0 && n % 2) ? 
 # end_slice's finishing: the SWAP kernels' fold in the loop layout, the row layout, the finish call
 _SWAP_FOLD = "    if constexpr (SWAP) fold_warps<Loop::kAccM, N_TILES>(loop.acc, ring.red);\n"
 _ROWS = "    loop.rows_layout(partial);\n"
-_CALL = ("    if constexpr (CLUSTER > 1) {  // (row-layout warps are folded there)\n"
-         "      cp_async_wait<0>();  // (nothing is in flight: the last fetch was waited for before its compute)"
-         "\n"
-         "      finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER, SWAP != 0>(partial, ring.base, slice_, "
-         "cols, C,\n"
-         "                                                                             prob_m, prob_n);\n"
-         "    } else if constexpr (kInlineFinish)\n"
-         "      finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, SWAP == 0>(\n"
-         "          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);\n"
-         "    else\n"
-         "      finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total, C,\n"
-         "                                                                 C_tmp, locks, prob_m, prob_n, reduce_mode);\n")
+
+
+def _span(fname: str, first: str, stop: str) -> str:
+    """The text of kernels_cuda/<fname> from `first` (included) up to `stop` (excluded); each must occur once."""
+    text = (ROOT / "kernels_cuda" / fname).read_text()
+    for marker in (first, stop):
+        if text.count(marker) != 1:
+            raise RuntimeError(f"ablation_probe: {fname} holds {marker!r} {text.count(marker)} times, not once")
+    begin = text.index(first)
+    return text[begin:text.index(stop, begin)]
+
+
+# (the finish call: the cluster kernels' finish, or the ring fold of a last slice, the warp fold and the finish; read
+# from the source, as long as it is)
+_CALL = _span("marlin_gemm.cu", "    if constexpr (CLUSTER > 1) {  // (row-layout warps are folded there)\n",
+              "    zero_acc();\n  };\n")
 _FINISH = _SWAP_FOLD + _ROWS + _CALL
 _NO_FINISH = "    (void)partial;\n"
 # the finish replaced by a sink that keeps every accumulator alive (no fold, no cross-block sum, no C)
@@ -67,10 +71,13 @@ _SINK = (_ROWS + "    float sink = 0.f;\n"
          "    for (int mb = 0; mb < M_BLOCKS; ++mb) for (int nb = 0; nb < 8; ++nb) for (int r = 0; r < 4; ++r)\n"
          "      sink += partial[mb][nb][r];\n    if (sink == 1234.5f) C[0] = C[1];\n")
 _FOLD = "  if constexpr (FOLD) fold_warps<M_BLOCKS, N_TILES>(acc, sRed);\n"
-# the cluster kernels' warp fold (both layouts: fold_warps, or the fold in the ring) left out; their cross-block sum
-# done on the block's own partial with block barriers (what the fold and the distributed-shared-memory sum cost in
-# the cluster finish)
-_CLUSTER_FOLD = "  if constexpr (!FOLDED && kGroups > 1) {\n"
+# (end_slice's warp folds before an inlined finish and on a last slice in the ring)
+_END_FOLD = "        if (!folded) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);\n"
+_END_RING_FOLD = "          fold_warps_in_ring<M_BLOCKS, N_TILES>(partial, ring.base);\n"
+# the cluster kernels' warp fold (both layouts: fold_warps, or the fold in the ring, fold_warps_in_ring, which the
+# last slice of an out-of-line finish uses too) left out; their cross-block sum done on the block's own partial with
+# block barriers (what the fold and the distributed-shared-memory sum cost in the cluster finish)
+_CLUSTER_FOLD = "  if constexpr (kGroups > 1) {\n    __syncthreads();\n"
 _CLUSTER_BAR1 = "  }\n  cluster_sync();\n  const int chunk"
 _CLUSTER_BAR2 = "  }\n  cluster_sync();\n#pragma unroll\n  for (int it = 0; it < kIters"
 _CLUSTER_LOAD = "theirs[q] = ld_cluster_f4(cluster_map(ring_base + 16 * e, q));"
@@ -101,11 +108,14 @@ VARIANTS = {
     "nocompute_nofinish": [("marlin_gemm.cu", _COMPUTE, ""), ("marlin_gemm.cu", _FINISH, _NO_FINISH)],
     "nofinish": [("marlin_gemm.cu", _FINISH, _NO_FINISH)],
     "sinkfinish": [("marlin_gemm.cu", _FINISH, _SINK)],
-    "finish_return": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "  if (prob_m > 0) return;\n")],
-    "nofold": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _FOLD, "")],
+    "finish_return": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _END_FOLD, ""),
+                      ("marlin_gemm.cu", _END_RING_FOLD, ""), ("marlin_gemm.cu", _FOLD, "  if (prob_m > 0) return;\n")],
+    "nofold": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _END_FOLD, ""),
+               ("marlin_gemm.cu", _END_RING_FOLD, ""), ("marlin_gemm.cu", _FOLD, "")],
     "noscale": [("dequant.cuh", _SCALE_MUL, _NO_SCALE_MUL)],
     "noB": [("marlin_mainloop.cuh", _B_COPY, "      (void)b;\n")],
-    "nofold_cluster": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _CLUSTER_FOLD, "  if (false) {\n")],
+    "nofold_cluster": [("marlin_gemm.cu", _SWAP_FOLD, ""),
+                       ("marlin_gemm.cu", _CLUSTER_FOLD, "  if (false) {\n    __syncthreads();\n")],
     "localsum": [("marlin_gemm.cu", _CLUSTER_BAR1, _CLUSTER_BAR1.replace("cluster_sync", "__syncthreads")),
                  ("marlin_gemm.cu", _CLUSTER_BAR2, _CLUSTER_BAR2.replace("cluster_sync", "__syncthreads")),
                  ("marlin_gemm.cu", _CLUSTER_LOAD, "theirs[q] = ld_cluster_f4(ring_base + 16 * e);")],

@@ -77,8 +77,12 @@ def test_unused_experts_and_dropped_entries_contribute_nothing(rng):
     dropped[:, 1] = -1
     zeroed = weights.copy()
     zeroed[:, 1] = 0
-    assert np.array_equal(moe.moe_reference(hidden, w13, w2, weights, dropped),
-                          moe.moe_reference(hidden, w13, w2, zeroed, ids))
+    # (dropping a slot gives experts 2 and 5 fewer rows per matmul, and BLAS may then sum a row in another order: a
+    # fp32 product can differ in its last bit, a rounded fp16 intermediate by one step, which the later products
+    # carry; measured over 2,000 seeds: 23 differ, by at most 4.1e-4 of the largest output, within 2^-10 of it)
+    got = moe.moe_reference(hidden, w13, w2, weights, dropped).astype(np.float32)
+    want = moe.moe_reference(hidden, w13, w2, zeroed, ids).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2**-10 * np.abs(want).max())
     # expert parallelism: this device holds only global expert 2 (local 0); global 5 lives elsewhere (-1)
     emap = np.full(8, -1, np.int32)
     emap[2] = 0
