@@ -305,9 +305,9 @@ __device__ __forceinline__ void fold_warps_in_ring(const float (&acc)[M_BLOCKS][
 // form took 0.17-0.35 µs off the row-layout cells, A/B r15c). One cluster barrier, then block r sums float4s
 // [r E / s, (r + 1) E / s) of the folded partial over the cluster's blocks in rank order (rank = block - first
 // contributor: block order, the same sums as sum_fp32_slots, bit for bit) and writes them to C; a second barrier keeps
-// every block's shared memory alive until the others have read it. No C_tmp slot, lock or
-// global round trip, and no block waits on a block outside its cluster (whose blocks the hardware makes
-// co-resident). `acc`: in the row layout; FOLDED: k group 0's warps hold the block's partial, else each warp its own.
+// every block's shared memory alive until the others have read it. No C_tmp slot, lock or global round trip, and no
+// block waits on a block outside its cluster (whose blocks the hardware makes co-resident). `acc`: in the row layout;
+// FOLDED: k group 0's warps hold the block's partial, else each warp its own.
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int CLUSTER, bool FOLDED>
 __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS][8][4], unsigned ring_base,
                                                      int slice, int cols, T* __restrict__ C, int prob_m,
