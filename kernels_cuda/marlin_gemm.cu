@@ -319,7 +319,8 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
   static_assert(kF4 % CLUSTER == 0, "a cluster's blocks share the partial evenly");
   constexpr int kShare = kF4 / CLUSTER;
   const int nt = warp % N_TILES, kg = warp / N_TILES;
-  if constexpr (FOLDED) {
+  if constexpr (FOLDED) {  // (fold_warps_in_ring's stores, for k group 0 only; a shared helper changed every cluster
+                           // kernel's SASS, nvcc 13 sm_90)
     if (kg == 0) {
 #pragma unroll
       for (int mb = 0; mb < M_BLOCKS; ++mb)
