@@ -307,6 +307,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     def pair_choice() -> KernelConfig | None:
         """The pair policy (PAIR_*): slices of two blocks each, summed in clusters of two."""
         first = next(shapes(), None)
+        # long pairs (past the step limits) for the first-choice shape: PAIR_LONG_*
+        long_pairs = act in PAIR_LONG_ACTS and (plain or (PAIR_LONG_ZERO_POINTS and not per_row_groups))
         for n_tiles, k_warp in shapes(FOUR_BIT_PAIR_SHAPES if weight.bits == 4 else order):
             tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
             slices = size_n // tn
@@ -315,8 +317,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             steps = size_k // tk // 2  # per block
             # (rows layout: only where late scaling flushes once per stage, i.e. a group spans a warp's k16 tiles)
             one_flush = variant["swap"] or group_size < 0 or group_size >= 16 * k_warp
-            long_plain = plain or (PAIR_LONG_ZERO_POINTS and not per_row_groups)
-            long_ok = long_plain and act in PAIR_LONG_ACTS and (n_tiles, k_warp) == first and one_flush
+            long_ok = long_pairs and (n_tiles, k_warp) == first and one_flush
             if steps >= 1 and (steps <= (PAIR_MAX_STEPS if plain else PAIR_MAX_STEPS_NOT_PLAIN) or long_ok):
                 stages_here = PAIR_STAGES.get((weight.bits, (n_tiles, k_warp)), {}).get(bool(variant["swap"]),
                                                                                         stage_order)
@@ -432,9 +433,8 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
     and store and count in its partial, and sums its last slice's partials at the end). Chosen unless it lengthens
     the longest range by more than ALIGNED_MAX_LONGER (x, one block per SM or swapped two-block kernels without zero
     points or act-order; one-block swapped kernels: ALIGNED_MAX_LONGER_SWAP; other two-block kernels: not at all) +
-    ALIGNED_EXTRA_STEPS. A configuration that
-    choose_config returned with ``cluster`` > 1 (a pair policy choice) gets the aligned grid of that many blocks per
-    slice wherever they fit.
+    ALIGNED_EXTRA_STEPS. A configuration that choose_config returned with ``cluster`` > 1 (a pair policy choice) gets
+    the aligned grid of that many blocks per slice wherever they fit.
     """
     chunks = math.ceil(size_m / cfg.block_m)
     slices = chunks * (size_n // cfg.block_n)

@@ -56,3 +56,12 @@ tier_partition_ab() {
     --variants new,old --no-tinygemm > "$OUT/ab.log" 2>&1
   echo "ab rc=$?"; grep -E "\[(new|old)\]|bitwise" "$OUT/ab.log" | sed -E 's/ +/ /g' | cut -c1-72; pack "$name"
 }
+
+# bench/bench_gemm.py's full grid into $OUT/results (log $OUT/bench_gemm.log), packed as NAME; the caller sets
+# BENCH_COMMIT (the device copy's git HEAD is stale).
+#   usage: gemm_grid NAME
+gemm_grid() {
+  mkdir -p "$OUT/results"
+  timeout 300 python3 bench/bench_gemm.py --out "$OUT/results" > "$OUT/bench_gemm.log" 2>&1; echo "bench_gemm rc=$?"
+  tail -2 "$OUT/bench_gemm.log" | cut -c1-200; pack "$1"
+}

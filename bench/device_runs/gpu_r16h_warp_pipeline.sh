@@ -15,6 +15,4 @@ tier_and_partition artifacts/r16h_old r16h || { echo "TESTS FAILED"; exit 1; }
 timeout 150 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r16h_old --m 1,8,16 \
   --shapes 4096x4096,14336x4096,8192x8192 --variants new,old --no-tinygemm > "$OUT/ab.log" 2>&1
 echo "ab rc=$?"; grep -E "\[(new|old)\]|bitwise" "$OUT/ab.log" | sed -E 's/ +/ /g' | cut -c1-64; pack r16h
-mkdir -p "$OUT/results"
-timeout 200 python3 bench/bench_gemm.py --out "$OUT/results" > "$OUT/bench_gemm.log" 2>&1; echo "bench_gemm rc=$?"
-tail -1 "$OUT/bench_gemm.log" | cut -c1-150; pack r16h
+gemm_grid r16h

@@ -9,9 +9,7 @@
 #     BENCH_COMMIT=<rev> RET=$OUT bash bench/device_runs/gpu_r17a_grid_sweep_ablation.sh
 set -u
 . bench/device_runs/device_env.sh
-mkdir -p "$OUT/results"
-timeout 150 python3 bench/bench_gemm.py --out "$OUT/results" > "$OUT/bench_gemm.log" 2>&1; echo "bench_gemm rc=$?"
-tail -2 "$OUT/bench_gemm.log" | cut -c1-200
+gemm_grid r17a
 timeout 220 python3 bench/sweep_gemm.py --out "$OUT/sweep" --cells 18,16,19,6,14 --thread-shapes 2x4,1x4 \
   --stages 3,4,6 --budget-s 180 > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"
 grep -A6 "^| cell" "$OUT/sweep.log" | head -7
