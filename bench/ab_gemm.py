@@ -32,6 +32,8 @@ are timed on the same weights, in the same process, interleaved cell by cell. Va
   new-r16pairs workbench.gemm with round 16's pair rules (long one-block pairs for fp16 without zero points only,
               two-block pairs for fp16 only: PAIR_LONG_ACTS, PAIR_LONG_ZERO_POINTS, TWO_BLOCK_PAIR_ACTS); r17b timed
               round 17's rules as variants of round 16's (new-longpairs, new-bf16two)
+  new-norowswide workbench.gemm without round 18's 512 x 128 tile for 4-bit rows-layout kernels at M = 9..16
+              (ROWS_WIDE_FIRST off)
   new-stages4 workbench.gemm with 4 stages first for one-block 4-bit kernels outside pairs (ONE_M_BLOCK_STAGES[4];
               A/B r17b: not taken)
 Method as bench/bench_gemm.py (CUDA graphs over rotated inputs > 3 x L2). Also records max |new - old| / max |old|
@@ -175,7 +177,8 @@ def main(argv=None) -> int:
                     "new-noswapaligned": (gemm, Setting(ALIGNED_SWAP_TWO_BLOCKS=False)),
                     "new-oldpolicy": (gemm, Setting(**OLD_POLICY)),
                     "new-r16pairs": (gemm, Setting(PAIR_LONG_ACTS=(S.F16,), PAIR_LONG_ZERO_POINTS=False,
-                                                   TWO_BLOCK_PAIR_ACTS=(S.F16,))),
+                                                   TWO_BLOCK_PAIR_ACTS=(S.F16,), ROWS_WIDE_FIRST=False)),
+                    "new-norowswide": (gemm, Setting(ROWS_WIDE_FIRST=False)),
                     "new-stages4": (gemm, Setting(ONE_M_BLOCK_STAGES={4: (4, 6, 8),
                                                                       8: gemm.ONE_M_BLOCK_STAGES[8]}))}
     names = [v for v in args.variants.split(",") if v]

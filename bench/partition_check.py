@@ -70,6 +70,8 @@ def run(old_dir, case_list=None) -> int:
     # tests/gpu; left on in OLD alone, OLD's launches took its pairs where the configurations compared below are
     # without: r13a, u8b128 M = 16 on 5 SMs); slices with two blocks each are still summed in clusters on sm_90
     gemm.PAIR_CLUSTERS = old.PAIR_CLUSTERS = False
+    # (and a tile rule newer than OLD only where OLD has it: round 18's ROWS_WIDE_FIRST)
+    gemm.ROWS_WIDE_FIRST = getattr(old, "ROWS_WIDE_FIRST", False)
     _, _, smem_limit, sm_smem = gemm.device_properties(0)
     cfgs = {name: [mod.choose_config(gemm.act_scalar_type(act), wt, m, n, k, gs, False, smem_limit, sm_smem=sm_smem,
                                      sms=sms) for m, k, n, wt, gs, act, sms in case_list]

@@ -247,7 +247,24 @@ FOUR_BIT_PAIR_SHAPES = ((2, 4), (2, 2), (1, 4), (1, 2), (1, 1), (2, 1), (4, 2))
 PAIR_STAGES = {(4, (1, 2)): {True: (4, 6, 8), False: (8, 6, 4)},
                (4, (1, 4)): {True: (3, 4, 6), False: (3, 6, 4)},
                (4, (2, 4)): {True: (3, 4, 6), False: (3, 6, 4)},
+               (4, (2, 8)): {False: (3, 4)},  # (the rows layout only: ROWS_WIDE_FIRST)
                (8, (2, 4)): {True: (3, 4), False: (3, 4)}}
+
+# The 512 x 128 tile first for 4-bit rows-layout kernels with one m16 block (M = 9..16, not swapped), groups of at
+# least 128 rows (channelwise: not timed), no act-order, where a block gets at least ROWS_WIDE_MIN_STEPS stages: a
+# warp's 128 rows of a stage are one whole group, so late scaling flushes once per 8 k16 tiles instead of 4, and a
+# stage's fixed cost (fetch addresses, the wait) is spread over twice the bytes. It wins as a pair, alone on the
+# aligned grid and striped, before the two-block kernels. Sweeps r18c / r18d (H200, u4b8 g128 fp16, µs default ->
+# 512 x 128 with 3 stages): 4096x14336 M = 16 (2,4,6 on 112) 13.05 -> 12.41; 8192^2 (pairs) 13.68 -> 12.94;
+# 28672x8192 (pairs) 38.70 -> 34.51; 8192x28672 (two blocks per SM on 264) 43.33 -> 38.71 (one block, striped 132);
+# 4 stages 0.5% behind 3. The 4096-column layers keep their 512 x 64 pairs (the tile's 32 slices fill a quarter of
+# the SMs; without pairs 7.75 µs either way on 4096^2). The swapped kernels (M <= 8) gained 1-4% at most (28672x8192
+# M = 1 31.65 -> 30.42): not taken. A/B r18e (every bench layer, M = 9 / 16; u4 + zero points and bf16 too): see
+# bench/NOTES_gemm.md "Round 18".
+ROWS_WIDE_FIRST = True
+ROWS_WIDE_TILE = (2, 8)
+ROWS_WIDE_STAGES = PAIR_STAGES[(4, ROWS_WIDE_TILE)][False]
+ROWS_WIDE_MIN_STEPS = 8
 
 
 def pairs_possible(compute_capability: int, fp32_reduce: bool) -> bool:
@@ -288,6 +305,9 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
     if m_blocks == 1 and weight.bits == 8:
         order = EIGHT_BIT_ONE_M_BLOCK_SHAPES
+    wide_rows = (ROWS_WIDE_FIRST and m_blocks == 1 and weight.bits == 4 and not variant["swap"]
+                 and not per_row_groups and group_size >= 128)
+    wide_first = (ROWS_WIDE_TILE,) if wide_rows else ()  # (tried by the pairs and alone, never by the last resort)
     stage_order = ((_DEEP_STAGES, 6, _STAGES) if m_blocks == 2 else (_STAGES, 3)) if m_blocks > 1 else \
         ONE_M_BLOCK_STAGES.get(weight.bits, (_DEEP_STAGES, 6, _STAGES))
 
@@ -300,21 +320,26 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                 continue
             if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
                 continue
+            if (n_tiles, k_warp) == ROWS_WIDE_TILE and size_k // tk < ROWS_WIDE_MIN_STEPS:
+                continue
             yield n_tiles, k_warp
 
     half_smem = min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)  # per block, two blocks per SM
 
     def pair_choice() -> KernelConfig | None:
         """The pair policy (PAIR_*): slices of two blocks each, summed in clusters of two."""
-        first = next(shapes(), None)
+        first = next(shapes(wide_first + order), None)
         # long pairs (past the step limits) for the first-choice shape: PAIR_LONG_*
         long_pairs = act in PAIR_LONG_ACTS and (plain or (PAIR_LONG_ZERO_POINTS and not per_row_groups))
-        for n_tiles, k_warp in shapes(FOUR_BIT_PAIR_SHAPES if weight.bits == 4 else order):
+        pair_shapes = FOUR_BIT_PAIR_SHAPES if weight.bits == 4 else order
+        for n_tiles, k_warp in shapes(wide_first + pair_shapes):
             tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
             slices = size_n // tn
             if not PAIR_MIN_FILL * sms <= 2 * slices <= sms:
                 continue
             steps = size_k // tk // 2  # per block
+            if (n_tiles, k_warp) == ROWS_WIDE_TILE and steps < ROWS_WIDE_MIN_STEPS:
+                continue
             # (rows layout: only where late scaling flushes once per stage, i.e. a group spans a warp's k16 tiles)
             one_flush = variant["swap"] or group_size < 0 or group_size >= 16 * k_warp
             long_ok = long_pairs and (n_tiles, k_warp) == first and one_flush
@@ -363,6 +388,12 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
         pair = pair_choice()
         if pair is not None:
             return pair
+    if wide_rows:  # (before the two-block kernels: ROWS_WIDE_FIRST)
+        wide = next((cfg for n_tiles, k_warp in shapes(wide_first) for stages in ROWS_WIDE_STAGES
+                     for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode, **variant)]
+                     if cfg.smem_bytes <= smem_limit), None)
+        if wide is not None:
+            return wide
     if m_blocks == 1 and sm_smem > 0 and weight.bits in TWO_BLOCKS_WEIGHT_BITS:
         two = next((cfg for n_tiles, k_warp in shapes() for stages in (4, 3)
                     for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
@@ -420,7 +451,7 @@ ALIGNED_SWAP_TWO_BLOCKS = True  # (a switch for bench/ab_gemm.py's A/B)
 # The policy before round 6: bench/ab_gemm.py's variant new-oldpolicy sets these module switches to time it.
 PRE_R6_POLICY = dict(ONE_M_BLOCK_STAGES={4: (8, 6, 4), 8: (8, 6, 4)}, EIGHT_BIT_ONE_M_BLOCK_SHAPES=_SMALL_M_SHAPES,
                      ALIGNED_MAX_LONGER=1.0, ALIGNED_MAX_LONGER_SWAP=1.0,
-                     TWO_BLOCKS_MIN_STEPS_SWAP=TWO_BLOCKS_MIN_STEPS)
+                     TWO_BLOCKS_MIN_STEPS_SWAP=TWO_BLOCKS_MIN_STEPS, ROWS_WIDE_FIRST=False)
 
 
 def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:

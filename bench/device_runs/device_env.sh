@@ -17,7 +17,7 @@ pack() { tar czf "$RET/$1.tgz.part" -C artifacts gpu_out && mv "$RET/$1.tgz.part
 tier_and_partition() {
   local old=$1 name=$2 start p1 p2
   start=$(date +%s)
-  timeout 280 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu > "$OUT/gpu_tier.log" 2>&1 &
+  timeout 420 python3 -m pytest -p no:cacheprovider -q -rs tests/gpu > "$OUT/gpu_tier.log" 2>&1 &
   p1=$!
   timeout 270 python3 bench/partition_check.py "$old" > "$OUT/partition_check.log" 2>&1 &
   p2=$!

@@ -36,19 +36,21 @@ def old_policy(monkeypatch):
 CELLS = [
     # 4-bit one block: 6 stages (sweep: 4096^2 M = 1 10.89 -> 10.26, 14336x4096 M = 16 24.02 -> 22.67)
     ((S.U4B8, 1, 4096, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
-    ((S.U4B8, 16, 4096, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
+    # M = 9..16 since round 18: the 512 x 128 tile, 3 stages (gemm.ROWS_WIDE_FIRST; sweeps r18c / r18d)
+    ((S.U4B8, 16, 4096, 4096), (2, 8, 3, 1, 128), (2, 4, 8, 1, 128)),
     ((S.U4B8, 8, 14336, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
     # the slice-aligned 112 grid, 16 steps instead of the striped 132 with ~14 (M = 2: 25.38 -> 19.01)
     ((S.U4B8, 1, 4096, 14336), (2, 4, 6, 1, 112), (2, 4, 8, 1, 132)),
-    ((S.U4B8, 16, 4096, 14336), (2, 4, 6, 1, 112), (2, 4, 8, 1, 132)),
+    ((S.U4B8, 16, 4096, 14336), (2, 8, 3, 1, 112), (2, 4, 8, 1, 132)),
     # one block on the aligned 128 for the swapped u4b8 kernel of 8192^2 (7.8 steps with two; round 8g A/B, after
     # round 8's finishing: 17.7 -> 16.95 at M = 1..8); zero points keep two blocks (18.7 -> 19.1 with one)
     ((S.U4B8, 1, 8192, 8192), (2, 4, 6, 1, 128), (2, 4, 3, 2, 256)),
     ((S.U4B8, 8, 8192, 8192), (2, 4, 6, 1, 128), (2, 4, 3, 2, 256)),
     ((S.U4, 1, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
-    # two blocks per SM: unchanged (the aligned 224 on 8192x28672, 32 steps vs 28, lost 5% at M = 16)
-    ((S.U4B8, 16, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
-    ((S.U4B8, 16, 8192, 28672), (2, 4, 3, 2, 264), (2, 4, 3, 2, 264)),
+    # two blocks per SM at M = 16 until round 18 (then the aligned 224 on 8192x28672, 32 steps vs 28, lost 5%); now
+    # one block of the 512 x 128 tile (r18d: 8192x28672 43.33 -> 38.71 µs)
+    ((S.U4B8, 16, 8192, 8192), (2, 8, 3, 1, 128), (2, 4, 3, 2, 256)),
+    ((S.U4B8, 16, 8192, 28672), (2, 8, 3, 1, 132), (2, 4, 3, 2, 264)),
     # ... except swapped ones without zero points since round 14 (A/B r14d, M = 1: 36.66 -> 32.74 on the aligned 224)
     ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 224), (2, 4, 3, 2, 264)),
     ((S.U4, 1, 8192, 28672), (2, 4, 3, 2, 264), (2, 4, 3, 2, 264)),
@@ -84,11 +86,12 @@ def test_old_policy_reproduces_head(old_policy, key, new, head):
     assert choice(*key) == head
 
 
-def test_aligned_grid_bound():
+def test_aligned_grid_bound(monkeypatch):
     """ALIGNED_MAX_LONGER = 1.15: 4096 x 14336's aligned 112 grid (16 steps vs 14) passes, an aligned grid that leaves
     about half the SMs idle does not (here 67 slices of a 16-step K: 67 blocks x 16 steps vs 132 x ~9), nor one
     17% longer (8192 x 28672 at M = 64: 128 vs 109 steps), nor a rows-layout or zero-point two-block kernel's 224 on
     8192 x 28672 (32 vs 28); the swapped u4b8 two-block kernel takes it (round 14)."""
+    monkeypatch.setattr(gemm, "ROWS_WIDE_FIRST", False)  # (the rows-layout two-block kernel: M = 16 before round 18)
     cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT)
     assert gemm.grid_blocks(cfg, 1, 14336, 4096, SMS) == 112
     assert gemm.grid_blocks(cfg, 1, 67 * 128, 4096, SMS) == SMS  # striped: 1072 steps over 132 blocks
@@ -136,7 +139,7 @@ CLUSTERS = [
     ((S.FE4M3FN, 1, 4096, 14336), 2, 2),  # (4, 2) tile: 56 x 2
     ((S.FE4M3FN, 16, 4096, 14336), 2, 2),
     ((S.U4B8, 1, 4096, 4096), 1, 4),  # 32 x 4
-    ((S.U4B8, 16, 8192, 8192), 1, 4),  # two blocks per SM: 64 x 4
+    ((S.U4B8, 16, 8192, 8192), 2, 2),  # the 512 x 128 tile (round 18): 64 x 2
     ((S.U4B8, 1, 28672, 8192), 1, 4),
     ((S.FE4M3FN, 1, 4096, 4096), 1, 8),  # 16 x 8
     ((S.U4B8, 1, 4096, 14336), 1, 1),  # 112 slices, one block each: no cross-block sum at all
@@ -183,9 +186,9 @@ def pair_choice(weight, m, k, n):
 PAIRS = [
     # one-block pairs of 4-bit weights and of the 8-bit 256 x 128 tile: 3 stages first (round 16, gemm.PAIR_STAGES)
     ((S.U4B8, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),
-    ((S.U4B8, 16, 8192, 8192), (2, 4, 3, 1, 128, 2)),  # was two blocks per SM, 64 x 4
+    ((S.U4B8, 16, 8192, 8192), (2, 8, 3, 1, 128, 2)),  # the 512 x 128 tile since round 18 (gemm.ROWS_WIDE_FIRST)
     ((S.U4B8, 1, 28672, 8192), (2, 4, 3, 1, 128, 2)),  # 56 steps per block, but swapped and the first-choice tile
-    ((S.U4B8, 16, 28672, 8192), (2, 4, 3, 1, 128, 2)),  # 56 steps, fp16, first-choice tile (sweep r10f: 44.6 -> 43.1)
+    ((S.U4B8, 16, 28672, 8192), (2, 8, 3, 1, 128, 2)),  # 28 steps of 512 x 128 (round 18; sweep r18d 38.70 -> 34.51)
     # 4-bit: the 512 x 64 tile, 64 slices x 2, 4 steps per block on 4096^2 (round 14: sweep r14a, A/B r14b);
     # 8-bit: the 256 x 64 tile (sweep r11a), 4 stages
     ((S.U4B8, 1, 4096, 4096), (1, 4, 3, 1, 128, 2)),
@@ -197,7 +200,7 @@ PAIRS = [
     # steps of 256 x 64 lost in round 11b: 16.61 -> 17.80)
     # no shape's pairs fill 90% of the SMs one block each; the first's fill 85% two blocks each (sweep r10i)
     ((S.U4B8, 1, 4096, 14336), (2, 4, 3, 2, 224, 2)),
-    ((S.U4B8, 16, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # not swapped: as before
+    ((S.U4B8, 16, 4096, 14336), (2, 8, 3, 1, 112, 1)),  # not swapped: one block, 512 x 128 since round 18
     ((S.U4, 1, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # zero points: as before
     ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 224, 1)),  # swapped two-block kernels: aligned (round 14)
     ((S.U4B8, 32, 8192, 8192), (2, 4, 6, 1, 128, 1)),  # two m16 blocks: no clusters
@@ -241,13 +244,13 @@ def test_pairs_long_range_exception_is_for_the_first_tile_without_act_order():
         assert pick(S.F16, S.U4, m) == (1, 128)
         assert pick(S.F16, S.U4B8, m, per_row=True)[0] == 2
     # round 16's rules, still behind the switches (bench/ab_gemm.py's variant new-r16pairs)
-    saved = gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS
+    saved = gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS, gemm.ROWS_WIDE_FIRST
     try:
-        gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS = (S.F16,), False
+        gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS, gemm.ROWS_WIDE_FIRST = (S.F16,), False, False
         assert pick(S.BF16, S.U4B8, 8) == (2, 256) and pick(S.F16, S.U4, 16) == (2, 256)
         assert pick(S.F16, S.U4B8, 8) == (1, 128)
     finally:
-        gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS = saved
+        gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS, gemm.ROWS_WIDE_FIRST = saved
     # group 32 in the rows layout: a late-scaling flush per k16 tile (not measured with pairs): two blocks as before
     cfg = gemm.choose_config(S.F16, S.U4B8, 16, 8192, 28672, 32, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
                              pairs=True)
@@ -290,3 +293,26 @@ def test_eight_bit_row_pairs_switch(monkeypatch):
     block per SM on 112 blocks in clusters of two."""
     monkeypatch.setattr(gemm, "PAIR_TWO_BLOCK_EIGHT_BIT_ROWS", False)
     assert pair_choice(S.FE4M3FN, 16, 4096, 14336) == (4, 2, 4, 1, 112, 2)
+
+
+def test_rows_wide_tile_scope():
+    """Round 18's 512 x 128 tile (gemm.ROWS_WIDE_FIRST) is for 4-bit rows-layout kernels with one m16 block (M = 9..16)
+    and groups of >= 128 rows, where a block gets >= 8 stages of it; nothing else changes."""
+    def tile(m, k=8192, n=8192, weight=S.U4B8, group=128, per_row=False, act=S.F16, pairs=True):
+        cfg = gemm.choose_config(act, weight, m, n, k, group, per_row, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
+                                 pairs=pairs)
+        return cfg.n_tiles, cfg.k_warp
+    for m in (9, 12, 16):
+        assert tile(m) == (2, 8) and tile(m, act=S.BF16) == (2, 8) and tile(m, weight=S.U4) == (2, 8)
+        assert tile(m, pairs=False) == (2, 8)
+    assert tile(1) != (2, 8) and tile(8) != (2, 8) and tile(17) != (2, 8)  # swapped / two m16 blocks
+    assert tile(16, group=64) != (2, 8) and tile(16, per_row=True) != (2, 8) and tile(16, group=-1) != (2, 8)
+    assert tile(16, weight=S.U8B128) != (2, 8) and tile(16, weight=S.FE4M3FN, group=-1) != (2, 8)
+    assert tile(16, k=2048, n=28672) != (2, 8)  # 4 stages of 512 rows: too short
+    assert tile(16, k=4096, n=4096) == (1, 4)  # the 4096-column layers keep their 512 x 64 pairs
+    saved = gemm.ROWS_WIDE_FIRST
+    try:
+        gemm.ROWS_WIDE_FIRST = False
+        assert tile(16) == (2, 4)
+    finally:
+        gemm.ROWS_WIDE_FIRST = saved

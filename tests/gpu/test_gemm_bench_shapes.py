@@ -47,6 +47,10 @@ CASES += [(S.U4B8, 128, (8192, 28672), 8, BF16)]
 CASES += [(S.U4, 128, (28672, 8192), m, np.float16) for m in (1, 16)]
 CASES += [(S.U4B8, 128, (28672, 8192), m, BF16) for m in (1, 16)]
 CASES += [(S.U4B8, 128, (4096, 14336), m, BF16) for m in (1, 8)]
+# round 18: the 512 x 128 tile at M = 9..16 (gemm.ROWS_WIDE_FIRST): alone on the aligned grid (4096 x 14336), in pairs
+# (8192^2), striped (8192 x 28672); M below 16, zero points and bf16
+CASES += [(S.U4B8, 128, (8192, 8192), 9, np.float16), (S.U4, 128, (4096, 14336), 12, np.float16),
+          (S.U4B8, 128, (4096, 14336), 16, BF16), (S.U4B8, 128, (8192, 28672), 13, BF16)]
 
 
 @functools.lru_cache(maxsize=2)
