@@ -63,24 +63,35 @@ __device__ __forceinline__ float4* fp32_slot(float* C_tmp, int b, int slice, int
                                                 (BM * BN / 4);
 }
 
-// A shared slice's first contributor (kReduceFp32), once every other one has counted in, sums every contributor's
-// slot and writes C, then leaves the counter zero for the next launch. All 8 warps share the sum; a warp sums
+// Whether the contributors first..last of `slice` hold iterations of this slice only (the first starts at its k = 0,
+// the last ends at its k = KI - 1): then none of them has work left after it. Always so on a slice-aligned grid.
+__device__ __forceinline__ bool slice_held_whole(int slice, int KI, long long total, int first, int last) {
+  const long long grid = gridDim.x;
+  return first * total / grid == static_cast<long long>(slice) * KI &&
+         (last + 1) * total / grid == static_cast<long long>(slice + 1) * KI;
+}
+
+// Sums a shared slice's slots (kReduceFp32) and writes C: share `share` of `shares` of the slot's fragments (slot
+// fragment f = share + shares j), all of them by default. Called by the slice's first contributor once every other
+// one has counted in (it then leaves the counter zero for the next launch), or, where the slice is held whole, by
+// every contributor for its own share (see finish_slice_inline). All 8 warps share the work; a warp sums
 // kFragBatch of its fragments at once, with the loads of kBatch contributors for each of them in flight together:
 // ceil(count / kBatch) dependent L2 round trips per kFragBatch fragments. Every element is still summed from zero
 // over the slots in block order (the caller's own included), so the result does not depend on the order of
-// arrival, nor on the batching. kLoadsInFlight: float4 loads per lane in flight (8 = 32 registers; the 128-register
-// two-block kernels spill above 4, measured with -Xptxas -v).
+// arrival, nor on the batching or the shares. kLoadsInFlight: float4 loads per lane in flight (8 = 32 registers; the
+// 128-register two-block kernels spill above 4, measured with -Xptxas -v).
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
 __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long long total, T* __restrict__ C,
                                             float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
-                                            int prob_n) {
+                                            int prob_n, int share = 0, int shares = 1) {
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
   const int chunk = slice / cols, col = slice % cols;
   int first, last;
   slice_contributors(slice, KI, total, first, last);
-  constexpr int kFragsPerWarp = N_TILES * M_BLOCKS * 8 / kWarps;  // float4 fragments (x 32 lanes) of a slot
+  constexpr int kFrags = N_TILES * M_BLOCKS * 8;  // float4 fragments (x 32 lanes) of a slot
+  constexpr int kFragsPerWarp = kFrags / kWarps;
   constexpr int kBatch = 4;
   constexpr int kFragBatch = (kLoadsInFlight / kBatch < 1) ? 1
                              : (kLoadsInFlight / kBatch < kFragsPerWarp ? kLoadsInFlight / kBatch : kFragsPerWarp);
@@ -90,6 +101,7 @@ __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long lo
   const float4* const slots = reinterpret_cast<const float4*>(C_tmp);
 #pragma unroll
   for (int i0 = 0; i0 < kFragsPerWarp; i0 += kFragBatch) {
+    if (i0 * kWarps * shares >= kFrags) break;  // (past this block's share: its fragments come first)
     float4 sum[kFragBatch];
 #pragma unroll
     for (int u = 0; u < kFragBatch; ++u) sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -101,8 +113,8 @@ __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long lo
             (b + j == first) ? first_slot : slots + static_cast<long long>(2 * (b + j)) * (BM * BN / 4);
 #pragma unroll
         for (int u = 0; u < kFragBatch; ++u) {
-          const int f = (i0 + u) * kWarps + warp;  // slot order: (nt * M_BLOCKS + mb) * 8 + nb
-          if (i0 + u < kFragsPerWarp && b + j <= last) q[j][u] = __ldcg(theirs + f * 32 + lane);
+          const int f = share + shares * ((i0 + u) * kWarps + warp);  // slot order: (nt * M_BLOCKS + mb) * 8 + nb
+          if (i0 + u < kFragsPerWarp && f < kFrags && b + j <= last) q[j][u] = __ldcg(theirs + f * 32 + lane);
         }
       }
 #pragma unroll
@@ -115,8 +127,8 @@ __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long lo
     }
 #pragma unroll
     for (int u = 0; u < kFragBatch; ++u) {
-      if (i0 + u >= kFragsPerWarp) continue;  // (a last, partial batch when kFragBatch does not divide)
-      const int f = (i0 + u) * kWarps + warp;
+      const int f = share + shares * ((i0 + u) * kWarps + warp);
+      if (i0 + u >= kFragsPerWarp || f >= kFrags) continue;  // (a last, partial batch; past the share)
       const int f_nt = f / (M_BLOCKS * 8), f_mb = (f / 8) % M_BLOCKS, f_nb = f % 8;
       const int col_g = col * BN + f_nt * 64 + f_nb * 8 + 2 * (lane % 4);
       const int row_g = chunk * BM + f_mb * 16 + lane / 4;
@@ -125,7 +137,7 @@ __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long lo
       if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, sum[u].z, sum[u].w);
     }
   }
-  if (tid == 0) locks[last] = 0;  // leave the counter zero for the next launch
+  if (shares == 1 && tid == 0) locks[last] = 0;  // leave the counter zero for the next launch
 }
 
 // ---- finish a slice: sum the warps of each tile, then across blocks, then write C ---------------------------
@@ -199,6 +211,23 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
     }
     // The barrier orders every writer's stores before thread 0's release (others) / before the sum's loads (first).
     __syncthreads();
+    if (slice_held_whole(slice, KI, total, first, last)) {
+      // No contributor has work left after this slice: all of them count in, wait for each other and sum a share
+      // each (with count slots of 64 x 256 fp32 partials one SM reading them all was bound by its L2 bandwidth:
+      // ablation r18c, u4b8 fp16 4096^2 M = 64, 8 blocks a slice: 24.6 µs, 8.1 with the finish left out). The last
+      // one out leaves the counter zero (count arrivals, then count departures).
+      if (tid == 0) {
+        red_add_release(locks + last, 1);
+        while (load_acquire(locks + last) < count) {
+        }
+      }
+      __syncthreads();  // (thread 0's acquire, then the barrier: every thread's loads below see the others' slots)
+      sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, prob_m,
+                                                                   prob_n, static_cast<int>(blockIdx.x) - first,
+                                                                   count);
+      if (tid == 0 && atomicAdd(locks + last, 1) == 2 * count - 1) locks[last] = 0;
+      return;
+    }
     if (static_cast<int>(blockIdx.x) != first) {
       // Count in with release semantics (the barrier above makes them cover every writer's slot stores: PTX
       // cumulativity), paired with the first contributor's acquire load; nobody here needs the count's value, so the
