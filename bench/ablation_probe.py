@@ -86,6 +86,9 @@ _SCALE_MUL = ("    for (int r = 0; r < 2; ++r) b[h][r] = SCALED ? as_u32(__hmul2
               "as_u32(v[r]);\n")
 _NO_SCALE_MUL = "    for (int r = 0; r < 2; ++r) b[h][r] = as_u32(v[r]);\n    (void)scale;\n"
 _B_COPY = "      cp_async16_at(slot + b_dst + 16 * b_copy_delta(n), b + b_copy_delta(n));\n"
+# every block writes its own partial to C as if it held its slice alone: no slots, no count, no cross-block sum (what
+# the global fp32 sum costs beside the fold and the C stores)
+_ONE_CONTRIBUTOR = "  if (count == 1) {\n"
 
 # The fused MoE kernel's item finishing replaced by a sink over every accumulator (for bench_moe.py --ab-old: see
 # write_variant_dir)
@@ -113,6 +116,7 @@ VARIANTS = {
     "nofold": [("marlin_gemm.cu", _SWAP_FOLD, ""), ("marlin_gemm.cu", _END_FOLD, ""),
                ("marlin_gemm.cu", _END_RING_FOLD, ""), ("marlin_gemm.cu", _FOLD, "")],
     "noscale": [("dequant.cuh", _SCALE_MUL, _NO_SCALE_MUL)],
+    "nosum": [("marlin_gemm.cu", _ONE_CONTRIBUTOR, "  if (count >= 1) {\n")],
     "noB": [("marlin_mainloop.cuh", _B_COPY, "      (void)b;\n")],
     "nofold_cluster": [("marlin_gemm.cu", _SWAP_FOLD, ""),
                        ("marlin_gemm.cu", _CLUSTER_FOLD, "  if (false) {\n    __syncthreads();\n")],

@@ -19,7 +19,8 @@
 //     contributor (it holds k = 0; the slice is the last of its range, so it is normally the last to get there)
 //     waits for the others' counts, adds all slots in block order and writes C; the others count in and go on.
 //     Blocks wait only on higher blocks' first slices, which wait on nothing (all blocks are resident: the host
-//     checks the grid).
+//     checks the grid). Where no contributor has work after the slice (slice_held_whole: slice-aligned grids), all
+//     of them wait for the count and each adds a share of the slots' elements, in the same order.
 //   * in C: partials are rounded to the activation type and passed along in C, block by block, under a lock:
 //     the block holding the end of the slice (it started there, so it is done first) goes first, then downwards;
 //     each block waits only on blocks that started later in K order, never on work that has not begun.

@@ -260,7 +260,7 @@ PAIR_STAGES = {(4, (1, 2)): {True: (4, 6, 8), False: (8, 6, 4)},
 # 4 stages 0.5% behind 3. The 4096-column layers keep their 512 x 64 pairs (the tile's 32 slices fill a quarter of
 # the SMs; without pairs 7.75 µs either way on 4096^2). The swapped kernels (M <= 8) gained 1-4% at most (28672x8192
 # M = 1 31.65 -> 30.42): not taken. A/B r18e (every bench layer, M = 9 / 16; u4 + zero points and bf16 too): see
-# bench/NOTES_gemm.md "Round 18".
+# bench/NOTES_gemm.md "Round 18". (Its 3 stages need 176,128 bytes of shared memory: not on an A100, 166,912.)
 ROWS_WIDE_FIRST = True
 ROWS_WIDE_TILE = (2, 8)
 ROWS_WIDE_STAGES = PAIR_STAGES[(4, ROWS_WIDE_TILE)][False]
@@ -292,6 +292,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
 
     ``pairs`` (the launch can sum slices in clusters of two: sm_90+, fp32 reduction, see PAIR_CLUSTERS): for M <= 16,
     the one-block-per-SM configuration whose slices, two blocks each, fill the ``sms`` SMs (PAIR_*) comes first.
+    4-bit rows-layout kernels with groups of >= 128 rows at M = 9..16 try the 512 x 128 tile first, in pairs and then
+    alone (ROWS_WIDE_FIRST).
     Else, for M <= 16 (one m16 block) and 4-bit weights, a configuration that lets two blocks share an SM
     (``sm_smem`` = shared memory per SM; 0 = unknown; kernel cut to 128 registers) is preferred when each of the 2
     ``sms`` blocks then gets at least TWO_BLOCKS_MIN_STEPS pipeline steps (``sms`` = 0: unknown, not checked).
