@@ -84,6 +84,8 @@ def _cells() -> list[Cell]:
     cells += [fp8(k, n, 1) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096))]
     # FP8 4096x14336 at M = 16: the one cell where FP8 still misses x1.6 with programmatic launches (round 12)
     cells += [fp8(4096, 14336, 16)]
+    # M = 32 / 64 (two and four m16 blocks; round 18: only the policy's tiles had run there), appended last
+    cells += [u4(k, n, m) for m in (32, 64) for k, n in ((4096, 4096), (14336, 4096), (8192, 8192), (4096, 14336))]
     return cells
 
 
