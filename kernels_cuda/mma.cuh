@@ -117,10 +117,6 @@ __device__ __forceinline__ unsigned lds32(unsigned addr) {
   return v;
 }
 
-__device__ __forceinline__ void sts128_zero(unsigned addr) {
-  asm volatile("st.shared.v4.b32 [%0], {%1,%1,%1,%1};\n" ::"r"(addr), "r"(0));
-}
-
 // A zero that ptxas cannot prove warp-uniform: this thread's own shared word, written and read back. Fetch slot
 // offsets carried from it stay in per-thread registers. Why: when a warp-uniform slot value reached a cache-hinted
 // cp.async address, ptxas 13.0 split the address into register + uniform register beside the policy descriptor
