@@ -481,7 +481,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   const long long total = static_cast<long long>(chunks) * cols * KI;  // < 2^31: the host checks
   const long long grid = gridDim.x;
   const int it_begin = static_cast<int>(blockIdx.x * total / grid);
-  const int it_end = static_cast<int>((blockIdx.x + 1) * total / grid);
+  int it_end;  // (set after the first weight fetch: that fetch does not need it)
   const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;  // group of row k = k >> shift
 
   // ---- fetch: global -> shared of linear iteration (slice = chunk * cols + col, kit) into a ring slot ----------
@@ -607,9 +607,13 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
 
   // ---- main loop -------------------------------------------------------------------------------------------
   zero_acc();
-  int f_slice = it_begin / KI, f_kit = it_begin % KI;  // next iteration to fetch
-  int f_chunk = f_slice / cols, f_col = f_slice % cols;  // its slice's (chunk, col), kept without a division per stage
-  if (it_begin < it_end) begin_slice(f_chunk, f_col);
+  // The block's first iteration (slice, k step), and that slice's (chunk, col); unsigned divisions (every operand is
+  // >= 0), a few instructions shorter than signed ones, in the code before the block's first load.
+  const int slice0 = static_cast<int>(static_cast<unsigned>(it_begin) / static_cast<unsigned>(KI));
+  const int kit0 = it_begin - slice0 * KI;
+  int f_kit = kit0;  // next iteration to fetch
+  int f_chunk = static_cast<int>(static_cast<unsigned>(slice0) / static_cast<unsigned>(cols));
+  int f_col = slice0 - f_chunk * cols;  // its slice's (chunk, col), kept without a division per stage
   auto advance = [&](int& sl, int& kk) {
     if (++kk == KI) {
       kk = 0;
@@ -636,8 +640,18 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   // change) stage 0's weights are fetched before the wait, its activations after it, in the same commit group; the
   // other stages after the wait as usual (fetching all of the prologue's weights first made stage 0 wait for them
   // all: +3-12% where the launch is plain, A/B round 11g). Not on sm_80 (no such launch).
+  // The weights' pointers first, then (weights_first) stage 0's weights in flight, then the end of the block's range
+  // and the activations' pointers, which that fetch does not need: every instruction before a block's first load
+  // delays all of its stages (bench/NOTES_gemm.md "Round 19"). ptxas hoists arithmetic above a cp.async, not above
+  // the __syncwarp (SASS: the first LDGSTS at instruction ~200 instead of ~330-410). Both stay before the wait, where
+  // a block that starts while the grid before still runs has time to spare.
   const bool weights_first = kProgrammaticLaunch && one_chunk;
-  if (weights_first && it_fetch < it_end) wfetch.fetch(zero_t, f_kit, group_shift);
+  // (No block's range is empty: the host launches at most one block per pipeline step, grid <= total.)
+  wfetch.begin(B, scales, zeros, g_idx, f_col, n_tiles_total);
+  if (weights_first) wfetch.fetch(zero_t, f_kit, group_shift);
+  __syncwarp();
+  it_end = static_cast<int>((blockIdx.x + 1) * total / grid);
+  begin_slice_a(f_chunk);
   grid_dependency_wait();
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
@@ -651,7 +665,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     advance_fetch();
   }
   SlotCursor<G, STAGES> cursor(ring.base);
-  int slice = it_begin / KI, kit = it_begin % KI;
+  int slice = slice0, kit = kit0;
   // One pipeline stage: wait for the compute slot, refill the slot STAGES - 1 ahead, compute.
   // The compute slot visible to the warps that read it, the slot fetched below released by them: the whole block, or
   // with kWarpFetch this warp's k group alone (it fetched every byte it reads and refills only those).
