@@ -504,8 +504,9 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   // whatever the shared memory held. That is harmless: row r of the product (column r in the swapped loop) reads row
   // r of A only, every later step (late scaling, the warp and cross-block sums, the C stores) works element by
   // element, and padding rows are never stored. (Zeroing them once in every slot ran before the first weight fetch:
-  // ~300 instructions a thread at M = 1 with 3 stages, ~0.3 µs of a 5.6 µs kernel.) With several chunks the last
-  // one's padding rows are zero-filled by each copy (the slot held another chunk's rows).
+  // ~300 instructions a thread at M = 1 with 3 stages, 0.3-0.5 µs of a 5.6 µs kernel; bench/NOTES_gemm.md "Round
+  // 19".) With several chunks the last one's padding rows are zero-filled by each copy (the slot held another chunk's
+  // rows).
   const bool one_chunk = chunks == 1;
   const int4* a_src[kACopies];  // (row, chunk t % kARowI4, k = 0) of each copy; row 0 for a padding row
   unsigned a_valid = 0;          // bit n: copy n's row is < prob_m

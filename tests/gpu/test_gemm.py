@@ -176,8 +176,9 @@ def test_16_row_swapped_loop_holds_the_bound(case, expect, swap16):
     np.testing.assert_array_equal(run(a, w_dev, "deterministic", sms=sms), out)
 
 
-# Row counts that leave padding rows in the block tile: one m16 chunk (the kernel copies rows < M only and zeroes the
-# rest once), two and more chunks (padding rows zero-filled by their copies); (M, first identity row).
+# Row counts that leave padding rows in the block tile: one m16 chunk (the kernel copies rows < M only; the others
+# keep whatever shared memory held, which no stored element reads), two and more chunks (padding rows zero-filled by
+# their copies); (M, first identity row).
 ROW_COUNTS = ((9, 3), (12, 100), (15, 241), (17, 0), (40, 77), (80, 160))
 ROW_COUNT_CASES = ((S.U4B8, 128), (S.FE4M3FN, -1), (S.U4, 64))
 
