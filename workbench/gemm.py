@@ -918,6 +918,13 @@ class PreparedLaunch:
                 self.launch_smem = pin_occupancy_of(self._kernel, self.device, self.smem, cfg.blocks_per_sm)
             self._programmatic = _programmatic_config(self.grid, self.launch_smem, self._function)
 
+    def set_grid(self, blocks: int) -> None:
+        """Launch ``blocks`` blocks instead of the planned grid (bench/sweep_gemm.py's forced grids): the programmatic
+        launch's configuration, built for the planned grid, follows."""
+        self.grid = int(blocks)
+        if self._programmatic is not None:
+            self._programmatic = _programmatic_config(self.grid, self.launch_smem, self._function)
+
     def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,
                permutation: int, a_tmp: int, workspace: int, stream: int) -> None:
         """Launch on raw addresses (ints, 0 = none) and a raw stream handle; ValueError before launching if one is
@@ -1157,7 +1164,7 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
         if grid > sms * resident:
             raise _err(f"grid = {grid} blocks cannot all be resident: the driver keeps {resident} block(s) of "
                        f"{cfg.name_expression} per SM on {sms} SMs")
-        prepared.grid = int(grid)  # (PreparedLaunch shrinks the planned grid when fewer blocks are resident)
+        prepared.set_grid(grid)  # (PreparedLaunch shrinks the planned grid when fewer blocks are resident)
     return prepared
 
 

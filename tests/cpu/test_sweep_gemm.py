@@ -77,6 +77,23 @@ def test_forced_grid_alone_keeps_the_configuration(fake):
     assert launch_of(forced, driver)[:2] == (SMS, default.cfg.smem_bytes)
 
 
+def test_forced_grid_reaches_a_programmatic_launch_when_fewer_blocks_are_resident(fake, monkeypatch):
+    """A plan for two blocks per SM on a device that keeps one: PreparedLaunch shrinks its grid, and a forced grid
+    (all resident) must still be the one cuLaunchKernelEx gets, not the shrunk grid its configuration was built with."""
+    _, driver = fake
+    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", True)
+    monkeypatch.setattr(gemm, "device_properties", lambda device: (90,) + PROPS[1:])
+    monkeypatch.setattr(gemm, "pin_occupancy_of", lambda kernel, device, smem, blocks_per_sm: smem)
+    monkeypatch.setattr(gemm, "resident_blocks", lambda name, device: 1)
+    rec = record()
+    cfg = dataclasses.replace(gemm.prepare_launch(rec).cfg, n_tiles=1, k_warp=2, stages=3, blocks_per_sm=2,
+                              cluster=1)
+    forced = gemm.prepare_launch(rec, config=cfg, grid=77)
+    assert forced._programmatic is not None
+    forced.launch(1 << 32, 2 << 32, 3 << 32, 4 << 32, 5 << 32, 0, 0, 0, 0, 6 << 32, 0)
+    assert driver.programmatic[-1] == len(driver.launches) - 1 and driver.launches[-1][1][0] == 77
+
+
 def test_forced_config_alone_takes_the_policy_grid(fake):
     rec = record()
     cfg = dataclasses.replace(gemm.prepare_launch(rec).cfg, n_tiles=4, k_warp=2, cluster=1)
