@@ -65,3 +65,15 @@ gemm_grid() {
   timeout 300 python3 bench/bench_gemm.py --out "$OUT/results" > "$OUT/bench_gemm.log" 2>&1; echo "bench_gemm rc=$?"
   tail -2 "$OUT/bench_gemm.log" | cut -c1-200; pack "$1"
 }
+
+# bench/ab_gemm.py's A/B of new against AB_OLD on every bench layer and type at the M values MS (on a quiet GPU, so
+# first), then tier_and_partition against TIER_OLD (usually the same folder); packed as NAME after each step. Fails
+# (status 1) when the tests failed.
+#   usage: ab_then_tier AB_OLD TIER_OLD NAME MS || exit 1      (e.g. ab_then_tier artifacts/r19b_old ... r19c 1,8,16)
+ab_then_tier() {
+  local ab_old=$1 tier_old=$2 name=$3 ms=$4
+  timeout 200 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir "$ab_old" --m "$ms" \
+    --variants new,old --no-tinygemm > "$OUT/ab.log" 2>&1
+  echo "ab rc=$?"; pack "$name"
+  tier_and_partition "$tier_old" "$name" || { echo "TESTS FAILED"; return 1; }
+}

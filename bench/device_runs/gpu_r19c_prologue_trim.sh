@@ -9,7 +9,4 @@
 #     RET=$OUT bash bench/device_runs/gpu_r19c_prologue_trim.sh
 set -u
 . bench/device_runs/device_env.sh
-timeout 200 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r19b_old --m 1,8,16 \
-  --variants new,old --no-tinygemm > "$OUT/ab.log" 2>&1
-echo "ab rc=$?"; pack r19c
-tier_and_partition artifacts/r19b_old r19c || { echo "TESTS FAILED"; exit 1; }
+ab_then_tier artifacts/r19b_old artifacts/r19b_old r19c 1,8,16 || exit 1

@@ -11,7 +11,4 @@
 #     RET=$OUT bash bench/device_runs/gpu_r19g_ring_store.sh
 set -u
 . bench/device_runs/device_env.sh
-timeout 150 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r19g_old --m 1,12,16 \
-  --variants new,old --no-tinygemm > "$OUT/ab.log" 2>&1
-echo "ab rc=$?"; pack r19g
-tier_and_partition artifacts/r19g_old r19g || { echo "TESTS FAILED"; exit 1; }
+ab_then_tier artifacts/r19g_old artifacts/r19g_old r19g 1,12,16 || exit 1

@@ -12,7 +12,4 @@
 #     RET=$OUT bash bench/device_runs/gpu_r20a_fast_div.sh
 set -u
 . bench/device_runs/device_env.sh
-timeout 200 python3 bench/ab_gemm.py --out "$OUT/ab" --old-dir artifacts/r20a_old --m 1,8,16 \
-  --variants new,old --no-tinygemm > "$OUT/ab.log" 2>&1
-echo "ab rc=$?"; pack r20a
-tier_and_partition artifacts/r20a_old r20a || { echo "TESTS FAILED"; exit 1; }
+ab_then_tier artifacts/r20a_old artifacts/r20a_old r20a 1,8,16 || exit 1
