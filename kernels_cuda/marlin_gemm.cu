@@ -47,6 +47,16 @@ __device__ __forceinline__ void store_pair(T* dst, float lo, float hi) {
   *reinterpret_cast<typename Act<T>::Pair*>(dst) = Act<T>::from_floats(lo, hi);
 }
 
+// n / d for 0 <= n < 2^31, through the host's plan for d (workbench/gemm.py fast_div_plan): floor(n m / 2^s) with
+// s = 31 + ceil(log2 d) and m = ceil(2^s / d) < 2^32 (passed as int32 bits). Exact for every such n: m d = 2^s + e
+// with 0 <= e < d, so n m / 2^s exceeds n / d by less than 1 / d. Two instructions where a division by a runtime
+// divisor takes ~20; used for the block's first iteration, in the code before its first load (bench/NOTES_gemm.md
+// "Round 19", item 7).
+__device__ __forceinline__ int fast_div(int n, int magic, int shift) {
+  return static_cast<int>((static_cast<unsigned long long>(static_cast<unsigned>(n)) * static_cast<unsigned>(magic)) >>
+                          shift);
+}
+
 // Blocks first..last contribute to slice `slice` (block b holds iterations [b T / G, (b + 1) T / G)).
 __device__ __forceinline__ void slice_contributors(int slice, int KI, long long total, int& first, int& last) {
   const long long grid = gridDim.x;
@@ -434,7 +444,11 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
            int* __restrict__ locks,          // (>= gridDim.x,) int32, zero on entry and on exit
            int prob_m, int prob_n, int prob_k, int lda,
            int group_size,                   // rows per group (a power of two), Marlin row order; -1 = channelwise
-           int reduce_mode) {
+           int reduce_mode,
+           // the host's division plan (PreparedLaunch._kernel_ints): total steps = steps_q grid + steps_r, and
+           // fast_div's (magic, shift) for the grid, KI = prob_k / BK and cols = prob_n / BN
+           int steps_q, int steps_r, int grid_magic, int grid_shift, int ki_magic, int ki_shift, int cols_magic,
+           int cols_shift) {
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
   static_assert(CLUSTER == 1 || (M_BLOCKS == 1 && CLUSTER <= 8), "cluster sums: 16-row tiles, at most 8 blocks");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
@@ -479,8 +493,10 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   const int cols = prob_n / BN;
   const int chunks = (prob_m + BM - 1) / BM;
   const long long total = static_cast<long long>(chunks) * cols * KI;  // < 2^31: the host checks
-  const long long grid = gridDim.x;
-  const int it_begin = static_cast<int>(blockIdx.x * total / grid);
+  // [it_begin, it_end) = [b total / G, (b + 1) total / G) on a grid of G blocks: b steps_q + b steps_r / G
+  // (b steps_r < G^2)
+  const int block = static_cast<int>(blockIdx.x);
+  const int it_begin = block * steps_q + fast_div(block * steps_r, grid_magic, grid_shift);
   int it_end;  // (set after the first weight fetch: that fetch does not need it)
   const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;  // group of row k = k >> shift
 
@@ -608,12 +624,12 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
 
   // ---- main loop -------------------------------------------------------------------------------------------
   zero_acc();
-  // The block's first iteration (slice, k step), and that slice's (chunk, col); unsigned divisions (every operand is
-  // >= 0), a few instructions shorter than signed ones, in the code before the block's first load.
-  const int slice0 = static_cast<int>(static_cast<unsigned>(it_begin) / static_cast<unsigned>(KI));
+  // The block's first iteration (slice, k step), and that slice's (chunk, col) (fast_div: no division instructions in
+  // the code before the block's first load).
+  const int slice0 = fast_div(it_begin, ki_magic, ki_shift);
   const int kit0 = it_begin - slice0 * KI;
   int f_kit = kit0;  // next iteration to fetch
-  int f_chunk = static_cast<int>(static_cast<unsigned>(slice0) / static_cast<unsigned>(cols));
+  int f_chunk = fast_div(slice0, cols_magic, cols_shift);
   int f_col = slice0 - f_chunk * cols;  // its slice's (chunk, col), kept without a division per stage
   auto advance = [&](int& sl, int& kk) {
     if (++kk == KI) {
@@ -651,7 +667,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   wfetch.begin(B, scales, zeros, g_idx, f_col, n_tiles_total);
   if (weights_first) wfetch.fetch(zero_t, f_kit, group_shift);
   __syncwarp();
-  it_end = static_cast<int>((blockIdx.x + 1) * total / grid);
+  it_end = (block + 1) * steps_q + fast_div((block + 1) * steps_r, grid_magic, grid_shift);
   begin_slice_a(f_chunk);
   grid_dependency_wait();
 #pragma unroll
@@ -778,8 +794,12 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
 #define MWB_GEMM_PARAMS                                                                                          \
   const int4 *__restrict__ A, const int4 *__restrict__ B, T *__restrict__ C, float *__restrict__ C_tmp,           \
       const int4 *__restrict__ scales, const int4 *__restrict__ zeros, const int *__restrict__ g_idx,              \
-      int *__restrict__ locks, int prob_m, int prob_n, int prob_k, int lda, int group_size, int reduce_mode
-#define MWB_GEMM_ARGS A, B, C, C_tmp, scales, zeros, g_idx, locks, prob_m, prob_n, prob_k, lda, group_size, reduce_mode
+      int *__restrict__ locks, int prob_m, int prob_n, int prob_k, int lda, int group_size, int reduce_mode,      \
+      int steps_q, int steps_r, int grid_magic, int grid_shift, int ki_magic, int ki_shift, int cols_magic,        \
+      int cols_shift
+#define MWB_GEMM_ARGS                                                                                            \
+  A, B, C, C_tmp, scales, zeros, g_idx, locks, prob_m, prob_n, prob_k, lda, group_size, reduce_mode, steps_q,    \
+      steps_r, grid_magic, grid_shift, ki_magic, ki_shift, cols_magic, cols_shift
 
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
           int SWAP>

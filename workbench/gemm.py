@@ -851,7 +851,18 @@ PROGRAMMATIC_LAUNCH = os.environ.get("WORKBENCH_PROGRAMMATIC_LAUNCH", "1") != "0
 # 4096x14336 M = 1 18.86 / 25.18 / 17.63; elsewhere pinned = unpinned within 4% (4096^2 M = 1 7.15 / 5.85 / 6.07).
 PROGRAMMATIC_PIN_OCCUPANCY = True
 # The argument blocks below, as 'p' (64-bit address) / 'i' (int32) per kernel parameter.
-KERNEL_ARG_KINDS = {"marlin_gemm": "pppppppp" + "iiiiii", "permute_cols": "ppp" + "iii"}
+KERNEL_ARG_KINDS = {"marlin_gemm": "pppppppp" + "iiiiii" + "iiiiiiii", "permute_cols": "ppp" + "iii"}
+
+
+def fast_div_plan(divisor: int) -> tuple[int, int]:
+    """(magic, shift) for kernels_cuda/marlin_gemm.cu fast_div: n // divisor == (n * magic) >> shift for every
+    0 <= n < 2**31, with shift = 31 + ceil(log2 divisor) and magic = ceil(2**shift / divisor) < 2**32, returned as
+    the int32 with magic's bits (the kernel reads it back as unsigned)."""
+    if not 1 <= divisor < 2**31:
+        raise ValueError(f"fast_div_plan: divisor {divisor} is not in [1, 2**31)")
+    shift = 31 + (divisor - 1).bit_length()
+    magic = -(-(1 << shift) // divisor)
+    return (magic - (1 << 32) if magic >= 1 << 31 else magic), shift
 
 
 class PreparedLaunch:
@@ -877,7 +888,7 @@ class PreparedLaunch:
         self.lda = launch.lda
         self.smem = cfg.smem_bytes
         self.c_bytes = m * n * 2  # the atomic mode sums into C: zeroed first
-        self.grid = grid
+        self.grid = grid  # (final once the kernel's residency is known: set_grid)
         self._lock = threading.Lock()
         self._kernel = self._permute = None
         self._function = self._permute_function = 0
@@ -900,12 +911,11 @@ class PreparedLaunch:
                 name = f"mwb::permute_cols<{'__half' if cfg.act is ScalarType.F16 else '__nv_bfloat16'}>"
                 self._permute = get_kernel(name, self.device)
                 self._permute_function = function_ptr(name, self.device)
-        # (8,) u64 addresses then (6,) i32 scalars, and the (14,) void* table cuLaunchKernel reads them through:
+        # (8,) u64 addresses then (14,) i32 scalars, and the (22,) void* table cuLaunchKernel reads them through:
         # mwb::marlin_gemm's parameter list (KERNEL_ARG_KINDS, checked against the source by tests/cpu)
         self._ptrs = (ctypes.c_uint64 * 8)()
-        kernel_lda = k if self.act_order else self.lda  # act-order runs on the gathered M x K copy in a_tmp
-        self._ints = (ctypes.c_int32 * 6)(m, n, k, kernel_lda, self.group_size, self.mode)
-        self._params = _param_table(self._ptrs, 8, self._ints, 6)
+        self._ints = (ctypes.c_int32 * 14)(*self._kernel_ints())
+        self._params = _param_table(self._ptrs, 8, self._ints, 14)
         # permute_cols(A, perm, out, prob_m, prob_k, lda): (3,) u64 + (3,) i32
         self._perm_ptrs = (ctypes.c_uint64 * 3)()
         self._perm_ints = (ctypes.c_int32 * 3)(m, k, self.lda)
@@ -918,12 +928,28 @@ class PreparedLaunch:
                 self.launch_smem = pin_occupancy_of(self._kernel, self.device, self.smem, cfg.blocks_per_sm)
             self._programmatic = _programmatic_config(self.grid, self.launch_smem, self._function)
 
+    def _kernel_ints(self) -> list[int]:
+        """The kernel's int32 arguments: problem, group size, reduction mode, then its division plan for this grid
+        (the block ranges' steps per block, quotient and remainder, and fast_div_plan of the grid, of the k steps per
+        slice and of the slices per m16 chunk)."""
+        cfg, m, n, k = self.cfg, self.m, self.n, self.k
+        kernel_lda = k if self.act_order else self.lda  # act-order runs on the gathered M x K copy in a_tmp
+        head = [m, n, k, kernel_lda, self.group_size, self.mode]
+        if m == 0:  # (never launched)
+            return head + [0] * 8
+        ki, cols = k // cfg.block_k, n // cfg.block_n
+        steps = math.ceil(m / cfg.block_m) * cols * ki
+        return head + [steps // self.grid, steps % self.grid, *fast_div_plan(self.grid), *fast_div_plan(ki),
+                       *fast_div_plan(cols)]
+
     def set_grid(self, blocks: int) -> None:
-        """Launch ``blocks`` blocks instead of the planned grid (bench/sweep_gemm.py's forced grids): the programmatic
-        launch's configuration, built for the planned grid, follows."""
+        """Launch ``blocks`` blocks instead of the planned grid (bench/sweep_gemm.py's forced grids): the kernel's
+        division plan and the programmatic launch's configuration, built for the planned grid, follow."""
         self.grid = int(blocks)
-        if self._programmatic is not None:
-            self._programmatic = _programmatic_config(self.grid, self.launch_smem, self._function)
+        if self.m > 0:
+            self._ints[:] = self._kernel_ints()
+            if self._programmatic is not None:
+                self._programmatic = _programmatic_config(self.grid, self.launch_smem, self._function)
 
     def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,
                permutation: int, a_tmp: int, workspace: int, stream: int) -> None:
@@ -981,15 +1007,13 @@ class PreparedLaunch:
     def _launch_cupy(self, a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
                      stream):
         s = _stream(stream)
-        lda = self.lda
         if self.act_order:
             self._permute((self.m,), (THREADS,), (_p(a), _p(permutation), _p(a_tmp), np.int32(self.m),
-                                                  np.int32(self.k), np.int32(lda)), stream=s)
-            a, lda = a_tmp, self.k
+                                                  np.int32(self.k), np.int32(self.lda)), stream=s)
+            a = a_tmp  # (the kernel's lda argument is then K: _kernel_ints)
         self._kernel((self.grid,), (THREADS,),
                      (_p(a), _p(b), _p(c), _p(c_tmp), _p(scales), _p(zero_points), _p(group_index), _p(workspace),
-                      np.int32(self.m), np.int32(self.n), np.int32(self.k), np.int32(lda),
-                      np.int32(self.group_size), np.int32(self.mode)),
+                      *(np.int32(v) for v in self._ints)),
                      shared_mem=self.smem, stream=s)
 
     def _refuse(self, pointers: dict[str, int]) -> None:

@@ -46,7 +46,19 @@ def call(args, **changes):
 def kernel_args(launch):
     """(pointers a, b, c, c_tmp, scales, zeros, g_idx, locks), (m, n, k, lda, group_size, mode) of one launch."""
     args = launch[5]
-    return args[:8], args[8:]
+    return args[:8], args[8:14]
+
+
+def fast_div(n, magic, shift):
+    """kernels_cuda/marlin_gemm.cu fast_div: the int32 magic's bits as unsigned, a 64-bit product, a shift."""
+    return (n * (magic & 0xFFFFFFFF)) >> shift
+
+
+def block_ranges(launch, grid):
+    """[it_begin, it_end) of every block as the kernel forms them from the launch's division plan."""
+    steps_q, steps_r, grid_magic, grid_shift = launch[5][14:18]
+    return [(b * steps_q + fast_div(b * steps_r, grid_magic, grid_shift),
+             (b + 1) * steps_q + fast_div((b + 1) * steps_r, grid_magic, grid_shift)) for b in range(grid)]
 
 
 def test_repeated_call_reuses_the_plan_and_launches_identically(fake):
@@ -66,6 +78,30 @@ def test_repeated_call_reuses_the_plan_and_launches_identically(fake):
     assert scalars == (1, 256, 512, 512, 128, gemm.REDUCE_FP32)
     cfg, sms, grid = gemm.check_launch(_record_of(args), *PROPS)
     assert driver.launches[0][1:4] == ((grid, 1, 1), (gemm.THREADS, 1, 1), cfg.smem_bytes)
+    ki, cols = 512 // cfg.block_k, 256 // cfg.block_n
+    total = ki * cols
+    assert block_ranges(driver.launches[0], grid) == [(b * total // grid, (b + 1) * total // grid) for b in range(grid)]
+    assert driver.launches[0][5][18:] == (*gemm.fast_div_plan(ki), *gemm.fast_div_plan(cols))
+
+
+def test_fast_div_plan_is_exact_for_every_numerator_below_2_31():
+    """n // d == fast_div(n, *fast_div_plan(d)) on the edges (d = 1, powers of two and their neighbours, the largest
+    divisors; n at 0, around multiples of d and at 2**31 - 1) and on random pairs: the kernel's block ranges and
+    first (slice, k step) rest on it."""
+    rng = np.random.default_rng(20261130)
+    divisors = [1, 2, 3, 7, 8, 9, 112, 127, 128, 129, 132, 224, 264, 2**16 + 1, 2**30 - 1, 2**30, 2**30 + 1,
+                2**31 - 1] + [int(d) for d in rng.integers(1, 2**31, 300)]
+    for d in divisors:
+        magic, shift = gemm.fast_div_plan(d)
+        assert -2**31 <= magic < 2**31 and shift <= 62
+        top = (2**31 - 1) // d * d
+        for n in [0, 1, d - 1, d, d + 1, top - 1, top, 2**31 - 2, 2**31 - 1] + [int(x) for x in
+                                                                                rng.integers(0, 2**31, 200)]:
+            if 0 <= n < 2**31:
+                assert fast_div(n, magic, shift) == n // d, (n, d)
+    for bad in (0, -3, 2**31):
+        with pytest.raises(ValueError, match=str(bad)):
+            gemm.fast_div_plan(bad)
 
 
 def _record_of(args, stream=0):

@@ -61,6 +61,9 @@ def test_forced_config_and_grid_reach_the_launch_and_are_not_cached(fake):
     assert forced.cfg == cfg and forced is not default
     grid, smem, f = launch_of(forced, driver)
     assert (grid, smem) == (77, cfg.smem_bytes)
+    # the kernel's division plan is the forced grid's: steps = q 77 + r
+    steps = -(-rec.prob_m // cfg.block_m) * (rec.prob_n // cfg.block_n) * (rec.prob_k // cfg.block_k)
+    assert driver.launches[-1][5][14:18] == (steps // 77, steps % 77, *gemm.fast_div_plan(77))
     assert gemm.prepare_launch(rec) is default, "the forced plan must not replace the cached automatic one"
     assert len(gemm._prepared) == 1
     grid_d, smem_d, f_d = launch_of(default, driver)
