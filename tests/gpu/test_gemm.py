@@ -197,6 +197,57 @@ def test_identity_rows_exact_for_row_counts_with_padding(wt, gs):
             np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
 
 
+STALE_SMEM_SRC = r"""
+extern "C" __global__ void fill_smem(unsigned int value, int words) {
+  extern __shared__ unsigned int smem[];
+  volatile unsigned int* s = smem;  // volatile: stores to shared memory that nothing reads are otherwise dead
+  for (int i = threadIdx.x; i < words; i += blockDim.x) s[i] = value;
+}
+extern "C" __global__ void count_stale(unsigned int value, int words, unsigned long long* count) {
+  extern __shared__ unsigned int smem[];
+  volatile unsigned int* s = smem;
+  unsigned long long mine = 0;
+  for (int i = threadIdx.x; i < words; i += blockDim.x) mine += s[i] == value;
+  atomicAdd(count, mine);
+}
+"""
+
+
+def leave_nan_in_shared_memory(device: int) -> float:
+    """Fill every SM's shared memory with 0xFFFF pairs (NaN in fp16 and in bf16) and return the fraction a later
+    block finds still there when it reads its dynamic shared memory before writing it (nothing clears it between
+    kernels, but nothing promises that either)."""
+    _, sms, smem, _ = gemm.device_properties(device)
+    module = cp.RawModule(code=STALE_SMEM_SRC)
+    fill, count = module.get_function("fill_smem"), module.get_function("count_stale")
+    for f in (fill, count):
+        f.max_dynamic_shared_size_bytes = smem
+    words, nan2 = smem // 4, np.uint32(0xFFFFFFFF)
+    fill((4 * sms,), (1024,), (nan2, np.int32(words)), shared_mem=smem)
+    found = cp.zeros(1, dtype=cp.uint64)
+    count((sms,), (1024,), (nan2, np.int32(words), found), shared_mem=smem)
+    fill((4 * sms,), (1024,), (nan2, np.int32(words)), shared_mem=smem)
+    return int(found.get()[0]) / (sms * words)
+
+
+@pytest.mark.parametrize("wt,gs", ROW_COUNT_CASES, ids=str)
+@pytest.mark.parametrize("act", ACTS, ids=str)
+def test_nan_left_in_shared_memory_does_not_reach_the_output(wt, gs, act):
+    """The one-chunk kernels (M <= 16) do not zero the padding rows (M..15) of A's ring slots: row r of the product
+    reads row r of A only and padding rows are never stored. So NaN left in shared memory by the kernel before must
+    not reach C: identity rows still give the dequantized weight exactly, on a layer wide enough to use every SM."""
+    k, n = 1024, 2048
+    mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=act, seed=k + n + gs + 31)
+    w_dev = gemm.upload_weight(mw)
+    eye = np.eye(k, dtype=np.float32).astype(act)
+    for m, i0 in ((1, 5), (7, 300), (15, 1000)):
+        stale = leave_nan_in_shared_memory(cp.cuda.Device().id)
+        if stale < 0.5:
+            pytest.skip(f"shared memory did not keep the filled words between kernels ({stale:.0%} found)")
+        out = run(eye[i0:i0 + m], w_dev, "fp32")
+        np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}")
+
+
 def arange_coded_weight(k, n, wt, gs, act):
     """Codes walk through every value (FP8: every finite byte), scales 1, zero points a second walk."""
     levels = 1 << wt.bits
