@@ -5,10 +5,10 @@
 OLD_DIR holds a previous commit's ``workbench/gemm.py`` and ``kernels_cuda/*`` (the device scripts' HEAD copies,
 e.g. ``artifacts/r6_kernels_old``). The cases reach partitions tests/gpu/test_gemm.py does not (it runs on all SMs,
 where small shapes give every block <= 1 step): few "SMs", so blocks straddle slices or share them (a slice summed
-from up to ~8 contributors' slots), slice-aligned and striped grids, every reduction mode. Each run must be within the fp32
-bound, write all of C (poisoned beforehand), repeat bitwise, and equal OLD's output bitwise (same configuration,
-same grid, so the same partition and the same fp operations in the same order: what a change that only moves data
-or address arithmetic must give). Exit status 1 on any failure.
+from up to ~8 contributors' slots), slice-aligned and striped grids, every reduction mode. Each run must be within
+the fp32 bound, write all of C (poisoned beforehand), repeat bitwise, and equal OLD's output bitwise (same
+configuration, same grid, so the same partition and the same fp operations in the same order: what a change that only
+moves data or address arithmetic must give). Exit status 1 on any failure.
 
 Importable: ``run(old_dir, cases=CASES) -> int`` (the number of failing runs).
 """
@@ -52,7 +52,11 @@ def cases():
             (1, 2048, 1024, S.FE4M3FN, -1, BF16, 5), (64, 2048, 512, S.U8, 64, np.float16, 3),
             (8, 2048, 1024, S.U4, 64, BF16, 7), (5, 1024, 1024, S.U8B128, 128, np.float16, 4),
             (12, 2048, 1024, S.U4B8, 128, np.float16, 5), (3, 1024, 512, S.U4, 32, np.float16, 6),
-            (33, 1024, 1024, S.U4B8, 128, BF16, 5), (80, 1024, 512, S.FE4M3FN, -1, np.float16, 4)]
+            (33, 1024, 1024, S.U4B8, 128, BF16, 5), (80, 1024, 512, S.FE4M3FN, -1, np.float16, 4),
+            # 64-row tiles of 256 columns: the last slice's warp fold split over the k groups (round 20), beside
+            # earlier slices folded whole
+            (64, 2048, 1024, S.U4B8, 128, np.float16, 5), (64, 1024, 2048, S.U4B8, 128, BF16, 16),
+            (128, 1024, 1024, S.U4, 128, np.float16, 7), (256, 1024, 512, S.FE4M3FN, -1, np.float16, 6)]
 
 
 def run(old_dir, case_list=None) -> int:

@@ -155,12 +155,17 @@ __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long lo
 // Kept out of line (finish_slice) and working on a local copy of the accumulators where inlining it made the hot
 // loop's register allocation spill (measured: 0 vs ~1 KiB of spills at M_BLOCKS = 4); inlined where that measured
 // faster (see kInlineFinish). FOLD = false: the caller has folded the warps already (SWAP kernels fold in the loop's
-// own layout, on half the values).
-template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight, bool FOLD = true>
+// own layout, on half the values). HELD < M_BLOCKS: the caller folded them split (fold_warps_split_in_ring): every
+// warp holds the folded sums of m16 blocks mb0 .. mb0 + HELD - 1 of its tile (acc[mb0 + i]; out of line, acc is the
+// local copy, so a runtime index costs nothing) and writes them; else k group 0's warps hold all M_BLOCKS and write
+// them.
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight, bool FOLD = true,
+          int HELD = M_BLOCKS>
 __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI,
                                                     int cols, long long total, T* __restrict__ C,
                                                     float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
-                                                    int prob_n, int reduce_mode) {
+                                                    int prob_n, int reduce_mode, int mb0 = 0) {
+  static_assert(HELD == M_BLOCKS || !FOLD, "a split partial is folded already");
   using Pair = typename Act<T>::Pair;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -176,19 +181,20 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
   slice_contributors(slice, KI, total, first, last);
   const int count = last - first + 1;
   const int chunk = slice / cols, col = slice % cols;
-  const bool writer = kg == 0;  // after (1), warps 0..N_TILES-1 hold the block's partial
+  // after (1), warps 0..N_TILES-1 hold the block's partial; a split partial is held by every warp
+  const bool writer = HELD < M_BLOCKS || kg == 0;
 
   // Stores the block's accumulators into C (rows below M only), converted to the activation type.
   auto write_c = [&]() {
 #pragma unroll
-    for (int mb = 0; mb < M_BLOCKS; ++mb)
+    for (int mb = 0; mb < HELD; ++mb)
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb) {
         const int col_g = col * BN + nt * 64 + nb * 8 + 2 * (lane % 4);
-        const int row_g = chunk * BM + mb * 16 + lane / 4;
+        const int row_g = chunk * BM + (mb0 + mb) * 16 + lane / 4;
         T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
-        if (row_g < prob_m) store_pair(c_lo, acc[mb][nb][0], acc[mb][nb][1]);
-        if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, acc[mb][nb][2], acc[mb][nb][3]);
+        if (row_g < prob_m) store_pair(c_lo, acc[mb0 + mb][nb][0], acc[mb0 + mb][nb][1]);
+        if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, acc[mb0 + mb][nb][2], acc[mb0 + mb][nb][3]);
       }
   };
 
@@ -197,28 +203,28 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
   } else if (reduce_mode == kReduceAtomic) {
     if (writer) {
 #pragma unroll
-      for (int mb = 0; mb < M_BLOCKS; ++mb)
+      for (int mb = 0; mb < HELD; ++mb)
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb) {
           const int col_g = col * BN + nt * 64 + nb * 8 + 2 * (lane % 4);
-          const int row_g = chunk * BM + mb * 16 + lane / 4;
+          const int row_g = chunk * BM + (mb0 + mb) * 16 + lane / 4;
           T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
           if (row_g < prob_m)
-            atomicAdd(reinterpret_cast<Pair*>(c_lo), Act<T>::from_floats(acc[mb][nb][0], acc[mb][nb][1]));
+            atomicAdd(reinterpret_cast<Pair*>(c_lo), Act<T>::from_floats(acc[mb0 + mb][nb][0], acc[mb0 + mb][nb][1]));
           if (row_g + 8 < prob_m)
             atomicAdd(reinterpret_cast<Pair*>(c_lo + 8LL * prob_n),
-                      Act<T>::from_floats(acc[mb][nb][2], acc[mb][nb][3]));
+                      Act<T>::from_floats(acc[mb0 + mb][nb][2], acc[mb0 + mb][nb][3]));
         }
     }
   } else if (reduce_mode == kReduceFp32) {
     if (writer) {  // (the first contributor's own slot too: its other warps read it back in the sum)
       float4* mine = fp32_slot<BM, BN>(C_tmp, blockIdx.x, slice, KI, total);
 #pragma unroll
-      for (int mb = 0; mb < M_BLOCKS; ++mb)
+      for (int mb = 0; mb < HELD; ++mb)
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)  // fragment-ordered slots: lane-contiguous float4s, one per (nt, mb, nb)
-          __stcg(mine + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane,
-                 make_float4(acc[mb][nb][0], acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]));
+          __stcg(mine + ((nt * M_BLOCKS + mb0 + mb) * 8 + nb) * 32 + lane,
+                 make_float4(acc[mb0 + mb][nb][0], acc[mb0 + mb][nb][1], acc[mb0 + mb][nb][2], acc[mb0 + mb][nb][3]));
     }
     // The barrier orders every writer's stores before thread 0's release (others) / before the sum's loads (first).
     __syncthreads();
@@ -263,8 +269,8 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
       __syncthreads();
       if (writer) {
 #pragma unroll
-        for (int mb = 0; mb < M_BLOCKS; ++mb) {
-          const int row_g = chunk * BM + mb * 16 + lane / 4;
+        for (int mb = 0; mb < HELD; ++mb) {
+          const int row_g = chunk * BM + (mb0 + mb) * 16 + lane / 4;
           unsigned q[8][2];
 #pragma unroll
           for (int nb = 0; nb < 8; ++nb) {  // all loads of this m16 block first: one L2 round trip, not eight
@@ -278,8 +284,8 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
           for (int nb = 0; nb < 8; ++nb) {
             const float2 lo = Act<T>::to_floats(as_pair<Pair>(q[nb][0]));
             const float2 hi = Act<T>::to_floats(as_pair<Pair>(q[nb][1]));
-            acc[mb][nb][0] += lo.x; acc[mb][nb][1] += lo.y;
-            acc[mb][nb][2] += hi.x; acc[mb][nb][3] += hi.y;
+            acc[mb0 + mb][nb][0] += lo.x; acc[mb0 + mb][nb][1] += lo.y;
+            acc[mb0 + mb][nb][2] += hi.x; acc[mb0 + mb][nb][3] += hi.y;
           }
         }
       }
@@ -333,6 +339,84 @@ __device__ __forceinline__ void fold_warps_in_ring(const float (&acc)[M_BLOCKS][
         }
       sts128_f32(ring_base + 16 * e, v[0].x, v[0].y, v[0].z, v[0].w);  // (only this thread reads element e)
     }
+  }
+}
+
+// The same sums split over the k groups (a reduce-scatter): k group kg ends with the folded sums of m16 blocks
+// kg HELD .. kg HELD + HELD - 1 of its tile (HELD = M_BLOCKS / k groups), in place in acc, so that every warp, not
+// k group 0 alone, has a share of the finish to write. Each warp stores only the blocks other groups keep: group g's
+// values for owner o (g != o) go to region g - (g > o) of (k groups - 1) partials in fragment order, so every region
+// is written once and whole. One block barrier, then each warp loads the others' values of its own blocks and sums
+// them in fold_warps' tree order (v[g] = group g's values: bit for bit fold_warps' sums). Where fold_warps needs a pass
+// per m16 block (the fold buffer holds less than a partial: two barriers each), this takes one, and half the shared
+// memory traffic with two groups. The caller makes sure the ring is idle (every warp past its last stage, no copy in
+// flight); nothing may write the ring after it.
+template <int M_BLOCKS, int N_TILES>
+__device__ __forceinline__ void fold_warps_split_in_ring(float (&acc)[M_BLOCKS][8][4], unsigned ring_base) {
+  constexpr int kGroups = kWarps / N_TILES;
+  constexpr int HELD = M_BLOCKS / kGroups;
+  static_assert(kGroups > 1 && M_BLOCKS % kGroups == 0, "every k group keeps the same number of m16 blocks");
+  constexpr int kF4 = N_TILES * M_BLOCKS * 8 * 32;  // float4s of a partial (one region)
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int nt = warp % N_TILES, kg = warp / N_TILES;
+  auto at = [&](int region, int mb, int nb) {
+    return ring_base + 16 * (region * kF4 + ((nt * M_BLOCKS + mb) * 8 + nb) * 32 + lane);
+  };
+#pragma unroll
+  for (int mb = 0; mb < M_BLOCKS; ++mb) {
+    const int owner = mb / HELD;
+    if (owner == kg) continue;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+      sts128_f32(at(kg - (kg > owner), mb, nb), acc[mb][nb][0], acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int mb = 0; mb < M_BLOCKS; ++mb) {
+    if (mb / HELD != kg) continue;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+      float4 v[kGroups];
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g)
+        v[g] = g == kg ? make_float4(acc[mb][nb][0], acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3])
+                       : ld_shared_f4(at(g - (g > kg), mb, nb));
+#pragma unroll
+      for (int step = kGroups / 2; step >= 1; step /= 2)
+#pragma unroll
+        for (int j = 0; j < step; ++j) {
+          v[j].x += v[j + step].x; v[j].y += v[j + step].y; v[j].z += v[j + step].z; v[j].w += v[j + step].w;
+        }
+      acc[mb][nb][0] = v[0].x; acc[mb][nb][1] = v[0].y; acc[mb][nb][2] = v[0].z; acc[mb][nb][3] = v[0].w;
+    }
+  }
+}
+
+// finish_slice, or on the block's last slice (no copy goes past it, so once they have landed and every warp is past a
+// barrier the stage ring is idle) fold_warps_split_in_ring and the finish of the split partial, on the local copy of
+// the accumulators. One out-of-line function for both, called from one place (sass_loop_count, sm_90, M_BLOCKS = 4):
+// the split fold inlined in the kernel took the kernel to 255 registers and +1..+5 instructions a stage; a second
+// out-of-line function beside finish_slice, ~0.5 KiB of spills in the kernel; this one leaves both as they were.
+template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
+__device__ __noinline__ void finish_slice_or_split(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI,
+                                                   int cols, long long total, T* __restrict__ C,
+                                                   float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
+                                                   int prob_n, int reduce_mode) {
+  // the block's range [b total / G, (b + 1) total / G) ends in this slice
+  const bool last = (static_cast<long long>(blockIdx.x) + 1) * total / gridDim.x <= (slice + 1LL) * KI;
+  if (last) {
+    constexpr int HELD = M_BLOCKS / (kWarps / N_TILES);
+    extern __shared__ int4 smem[];  // (the stage ring starts there: StageRing)
+    cp_async_wait<0>();  // (nothing is in flight: no fetch goes past the block's range)
+    __syncthreads();     // every warp past its last stage: the ring is idle
+    fold_warps_split_in_ring<M_BLOCKS, N_TILES>(acc, smem_addr(smem));
+    finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false, HELD>(
+        acc, sRed, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode,
+        static_cast<int>(threadIdx.x / 32 / N_TILES) * HELD);
+  } else {
+    finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(acc, sRed, slice, KI, cols, total, C, C_tmp,
+                                                                      locks, prob_m, prob_n, reduce_mode);
   }
 }
 
@@ -421,6 +505,9 @@ inline constexpr int kWarpFetchMaxTiles = 2;
 // The last slice of a block without clusters folds its row-layout warps in the idle ring (see gemm_block's
 // kRingFold); false: fold_warps everywhere.
 inline constexpr bool kRingFoldEnabled = true;
+// The last slice of a block with several m16 blocks whose partial the ring cannot hold once per k group folds split
+// over the k groups in the ring (see gemm_block's kSplitFold); false: fold_warps, one m16 block a pass.
+inline constexpr bool kSplitFoldEnabled = true;
 
 // MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
 // LDS -> dequant -> mma chain of one block's 8 warps, but only pay when every block has a long run of pipeline steps
@@ -719,6 +806,15 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   // with it (68-76 bytes, nvcc sm_80 / sm_90), and so did a four-block one (bf16 FP8 128 x 128, 12 bytes at sm_90).
   constexpr bool kRingFold = kRingFoldEnabled && CLUSTER == 1 && SWAP == 0 && !kInlineFinish && MIN_BLOCKS == 1 &&
                              M_BLOCKS <= 2 && G::kWarpsPerN > 1 && G::kWarpsPerN * BM * BN * 4 <= G::kRingBytes;
+  // Where that does not apply and the ring holds the k groups' exchange, the last slice folds split over the k groups
+  // (fold_warps_split_in_ring: one barrier instead of two per m16 block, and every warp writes its share of the
+  // finish). Nsight Compute on u4b8 4096^2 M = 64 (bench/NOTES_gemm.md "Round 20", item 6): a fifth of the warps'
+  // stall samples were at the barriers of fold_warps' passes and behind k group 0's slot stores.
+  constexpr int kSplitHeld = M_BLOCKS / G::kWarpsPerN;
+  constexpr bool kSplitFold = kSplitFoldEnabled && !kRingFold && CLUSTER == 1 && SWAP == 0 && !kInlineFinish &&
+                              MIN_BLOCKS == 1 && G::kWarpsPerN > 1 && kSplitHeld >= 1 &&
+                              M_BLOCKS % G::kWarpsPerN == 0 &&
+                              (G::kWarpsPerN - 1) * BM * BN * 4 <= G::kRingBytes;
   // last: no stage of the block's range follows this slice's
   auto end_slice = [&](int slice_, bool last) {
     // kWarpFetch: every warp done with its stages before the finishing reuses shared memory (the fold buffer, the
@@ -752,7 +848,11 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
           folded = true;
         }
       }
-      if constexpr (kInlineFinish) {
+      if constexpr (kSplitFold) {
+        finish_slice_or_split<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total,
+                                                                            C, C_tmp, locks, prob_m, prob_n,
+                                                                            reduce_mode);
+      } else if constexpr (kInlineFinish) {
         if (!folded) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);
         finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false>(
             partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
