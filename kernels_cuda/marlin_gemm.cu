@@ -57,6 +57,10 @@ __device__ __forceinline__ int fast_div(int n, int magic, int shift) {
                           shift);
 }
 
+// The first of block b's iterations [b T / G, (b + 1) T / G) (T = total, G = the grid); the end of its range is
+// block_range_start(b + 1). (The prologue forms the same values from the host's plan: fast_div.)
+__device__ __forceinline__ long long block_range_start(long long b, long long total) { return b * total / gridDim.x; }
+
 // Blocks first..last contribute to slice `slice` (block b holds iterations [b T / G, (b + 1) T / G)).
 __device__ __forceinline__ void slice_contributors(int slice, int KI, long long total, int& first, int& last) {
   const long long grid = gridDim.x;
@@ -69,7 +73,7 @@ __device__ __forceinline__ void slice_contributors(int slice, int KI, long long 
 // last), hence two slots per block.
 template <int BM, int BN>
 __device__ __forceinline__ float4* fp32_slot(float* C_tmp, int b, int slice, int KI, long long total) {
-  const int first_slice_of_b = static_cast<int>(b * total / gridDim.x) / KI;
+  const int first_slice_of_b = static_cast<int>(block_range_start(b, total)) / KI;
   return reinterpret_cast<float4*>(C_tmp) + static_cast<long long>(2 * b + (slice == first_slice_of_b ? 0 : 1)) *
                                                 (BM * BN / 4);
 }
@@ -77,9 +81,8 @@ __device__ __forceinline__ float4* fp32_slot(float* C_tmp, int b, int slice, int
 // Whether the contributors first..last of `slice` hold iterations of this slice only (the first starts at its k = 0,
 // the last ends at its k = KI - 1): then none of them has work left after it. Always so on a slice-aligned grid.
 __device__ __forceinline__ bool slice_held_whole(int slice, int KI, long long total, int first, int last) {
-  const long long grid = gridDim.x;
-  return first * total / grid == static_cast<long long>(slice) * KI &&
-         (last + 1) * total / grid == static_cast<long long>(slice + 1) * KI;
+  return block_range_start(first, total) == static_cast<long long>(slice) * KI &&
+         block_range_start(last + 1, total) == static_cast<long long>(slice + 1) * KI;
 }
 
 // Sums a shared slice's slots (kReduceFp32) and writes C: share `share` of `shares` of the slot's fragments (slot
@@ -305,6 +308,18 @@ __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* s
                                                                           locks, prob_m, prob_n, reduce_mode);
 }
 
+// v[0] = the sum of v[0..N) in fold_warps' tree order (halves added pairwise: (v0 + v2) + (v1 + v3) for N = 4), the
+// order every warp fold keeps so that its sums are bit for bit fold_warps'.
+template <int N>
+__device__ __forceinline__ void tree_sum_f4(float4 (&v)[N]) {
+#pragma unroll
+  for (int step = N / 2; step >= 1; step /= 2)
+#pragma unroll
+    for (int j = 0; j < step; ++j) {
+      v[j].x += v[j + step].x; v[j].y += v[j + step].y; v[j].z += v[j + step].z; v[j].w += v[j + step].w;
+    }
+}
+
 // Every warp's row-layout partial summed over the k groups in the block's stage ring, every thread at work: each warp
 // stores its partial at its k group's place (kg kF4 float4s from ring_base, in fragment order, as a C_tmp slot), one
 // block barrier, then each thread sums a few float4s over the k groups in fold_warps' tree order (bit for bit its
@@ -331,12 +346,7 @@ __device__ __forceinline__ void fold_warps_in_ring(const float (&acc)[M_BLOCKS][
       float4 v[kGroups];
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) v[g] = ld_shared_f4(ring_base + 16 * (g * kF4 + e));
-#pragma unroll
-      for (int step = kGroups / 2; step >= 1; step /= 2)
-#pragma unroll
-        for (int j = 0; j < step; ++j) {
-          v[j].x += v[j + step].x; v[j].y += v[j + step].y; v[j].z += v[j + step].z; v[j].w += v[j + step].w;
-        }
+      tree_sum_f4(v);
       sts128_f32(ring_base + 16 * e, v[0].x, v[0].y, v[0].z, v[0].w);  // (only this thread reads element e)
     }
   }
@@ -382,12 +392,7 @@ __device__ __forceinline__ void fold_warps_split_in_ring(float (&acc)[M_BLOCKS][
       for (int g = 0; g < kGroups; ++g)
         v[g] = g == kg ? make_float4(acc[mb][nb][0], acc[mb][nb][1], acc[mb][nb][2], acc[mb][nb][3])
                        : ld_shared_f4(at(g - (g > kg), mb, nb));
-#pragma unroll
-      for (int step = kGroups / 2; step >= 1; step /= 2)
-#pragma unroll
-        for (int j = 0; j < step; ++j) {
-          v[j].x += v[j + step].x; v[j].y += v[j + step].y; v[j].z += v[j + step].z; v[j].w += v[j + step].w;
-        }
+      tree_sum_f4(v);
       acc[mb][nb][0] = v[0].x; acc[mb][nb][1] = v[0].y; acc[mb][nb][2] = v[0].z; acc[mb][nb][3] = v[0].w;
     }
   }
@@ -403,8 +408,7 @@ __device__ __noinline__ void finish_slice_or_split(float (&acc)[M_BLOCKS][8][4],
                                                    int cols, long long total, T* __restrict__ C,
                                                    float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
                                                    int prob_n, int reduce_mode) {
-  // the block's range [b total / G, (b + 1) total / G) ends in this slice
-  const bool last = (static_cast<long long>(blockIdx.x) + 1) * total / gridDim.x <= (slice + 1LL) * KI;
+  const bool last = block_range_start(blockIdx.x + 1LL, total) <= (slice + 1LL) * KI;  // the block's range ends here
   if (last) {
     constexpr int HELD = M_BLOCKS / (kWarps / N_TILES);
     extern __shared__ int4 smem[];  // (the stage ring starts there: StageRing)
@@ -810,10 +814,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   // (fold_warps_split_in_ring: one barrier instead of two per m16 block, and every warp writes its share of the
   // finish). Nsight Compute on u4b8 4096^2 M = 64 (bench/NOTES_gemm.md "Round 20", item 6): a fifth of the warps'
   // stall samples were at the barriers of fold_warps' passes and behind k group 0's slot stores.
-  constexpr int kSplitHeld = M_BLOCKS / G::kWarpsPerN;
   constexpr bool kSplitFold = kSplitFoldEnabled && !kRingFold && CLUSTER == 1 && SWAP == 0 && !kInlineFinish &&
-                              MIN_BLOCKS == 1 && G::kWarpsPerN > 1 && kSplitHeld >= 1 &&
-                              M_BLOCKS % G::kWarpsPerN == 0 &&
+                              MIN_BLOCKS == 1 && G::kWarpsPerN > 1 && M_BLOCKS % G::kWarpsPerN == 0 &&
                               (G::kWarpsPerN - 1) * BM * BN * 4 <= G::kRingBytes;
   // last: no stage of the block's range follows this slice's
   auto end_slice = [&](int slice_, bool last) {

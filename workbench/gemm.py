@@ -456,6 +456,11 @@ PRE_R6_POLICY = dict(ONE_M_BLOCK_STAGES={4: (8, 6, 4), 8: (8, 6, 4)}, EIGHT_BIT_
                      TWO_BLOCKS_MIN_STEPS_SWAP=TWO_BLOCKS_MIN_STEPS, ROWS_WIDE_FIRST=False)
 
 
+def pipeline_steps(cfg: KernelConfig, size_m: int, size_n: int, size_k: int) -> int:
+    """The kernel's (slice, k step) iterations: m chunks x column slices x k steps per slice."""
+    return math.ceil(size_m / cfg.block_m) * (size_n // cfg.block_n) * (size_k // cfg.block_k)
+
+
 def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:
     """Blocks launched: at most as many as can be resident at once (every block must be: in the in-C and fp32
     reductions blocks wait on others' counts), fewer when the problem has fewer (slice, k) iterations.
@@ -817,7 +822,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
                         launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms,
                         pairs=pairs_possible(compute_capability, fp32_reduce))
-    iterations = math.ceil(max(m, 1) / cfg.block_m) * (n // cfg.block_n) * (k // cfg.block_k)
+    iterations = pipeline_steps(cfg, max(m, 1), n, k)
     if iterations >= 2**31:
         raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
     grid = grid_blocks(cfg, max(m, 1), n, k, sms)
@@ -937,10 +942,9 @@ class PreparedLaunch:
         head = [m, n, k, kernel_lda, self.group_size, self.mode]
         if m == 0:  # (never launched)
             return head + [0] * 8
-        ki, cols = k // cfg.block_k, n // cfg.block_n
-        steps = math.ceil(m / cfg.block_m) * cols * ki
-        return head + [steps // self.grid, steps % self.grid, *fast_div_plan(self.grid), *fast_div_plan(ki),
-                       *fast_div_plan(cols)]
+        steps = pipeline_steps(cfg, m, n, k)
+        return head + [steps // self.grid, steps % self.grid, *fast_div_plan(self.grid),
+                       *fast_div_plan(k // cfg.block_k), *fast_div_plan(n // cfg.block_n)]
 
     def set_grid(self, blocks: int) -> None:
         """Launch ``blocks`` blocks instead of the planned grid (bench/sweep_gemm.py's forced grids): the kernel's
@@ -1164,7 +1168,7 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     if cfg.smem_bytes > limit:
         raise _err(f"config needs {cfg.smem_bytes} bytes of shared memory; {cfg.blocks_per_sm} block(s) per SM "
                    f"leave {limit}")
-    iterations = math.ceil(m / cfg.block_m) * (n // cfg.block_n) * (k // cfg.block_k)
+    iterations = pipeline_steps(cfg, m, n, k)
     if iterations >= 2**31:
         raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
     if grid is None:
