@@ -1,4 +1,6 @@
-"""Float32 → float16 / bfloat16 rounding in integer arithmetic, for kernels that rescale scales (spec §5.2–5.3).
+"""Float32 → float16 / bfloat16 rounding in integer arithmetic, for kernels that rescale scales.
+
+What they compute: docs/formats.md, "Exponent bias in the scales" and "Block FP8".
 
 Why integers: the value has to come out *bit-identical* to NumPy's ``(f32 * 2^s).astype(f16 | bf16)`` in both
 worlds, the CUDA simulator (NumPy scalars) and compiled code (hardware ``cvt``), including subnormals, overflow to

@@ -1,4 +1,6 @@
-"""Stacked MoE experts: E experts' GPTQ tensors -> one Marlin stack, expert e at offset e·stride (spec §8.2).
+"""Stacked MoE experts: E experts' GPTQ tensors -> one Marlin stack, expert e at offset e·stride.
+
+Specified in docs/formats.md, "MoE expert stacks".
 
     qweight  [E, K/16, N*16/pf] int32   stride = K*N/pf words (same size as one expert's GPTQ qweight)
     scales   [E, ng, N]         act     permuted per expert (P64 grouped / P32 channelwise)

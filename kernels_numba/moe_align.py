@@ -1,8 +1,8 @@
 """``moe_align_block_size`` on the device: one Numba-CUDA block groups routed (token, slot) pairs by expert.
 
-NumPy spec: ``workbench.formats.moe_align.moe_align_block_size`` (spec §8.1). The content of every expert segment
-matches it exactly; the order inside a segment does not (ranks come from shared-memory atomics), so compare with
-``workbench.formats.moe_align.segments``.
+NumPy spec: ``workbench.formats.moe_align.moe_align_block_size`` (docs/formats.md, "moe_align_block_size"). The
+content of every expert segment matches it exactly; the order inside a segment does not (ranks come from
+shared-memory atomics), so compare with ``workbench.formats.moe_align.segments``.
 
 One block does everything, in four phases separated by barriers (routing tensors are small: M·top_k entries):
 
@@ -20,7 +20,7 @@ from numba import cuda, int32
 
 from kernels_numba._launch import Arrays
 
-MAX_EXPERTS = 1024  # shared counters per expert (spec §8.1: the padded expert count stays below 1024)
+MAX_EXPERTS = 1024  # shared counters per expert (docs/formats.md, "moe_align_block_size": at most 1024 experts)
 CURSOR_SLOTS = MAX_EXPERTS + 1  # segment starts plus the end; a global, as shared shapes must be constants
 THREADS = 256  # one block; every phase is a block-stride loop, so any power of two works (tests use 32)
 

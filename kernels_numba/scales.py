@@ -1,4 +1,6 @@
-"""Scale permutations, zero points and block-FP8 scales (spec §3, §4, §5.3), as Numba-CUDA kernels.
+"""Scale permutations, zero points and block-FP8 scales, as Numba-CUDA kernels.
+
+Specified in docs/formats.md, "Scale permutation", "Zero points" and "Block FP8".
 
 All of these are small (a scale row is N values per group), so each is one element-wise grid-stride launch over
 every expert at once: with a leading expert axis the rows of all experts are just more rows.
@@ -406,7 +408,7 @@ def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4, *, stream=None) -
 # ---------------------------------------------------------------------------------------------------------------
 def block_fp8_scales_kernel_source(src_bf16: bool, act: str):
     mant_bits, bias = BF16_FORMAT if act == "bf16" else F16_FORMAT
-    scale_log2 = 120 if act == "bf16" else 8  # the exponent-bias factor the kernel's bit move loses (spec §5.2)
+    scale_log2 = 120 if act == "bf16" else 8  # the factor the bit move loses: formats.md, "Exponent bias in the scales"
 
     def block_fp8_scales(inv, out, groups, size_n):
         """inv: raw bits [E, ceil(N/128), K/128] (uint16 bf16 or uint32 f32); out uint16 [E, K/128 * N]."""

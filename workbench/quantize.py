@@ -1,4 +1,4 @@
-"""Reference round-to-nearest quantizer and the reference dequantizer (spec §1.4, §5).
+"""Reference round-to-nearest quantizer and the reference dequantizer (docs/formats.md, "Reference quantizer").
 
 ``dequantize`` is the spec of what a Marlin GEMM multiplies with: for integer weights
 ``act_dtype((code - zero) * scale)`` — the difference is a small exact integer, so the product has exactly one

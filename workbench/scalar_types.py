@@ -1,4 +1,4 @@
-"""Weight scalar types of the Marlin family, with the seed's launch-ABI codes.
+"""Weight scalar types of the Marlin family, with their launch-record codes (docs/formats.md, "Weight scalar types").
 
 A weight type says how many bits a code has, how many codes share an int32 word
 (the *pack factor*), and how a code becomes a number:
@@ -14,8 +14,8 @@ import enum
 
 class ScalarType(enum.Enum):
     # value = (name, bits, bias, has_zero_points, abi_code)
-    # abi codes 1, 4, 5, 8 are the seed's FERRUM_MARLIN_SCALAR_* values; 2, 6, 7 are ours (the seed has no
-    # bf16, u8 or u8b128 code).
+    # abi codes 1, 4, 5, 8 are the launch record's FERRUM_MARLIN_SCALAR_* values; 2, 6, 7 are ours (the record has
+    # no bf16, u8 or u8b128 code; docs/formats.md, "Launch record").
     F16 = ("f16", 16, None, False, 1)
     BF16 = ("bf16", 16, None, False, 2)
     U4 = ("u4", 4, None, True, 4)

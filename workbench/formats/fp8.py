@@ -1,4 +1,4 @@
-"""FP8 E4M3 weight-only (W8A16) formats (spec §5).
+"""FP8 E4M3 weight-only (W8A16) formats (docs/formats.md, "FP8 E4M3 weight-only" and "Block FP8").
 
 E4M3 bytes are 8-bit codes: the Marlin tile layout is the 8-bit one. What is special is the scale.
 
@@ -84,9 +84,10 @@ def block_fp8_group128_repack(row_major: np.ndarray, size_k: int, size_n: int) -
 
 
 def block_fp8_word_sources(word, size_k: int, size_n: int) -> np.ndarray:
-    """The seed's direct gather: Marlin word -> the 4 flat indices of ``row_major.ravel()`` it holds (low byte first).
+    """Direct gather: Marlin word -> the 4 flat indices of ``row_major.ravel()`` it holds (low byte first).
 
-    Vectorized over ``word``; returns shape (..., 4). This is the formula a kernel evaluates per output word.
+    Vectorized over ``word``; returns shape (..., 4). This is the formula a kernel evaluates per output word
+    (docs/formats.md, "FP8 E4M3 weight-only").
     """
     word = np.asarray(word, dtype=np.int64)
     tile, word_in_tile = np.divmod(word, 256)
@@ -100,7 +101,10 @@ def block_fp8_word_sources(word, size_k: int, size_n: int) -> np.ndarray:
 
 
 def block_fp8_scale_sources(destination, size_k: int, size_n: int) -> np.ndarray:
-    """The seed's scale gather: Marlin scale index over [K/128, N] -> flat index into inverse_scales [ceil(N/128), K/128]."""
+    """Scale gather: Marlin scale index over [K/128, N] -> flat index into inverse_scales [ceil(N/128), K/128].
+
+    The formula a kernel evaluates per destination scale (docs/formats.md, "Block FP8").
+    """
     destination = np.asarray(destination, dtype=np.int64)
     groups = size_k // BLOCK
     perm = SCALE_PERM_32 if groups == 1 else SCALE_PERM_64
@@ -128,7 +132,8 @@ def expand_block_scales(inverse_scales: np.ndarray, size_k: int, size_n: int) ->
 def marlin_fp8_scales(scales: np.ndarray, size_k: int, size_n: int, group_size: int, act_dtype=F16) -> np.ndarray:
     """True FP8 dequant scales [ng, N] (float) -> Marlin scales in act_dtype, permuted, exponent bias folded in.
 
-    Computed as ``act_dtype(scale * 2^bias)`` from float32 (one rounding, as the seed does).
+    Computed as ``act_dtype(scale * 2^bias)`` from float32, one rounding (docs/formats.md, "Block FP8", rounding
+    order).
     """
     bias = exponent_bias(act_dtype)
     with np.errstate(over="ignore"):

@@ -1,14 +1,15 @@
-"""GPTQ zero points and act-order (spec §1.2, §4, §6).
+"""GPTQ zero points and act-order (docs/formats.md, "GPTQ qzeros", "Marlin zero points" and "Act-order").
 
 GPTQ ``qzeros [K/G, N/pf]`` are column-packed in identity order. AutoGPTQ's v1 format ("gptq") stores
 ``zero - 1``; "gptq_v2" stores the zero itself. Consequences of v1: a symmetric 4-bit checkpoint stores 7 in every
 field (``0x77777777``); a stored all-ones field (15 / 255) would mean a zero of 16 / 256, which does not fit, and is an
 error.
 
-Note on the seed: its ``repack_gptq_qzeros_to_marlin`` adds 1 to every field and keeps the checkpoint's column
-layout. The Marlin kernels read zero points in the P64-permuted, interleaved layout of ``marlin_zero_points`` (spec
-§4), so here the layout-preserving step is ``gptq_v1_qzeros_to_v2`` and ``repack_gptq_qzeros_to_marlin`` continues to
-the kernel layout. For constant qzeros (``0x88888888`` -> ``0x99999999``) the two agree.
+Note on the seed code (docs/formats.md, "GPTQ qzeros"): its ``repack_gptq_qzeros_to_marlin`` adds 1 to every field
+and keeps the checkpoint's column layout. The Marlin kernels read zero points in the P64-permuted, interleaved layout
+of ``marlin_zero_points`` (docs/formats.md, "Marlin zero points"), so here the layout-preserving step is
+``gptq_v1_qzeros_to_v2`` and ``repack_gptq_qzeros_to_marlin`` continues to the kernel layout. For constant qzeros
+(``0x88888888`` -> ``0x99999999``) the two agree.
 
 GPTQ v2 qzeros already hold the zero points: ``marlin_zero_points(unpack_cols(qzeros))`` is their whole conversion.
 """
@@ -31,7 +32,7 @@ def symmetric_stored_word(bits: int = 4) -> int:
 def gptq_qzeros_are_symmetric_code7(qzeros: np.ndarray, bits: int = 4) -> bool:
     """True when every v1 stored zero is 2^(b-1) - 1 (zero point 8 / 128): the symmetric u4b8 / u8b128 case.
 
-    An empty tensor is not symmetric (there is nothing to say it is), as in the seed.
+    An empty tensor is not symmetric (there is nothing to say it is; docs/formats.md, "GPTQ qzeros").
     """
     q = np.asarray(qzeros)
     require_dtype(q, (np.int32, np.uint32), "qzeros")
@@ -71,7 +72,8 @@ def gptq_v1_zero_points(qzeros: np.ndarray, bits: int = 4) -> np.ndarray:
 
 
 def gptq_v1_qzeros_to_v2(qzeros: np.ndarray, bits: int = 4) -> np.ndarray:
-    """The seed's step: add 1 to every field, keeping the checkpoint's column layout (int32 [ng, N/pf])."""
+    """Add 1 to every field, keeping the checkpoint's column layout (int32 [ng, N/pf]): the seed code's whole
+    conversion (docs/formats.md, "GPTQ qzeros")."""
     return pack_cols(gptq_v1_zero_points(qzeros, bits), bits)
 
 
@@ -82,7 +84,7 @@ def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: i
 
 
 def sort_g_idx(g_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Act-order: (g_idx_sorted, perm) with perm = stable argsort(g_idx) (spec §6).
+    """Act-order: (g_idx_sorted, perm) with perm = stable argsort(g_idx) (docs/formats.md, "Act-order").
 
     Any within-group order works as long as weights and activations use the same perm; stable keeps it reproducible.
     """

@@ -1,4 +1,5 @@
-"""The Marlin weight tile as named index maps, and the repack reference built from them (spec §2).
+"""The Marlin weight tile as named index maps, and the repack reference built from them (docs/formats.md,
+"The Marlin tile").
 
 The K×N weight is cut into 16(k)×64(n) tiles, ordered k-tile-major. One tile is 1024 codes = ``wpt`` words
 (128 for 4-bit, 256 for 8-bit). Marlin's 1024-entry permutation merges four separate facts; here each is a map:
@@ -25,9 +26,10 @@ The K×N weight is cut into 16(k)×64(n) tiles, ordered k-tile-major. One tile i
 4. **The field interleave** — ``FIELD_INTERLEAVE[bits][j]`` = which of the word's natural elements sits in field j.
    Natural order is (half, e); the interleave ``[0,2,4,6,1,3,5,7]`` (4-bit) / ``[0,2,1,3]`` (8-bit) puts the two
    rows (k, k+1) of one column 16 bits apart, so a dequantizer turns *pairs* of codes into a ``half2`` with one
-   mask-and-or (``lop3``) and a shift (spec §2.3, ``dequant.h``).
+   mask-and-or (``lop3``) and a shift (docs/formats.md, "Nibble interleave").
 
-Composing the four gives the closed form of spec §2.3, which ``marlin_word_field_to_kn`` evaluates.
+Composing the four gives the closed form (docs/formats.md, "Closed form and the 1024-entry permutation"), which
+``marlin_word_field_to_kn`` evaluates.
 """
 from __future__ import annotations
 

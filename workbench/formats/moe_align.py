@@ -1,4 +1,6 @@
-"""``moe_align_block_size``: group routed (token, slot) pairs by expert into blocks of ``block_size`` rows (spec §8.1).
+"""``moe_align_block_size``: group routed (token, slot) pairs by expert into blocks of ``block_size`` rows.
+
+Specified in docs/formats.md, "moe_align_block_size".
 
 A router gives every token ``top_k`` experts: ``topk_ids [M, top_k]``. Flattened, entry ``i`` is token ``i // top_k``,
 slot ``i % top_k``. A fused MoE kernel wants, for every block of ``block_size`` rows, one expert; so each expert's

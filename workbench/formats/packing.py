@@ -7,7 +7,7 @@ A word holds ``pf = 32 // bits`` codes; *field j* is bits ``[j*bits, (j+1)*bits)
     AWQ            [R, N/pf] packs along N, interleaved: field j of word (r, c) = code(r, c*pf + AWQ_ORDER[j])
 
 AWQ's order ``[0, 2, 4, 6, 1, 3, 5, 7]`` (4-bit) / ``[0, 2, 1, 3]`` (8-bit) is the same interleave Marlin uses inside
-a word, so AutoAWQ's dequantizer can pull element pairs with one shift (spec §1.5).
+a word, so AutoAWQ's dequantizer can pull element pairs with one shift (docs/formats.md, "AWQ packing").
 """
 from __future__ import annotations
 

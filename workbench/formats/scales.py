@@ -1,4 +1,4 @@
-"""Marlin scale permutations and zero points (spec §3, §4).
+"""Marlin scale permutations and zero points (docs/formats.md, "Scale permutation" and "Marlin zero points").
 
 Both permutations act on the flattened ``[ng, N]`` tensor in independent chunks, ``out[d] = in[P[d]]``:
 

@@ -24,7 +24,7 @@ MINILM_LAYERS = (
     "encoder.layer.5.intermediate.dense.weight",
     "encoder.layer.5.output.dense.weight",
 )
-# group sizes each type is built for (FP8 Marlin: channelwise and 128 only, spec §9.1)
+# group sizes each type is built for (FP8 Marlin: channelwise and 128 only, docs/formats.md, "FP8 scale shapes")
 GROUPS_BY_TYPE = {"u4b8": (-1, 32, 64, 128), "u4": (-1, 32, 64, 128), "u8b128": (-1, 32, 64, 128),
                   "fe4m3fn": (-1, 128)}
 
