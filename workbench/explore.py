@@ -129,6 +129,8 @@ def write_notebook(path, layer: str | None, notebook) -> str:
         raise ValueError(f"{path}: layer {layer!r} cannot be drawn: {why}")
     root = os.path.abspath(os.fspath(path))
     nb = nbformat.v4.new_notebook()
+    # without a kernelspec JupyterLab asks which kernel to start instead of starting one
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
         nbformat.v4.new_markdown_cell(
             f"# `{layer}`\n\nThe layout explorer on this layer of `{root}`. Move **k / n** (a weight element) or"

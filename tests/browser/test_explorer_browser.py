@@ -1,8 +1,9 @@
 """The layout explorer in a real browser: JupyterLab + headless Chromium, driven by Playwright.
 
-Opens a copy of notebooks/explorer.ipynb (autosave would rewrite the original), runs every cell, checks that the
-widgets rendered (no "Loading widget..."), moves the k slider with the keyboard and checks that the highlighted word
-changes, and saves a screenshot under artifacts/ (git-ignored; CI keeps it).
+The first test opens a copy of notebooks/explorer.ipynb (autosave would rewrite the original), runs every cell,
+checks that the widgets rendered (no "Loading widget..."), moves the k slider with the keyboard and checks that the
+highlighted word changes, and saves a screenshot under artifacts/ (git-ignored; CI keeps it). The second runs the
+README's five-minute walk and opens the explorer notebook it writes, on the walk's repacked layer.
 """
 from __future__ import annotations
 
@@ -62,5 +63,55 @@ def test_layout_explorer_renders_and_reacts(jupyter_lab, copy_notebook, chromium
             page.screenshot(path=os.path.join(ARTIFACTS, "layout_explorer.png"), full_page=True)
             page.locator(".wb-layout-explorer").first.screenshot(
                 path=os.path.join(ARTIFACTS, "layout_explorer_widget.png"))
+        finally:
+            browser.close()
+
+
+def test_explorer_on_the_readme_walks_repacked_layer(jupyter_lab, chromium):
+    """The README's walk, run verbatim in the server's directory, then its second step: JupyterLab on the notebook
+    that `workbench explore` wrote. The stored-word table must show the word the repacked checkpoint holds."""
+    from playwright.sync_api import sync_playwright
+
+    import readme_walk
+    from workbench.explore import layer_explorer
+
+    base, token, root = jupyter_lab
+    executable, args = chromium
+    done = readme_walk.run_walk(root)
+    assert [p.returncode for p in done] == [0] * len(readme_walk.walk_commands()), done[-1].stderr
+    notebook = readme_walk.walk_blocks()[1][0].split()[-1]  # "jupyter lab explore.ipynb"
+    marlin_dir = readme_walk.walk_commands()[2].split("--out", 1)[1].split()[0]
+    layer = readme_walk.walk_commands()[4].split("--layer", 1)[1].split()[0]
+    expected = layer_explorer(root / marlin_dir, layer)  # the same object, built here: what the page must show
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=args, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1200})
+            page.goto(f"{base}/lab/tree/{notebook}?token={token}")
+            page.wait_for_function("window.jupyterapp !== undefined", timeout=60_000)
+            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=60_000)
+            page.wait_for_function(
+                "() => { const w = window.jupyterapp.shell.currentWidget;"
+                " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+                " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=60_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_selector(".wb-layer-explorer .wb-stored", timeout=90_000)
+            assert page.get_by_text("Loading widget...").count() == 0
+            assert layer in page.locator(".wb-layer-explorer").first.inner_text()
+            stored = page.locator(".wb-layer-explorer .wb-stored").first
+            e = expected.element(5, 70)  # where the explorer opens
+            assert f"0x{e['value']:08x}" in stored.inner_text(), stored.inner_text()
+
+            handle = page.locator(".wb-layer-explorer .widget-slider .noUi-handle").first  # the k slider
+            handle.click()
+            handle.press("ArrowRight")
+            page.wait_for_function(
+                "() => { const e = document.querySelector('.wb-layer-explorer .wb-stored');"
+                " return e && e.innerText.includes('(k=6, n=70)'); }", timeout=30_000)
+            e = expected.element(6, 70)
+            assert f"0x{e['value']:08x}" in stored.inner_text(), stored.inner_text()
+            page.locator(".wb-layer-explorer").first.screenshot(
+                path=os.path.join(ARTIFACTS, "layer_explorer_walk.png"))
         finally:
             browser.close()
