@@ -74,8 +74,8 @@ def _command(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "example-checkpoint", help="write a small quantized checkpoint to try the other commands on",
-        description="Write a small quantized checkpoint (one Llama-style decoder layer, hidden size 128) into DIR, in"
-                    " the layout the producing tool writes: GPTQ (AutoGPTQ), gptq_v2, AWQ (AutoAWQ GEMM),"
+        description=f"Write a small quantized checkpoint (one Llama-style decoder layer, hidden size {HIDDEN}) into"
+                    " DIR, in the layout the producing tool writes: GPTQ (AutoGPTQ), gptq_v2, AWQ (AutoAWQ GEMM),"
                     " compressed-tensors pack-quantized (llm-compressor) or block-FP8 (DeepSeek-V3 style).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("dir", help="output directory (created; must be empty unless --force)")

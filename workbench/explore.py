@@ -87,7 +87,8 @@ class LayerExplorer:
             group = int(w.g_idx[k])
         else:
             group = 0 if w.group_size == -1 else k // w.group_size
-        return {"word": word, "value": value, "field": field, "field_code": (value >> (bits * field)) & ((1 << bits) - 1),
+        field_code = (value >> (bits * field)) & ((1 << bits) - 1)  # field f holds bits [f*bits, (f+1)*bits)
+        return {"word": word, "value": value, "field": field, "field_code": field_code,
                 "code": int(self.codes[k, n]), "group": group, "scale": float(self.scales[group, n])}
 
     def refresh(self) -> None:

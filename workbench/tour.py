@@ -204,6 +204,9 @@ def _command(args) -> int:
     backend = default_backend() if args.backend == "auto" else args.backend
     print(f"device: {hardware.describe()}; backend: {backend}"
           + (" (GPU kernels)" if backend == "numba" and hardware.gpu_available() else ""))
+    if backend == "numba" and hardware.simulator_enabled() and args.k * args.n > SIZE_MULTIPLE ** 2:
+        print(f"the simulator runs one Python thread per CUDA thread, so this takes minutes at {args.k} x {args.n};"
+              f" --k {SIZE_MULTIPLE} --n {SIZE_MULTIPLE} is the quickest")
     rows = run_tour(args.k, args.n, args.seed, backend, progress=not args.no_progress)
     print(format_table(rows))
     bad = [r.fmt for r in rows if not r.exact]
