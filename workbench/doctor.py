@@ -23,8 +23,8 @@ DEFAULT_CHROMIUM = "/usr/bin/chromium"
 TIERS = ("compile", "gpu", "browser")
 REQUIRE_ENV = "WORKBENCH_REQUIRE_TIERS"
 
-INSTALL_CUDA = ("install the CUDA toolkit 13.0 and put its bin/ on PATH (NVIDIA's packages:"
-                " https://developer.nvidia.com/cuda-downloads, e.g. apt-get install cuda-toolkit-13-0)")
+INSTALL_CUDA = ("install the CUDA toolkit 13.0 and put its bin/ on PATH; NVIDIA's packages are at"
+                " https://developer.nvidia.com/cuda-downloads (e.g. apt-get install cuda-toolkit-13-0)")
 INSTALL_CHROMIUM = "apt-get install chromium, or point WORKBENCH_CHROMIUM at a Chromium executable"
 
 
@@ -115,21 +115,28 @@ def _cuda_headers() -> str | None:
         return None
 
 
+def _cuda_cxx_problems() -> list[str]:
+    """What the offline build of kernels_cuda lacks: nvcc and ptxas, and NVRTC's runtime headers."""
+    problems = []
+    missing = [name for name in ("nvcc", "ptxas") if _tool(name) is None]
+    if missing:
+        problems.append(f"{' and '.join(missing)} not on PATH: {INSTALL_CUDA}")
+    if package_version("cuda-core") is None:
+        problems.append("cuda-core is not installed (pip install -e \".[test]\")")
+    elif _cuda_headers() is None:
+        problems.append("no CUDA runtime headers for NVRTC (pip install 'cuda-toolkit[cudart]==13.0.*')")
+    return problems
+
+
 def tier_problems(tier: str) -> list[str]:
     """What tier ``tier`` of the test suite needs and this machine lacks, each with how to get it ([] = ready)."""
     problems = []
     if tier == "compile":
-        for name in ("nvcc", "ptxas"):
-            if _tool(name) is None:
-                problems.append(f"{name} is not on PATH ({INSTALL_CUDA})")
+        problems += _cuda_cxx_problems()
         ok, why = probe_numba()
         if not ok:
             problems.append(f"the Numba CUDA compiler: {why} (pip install -e \".[test]\" brings numba-cuda[cu13] and"
                             " NVVM)")
-        if package_version("cuda-core") is None:
-            problems.append("cuda-core is not installed (pip install -e \".[test]\")")
-        elif _cuda_headers() is None:
-            problems.append("no CUDA runtime headers for NVRTC (pip install 'cuda-toolkit[cudart]==13.0.*')")
     elif tier == "gpu":
         from workbench import hardware
 
@@ -195,7 +202,7 @@ def paths() -> list[RunPath]:
     out.append(RunPath("Numba kernels, GPU", gpu, hardware.describe() if gpu else (hardware.gpu_skip_reason() or "")))
     ok, why = probe_numba() if not sim else (False, "not probed: NUMBA_ENABLE_CUDASIM=1 is set")
     out.append(RunPath("Numba offline compile (compile tier)", ok, why))
-    nvcc_problems = [p for p in tier_problems("compile") if p.startswith(("nvcc", "ptxas", "cuda-core", "no CUDA"))]
+    nvcc_problems = _cuda_cxx_problems()
     out.append(RunPath("CUDA C++ offline compile: nvcc, NVRTC (compile tier)", not nvcc_problems,
                     "; ".join(nvcc_problems) or "nvcc, ptxas and NVRTC headers found"))
     if sim:

@@ -264,6 +264,21 @@ def test_layer_explorer_shows_the_codes_the_source_checkpoint_holds(tmp_path):
     assert ex.stored.value != before and "(k=6, n=70)" in ex.stored.value
 
 
+@pytest.mark.parametrize("fmt,bits,act_order,sym", [
+    ("gptq", 8, True, True), ("gptq", 4, False, False), ("awq", 4, False, False),
+    ("compressed-tensors", 4, True, True), ("block-fp8", 8, False, True)])
+def test_layer_explorer_field_code_is_the_stored_code_in_every_format(tmp_path, fmt, bits, act_order, sym):
+    from workbench.explore import layer_explorer
+
+    opt = examples.example_options(fmt, bits, 128, act_order, sym)
+    repack(examples.write_example(tmp_path / "src", opt), tmp_path / "out", progress=False, log=lambda msg: None)
+    ex = layer_explorer(tmp_path / "out", "model.layers.0.mlp.gate_proj")
+    assert ex.weight.weight_type == synthetic._weight_type(opt)
+    positions = [(k, n) for k in range(0, ex.weight.size_k, 7) for n in range(0, ex.weight.size_n, 5)]
+    wrong = [(k, n) for k, n in positions if ex.element(k, n)["field_code"] != ex.element(k, n)["code"]]
+    assert not wrong, wrong[:5]
+
+
 def test_explore_names_the_layers_when_one_is_missing(capsys, tmp_path):
     examples.write_example(tmp_path / "src")
     rc, _, err = run_cli(capsys, "explore", str(tmp_path / "src"), "--layer", "nope",
