@@ -66,6 +66,7 @@ def _command(args) -> int:
                           args.group_size, args.act_order, not args.asymmetric)
     write_example(args.dir, opt, force=args.force, seed=args.seed)
     kind = f"{opt.fmt}, {opt.bits}-bit" + ("" if opt.fmt == FP8 else f", group size {opt.group_size}")
+    kind += (", act-order" if opt.act_order else "") + (", with zero points" if not opt.sym else "")
     print(f"wrote {args.dir}: {len(LAYERS)} quantized layers ({kind}), an embedding and a norm")
     print(f"next: workbench inspect {args.dir}")
     return 0

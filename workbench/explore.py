@@ -13,8 +13,7 @@ import os
 
 import numpy as np
 
-from workbench.explorer import FORMATS, GROUP_CHOICES, K_CHOICES, N_CHOICES
-
+# workbench.explorer (ipywidgets, matplotlib) is imported where it is used, so that the command line starts quickly
 DEFAULT_NOTEBOOK = "explore.ipynb"
 
 
@@ -25,12 +24,16 @@ def _choose_layer(weights: dict, layer: str | None, path) -> str:
         return layer
     fits = [name for name, w in weights.items() if _misfit(w) is None]
     if not fits:
+        from workbench.explorer import K_CHOICES, N_CHOICES
+
         raise ValueError(f"{path}: no layer fits the explorer (K in {K_CHOICES}, N in {N_CHOICES}, one expert)")
     return fits[0]
 
 
 def _misfit(w) -> str | None:
     """Why the explorer cannot draw MarlinWeight ``w``, or None."""
+    from workbench.explorer import FORMATS, GROUP_CHOICES, K_CHOICES, N_CHOICES
+
     if w.num_experts:
         return f"it is a stack of {w.num_experts} experts; the explorer draws one matrix"
     if w.size_k not in K_CHOICES or w.size_n not in N_CHOICES:
@@ -156,8 +159,8 @@ def register(subparsers) -> None:
         "explore", help="write a notebook that opens the layout explorer on a checkpoint's layer",
         description="Write a Jupyter notebook that opens the layout explorer on one quantized layer of a checkpoint"
                     " (Marlin, or any source format, converted in memory), then open it with `jupyter lab NOTEBOOK`."
-                    f" The explorer draws layers with K up to {max(K_CHOICES)} and N up to {max(N_CHOICES)}, as"
-                    " `workbench example-checkpoint` writes them.")
+                    " The explorer draws small layers, such as those `workbench example-checkpoint` writes; for a"
+                    " larger one the error names the sizes it can draw.")
     p.add_argument("path", help="checkpoint directory")
     p.add_argument("--layer", default=None, help="layer name (default: the first one the explorer can draw)")
     p.add_argument("--notebook", default=DEFAULT_NOTEBOOK, help=f"notebook to write (default {DEFAULT_NOTEBOOK})")
