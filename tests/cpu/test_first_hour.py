@@ -183,12 +183,11 @@ def test_doctor_names_what_it_found_and_exits_0(capsys):
         assert re.search(rf"^  {name}\s+\S", found, re.M), name
     np_line = re.search(r"^  NumPy\s+(\S+)", found, re.M).group(1)
     assert np_line == np.__version__
-    paths = re.findall(r"^  (on |off)  (.+?)  ", out.split("paths:", 1)[1], re.M)
-    assert ("on ", "NumPy reference") in [(a, b.strip()) for a, b in paths]
-    # every path that is off says why
-    for line in out.split("paths:", 1)[1].strip().splitlines():
-        if line.strip().startswith("off"):
-            assert len(line.split("  ")) > 2 and line.rstrip()[-1] != "off", line
+    lines = out.split("paths:", 1)[1].strip("\n").splitlines()
+    rows = [re.fullmatch(r"  (on |off)  (\S.*?)\s{2,}(\S.*)", line) for line in lines]
+    assert all(rows), lines  # every path, on or off, with its reason
+    states = {m.group(2): m.group(1).strip() for m in rows}
+    assert states["NumPy reference"] == "on" and "Numba kernels, GPU" in states
 
 
 def test_doctor_says_why_the_browser_tier_is_off(monkeypatch):
