@@ -21,6 +21,7 @@ import sys
 # Where the browser test finds Chromium (Debian's ``apt-get install chromium``); WORKBENCH_CHROMIUM overrides it.
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 TIERS = ("compile", "gpu", "browser")
+CUPY_DISTS = ("cupy-cuda13x", "cupy-cuda12x", "cupy")  # the wheels CuPy is published as
 REQUIRE_ENV = "WORKBENCH_REQUIRE_TIERS"
 
 INSTALL_CUDA = ("install the CUDA toolkit 13.0 and put its bin/ on PATH; NVIDIA's packages are at"
@@ -89,6 +90,10 @@ def _numpy_version() -> str:
     import numpy
 
     return numpy.__version__
+
+
+def _cupy_version() -> str | None:
+    return next((v for v in map(package_version, CUPY_DISTS) if v), None)
 
 
 def _tool(name: str) -> str | None:
@@ -174,12 +179,19 @@ def found() -> list[tuple[str, str]]:
     rows.append(("GPU", gpu))
     nvcc = _tool("nvcc")
     cuda = [f"nvcc {_nvcc_version(nvcc)} at {nvcc}" if nvcc else "no nvcc on PATH"]
+    if hardware.gpu_available():
+        try:
+            from numba.cuda.cudadrv import driver
+
+            major, minor = driver.driver.get_version()
+            cuda.insert(0, f"driver for CUDA {major}.{minor}")
+        except Exception as exc:  # a report, not a check: say what happened and go on
+            cuda.insert(0, f"driver version unknown ({_first_line(exc)})")
     toolkit = package_version("cuda-toolkit")
     if toolkit:
         cuda.append(f"pip cuda-toolkit {toolkit}")
     rows.append(("CUDA", "; ".join(cuda)))
-    cupy = next((v for v in (package_version(d) for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy")) if v), None)
-    rows.append(("CuPy", cupy or "not installed"))
+    rows.append(("CuPy", _cupy_version() or "not installed"))
     numba = package_version("numba")
     rows.append(("Numba", f"{numba} (numba-cuda {package_version('numba-cuda') or 'not installed'})" if numba
                  else "not installed"))
@@ -196,27 +208,27 @@ def paths() -> list[RunPath]:
     out = [RunPath("NumPy reference", True, "the spec; every op, on the CPU")]
     has_numba = package_version("numba-cuda") is not None
     out.append(RunPath("Numba kernels, CUDA simulator", has_numba and not gpu,
-                    ("--backend numba picks it when there is no GPU (or set NUMBA_ENABLE_CUDASIM=1)"
-                     if not gpu else "a GPU is here, so --backend numba runs the kernels on it")
-                    if has_numba else "numba-cuda is not installed"))
+                       ("--backend numba picks it when there is no GPU (or set NUMBA_ENABLE_CUDASIM=1)"
+                        if not gpu else "a GPU is here, so --backend numba runs the kernels on it")
+                       if has_numba else "numba-cuda is not installed"))
     out.append(RunPath("Numba kernels, GPU", gpu, hardware.describe() if gpu else (hardware.gpu_skip_reason() or "")))
     ok, why = probe_numba() if not sim else (False, "not probed: NUMBA_ENABLE_CUDASIM=1 is set")
     out.append(RunPath("Numba offline compile (compile tier)", ok, why))
     nvcc_problems = _cuda_cxx_problems()
     out.append(RunPath("CUDA C++ offline compile: nvcc, NVRTC (compile tier)", not nvcc_problems,
-                    "; ".join(nvcc_problems) or "nvcc, ptxas and NVRTC headers found"))
+                       "; ".join(nvcc_problems) or "nvcc, ptxas and NVRTC headers found"))
     if sim:
         native = (False, "NUMBA_ENABLE_CUDASIM=1 is set")
     elif hardware.cupy_available():
         native = (True, "CuPy reaches the GPU")
-    elif not any(package_version(d) for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy")):
+    elif _cupy_version() is None:
         native = (False, "CuPy is not installed (pip install -e \".[cuda]\")")
     else:
         native = (False, "CuPy is installed but sees no GPU")
     out.append(RunPath("native CUDA GEMM and MoE through CuPy (gpu tier)", *native))
     browser = tier_problems("browser")
     out.append(RunPath("layout explorer in a real browser (browser tier)", not browser,
-                    "; ".join(browser) or f"Chromium at {chromium_path()}, Playwright and JupyterLab found"))
+                       "; ".join(browser) or f"Chromium at {chromium_path()}, Playwright and JupyterLab found"))
     return out
 
 
