@@ -213,7 +213,7 @@ def _command(args) -> int:
     if bad:
         print(f"MISMATCH in {count(len(bad), 'case')}: {', '.join(bad)}")
         return 1
-    print(f"all {len(rows)} cases bit-exact")
+    print(f"all {count(len(rows), 'case')} bit-exact")
     return 0
 
 
