@@ -74,7 +74,7 @@ def test_readme_walk_runs_verbatim(tmp_path):
 
 
 def test_user_facing_text_has_no_internal_words():
-    # the pages a newcomer reads first (docs/formats.md and docs/performance.md are checked by their own owners)
+    # the pages a newcomer reads first
     pages = ("docs/ARCHITECTURE.md", "docs/notebooks.md", "docs/checkpoints.md")
     texts = {"README.md": README}
     texts.update({page: (ROOT / page).read_text() for page in pages})
