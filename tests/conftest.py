@@ -3,6 +3,8 @@ import zlib
 
 import numpy as np
 import pytest
+# per-tier skip summary and WORKBENCH_REQUIRE_TIERS (hooks defined in tests/tier_report.py)
+from tier_report import pytest_collection_modifyitems, pytest_terminal_summary  # noqa: F401
 
 
 @pytest.fixture

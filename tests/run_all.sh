@@ -3,7 +3,13 @@
 # real compiler once, at import time (NUMBA_ENABLE_CUDASIM must be set before numba.cuda is imported).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Tiers whose tools are missing skip with the reason; WORKBENCH_REQUIRE_TIERS=compile,browser (set by .ci/run) makes
+# that an error for the named tiers. Each pytest process appends one line per tier (tests/tier_report.py) to the
+# summary file, repeated at the end.
 export NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 NUMBA_CUDA_WARN_ON_IMPLICIT_COPY=0 PYTHONDONTWRITEBYTECODE=1
+WORKBENCH_SKIP_SUMMARY="$(mktemp)"
+export WORKBENCH_SKIP_SUMMARY
+trap 'rm -f "$WORKBENCH_SKIP_SUMMARY"' EXIT
 status=0
 
 run() {  # run pytest on the given paths; a tier that collects no test (exit 5) is an error only if it has test files
@@ -31,4 +37,6 @@ mapfile -t hw_paths < <(existing tests/compile tests/gpu)
 # 3. A real browser against JupyterLab (skips with a reason where Chromium is not installed).
 [ -d tests/browser ] && run tests/browser
 
+echo "--- skipped, by tier (every pytest run above) ---"
+cat "$WORKBENCH_SKIP_SUMMARY"
 exit $status

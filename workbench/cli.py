@@ -12,6 +12,9 @@ import sys
 COMMAND_MODULES = (
     "workbench.tour",
     "workbench.checkpoint.commands",
+    "workbench.examples",
+    "workbench.explore",
+    "workbench.doctor",
 )
 
 
@@ -20,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="workbench",
         description="Research workbench for Marlin mixed-precision weight formats.",
     )
+    from workbench import __version__
+
+    parser.add_argument("--version", action="version", version=f"marlin-workbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -32,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if getattr(args, "backend", None) == "numba":
+        from workbench.backends import ensure_numba_target
+
+        ensure_numba_target()  # no GPU: the CUDA simulator, chosen here because nothing has imported numba.cuda yet
     try:
         return int(args.func(args) or 0)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError) as exc:

@@ -1,4 +1,4 @@
-"""``workbench tour``: every format end to end on a built-in layer, one table, non-zero exit on any mismatch.
+"""workbench tour: every format end to end on a built-in layer, one table, non-zero exit on any mismatch.
 
 For each case: quantize (reference RTN) -> checkpoint packing (GPTQ / AWQ / FP8 as the producing tools store it) ->
 Marlin repack through ``workbench.ops`` -> inverse back to the checkpoint layout (must be bit-identical) ->
@@ -6,6 +6,7 @@ dequantize from the Marlin tensors (must equal the reference dequantized weight 
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
 from typing import Callable
@@ -18,8 +19,11 @@ from workbench import hardware, ops
 from workbench.formats import fp8 as fp8_fmt
 from workbench.formats import packing
 from workbench.quantize import QuantizedWeight, dequantize, quantize_weights
+from workbench.text import count
 
 DEFAULT_K, DEFAULT_N = 512, 256  # the built-in layer: 32×4 Marlin tiles, 4 groups of 128
+# K and N must be multiples of 128: groups of 128 along K, and block-FP8's 128×128 scale blocks along both
+SIZE_MULTIPLE = 128
 DEFAULT_SEED = 20261129
 
 
@@ -137,6 +141,12 @@ def _case_gptq_fp8(w, group_size: int, backend: str) -> Callable[[], tuple[bool,
 
 def run_tour(size_k: int = DEFAULT_K, size_n: int = DEFAULT_N, seed: int = DEFAULT_SEED, backend: str = "auto",
              progress: bool = True) -> list[TourRow]:
+    check_size("K", size_k)
+    check_size("N", size_n)
+    if backend == "numba":
+        from workbench.backends import ensure_numba_target
+
+        ensure_numba_target()  # one clear error here rather than the same one in every row
     rows = []
     cases = tour_cases(size_k, size_n, seed, backend)
     for name, case in tqdm(cases, desc="tour", disable=not progress, leave=False):
@@ -147,6 +157,31 @@ def run_tour(size_k: int = DEFAULT_K, size_n: int = DEFAULT_N, seed: int = DEFAU
             exact, detail = False, f"{type(exc).__name__}: {exc}"
         rows.append(TourRow(name, f"{size_k}x{size_n}", backend, exact, time.perf_counter() - t0, detail))
     return rows
+
+
+def check_size(name: str, value: int) -> int:
+    """``value`` if it is a positive multiple of SIZE_MULTIPLE, else a ValueError naming it and the rule."""
+    if value <= 0 or value % SIZE_MULTIPLE:
+        raise ValueError(f"{name} = {value} is not a positive multiple of {SIZE_MULTIPLE} (the tour quantizes in"
+                         f" groups of {SIZE_MULTIPLE} along K and block-FP8 uses {SIZE_MULTIPLE}x{SIZE_MULTIPLE}"
+                         " scale blocks)")
+    return value
+
+
+def _size_arg(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            return check_size(name, int(text))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc) if text.strip().lstrip("-").isdigit()
+                                             else f"{name} = {text!r} is not an integer") from None
+    return parse
+
+
+def _seed_arg(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"seed = {text!r} is not a non-negative integer")
+    return int(text)
 
 
 def format_table(rows: list[TourRow]) -> str:
@@ -169,22 +204,27 @@ def _command(args) -> int:
     backend = default_backend() if args.backend == "auto" else args.backend
     print(f"device: {hardware.describe()}; backend: {backend}"
           + (" (GPU kernels)" if backend == "numba" and hardware.gpu_available() else ""))
+    if backend == "numba" and hardware.simulator_enabled() and args.k * args.n > SIZE_MULTIPLE ** 2:
+        print(f"the simulator runs one Python thread per CUDA thread, so this takes minutes at {args.k} x {args.n};"
+              f" --k {SIZE_MULTIPLE} --n {SIZE_MULTIPLE} is the quickest")
     rows = run_tour(args.k, args.n, args.seed, backend, progress=not args.no_progress)
     print(format_table(rows))
     bad = [r.fmt for r in rows if not r.exact]
     if bad:
-        print(f"MISMATCH in {len(bad)} case(s): {', '.join(bad)}")
+        print(f"MISMATCH in {count(len(bad), 'case')}: {', '.join(bad)}")
         return 1
-    print(f"all {len(rows)} cases bit-exact")
+    print(f"all {count(len(rows), 'case')} bit-exact")
     return 0
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("tour", help="run every format end to end on a built-in layer",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--k", type=int, default=DEFAULT_K, help="rows K of the built-in layer (multiple of 128)")
-    p.add_argument("--n", type=int, default=DEFAULT_N, help="columns N of the built-in layer (multiple of 128)")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the built-in layer")
+    p.add_argument("--k", type=_size_arg("K"), default=DEFAULT_K,
+                   help=f"rows K of the built-in layer (a multiple of {SIZE_MULTIPLE}; default {DEFAULT_K})")
+    p.add_argument("--n", type=_size_arg("N"), default=DEFAULT_N,
+                   help=f"columns N of the built-in layer (a multiple of {SIZE_MULTIPLE}; default {DEFAULT_N})")
+    p.add_argument("--seed", type=_seed_arg, default=DEFAULT_SEED, help="seed of the built-in layer's random weights")
     p.add_argument("--backend", choices=("auto", "numpy", "numba"), default="auto",
                    help="ops backend (auto: the Numba GPU kernels when a GPU is present, else NumPy; "
                         "numba without a GPU runs the kernels in the CUDA simulator)")

@@ -13,25 +13,18 @@ import urllib.request
 
 import pytest
 
-CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+from workbench import doctor
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 def _require_browser() -> None:
-    """On CI (``CI`` set) a missing browser is a failure, since .ci/run installs it; elsewhere a skip with the reason."""
-    missing = []
-    if not os.path.exists(CHROMIUM):
-        missing.append(f"{CHROMIUM} (apt-get install chromium)")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        missing.append("playwright (pip install playwright)")
-    if missing:
-        message = "browser test needs " + ", ".join(missing)
-        if os.environ.get("CI") and os.environ.get("WORKBENCH_BROWSER_OPTIONAL") != "1":
-            pytest.fail(message + " (set WORKBENCH_BROWSER_OPTIONAL=1 to skip instead)")
-        pytest.skip(message)
+    """Skip with the reason when Chromium, Playwright or JupyterLab is missing. Whether that is allowed is decided
+    once, for the whole tier, in tests/tier_report.py: with browser in WORKBENCH_REQUIRE_TIERS the run stops first."""
+    problems = doctor.tier_problems("browser")
+    if problems:
+        pytest.skip("browser test needs " + "; ".join(problems))
 
 
 def _free_port() -> int:
@@ -89,7 +82,7 @@ def jupyter_lab(tmp_path):
 @pytest.fixture
 def chromium():
     """(executable, launch args) for Playwright's chromium.launch."""
-    return CHROMIUM, CHROMIUM_ARGS
+    return doctor.chromium_path(), CHROMIUM_ARGS
 
 
 @pytest.fixture

@@ -22,9 +22,11 @@ def test_tour_command_exit_code_and_table(capsys):
     assert "bit-exact" in out and "block-FP8" in out and "all" in out
 
 
-def test_tour_reports_bad_shape_cleanly(capsys):
-    assert cli.main(["tour", "--k", "100", "--no-progress"]) == 1  # every case fails with a named reason
-    assert "MISMATCH" in capsys.readouterr().out
+def test_tour_reports_bad_shape_as_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["tour", "--k", "100", "--no-progress"])
+    assert exc.value.code == 2
+    assert "K = 100 is not a positive multiple of 128" in capsys.readouterr().err
 
 
 def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():

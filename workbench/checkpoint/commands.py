@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from workbench.checkpoint.safetensors_io import CheckpointError
+from workbench.text import count
 
 EXIT_OK, EXIT_NO, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -94,8 +95,8 @@ def _inspect(args) -> int:
             return EXIT_BAD_INPUT
         print(format_marlin_table(ckpt.manifest))
         print(f"\nMarlin checkpoint (workbench format {ckpt.manifest['format_version']}, from"
-              f" {ckpt.manifest['source_format']}): {len(ckpt.layers)} layers,"
-              f" {len(ckpt.manifest['passthrough'])} tensors carried over")
+              f" {ckpt.manifest['source_format']}): {count(len(ckpt.layers), 'layer')},"
+              f" {count(len(ckpt.manifest['passthrough']), 'tensor')} carried over")
         return EXIT_OK
     try:
         plan = inspect(args.path)
@@ -103,12 +104,12 @@ def _inspect(args) -> int:
         print(f"workbench inspect: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if not plan.layers:
-        print(f"{args.path}: no quantized layers ({len(plan.passthrough)} unquantized tensors)")
+        print(f"{args.path}: no quantized layers ({count(len(plan.passthrough), 'unquantized tensor')})")
         return EXIT_OK
     print(format_table(plan))
     bad = sum(not s.compatible for s in plan.layers)
-    print(f"\n{len(plan.layers)} quantized layers ({plan.settings.source_format}, settings from"
-          f" {plan.settings.origin}); {len(plan.passthrough)} tensors carried over untouched;"
+    print(f"\n{count(len(plan.layers), 'quantized layer')} ({plan.settings.source_format}, settings from"
+          f" {plan.settings.origin}); {count(len(plan.passthrough), 'tensor')} carried over untouched;"
           f" {len(plan.layers) - bad} Marlin-compatible, {bad} not")
     return EXIT_NO if bad else EXIT_OK
 
@@ -134,10 +135,10 @@ def _verify(args) -> int:
         print(f"workbench verify: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if report.ok:
-        print(f"verify: OK: {report.layers_checked} layers, {report.tensors_checked} tensors match the source bit for"
-              " bit")
+        print(f"verify: OK: {count(report.layers_checked, 'layer')}, {count(report.tensors_checked, 'tensor')} match"
+              " the source bit for bit")
         return EXIT_OK
     for line in report.problems:
         print(f"MISMATCH {line}")
-    print(f"verify: {len(report.problems)} problem(s)", file=sys.stderr)
+    print(f"verify: {count(len(report.problems), 'problem')}", file=sys.stderr)
     return EXIT_NO

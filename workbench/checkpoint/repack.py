@@ -8,7 +8,8 @@ Output layout (directory):
   every other tensor byte-identical under its own name. Each file's ``__metadata__`` names the workbench format,
   its version, the source format and the layers it holds (JSON strings).
 * ``marlin_checkpoint.json``: the whole layer table; written last, so a directory without it is not a checkpoint.
-* the source's other files (config.json, tokenizer, ...) copied unchanged.
+* ``config.json``: the source's, with ``quantization_config`` saying this workbench's Marlin layout
+  (``workbench.repacked_config``); the source's other files (tokenizer, ...) copied unchanged.
 
 Memory: one layer (or one expert of a stack) is resident at a time, plus the op's temporaries; pass-through tensors
 are copied in 64 MiB chunks. Atomicity: everything is written under ``<out>.partial-<pid>`` and renamed at the end;
@@ -28,7 +29,9 @@ import workbench
 from workbench.checkpoint.convert import to_marlin
 from workbench.checkpoint.layers import LayerSpec, Plan, discover
 from workbench.checkpoint.safetensors_io import CheckpointError, PlannedTensor, StreamingWriter, dtype_tag
-from workbench.checkpoint.source import INDEX_NAME, SourceCheckpoint, open_source
+from workbench.checkpoint.source import CONFIG_FILES, INDEX_NAME, SourceCheckpoint, open_source
+from workbench.repacked_config import write_config
+from workbench.text import count
 
 MANIFEST = "marlin_checkpoint.json"
 FORMAT_NAME = "marlin-workbench"
@@ -143,14 +146,14 @@ def repack(path, out, *, force: bool = False, backend: str = "auto", max_shard_b
     out = os.path.abspath(os.fspath(out))
     src = open_source(path)
     if os.path.exists(out) and not force:
-        raise FileExistsError(f"{out} exists; pass --force (force=True) to replace it")
+        raise FileExistsError(f"{out} already exists; choose another output directory, or replace it (--force)")
     if os.path.abspath(src.root) == out:
         raise CheckpointError(f"{out} is the source checkpoint itself; choose another output directory")
     plan = discover(src)
     check_repackable(plan)
     ops_backend, sentence = choose_backend(backend)
-    log(f"repack: {len(plan.layers)} quantized layers ({plan.settings.source_format}), {len(plan.passthrough)}"
-        f" tensors carried over; {sentence}")
+    log(f"repack: {count(len(plan.layers), 'quantized layer')} ({plan.settings.source_format}),"
+        f" {count(len(plan.passthrough), 'tensor')} carried over; {sentence}")
     units = _units(src, plan)
     shards = _shard(units, max_shard_bytes)
     names = (["model.safetensors"] if len(shards) == 1 else
@@ -183,8 +186,9 @@ def repack(path, out, *, force: bool = False, backend: str = "auto", max_shard_b
             with open(os.path.join(tmp, INDEX_NAME), "w", encoding="utf-8") as f:
                 json.dump(index, f, indent=2)
         for other in src.other_files:
-            if other != MANIFEST:
+            if other not in (MANIFEST, "config.json", *CONFIG_FILES):  # their settings move into config.json
                 shutil.copy2(os.path.join(src.root, other), os.path.join(tmp, other))
+        write_config(tmp, src.config, src.quant_config, src.quant_config_source, plan.settings.source_format)
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:  # last: marks the directory complete
             json.dump(manifest, f, indent=2)
             f.flush()
@@ -193,7 +197,7 @@ def repack(path, out, *, force: bool = False, backend: str = "auto", max_shard_b
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log(f"repack: wrote {out} ({len(shards)} file(s))")
+    log(f"repack: wrote {out} ({count(len(shards), 'file')})")
     return manifest
 
 
