@@ -157,6 +157,7 @@ def _gemm_fake(op: str):
 
 def _gemm_out_fake(op: str):
     def fake(a, c, *rest):
+        refuse_grad(f"{op}_out", {"a": a, "c": c})
         check_gemm(op, a, c, *rest)
 
     return fake
@@ -369,6 +370,7 @@ def _moe_fake(a, c, *rest):
 
 
 def _moe_out_fake(a, c, *rest):
+    refuse_grad(f"{MOE_OP}_out", {"a": a, "c": c})
     check_moe_gemm(a, c, *rest)
 
 
@@ -471,7 +473,6 @@ def _align_cpu(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids,
                maybe_expert_map=None):
     from workbench.formats import moe_align
 
-    refuse_grad("moe_align_block_size", {})
     check_align(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad,
                 maybe_expert_map)
     ref = moe_align.moe_align_block_size(T.to_numpy(topk_ids), block_size, num_experts,
