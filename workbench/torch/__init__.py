@@ -9,9 +9,11 @@ from workbench.torch.ops import (allocate_align_buffers, awq_marlin_repack, awq_
                                  marlin_permute_scales, marlin_to_awq_qweight, marlin_to_gptq_qweight,
                                  marlin_unpermute_scales, marlin_zero_points, moe_align_block_size,
                                  moe_wna16_marlin_gemm)
+from workbench.torch.modules import MarlinLinear, MarlinMoE, ReplaceReport, quantizable, replace_linears
 from workbench.torch.scalar_ids import as_type_id, from_vllm_id, vllm_id
 
 __all__ = ["ops", "allocate_align_buffers", "awq_marlin_repack", "awq_to_marlin_zero_points", "gptq_marlin_gemm",
            "gptq_marlin_repack", "make_workspace", "marlin_gemm", "marlin_permute_scales", "marlin_to_awq_qweight",
            "marlin_to_gptq_qweight", "marlin_unpermute_scales", "marlin_zero_points", "moe_align_block_size",
-           "moe_wna16_marlin_gemm", "as_type_id", "from_vllm_id", "vllm_id"]
+           "moe_wna16_marlin_gemm", "MarlinLinear", "MarlinMoE", "ReplaceReport",
+           "quantizable", "replace_linears", "as_type_id", "from_vllm_id", "vllm_id"]
