@@ -420,7 +420,8 @@ class MarlinMoE(_MarlinBuffers):
         g1 = ops.moe_wna16_marlin_gemm(x, None, w13["qweight"], None, w13["scales"], None, None, w13["zeros"], None,
                                        None, self.workspace, sorted_ids, expert_ids, post, topk_weights, block, k,
                                        False, self._type_id, m, 2 * i, h, True, False, True, False)
-        act = torch.nn.functional.silu(g1[:, :i]) * g1[:, i:]
+        # SiLU(gate) * up in fp32, rounded once (as workbench.moe.silu_and_mul and the MoE reference round)
+        act = (torch.nn.functional.silu(g1[:, :i].float()) * g1[:, i:].float()).to(x.dtype)
         y = ops.moe_wna16_marlin_gemm(act.contiguous(), None, w2["qweight"], None, w2["scales"], None, None,
                                       w2["zeros"], None, None, self.workspace, sorted_ids, expert_ids, post,
                                       topk_weights, block, 1, True, self._type_id, m * k, h, i, True, False, True,

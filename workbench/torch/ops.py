@@ -536,6 +536,14 @@ def _packed_along_n(rows, size_n, bits):
     return (rows, size_n // (32 // check_bits(bits)))
 
 
+def _device_operand(name: str, x: torch.Tensor):
+    """A CUDA tensor as the Numba kernels take it: an empty perm is no perm, and bfloat16 (which torch's
+    ``__cuda_array_interface__`` does not export) travels as its int16 bit patterns (the layout ops move values)."""
+    if name == "perm" and x.numel() == 0:
+        return None
+    return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+
+
 def _layout_op(name: str, schema: str, run, out_meta, tensors: tuple[str, ...]):
     """Register a layout op. ``run(xs, a, **backend)`` calls ``workbench.ops`` with the op's arguments ``a`` (a dict;
     the tensor arguments replaced by ``xs``: NumPy arrays on CPU, the tensors themselves on CUDA), ``out_meta(a)`` ->
@@ -559,7 +567,10 @@ def _layout_op(name: str, schema: str, run, out_meta, tensors: tuple[str, ...]):
     def cuda(*args):
         xs, a = split(args)
         with torch.cuda.device(xs[0].device):
-            return T.from_device_array(run(xs, a, backend="numba", stream=_stream_ptr(xs[0].device)), xs[0])
+            result = run([_device_operand(t, x) for t, x in zip(tensors, xs)], a, backend="numba",
+                         stream=_stream_ptr(xs[0].device))
+            out = T.from_device_array(result, xs[0])
+        return out.view(torch.bfloat16) if xs[0].dtype == torch.bfloat16 and out.dtype == torch.int16 else out
 
     def fake(*args):
         xs, a = split(args)
