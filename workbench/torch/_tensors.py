@@ -102,6 +102,20 @@ def require_same_device(op: str, anchor_name: str, anchor: torch.Tensor, **other
                              f"of one call must be on one device")
 
 
+def require_positive_ints(op: str, **values: Any) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{op}: {name} = {v!r} must be an int > 0")
+
+
+def require_int32_vectors(op: str, what: str, **tensors: torch.Tensor) -> None:
+    """Index buffers (routing, alignment): contiguous 1-D int32; ``what`` says where they come from."""
+    for name, x in tensors.items():
+        if x.dtype != torch.int32 or x.dim() != 1 or not x.is_contiguous():
+            raise TypeError(f"{op}: {name} must be a contiguous 1-D int32 tensor{what}, got {x.dtype} of shape "
+                            f"{tuple(x.shape)}")
+
+
 def require_unimplemented_absent(op: str, **args: Any) -> None:
     """Arguments of vLLM's signature that no workbench kernel implements yet must be None / empty / False."""
     for name, value in args.items():

@@ -286,13 +286,9 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
                              f"{experts}")
     if moe_block_size not in SUPPORTED_BLOCK_SIZES:
         raise ValueError(f"{op}: moe_block_size = {moe_block_size} is not one of {SUPPORTED_BLOCK_SIZES}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"{op}: top_k = {top_k!r} must be an int >= 1")
-    for name, x in (("sorted_token_ids", sorted_token_ids), ("expert_ids", expert_ids),
-                    ("num_tokens_past_padded", num_tokens_past_padded)):
-        if x.dtype != torch.int32 or x.dim() != 1 or not x.is_contiguous():
-            raise TypeError(f"{op}: {name} must be a contiguous 1-D int32 tensor (moe_align_block_size's output), "
-                            f"got {x.dtype} of shape {tuple(x.shape)}")
+    T.require_positive_ints(op, top_k=top_k)
+    T.require_int32_vectors(op, " (moe_align_block_size's output)", sorted_token_ids=sorted_token_ids,
+                            expert_ids=expert_ids, num_tokens_past_padded=num_tokens_past_padded)
     if mul_topk_weights and (topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous()):
         raise TypeError(f"{op}: topk_weights must be a contiguous float32 tensor, got {topk_weights.dtype} "
                         f"with strides {topk_weights.stride()}")
@@ -431,14 +427,9 @@ def check_align(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{op}: topk_ids must be a 2-D (M, top_k) int32 or int64 tensor, got {topk_ids.dtype} of "
                         f"shape {tuple(topk_ids.shape)}")
-    for name, v in (("num_experts", num_experts), ("block_size", block_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{op}: {name} = {v!r} must be an int > 0")
-    for name, x in (("sorted_token_ids", sorted_token_ids), ("experts_ids", experts_ids),
-                    ("num_tokens_post_pad", num_tokens_post_pad)):
-        if x.dtype != torch.int32 or x.dim() != 1 or not x.is_contiguous():
-            raise TypeError(f"{op}: {name} must be a contiguous 1-D int32 tensor, got {x.dtype} of shape "
-                            f"{tuple(x.shape)}")
+    T.require_positive_ints(op, num_experts=num_experts, block_size=block_size)
+    T.require_int32_vectors(op, "", sorted_token_ids=sorted_token_ids, experts_ids=experts_ids,
+                            num_tokens_post_pad=num_tokens_post_pad)
     need = max_num_tokens_padded(topk_ids.numel(), num_experts, block_size)
     torch._check(sorted_token_ids.shape[0] >= need, lambda: (
         f"{op}: sorted_token_ids has {sorted_token_ids.shape[0]} entries, fewer than max_num_tokens_padded = "
