@@ -263,9 +263,9 @@ def test_python_wrapper_routes_a_given_c_to_the_out_op():
     assert wt.gptq_marlin_gemm(args[0], None, *args[2:11], S.U4B8, *args[12:]).shape == (5, 128)
 
 
-def test_moe_gemm_fake_and_opcheck_on_meta():
-    e, k, n, m, top_k = 4, 256, 128, 6, 2
-    meta = {"device": "meta"}
+def moe_args(device="meta", e=4, k=256, n=128, m=6, top_k=2):
+    """The 29 arguments of a u4b8 fused MoE GEMM (c = None)."""
+    meta = {"device": device}
     a = torch.empty((m, k), dtype=torch.float16, **meta)
     args = [a, None, torch.empty((e, k // 16, n * 2), dtype=torch.int32, **meta), None,
             torch.empty((e, 2, n), dtype=torch.float16, **meta), None, None, None, None, None,
@@ -273,6 +273,13 @@ def test_moe_gemm_fake_and_opcheck_on_meta():
             torch.empty(8, dtype=torch.int32, **meta), torch.empty(1, dtype=torch.int32, **meta),
             torch.empty((m, top_k), dtype=torch.float32, **meta), 16, top_k, True, U4B8, m, n, k, True, False, True,
             False, -1, -1, -1]
+    return args
+
+
+def test_moe_gemm_fake_and_opcheck_on_meta():
+    m, top_k, n = 6, 2, 128
+    meta = {"device": "meta"}
+    args = moe_args()
     out = OPS.moe_wna16_marlin_gemm(*args)
     assert tuple(out.shape) == (m * top_k, n)
     torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, tuple(args))
@@ -329,6 +336,23 @@ def test_cpu_tensors_to_the_cuda_only_gemm_under_compile():
 
     with pytest.raises(Exception, match=r"a is on cpu, but this op runs on CUDA devices only"):
         torch.compile(f, backend="aot_eager", fullgraph=True)(*args)
+
+
+def test_cpu_tensors_to_the_cuda_only_moe_gemm_and_moe_refusals():
+    with pytest.raises(RuntimeError, match=r"moe_wna16_marlin_gemm: a is on cpu, but this op runs on CUDA"):
+        OPS.moe_wna16_marlin_gemm(*moe_args("cpu"))
+    args = moe_args()
+    args[8] = torch.empty(256, dtype=torch.int32, device="meta")  # g_idx
+    with pytest.raises(NotImplementedError, match=r"moe_wna16_marlin_gemm: g_idx = a tensor of shape \(256,\)"):
+        OPS.moe_wna16_marlin_gemm(*args)
+    args = moe_args()
+    args[11] = torch.empty(64, dtype=torch.int64, device="meta")
+    with pytest.raises(TypeError, match=r"sorted_token_ids must be a contiguous 1-D int32 tensor .* got torch.int64"):
+        OPS.moe_wna16_marlin_gemm(*args)
+    args = moe_args()
+    args[4] = torch.empty((3, 2, 128), dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match=r"b_scales has 3 experts .* b_q_weight has 4"):
+        OPS.moe_wna16_marlin_gemm(*args)
 
 
 def test_wrong_dtype_names_the_argument_and_value():

@@ -73,6 +73,22 @@ def test_out_variant_writes_c_and_leaves_the_workspace_zero():
     assert int(torch.count_nonzero(ws)) == 0
 
 
+def test_bad_input_on_a_gpu_machine_fails_before_any_launch():
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    q, s, _, _, _ = torch_weight(w)
+    ws = wt.make_workspace(DEV)
+    a = torch.randn(4, 256, device=DEV).half()
+    with pytest.raises(RuntimeError, match="a is on cpu, but this op runs on CUDA devices only"):
+        OPS.marlin_gemm(*gemm_args(a.cpu(), w, (q, s, None, None, None), ws))
+    with pytest.raises(ValueError, match=r"b_scales is on cpu but a is on cuda:0"):
+        OPS.marlin_gemm(*gemm_args(a, w, (q, s.cpu(), None, None, None), ws))
+    with pytest.raises(ValueError, match=r"A.stride\(1\) is not 1"):
+        OPS.marlin_gemm(*gemm_args(torch.randn(256, 4, device=DEV).half().t(), w, (q, s, None, None, None), ws))
+    with pytest.raises(Exception, match=r"b_scales dtype = float32 must equal a dtype = float16"):
+        torch.compile(lambda *xs: OPS.marlin_gemm(*xs), fullgraph=True)(
+            *gemm_args(a, w, (q, s.float(), None, None, None), ws))
+
+
 def test_opcheck_on_cuda():
     w, _ = random_marlin_weight(256, 128, S.U4, 128)
     a = torch.randn(5, 256, device=DEV).half()

@@ -146,11 +146,13 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
 
 
 def _gemm_fake(op: str):
-    def fake(a, c, b_q_weight, *rest):
+    def fake(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type,
+             size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float):
         if c is not None:
             raise ValueError(_c_given(op))
-        check_gemm(op, a, c, b_q_weight, *rest)
-        return a.new_empty((rest[-7], _static(rest[-6], "size_n")))
+        check_gemm(op, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
+                   b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float)
+        return a.new_empty((size_m, _static(size_n, "size_n")))
 
     return fake
 
@@ -227,8 +229,8 @@ def marlin_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_ze
     vLLM's ScalarType, or ours (``workbench.scalar_types.ScalarType`` or its label). ``c`` given: written and
     returned. ``b_zeros``/``g_idx``/``perm`` may be None or empty; ``workspace`` from ``make_workspace``."""
     return _call_gemm(_marlin_gemm, _marlin_gemm_out, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale,
-                      b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add,
-                      use_fp32_reduce, is_zp_float)
+                      b_zeros, g_idx, perm, workspace, as_type_id(b_q_type), size_m, size_n, size_k, is_k_full,
+                      use_atomic_add, use_fp32_reduce, is_zp_float)
 
 
 def gptq_marlin_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
@@ -236,13 +238,12 @@ def gptq_marlin_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale,
                      use_fp32_reduce: bool = False, is_zp_float: bool = False) -> torch.Tensor:
     """``marlin_gemm`` under vLLM's earlier name (the name it has at the pinned commit); same arguments."""
     return _call_gemm(_gptq_marlin_gemm, _gptq_marlin_gemm_out, a, c, b_q_weight, b_bias, b_scales, a_scales,
-                      global_scale, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full,
-                      use_atomic_add, use_fp32_reduce, is_zp_float)
+                      global_scale, b_zeros, g_idx, perm, workspace, as_type_id(b_q_type), size_m, size_n, size_k,
+                      is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float)
 
 
 def _call_gemm(functional, out, a, c, *rest):
-    rest = list(rest)
-    rest[9] = as_type_id(rest[9])  # b_q_type
+    """A given c goes to the _out op (which declares the write) and is returned; else the functional op."""
     if c is None:
         return functional(a, None, *rest)
     out(a, c, *rest)
@@ -357,11 +358,16 @@ def _moe_run(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros
     return c
 
 
-def _moe_fake(a, c, *rest):
+def _moe_fake(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
+              sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
+              mul_topk_weights, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
+              is_zp_float, thread_k, thread_n, blocks_per_sm):
     if c is not None:
         raise ValueError(_c_given(MOE_OP))
-    check_moe_gemm(a, c, *rest)
-    top_k, size_m, size_n = rest[14], rest[17], rest[18]
+    check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
+                   sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
+                   mul_topk_weights, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
+                   is_zp_float, thread_k, thread_n, blocks_per_sm)
     return a.new_empty((size_m * top_k, _static(size_n, "size_n")))
 
 
