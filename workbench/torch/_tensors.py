@@ -133,7 +133,7 @@ def cupy_view(x: torch.Tensor | None):
         return None
     import cupy
 
-    return cupy.from_dlpack(x)
+    return cupy.from_dlpack(x.detach())  # torch exports no tensor that autograd tracks; the ops are inference-only
 
 
 def cupy_stream(stream_ptr: int):

@@ -538,6 +538,7 @@ def _device_operand(name: str, x: torch.Tensor):
     ``__cuda_array_interface__`` does not export) travels as its int16 bit patterns (the layout ops move values)."""
     if name == "perm" and x.numel() == 0:
         return None
+    x = x.detach()  # torch's __cuda_array_interface__ refuses a tensor that autograd tracks
     return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
 
 
