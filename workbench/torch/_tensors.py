@@ -52,6 +52,15 @@ class ArraySpec:
     def flags(self) -> dict:
         return {"C_CONTIGUOUS": self.contiguous}
 
+    @classmethod
+    def contiguous(cls, shape: tuple, dtype: np.dtype) -> "ArraySpec":
+        """The spec of a row-major array that does not exist (e.g. the buffers a layer would have)."""
+        strides, step = [], dtype.itemsize
+        for extent in reversed(shape):
+            strides.insert(0, step)
+            step *= extent
+        return cls(tuple(shape), dtype, tuple(strides), True)
+
     @property
     def size(self) -> int:
         n = 1

@@ -25,7 +25,8 @@ from torch import nn
 
 from workbench.scalar_types import ScalarType
 from workbench.torch import ops
-from workbench.torch._tensors import from_numpy, numpy_dtype, to_numpy, torch_dtype
+from workbench.torch._tensors import ArraySpec, from_numpy, numpy_dtype, to_numpy, torch_dtype
+from workbench.torch.ops import REPRESENTATIVE_ROWS
 from workbench.torch.scalar_ids import vllm_id
 from workbench.weight import MarlinWeight
 
@@ -100,23 +101,25 @@ def _check_layout(layout: _Layout) -> None:
 
 
 def unsupported_shape(size_k: int, size_n: int, weight_type, group_size: int) -> str | None:
-    """Why a K x N weight cannot be a Marlin layer of this type and group size, or None when it can."""
+    """Why a K x N weight cannot be a Marlin layer of this type and group size, or None when it can: the dense
+    GEMM's own shape rules (``gemm.check_gemm_shapes``), run on the buffers such a layer would have."""
+    from workbench import gemm
     from workbench.formats.scales import check_group_size
-    from workbench.scalar_types import SUPPORTED_GROUP_SIZES
 
     wt = ScalarType.parse(weight_type)
-    if size_k % TILE_K:
-        return f"in_features = size_k = {size_k} is not divisible by {TILE_K} (Marlin tile height)"
-    if size_n % TILE_N:
-        return f"out_features = size_n = {size_n} is not divisible by {TILE_N} (Marlin tile width)"
-    if group_size not in SUPPORTED_GROUP_SIZES:
-        return f"group_size = {group_size} is not one of {SUPPORTED_GROUP_SIZES}"
-    if wt is ScalarType.FE4M3FN and group_size not in (-1, 128):
-        return f"fe4m3fn weights take channelwise or group-128 scales, not group_size = {group_size}"
     try:
-        check_group_size(size_k, group_size)
+        if size_k % TILE_K == 0:  # else the GEMM's rule below names K; a group count needs whole groups first
+            check_group_size(size_k, group_size)
+        ng = 1 if group_size == -1 else max(size_k // group_size, 1)
+        pf, f16 = wt.pack_factor, np.dtype(np.float16)
+        gemm.check_gemm_shapes(
+            ArraySpec.contiguous((REPRESENTATIVE_ROWS, size_k), f16),
+            ArraySpec.contiguous((size_k // TILE_K, size_n * TILE_K // pf), np.dtype(np.int32)),
+            ArraySpec.contiguous((ng, size_n), f16),
+            ArraySpec.contiguous((ng, size_n // pf), np.dtype(np.int32)) if wt.has_zero_points else None,
+            None, None, wt, REPRESENTATIVE_ROWS, size_n, size_k, True)
     except ValueError as exc:
-        return str(exc)
+        return f"K x N = {size_k} x {size_n}: {exc}"
     return None
 
 
