@@ -3,26 +3,22 @@
 Mirrors vLLM at commit 7bcae67b5de3f155e70026695285de25d096b801 (``csrc/torch_bindings.cpp``,
 ``vllm/_custom_ops.py``; docs/torch.md says what was read where). Registered when ``workbench.torch`` is imported:
 
-=============================  =========  ==========================================================================
-op                             devices    what
-=============================  =========  ==========================================================================
-marlin_gemm / gptq_marlin_gemm  CUDA      C = A @ dequant(B), vLLM's 19 arguments; ``c`` must be None (functional)
-marlin_gemm_out / gptq_...out   CUDA      the same, writing the given ``c`` (declared ``Tensor(a!) c``)
-moe_wna16_marlin_gemm[_out]     CUDA      the fused MoE GEMM over moe_align_block_size's blocks, vLLM's 29 arguments
-moe_align_block_size            CPU CUDA  vLLM's mutating form: fills sorted_token_ids, experts_ids, num_tokens_post_pad
-gptq_marlin_repack              CPU CUDA  GPTQ qweight -> Marlin tiles (``is_a_8bit`` must be False)
-awq_marlin_repack               CPU CUDA  AWQ qweight -> Marlin tiles
-marlin_permute_scales           CPU CUDA  scales -> Marlin order (vLLM's Python helper, registered here as an op)
-marlin_zero_points              CPU CUDA  zero-point codes -> Marlin zero points
-awq_to_marlin_zero_points       CPU CUDA  AWQ qzeros -> Marlin zero points
-marlin_to_gptq_qweight, ...     CPU CUDA  the inverses (``marlin_to_awq_qweight``, ``marlin_unpermute_scales``)
-=============================  =========  ==========================================================================
+* ``marlin_gemm`` / ``gptq_marlin_gemm`` (CUDA): C = A @ dequant(B), vLLM's 19 arguments; ``c`` must be None;
+* ``marlin_gemm_out`` / ``gptq_marlin_gemm_out`` (CUDA): the same, writing the given ``c`` (``Tensor(a!) c``);
+* ``moe_wna16_marlin_gemm[_out]`` (CUDA): the fused MoE GEMM over moe_align_block_size's blocks, vLLM's 29 arguments;
+* ``moe_align_block_size`` (CPU, CUDA): vLLM's mutating form, filling sorted_token_ids, experts_ids and
+  num_tokens_post_pad;
+* ``gptq_marlin_repack``, ``awq_marlin_repack`` (CPU, CUDA): checkpoint words -> Marlin tiles (``is_a_8bit`` False);
+* ``marlin_permute_scales`` (CPU, CUDA): scales -> Marlin order (vLLM's Python helper, registered here as an op);
+* ``marlin_zero_points``, ``awq_to_marlin_zero_points`` (CPU, CUDA): zero points -> Marlin zero points;
+* ``marlin_to_gptq_qweight``, ``marlin_to_awq_qweight``, ``marlin_unpermute_scales`` (CPU, CUDA): the inverses.
 
 Layout ops run ``workbench.ops``: the NumPy reference on CPU tensors, the Numba kernels on CUDA tensors (on the
 current torch stream, the result copied into a tensor from torch's allocator). The GEMMs call the public CuPy entry
 points of ``workbench.gemm`` / ``workbench.moe`` through DLPack views, with the current torch stream as CuPy's
-stream; outputs and scratch come from torch's caching allocator. When issue 28's kernel runtime lands (one launch
-path taking torch tensors and streams), the GEMM kernels below move onto it and the DLPack hop goes away.
+stream; outputs, ``a_tmp`` and the partial sums come from torch's caching allocator (a MoE expert stack's own
+scratch and moe_align's intermediate arrays still come from CuPy's pool). When issue 28's kernel runtime lands (one
+launch path taking torch tensors and streams), the GEMM kernels below move onto it and the DLPack hop goes away.
 
 Each op has a fake implementation: output metadata plus every check that reads no values (shapes, dtypes,
 devices, the unimplemented arguments), so ``torch.compile(fullgraph=True)`` traces it with a symbolic M and bad input
@@ -37,7 +33,6 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-import numpy as np
 import torch
 
 from workbench import ops as wb_ops
