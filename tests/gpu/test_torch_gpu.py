@@ -182,7 +182,7 @@ def test_moe_align_on_cuda_matches_the_reference(rng):
     assert got == align_ref.segments(*align_ref.moe_align_block_size(ids, block, e), block, ids.size)
 
 
-def test_moe_gemm_op_equals_the_fused_phase_bitwise(rng):
+def test_moe_gemm_op_equals_the_fused_phase_bitwise_and_passes_opcheck(rng):
     e, k, n, m, top_k, block = 8, 256, 256, 16, 2, 16
     stack, _ = moe.random_expert_stack(e, k, n, S.U4B8, 128)
     ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(m)]).astype(np.int32)
@@ -194,6 +194,11 @@ def test_moe_gemm_op_equals_the_fused_phase_bitwise(rng):
     q, s = from_numpy(stack.qweight).to(DEV), from_numpy(stack.scales).to(DEV)
     out = wt.moe_wna16_marlin_gemm(a, None, q, None, s, None, None, None, None, None, wt.make_workspace(DEV), *bufs,
                                    weights, block, top_k, True, S.U4B8, m, n, k)
+    args = (a, None, q, None, s, None, None, None, None, None, wt.make_workspace(DEV), *bufs, weights, block, top_k,
+            True, wt.vllm_id(S.U4B8), m, n, k, True, False, True, False, -1, -1, -1)
+    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, args)
+    torch.library.opcheck(OPS.moe_align_block_size.default, (t_ids, e, block, *wt.allocate_align_buffers(t_ids, e,
+                                                                                                           block)))
     ref_stack = moe.MarlinExpertStack(gemm.upload_weight(stack))
     ref = cp.zeros((m * top_k, n), dtype=np.float16)
     ref_stack.gemm_phase_fused(cp.asarray(a.cpu().numpy()), *(cp.asarray(b.cpu().numpy()) for b in bufs), ref, m,
