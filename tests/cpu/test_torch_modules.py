@@ -243,3 +243,19 @@ def test_moe_routing_renormalizes():
     weights, ids = moe.route(logits)
     assert ids.tolist() == [[3, 2]] and ids.dtype == torch.int32
     assert torch.allclose(weights.sum(-1), torch.ones(1))  # renormalized over the chosen experts: sums to 1 (fp32)
+
+
+def test_moe_compiles_once_per_block_size_not_per_batch_size():
+    """The MoE block size is chosen from M (moe.choose_block_size): one graph per block size, not per M."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from workbench.moe import choose_block_size
+
+    moe = wt.MarlinMoE.quantize(*dense_experts(), top_k=2).to("meta")
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(moe, backend=counter, fullgraph=True, dynamic=True)
+    rows = (3, 5, 9, 40, 50)
+    for m in rows:
+        out = compiled(torch.empty((m, 256), dtype=torch.float16, device="meta"), torch.empty((m, 4), device="meta"))
+        assert tuple(out.shape) == (m, 256)
+    assert counter.frame_count == len({choose_block_size(m, 2, 4) for m in rows}) == 2
