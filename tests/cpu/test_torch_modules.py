@@ -1,0 +1,261 @@
+"""MarlinLinear, MarlinMoE and replace_linears without a GPU: construction (from a MarlinWeight, quantized on the fly),
+buffers bit for bit against the reference, state_dict round trips, .to(device), replace_linears on a small torch
+model, forward refusing CPU input, and the forward's shapes through the fakes (meta tensors), also compiled."""
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install '.[test]' pins the CPU wheel)")
+from torch import nn  # noqa: E402
+
+import workbench.torch as wt  # noqa: E402
+from workbench import ops as wb  # noqa: E402
+from workbench.moe import random_expert_stack  # noqa: E402
+from workbench.quantize import quantize_weights  # noqa: E402
+from workbench.scalar_types import ScalarType as S  # noqa: E402
+from workbench.weight import random_marlin_weight  # noqa: E402
+
+FIELDS = ("qweight", "scales", "zeros", "g_idx", "perm")
+
+
+def same_bits(t: torch.Tensor, a) -> bool:
+    """Exact equality of a buffer and a NumPy array, compared as raw bytes (bf16 scales included)."""
+    a = np.ascontiguousarray(a)
+    return tuple(t.shape) == a.shape and t.contiguous().view(torch.uint8).numpy().tobytes() == a.tobytes()
+
+
+def assert_buffers_equal(module, weight, prefix=""):
+    for f in FIELDS:
+        ref, got = getattr(weight, f), getattr(module, prefix + f)
+        assert (ref is None) == (got is None), f
+        if ref is not None:
+            assert same_bits(got, ref), f
+
+
+@pytest.mark.parametrize("wt_type,group,act_order", [(S.U4B8, 128, False), (S.U4, 64, False), (S.U8B128, -1, False),
+                                                     (S.U4B8, 128, True), (S.FE4M3FN, 128, False)])
+@pytest.mark.parametrize("act", [np.float16, "bfloat16"])
+def test_from_weight_holds_the_weight_bit_for_bit(wt_type, group, act_order, act):
+    import ml_dtypes
+
+    act = np.dtype(ml_dtypes.bfloat16) if act == "bfloat16" else np.dtype(act)
+    w, _ = random_marlin_weight(256, 128, wt_type, group, act_order=act_order, act_dtype=act, seed=3)
+    m = wt.MarlinLinear.from_weight(w)
+    assert_buffers_equal(m, w)
+    back = m.marlin_weight()
+    assert (back.size_k, back.size_n, back.group_size, back.weight_type, back.act_dtype) == \
+        (w.size_k, w.size_n, w.group_size, w.weight_type, w.act_dtype)
+    assert m.scales.dtype == (torch.bfloat16 if act != np.float16 else torch.float16)
+
+
+def test_from_weight_copies_and_does_not_mutate():
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128, seed=1)
+    before = w.qweight.copy()
+    m = wt.MarlinLinear.from_weight(w)
+    m.qweight.zero_()
+    assert np.array_equal(w.qweight, before)
+
+
+def test_from_weight_refuses_stacks_and_bad_bias():
+    stack, _ = random_expert_stack(2, 256, 128, S.U4B8, 128)
+    with pytest.raises(ValueError, match="stack of 2 experts"):
+        wt.MarlinLinear.from_weight(stack)
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    with pytest.raises(ValueError, match=r"bias has shape \(64,\), expected \(128,\)"):
+        wt.MarlinLinear.from_weight(w, torch.zeros(64))
+
+
+def test_from_linear_quantizes_with_the_reference_quantizer():
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 128).half()
+    m = wt.MarlinLinear.from_linear(lin, "u4", 64)
+    q = quantize_weights(lin.weight.detach().float().numpy().T, "u4", 64, act_dtype=np.float16)
+    codes = wb.marlin_to_codes(m.qweight.numpy(), 256, 128, 4)
+    assert np.array_equal(codes, q.codes)
+    assert same_bits(m.scales, wb.marlin_permute_scales(q.scales, 256, 128, 64, backend="numpy"))
+    assert torch.equal(m.bias, lin.bias.detach())
+    assert m.scales.dtype == torch.float16 and m.bias.dtype == torch.float16
+
+
+@pytest.mark.parametrize("wt_type,group,act_order", [(S.U4B8, 128, False), (S.U4, 128, True), (S.FE4M3FN, -1, False)])
+def test_state_dict_round_trip_is_bit_exact(wt_type, group, act_order):
+    w, _ = random_marlin_weight(256, 192, wt_type, group, act_order=act_order, seed=7)
+    bias = torch.randn(192).half()
+    m = wt.MarlinLinear.from_weight(w, bias)
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    fresh = wt.MarlinLinear(256, 192, wt_type, group, bias=True, act_order=act_order)
+    fresh.load_state_dict(torch.load(buf))
+    assert_buffers_equal(fresh, w)
+    assert torch.equal(fresh.bias, bias)
+    assert "workspace" not in m.state_dict()  # scratch, not state
+
+
+def test_loading_another_layout_says_which_parameter_differs():
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    sd = wt.MarlinLinear.from_weight(w).state_dict()
+    other = wt.MarlinLinear(256, 128, "u8b128", 128)
+    with pytest.raises(ValueError, match=r"weight_type = 'u4b8', this module 'u8b128'"):
+        other.load_state_dict(sd)
+
+
+def test_to_device_moves_every_buffer_and_keeps_dtypes():
+    w, _ = random_marlin_weight(256, 128, S.U4, 128, act_order=True)
+    m = wt.MarlinLinear.from_weight(w, torch.zeros(128)).to("meta")
+    names = [n for n, _ in m.named_buffers()]
+    assert {"qweight", "scales", "zeros", "g_idx", "perm", "bias", "workspace"} <= set(names)
+    assert all(b.device.type == "meta" for b in m.buffers())
+    assert (m.qweight.dtype, m.scales.dtype, m.workspace.dtype) == (torch.int32, torch.float16, torch.int32)
+
+
+def test_forward_on_cpu_needs_a_cuda_device():
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    with pytest.raises(RuntimeError, match=r"MarlinLinear.forward needs a CUDA device.*input is on cpu"):
+        wt.MarlinLinear.from_weight(w)(torch.randn(2, 256).half())
+
+
+def test_forward_shapes_through_the_fake_and_compiled_with_symbolic_m():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    m = wt.MarlinLinear.from_weight(w, torch.zeros(128)).to("meta")
+    assert tuple(m(torch.empty((2, 3, 256), dtype=torch.float16, device="meta")).shape) == (2, 3, 128)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
+    for rows in (3, 9, 40):
+        out = compiled(torch.empty((rows, 256), dtype=torch.float16, device="meta"))
+        assert tuple(out.shape) == (rows, 128)
+    assert counter.frame_count == 1
+    with pytest.raises(ValueError, match=r"x has 128 features .* in_features = 256"):
+        m(torch.empty((2, 128), dtype=torch.float16, device="meta"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# replace_linears
+# ---------------------------------------------------------------------------------------------------------------
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.ModuleDict({"q_proj": nn.Linear(256, 128), "k_proj": nn.Linear(256, 128, bias=False),
+                                      "odd": nn.Linear(256, 96), "short": nn.Linear(40, 64)})
+        self.head = nn.Linear(128, 64)
+        self.norm = nn.LayerNorm(128)
+
+
+def test_replace_linears_swaps_what_it_can_and_says_why_not():
+    torch.manual_seed(1)
+    model = Tiny().half()
+    original_q = model.encoder.q_proj.weight.detach().clone()
+    report = wt.replace_linears(model, ["encoder.*", "head", "missing.*"], "u4b8", 128)
+    assert report.replaced == ["encoder.q_proj", "encoder.k_proj", "head"]
+    assert report.skipped == {  # the dense GEMM's own shape rules, on the buffers the layer would have
+        "encoder.odd": "K x N = 256 x 96: size_n = 96, is not divisible by min_thread_n = 64",
+        "encoder.short": "K x N = 40 x 64: size_k = 40 is not divisible by tile_size = 16"}
+    assert report.unmatched_patterns == ["missing.*"]
+    assert isinstance(model.encoder.q_proj, wt.MarlinLinear) and isinstance(model.encoder.odd, nn.Linear)
+    assert model.encoder.k_proj.bias is None and model.encoder.q_proj.bias is not None
+    q = quantize_weights(original_q.float().numpy().T, "u4b8", 128, act_dtype=np.float16)
+    assert np.array_equal(wb.marlin_to_codes(model.encoder.q_proj.qweight.numpy(), 256, 128, 4), q.codes)
+    assert "replaced 3 nn.Linear layers" in str(report) and "skipped encoder.odd" in str(report)
+
+
+def test_replace_linears_group_size_reason_and_exclude():
+    model = nn.Sequential(nn.Linear(192, 64), nn.Linear(256, 64))
+    report = wt.replace_linears(model, "*", "u4b8", 128, exclude="1")
+    assert report.replaced == []
+    assert report.skipped == {"0": "K x N = 192 x 64: size_k = 192 is not divisible by group_size = 128"}
+    assert isinstance(model[1], nn.Linear)
+
+
+def test_replace_linears_takes_loaded_weights_by_name():
+    model = nn.Sequential(nn.Linear(256, 128), nn.Linear(128, 64))
+    bias = model[0].bias.detach().half().clone()
+    w, _ = random_marlin_weight(256, 128, S.U4, 64, seed=5)
+    wrong, _ = random_marlin_weight(256, 64, S.U4, 64)
+    report = wt.replace_linears(model, "*", weights={"0": w, "1": wrong})
+    assert report.replaced == ["0"] and "the given weight is K x N = 256 x 64" in report.skipped["1"]
+    assert_buffers_equal(model[0], w)
+    assert torch.equal(model[0].bias, bias)
+
+
+@pytest.mark.parametrize("k,n,wt_type,group,why", [
+    (512, 128, "u4b8", 256, "group size = size_k / num_groups = 512 / 2 = 256 is not one of (32, 64, 128)"),
+    (256, 128, "fe4m3fn", 64, "fe4m3fn weights take channelwise or group-128 scales, got group size 64")])
+def test_unsupported_shapes_say_why(k, n, wt_type, group, why):
+    assert why in wt.quantizable(nn.Linear(k, n), wt_type, group)
+    assert wt.quantizable(nn.Linear(256, 128), "u4", 32) is None
+
+
+def test_replace_linears_skips_unmaterialized_layers():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(256, 128))
+    assert wt.replace_linears(model).skipped == {"0": "its weight is on the meta device (not materialized)"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MarlinMoE
+# ---------------------------------------------------------------------------------------------------------------
+def dense_experts(e=4, h=256, i=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(e, i, h, generator=g) * 0.1, torch.randn(e, i, h, generator=g) * 0.1,
+            torch.randn(e, h, i, generator=g) * 0.1)
+
+
+def test_moe_quantize_stacks_gate_and_up_columns_first():
+    gate, up, down = dense_experts()
+    moe = wt.MarlinMoE.quantize(gate, up, down, 2, "u4b8", 128)
+    assert tuple(moe.w13_qweight.shape) == (4, 256 // 16, 256 * 16 // 8)
+    assert tuple(moe.w2_qweight.shape) == (4, 128 // 16, 256 * 16 // 8)
+    both = np.concatenate([gate[1].numpy().T, up[1].numpy().T], axis=1)
+    q = quantize_weights(both, "u4b8", 128, act_dtype=np.float16, seed=1)
+    assert np.array_equal(wb.marlin_to_codes(moe.w13_qweight[1].numpy(), 256, 256, 4), q.codes)
+
+
+def test_moe_state_dict_round_trip_and_from_weights():
+    w13, _ = random_expert_stack(3, 256, 256, S.U4, 128, seed=2)
+    w2, _ = random_expert_stack(3, 128, 256, S.U4, 128, seed=3)
+    moe = wt.MarlinMoE.from_weights(w13, w2, top_k=2)
+    assert_buffers_equal(moe, w13, "w13_")
+    assert_buffers_equal(moe, w2, "w2_")
+    fresh = wt.MarlinMoE(3, 256, 128, 2, "u4", 128)
+    fresh.load_state_dict(moe.state_dict())
+    assert_buffers_equal(fresh, w13, "w13_") and assert_buffers_equal(fresh, w2, "w2_")
+    with pytest.raises(ValueError, match="do not form one layer"):
+        wt.MarlinMoE.from_weights(w13, w13, top_k=2)
+
+
+def test_moe_forward_on_cpu_needs_cuda_and_shapes_on_meta():
+    gate, up, down = dense_experts()
+    router = nn.Linear(256, 4, bias=False).half()
+    moe = wt.MarlinMoE.quantize(gate, up, down, 2, router=router)
+    with pytest.raises(RuntimeError, match="MarlinMoE.forward needs a CUDA device"):
+        moe(torch.randn(3, 256).half())
+    moe = moe.to("meta")
+    out = moe(torch.empty((5, 256), dtype=torch.float16, device="meta"))
+    assert tuple(out.shape) == (5, 256) and out.dtype == torch.float16
+
+
+def test_moe_routing_renormalizes():
+    moe = wt.MarlinMoE(4, 256, 128, 2)
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    weights, ids = moe.route(logits)
+    assert ids.tolist() == [[3, 2]] and ids.dtype == torch.int32
+    assert torch.allclose(weights.sum(-1), torch.ones(1))  # renormalized over the chosen experts: sums to 1 (fp32)
+
+
+def test_moe_compiles_once_per_block_size_not_per_batch_size():
+    """The MoE block size is chosen from M (moe.choose_block_size): one graph per block size, not per M."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from workbench.moe import choose_block_size
+
+    moe = wt.MarlinMoE.quantize(*dense_experts(), top_k=2).to("meta")
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(moe, backend=counter, fullgraph=True, dynamic=True)
+    rows = (3, 5, 9, 40, 50)
+    for m in rows:
+        out = compiled(torch.empty((m, 256), dtype=torch.float16, device="meta"), torch.empty((m, 4), device="meta"))
+        assert tuple(out.shape) == (m, 256)
+    assert counter.frame_count == len({choose_block_size(m, 2, 4) for m in rows}) == 2

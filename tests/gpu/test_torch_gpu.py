@@ -1,0 +1,220 @@
+"""The torch surface on a real GPU: the ops against the CuPy entry points bit for bit, identity activations against
+the reference exactly, opcheck with the real kernels, torch.compile with a symbolic M, CUDA-graph capture and
+replay after every temporary of the capture was freed, side-stream ordering, the layout ops and moe_align on CUDA
+tensors, and MarlinMoE against the MoE reference (workbench.moe.moe_error_bound, derived there).
+
+Bitwise comparisons between the torch op and the CuPy path: both launch the same kernel with the same tile choice
+on the same data; with the fp32 (lock-ordered) reduction the result does not depend on block timing.
+"""
+import gc
+
+import numpy as np
+import pytest
+
+from workbench import gemm, hardware, moe
+from workbench.formats import moe_align as align_ref
+from workbench.scalar_types import ScalarType as S
+from workbench.weight import random_marlin_weight
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not (torch.cuda.is_available() and hardware.cupy_available()),
+                                 reason="needs a CUDA GPU visible to both torch and CuPy")]
+
+import workbench.torch as wt  # noqa: E402
+from workbench.torch._tensors import from_numpy  # noqa: E402
+
+OPS = torch.ops.workbench
+DEV = "cuda"
+CASES = [(S.U4B8, 128, False), (S.U4, 64, False), (S.U8B128, -1, False), (S.U4B8, 128, True), (S.FE4M3FN, 128, False)]
+
+
+def torch_weight(w):
+    """A host MarlinWeight's arrays as CUDA tensors, in the order of the GEMM's arguments."""
+    up = (lambda x: None if x is None else from_numpy(np.ascontiguousarray(x)).to(DEV))
+    return up(w.qweight), up(w.scales), up(w.zeros), up(w.g_idx), up(w.perm)
+
+
+def gemm_args(a, w, tensors, workspace, c=None):
+    q, s, z, g, p = tensors
+    return [a, c, q, None, s, None, None, z, g, p, workspace, wt.vllm_id(w.weight_type), a.shape[0], w.size_n,
+            w.size_k, w.is_k_full, False, True, False]
+
+
+@pytest.mark.parametrize("wt_type,group,act_order", CASES)
+@pytest.mark.parametrize("m", [1, 13, 64])
+def test_gemm_op_equals_the_cupy_path_bitwise(wt_type, group, act_order, m):
+    w, _ = random_marlin_weight(256, 256, wt_type, group, act_order=act_order, seed=m)
+    a = (torch.randn(m, 256, device=DEV) * 0.5).half()
+    out = OPS.marlin_gemm(*gemm_args(a, w, torch_weight(w), wt.make_workspace(DEV)))
+    ref = gemm.marlin_gemm(cp.asarray(a.cpu().numpy()), gemm.upload_weight(w), use_fp32_reduce=True)
+    assert np.array_equal(out.cpu().numpy().view(np.uint16), cp.asnumpy(ref).view(np.uint16))
+    alias = OPS.gptq_marlin_gemm(*gemm_args(a, w, torch_weight(w), wt.make_workspace(DEV)))
+    assert torch.equal(alias, out)
+
+
+@pytest.mark.parametrize("wt_type,group,act_order", CASES[:3])
+def test_identity_activations_give_the_dequantized_weight_exactly(wt_type, group, act_order):
+    w, q = random_marlin_weight(256, 128, wt_type, group, act_order=act_order)
+    eye = torch.eye(256, device=DEV, dtype=torch.float16)
+    out = wt.marlin_gemm(*gemm_args(eye, w, torch_weight(w), wt.make_workspace(DEV)))
+    assert np.array_equal(out.cpu().numpy(), q.w_ref.astype(np.float16))
+
+
+def test_out_variant_writes_c_and_leaves_the_workspace_zero():
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    a = torch.randn(8, 256, device=DEV).half()
+    ws = wt.make_workspace(DEV)
+    c = torch.full((8, 128), float("nan"), device=DEV, dtype=torch.float16)
+    assert wt.marlin_gemm(*gemm_args(a, w, torch_weight(w), ws, c=c)) is c
+    assert torch.equal(c, OPS.marlin_gemm(*gemm_args(a, w, torch_weight(w), ws)))
+    assert int(torch.count_nonzero(ws)) == 0
+
+
+def test_bad_input_on_a_gpu_machine_fails_before_any_launch():
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    q, s, _, _, _ = torch_weight(w)
+    ws = wt.make_workspace(DEV)
+    a = torch.randn(4, 256, device=DEV).half()
+    with pytest.raises(RuntimeError, match="a is on cpu, but this op runs on CUDA devices only"):
+        OPS.marlin_gemm(*gemm_args(a.cpu(), w, (q, s, None, None, None), ws))
+    with pytest.raises(ValueError, match=r"b_scales is on cpu but a is on cuda:0"):
+        OPS.marlin_gemm(*gemm_args(a, w, (q, s.cpu(), None, None, None), ws))
+    with pytest.raises(ValueError, match=r"A.stride\(1\) is not 1"):
+        OPS.marlin_gemm(*gemm_args(torch.randn(256, 4, device=DEV).half().t(), w, (q, s, None, None, None), ws))
+    with pytest.raises(Exception, match=r"b_scales dtype = float32 must equal a dtype = float16"):
+        torch.compile(lambda *xs: OPS.marlin_gemm(*xs), fullgraph=True)(
+            *gemm_args(a, w, (q, s.float(), None, None, None), ws))
+
+
+def test_opcheck_on_cuda():
+    w, _ = random_marlin_weight(256, 128, S.U4, 128)
+    a = torch.randn(5, 256, device=DEV).half()
+    args = gemm_args(a, w, torch_weight(w), wt.make_workspace(DEV))
+    torch.library.opcheck(OPS.marlin_gemm.default, tuple(args))
+    args[1] = torch.empty((5, 128), device=DEV, dtype=torch.float16)
+    torch.library.opcheck(OPS.marlin_gemm_out.default, tuple(args))
+    q = torch.randint(-2 ** 31, 2 ** 31 - 1, (32, 128), dtype=torch.int32, device=DEV)
+    torch.library.opcheck(OPS.gptq_marlin_repack.default, (q, torch.empty(0, dtype=torch.int32, device=DEV), 256,
+                                                          128, 4))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_marlin_linear_with_symbolic_m(backend):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    layer = wt.MarlinLinear.from_weight(w, torch.randn(128).half()).to(DEV)
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(layer, backend=counter, fullgraph=True, dynamic=True)
+    for m in (3, 17, 200):
+        x = torch.randn(m, 256, device=DEV).half()
+        assert torch.equal(compiled(x), layer(x))
+    assert counter.frame_count == 1
+
+
+def test_graph_replay_after_the_captures_temporaries_were_freed():
+    w, _ = random_marlin_weight(256, 256, S.U4, 128, act_order=True)  # act-order: the op allocates a_tmp too
+    layer = wt.MarlinLinear.from_weight(w).to(DEV)
+    static_x = torch.randn(16, 256, device=DEV).half()
+    layer(static_x)  # compile the kernel and build the scratch outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        static_y = layer(static_x)
+    del w
+    gc.collect()
+    torch.cuda.empty_cache()
+    cp.get_default_memory_pool().free_all_blocks()
+    junk = [torch.full((1 << 20,), float("nan"), device=DEV) for _ in range(64)]  # reuse anything freed
+    fresh = torch.randn(16, 256, device=DEV).half()
+    static_x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_y, layer(fresh))
+    del junk
+
+
+def test_side_stream_ordering():
+    """The op runs on the caller's current torch stream: an input written late on a side stream is read after it
+    is written (a launch on another stream would read the stale zeros)."""
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    layer = wt.MarlinLinear.from_weight(w).to(DEV)
+    src = torch.randn(64, 256, device=DEV).half()
+    expected = layer(src)
+    side = torch.cuda.Stream()
+    x = torch.zeros_like(src)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # ~tens of ms on the side stream before x is written
+        x.copy_(src)
+        y = layer(x)
+    side.synchronize()
+    assert torch.equal(y, expected)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_layout_ops_on_cuda_equal_the_cpu_ops(bits, rng):
+    k, n = 512, 256
+    q = torch.from_numpy(rng.integers(-2 ** 31, 2 ** 31 - 1, (k * bits // 32, n), dtype=np.int64).astype(np.int32))
+    perm = torch.from_numpy(rng.permutation(k).astype(np.int32))
+    for p in (None, perm):
+        on_gpu = wt.gptq_marlin_repack(q.to(DEV), None if p is None else p.to(DEV), k, n, bits)
+        assert torch.equal(on_gpu.cpu(), wt.gptq_marlin_repack(q, p, k, n, bits))
+        assert torch.equal(wt.marlin_to_gptq_qweight(on_gpu, None if p is None else p.to(DEV), k, n, bits).cpu(), q)
+    for dtype in (torch.float16, torch.bfloat16):
+        s = torch.randn(4, n).to(dtype)
+        on_gpu = wt.marlin_permute_scales(s.to(DEV), k, n, 128)
+        assert on_gpu.dtype == dtype and torch.equal(on_gpu.cpu(), wt.marlin_permute_scales(s, k, n, 128))
+
+
+def test_moe_align_on_cuda_matches_the_reference(rng):
+    m, top_k, e, block = 33, 4, 16, 16
+    ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(m)]).astype(np.int32)
+    t = torch.from_numpy(ids).to(DEV)
+    bufs = wt.allocate_align_buffers(t, e, block)
+    wt.moe_align_block_size(t, e, block, *bufs)
+    got = align_ref.segments(*(b.cpu().numpy() for b in bufs[:3]), block, ids.size)
+    assert got == align_ref.segments(*align_ref.moe_align_block_size(ids, block, e), block, ids.size)
+
+
+def test_moe_gemm_op_equals_the_fused_phase_bitwise_and_passes_opcheck(rng):
+    e, k, n, m, top_k, block = 8, 256, 256, 16, 2, 16
+    stack, _ = moe.random_expert_stack(e, k, n, S.U4B8, 128)
+    ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(m)]).astype(np.int32)
+    a = torch.randn(m, k, device=DEV).half()
+    t_ids = torch.from_numpy(ids).to(DEV)
+    bufs = wt.allocate_align_buffers(t_ids, e, block)
+    wt.moe_align_block_size(t_ids, e, block, *bufs)
+    weights = torch.rand(m, top_k, device=DEV)
+    q, s = from_numpy(stack.qweight).to(DEV), from_numpy(stack.scales).to(DEV)
+    out = wt.moe_wna16_marlin_gemm(a, None, q, None, s, None, None, None, None, None, wt.make_workspace(DEV), *bufs,
+                                   weights, block, top_k, True, S.U4B8, m, n, k)
+    args = (a, None, q, None, s, None, None, None, None, None, wt.make_workspace(DEV), *bufs, weights, block, top_k,
+            True, wt.vllm_id(S.U4B8), m, n, k, True, False, True, False, -1, -1, -1)
+    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, args)
+    torch.library.opcheck(OPS.moe_align_block_size.default, (t_ids, e, block, *wt.allocate_align_buffers(t_ids, e,
+                                                                                                           block)))
+    ref_stack = moe.MarlinExpertStack(gemm.upload_weight(stack))
+    ref = cp.zeros((m * top_k, n), dtype=np.float16)
+    ref_stack.gemm_phase_fused(cp.asarray(a.cpu().numpy()), *(cp.asarray(b.cpu().numpy()) for b in bufs), ref, m,
+                               block, top_k, topk_weights=cp.asarray(weights.cpu().numpy()))
+    assert np.array_equal(out.cpu().numpy().view(np.uint16), cp.asnumpy(ref).view(np.uint16))
+
+
+def test_marlin_moe_against_the_reference(rng):
+    e, h, i, m, top_k = 8, 256, 128, 7, 2
+    w13, w13_ref = moe.random_expert_stack(e, h, 2 * i, S.U4, 128, seed=1)
+    w2, w2_ref = moe.random_expert_stack(e, i, h, S.U4, 128, seed=2)
+    layer = wt.MarlinMoE.from_weights(w13, w2, top_k).to(DEV)
+    hidden = torch.randn(m, h, device=DEV).half()
+    logits = torch.randn(m, e, device=DEV)
+    out = layer(hidden, logits).float().cpu().numpy()
+    weights, ids = layer.route(logits)
+    args = (hidden.cpu().numpy(), w13_ref, w2_ref, weights.cpu().numpy(), ids.cpu().numpy())
+    ref = moe.moe_reference(*args)
+    assert np.all(np.abs(out - ref) <= moe.moe_error_bound(*args))
