@@ -148,15 +148,15 @@ def permutation_message(name: str, size_k: int, detail: str) -> str:
 
 def check_permutation_values(perm: np.ndarray, size_k: int, name: str = "perm") -> None:
     """A host array of any integer width is a permutation of range(size_k), judged on its own values (never after
-    a cast that could wrap them)."""
+    a cast that could wrap them). Names the first value outside [0, size_k), else the lowest repeated value."""
     perm = np.asarray(perm)
     outside = (perm < 0) | (perm >= size_k)
     if outside.any():
         i = int(np.flatnonzero(outside)[0])
         raise ValueError(permutation_message(name, size_k, f"{name}[{i}] = {int(perm[i])} is outside [0, {size_k})"))
     counts = np.bincount(perm.astype(np.int64), minlength=size_k)
-    if (counts != 1).any():
-        v = int(np.flatnonzero(counts != 1)[0])
+    if (counts > 1).any():  # size_k values in range with no repeat are a permutation (the device check's rule too)
+        v = int(np.flatnonzero(counts > 1)[0])
         raise ValueError(permutation_message(name, size_k, f"{v} appears {int(counts[v])} times"))
 
 
