@@ -27,7 +27,8 @@ from numba import cuda, int32, uint32
 
 from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array
 from workbench.formats._checks import (check_bits, check_size_n, code_range_message, require_codes_in_range,
-                                       require_integer_dtype, require_native_byte_order)
+                                       require_integer_dtype, require_native_byte_order, v1_all_ones_message,
+                                       v1_zero_message)
 from workbench.formats.fp8 import check_block_fp8_shapes, exponent_bias
 from kernels_numba.float_bits import BF16_FORMAT, F16_FORMAT, f32_bits_scaled_to_half_bits
 
@@ -297,7 +298,6 @@ def _raise_v1_error(arrays: Arrays, error, size_n: int, bits: int, ng: int | Non
     arrays.stream.synchronize()
     if host[0] == NO_ERROR:
         return
-    pf = 32 // bits
     row, n = divmod(int(host[0]), size_n)
     if what == "code_range":  # codes [rows, N]: name the element as the caller indexes it ([ng, N] or [E, ng, N])
         value = int(copy_to_host_checked(codes[row, n:n + 1], arrays.stream)[0])
@@ -305,10 +305,8 @@ def _raise_v1_error(arrays: Arrays, error, size_n: int, bits: int, ng: int | Non
         raise ValueError(code_range_message("zp", index, value, int(host[1]), bits))
     where = f"group={row}" if not ng else f"expert={row // ng} group={row % ng}"
     if what == "all_ones":
-        raise ValueError(f"qzeros {where} packed_col={n // pf} lane={n % pf} has code {(1 << bits) - 1}; "
-                         f"AutoGPTQ zero+1 would exceed the {bits}-bit range ({int(host[1])} such field(s))")
-    raise ValueError(f"zero point at {where} column={n} is 0, which GPTQ v1 cannot store (it would need field -1); "
-                     f"{int(host[1])} such zero point(s)")
+        raise ValueError(v1_all_ones_message(where, n, bits, int(host[1])))
+    raise ValueError(v1_zero_message(where, n, int(host[1])))
 
 
 def _zero_points(src, size_n: int, bits: int, source: str, stream, ng_for_errors: int | None = None):

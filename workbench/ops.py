@@ -20,11 +20,12 @@ from workbench.formats import scales as _scales
 from workbench.formats._checks import (check_bits, check_int, check_permutation_values, check_size_n,
                                        check_tile_sizes, require, require_codes_in_range, require_contiguous,
                                        require_dtype, require_integer_dtype, require_native_byte_order,
-                                       require_ndim, require_rows, require_shape, warn_nonfinite)
+                                       require_ndim, require_rows, require_shape, v1_zero_message, warn_nonfinite)
 from workbench.scalar_types import ScalarType
 from workbench.weight import MarlinWeight
 
 INT_WORDS = (np.int32, np.uint32)
+SCALE_DTYPES = (np.float16, _fp8.BF16, np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -152,9 +153,17 @@ def _check_zp_sizes(size_k: int, size_n: int, num_bits: int) -> tuple[int, int, 
     return size_k, check_size_n(size_n), check_bits(num_bits)
 
 
+def _check_scale_dtype(s, name: str = "s") -> None:
+    """Scales the GEMM reads: float16, bfloat16 or float32 (on the device also their raw 16-bit words: CuPy has no
+    bfloat16)."""
+    require_dtype(s, SCALE_DTYPES + ((np.uint16,) if backends.is_device_array(s) else ()), name)
+
+
 def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
-    """Scales [ng, N] -> Marlin order: 64-wide permutation when grouped (ng > 1), 32-wide otherwise."""
+    """Scales [ng, N] (float16, bfloat16 or float32) -> Marlin order: 64-wide permutation when grouped (ng > 1),
+    32-wide otherwise."""
     s = _array(s, "s")
+    _check_scale_dtype(s)
     size_k, size_n, group_size = _check_scale_tensor(s, size_k, size_n, group_size)
     warn_nonfinite(s, "s")
     return backends.dispatch("marlin_permute_scales", backend, stream, _scales.permute_scales, s, size_k, size_n,
@@ -319,7 +328,9 @@ def marlin_to_block_fp8(marlin_q, size_k: int, size_n: int, *, backend: str = "a
 def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
     """Inverse of marlin_permute_scales."""
     s = _array(s, "s")
+    _check_scale_dtype(s)
     size_k, size_n, group_size = _check_scale_tensor(s, size_k, size_n, group_size)
+    warn_nonfinite(s, "s")
     return backends.dispatch("marlin_unpermute_scales", backend, stream, _scales.unpermute_scales, s, size_k, size_n,
                              group_size)
 
@@ -353,7 +364,9 @@ def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, 
 
     def reference(z, k, n, g, bits):
         zeros = _scales.marlin_zero_points_to_codes(z, n, bits)
-        require(zeros.min(initial=1) >= 1, "a zero point of 0 cannot be stored in GPTQ v1 (it would need field -1)")
+        bad = np.argwhere(zeros == 0)
+        if bad.size:
+            raise ValueError(v1_zero_message(f"group={int(bad[0][0])}", int(bad[0][1]), len(bad)))
         return _packing.pack_cols(zeros - np.uint8(1), bits)
 
     return backends.dispatch("marlin_to_gptq_qzeros", backend, stream, reference, zp_packed, size_k, size_n,

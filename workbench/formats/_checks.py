@@ -142,6 +142,20 @@ def require_codes_in_range(codes: np.ndarray, bits: int, name: str) -> None:
                                             bits))
 
 
+def v1_all_ones_message(where: str, column: int, bits: int, count: int) -> str:
+    """A GPTQ v1 stored zero of all ones (zero = stored + 1 would need bits + 1 bits); ``where``: "group=g" or
+    "expert=e group=g", ``column``: the code's column n."""
+    pf = 32 // bits
+    return (f"qzeros {where} packed_col={column // pf} lane={column % pf} has code {(1 << bits) - 1}; "
+            f"AutoGPTQ zero+1 would exceed the {bits}-bit range ({count} such field(s))")
+
+
+def v1_zero_message(where: str, column: int, count: int) -> str:
+    """A zero point of 0 going into GPTQ v1 (it would be stored as -1)."""
+    return (f"zero point at {where} column={column} is 0, which GPTQ v1 cannot store (it would need field -1); "
+            f"{count} such zero point(s)")
+
+
 def permutation_message(name: str, size_k: int, detail: str) -> str:
     return f"{name} is not a permutation of range({size_k}): {detail}"
 
