@@ -1,9 +1,19 @@
 """Public ops: vLLM's names and argument order where vLLM has the op, the seed's names for the seed's operations.
 
-Every op validates shapes, extents, dtypes and contiguity *before* any work, raising ``ValueError``/``TypeError`` that
-name the offending values, never mutates its inputs, and takes ``backend=`` (``"auto"``, ``"numpy"``, ``"numba"``)
-and ``stream=`` keywords; ``workbench.backends`` picks the implementation. Validation here reads only ``.shape``,
-``.dtype`` and contiguity, so it works unchanged for CUDA device arrays.
+Every op takes ``backend=`` (``"auto"``, ``"numpy"``, ``"numba"``) and ``stream=`` keywords; ``workbench.backends``
+picks the implementation. Before any work, on either backend, each op applies the same rules, written once in
+``workbench.formats._checks`` (ValueError/TypeError naming the offending values); it never mutates its inputs:
+
+* **scalars** (sizes, ``num_bits``, ``group_size``) are Python or NumPy integers, handed on as Python ints;
+  floats (even 4.0), bools and strings are refused.
+* **arrays** are NumPy or CUDA arrays. A host array that is big-endian, Fortran-ordered or strided is converted
+  once, on entry, to a native C-contiguous copy; a list is refused (it has no dtype, and the dtype is part of
+  every format). A device array is used in place, so it must be C-contiguous and in native byte order.
+* **metadata** (dtype, shape, contiguity) is checked from ``.shape``/``.dtype``/flags, the same for host and device.
+* **values**: a host ``perm`` must be a permutation of range(K) (judged before any cast), host zero-point codes must
+  fit ``num_bits``; host NaN/Inf scales are kept with a RuntimeWarning. Device values are checked on the device by
+  the kernels that read them (``kernels_numba``): the same rule and message, raised before the result is returned,
+  and no value can make a kernel read out of bounds.
 """
 from __future__ import annotations
 
