@@ -39,6 +39,11 @@ row-major sources/targets (``staged=True``): the benchmark compares them with th
 the staged GPTQ u4 repack reached 29% of the copy bandwidth), and the tests keep them correct.
 
 Every kernel takes a leading expert axis (E, ...) so a stack of experts is one launch (grid z = expert).
+
+A perm is data the kernels index with, so no value in it may reach memory unchecked: every row read through a perm
+goes through ``perm_row`` (a row outside [0, K) reads row 0), and the wrappers refuse a perm that is not a
+permutation before they return — a host perm on the host, a device perm with ``check_perm_kernel_source`` on the
+device (nothing K-sized is copied back; the host reads a 32-byte verdict).
 """
 from __future__ import annotations
 

@@ -294,6 +294,8 @@ def _new_error_slot(arrays: Arrays):
 
 def _raise_v1_error(arrays: Arrays, error, size_n: int, bits: int, ng: int | None, what: str, codes=None,
                     lead: tuple[int, ...] = ()):
+    """Raise what a zero-point kernel marked in ``error``: ``what`` = "all_ones" (a v1 stored all-ones field),
+    "zero" (a zero of 0 going into v1) or "code_range" (a code in ``codes`` that does not fit ``bits``)."""
     host = error.copy_to_host(stream=arrays.stream)
     arrays.stream.synchronize()
     if host[0] == NO_ERROR:
