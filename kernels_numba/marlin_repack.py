@@ -39,6 +39,11 @@ row-major sources/targets (``staged=True``): the benchmark compares them with th
 the staged GPTQ u4 repack reached 29% of the copy bandwidth), and the tests keep them correct.
 
 Every kernel takes a leading expert axis (E, ...) so a stack of experts is one launch (grid z = expert).
+
+A perm is data the kernels index with, so no value in it may reach memory unchecked: every row read through a perm
+goes through ``perm_row`` (a row outside [0, K) reads row 0), and the wrappers refuse a perm that is not a
+permutation before they return — a host perm on the host, a device perm with ``check_perm_kernel_source`` on the
+device (nothing K-sized is copied back; the host reads a 32-byte verdict).
 """
 from __future__ import annotations
 
@@ -47,7 +52,10 @@ import functools
 import numpy as np
 from numba import cuda, int32, uint32, uint64
 
-from kernels_numba._launch import Arrays, is_device_array
+from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array
+from workbench.formats._checks import (check_bits, check_permutation_values, check_tile_sizes, permutation_message,
+                                       require_native_byte_order)
+from workbench.formats.fp8 import E4M3
 
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
@@ -78,8 +86,19 @@ def _consts(bits: int):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Device helpers: one Marlin word from the staged GPTQ form, and back
+# Device helpers: a row read through a permutation, one Marlin word from the staged GPTQ form, and back
 # ---------------------------------------------------------------------------------------------------------------
+@cuda.jit(device=True, inline=True)
+def perm_row(perm, e, k):
+    """Row perm[e, k], or row 0 when it lies outside [0, K): whatever a permutation holds, no kernel reads out of
+    bounds through it. (The wrappers check perms before they return a result, check_perm_kernel_source: a row 0
+    here only ever lands in an output that is then refused.)"""
+    v = perm[e, k]
+    if v >= 0 and v < perm.shape[1]:
+        return int32(v)
+    return int32(0)
+
+
 @cuda.jit(device=True, inline=True)
 def marlin_word_4bit(stage, t, wit, row_stride):
     """Marlin 4-bit word ``wit`` of local tile ``t`` from the GPTQ form (2 staged rows of ``row_stride`` columns).
@@ -536,19 +555,19 @@ def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, 
             # four small loops rather than one: LLVM unrolls these (one loop with 4 gathers per
             # iteration stayed rolled, serializing the 32 loads)
             for f in range(8):
-                k_src = perm[e, kt * 16 + f]
+                k_src = perm_row(perm, e, kt * 16 + f)
                 a = a | uint32(uint32(uint32(src[e, k_src >> 3, n] >> uint32((k_src & 7) << 2))
                                       & uint32(0xF)) << uint32(f << 2))
             for f in range(8):
-                k_src = perm[e, kt * 16 + f]
+                k_src = perm_row(perm, e, kt * 16 + f)
                 c = c | uint32(uint32(uint32(src[e, k_src >> 3, n + 8] >> uint32((k_src & 7) << 2))
                                       & uint32(0xF)) << uint32(f << 2))
             for f in range(8):
-                k_src = perm[e, kt * 16 + 8 + f]
+                k_src = perm_row(perm, e, kt * 16 + 8 + f)
                 b = b | uint32(uint32(uint32(src[e, k_src >> 3, n] >> uint32((k_src & 7) << 2))
                                       & uint32(0xF)) << uint32(f << 2))
             for f in range(8):
-                k_src = perm[e, kt * 16 + 8 + f]
+                k_src = perm_row(perm, e, kt * 16 + 8 + f)
                 d = d | uint32(uint32(uint32(src[e, k_src >> 3, n + 8] >> uint32((k_src & 7) << 2))
                                       & uint32(0xF)) << uint32(f << 2))
             words[i] = a
@@ -559,7 +578,7 @@ def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, 
             for r in range(4):
                 w = uint32(0)
                 for f in range(4):
-                    k_src = perm[e, kt * 16 + 4 * r + f]
+                    k_src = perm_row(perm, e, kt * 16 + 4 * r + f)
                     byte = uint32(src[e, k_src >> 2, n] >> uint32((k_src & 3) << 3)) & uint32(0xFF)
                     w = w | uint32(byte << uint32(f << 3))
                 words[i + r] = w
@@ -646,7 +665,7 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
                     for dr in range(4):
                         k = k0 + (dr & 1) + ((dr >> 1) << 3)
                         if gathered:
-                            k = perm[ue, uint64(k)]  # a whole source row, still read along N (coalesced)
+                            k = perm_row(perm, ue, uint64(k))  # a whole source row, still read along N (coalesced)
                         words[8 * j + 2 * dr] = src[ue, uint64(k), uint64(c0)]
                         words[8 * j + 2 * dr + 1] = src[ue, uint64(k), uint64(c0 + 1)]
             base = nt * wpt + lane
@@ -1167,7 +1186,7 @@ def repack_kernel_source(bits: int, source: str, tiles_per_block: int = TILES_PE
                 if j < cols:
                     word = uint32(0)
                     for f in range(pf):
-                        k_src = perm[e, kt * TILE_K + h * pf + f]  # Marlin row k holds checkpoint row perm[k]
+                        k_src = perm_row(perm, e, kt * TILE_K + h * pf + f)  # Marlin row k holds checkpoint row perm[k]
                         w = src[e, k_src >> log_pf, n_base + j]
                         code = uint32(w >> uint32((k_src & (pf - 1)) * bits)) & uint32(mask)
                         word = word | uint32(code << uint32(f * bits))
@@ -1295,7 +1314,7 @@ def gather_rows_kernel_source(bits: int):
             n = rest - r * size_n
             word = uint32(0)
             for f in range(pf):
-                k_src = inverse_perm[e, r * pf + f]
+                k_src = perm_row(inverse_perm, e, r * pf + f)
                 w = src[e, k_src >> log_pf, n]
                 code = uint32(w >> uint32((k_src & (pf - 1)) * bits)) & uint32(mask)
                 word = word | uint32(code << uint32(f * bits))
@@ -1306,16 +1325,57 @@ def gather_rows_kernel_source(bits: int):
 
 def invert_perm_kernel_source():
     def invert_perm(perm, inverse_perm):
-        """inverse_perm[e, perm[e, k]] = k; perm int32 [E, K]."""
+        """inverse_perm[e, perm[e, k]] = k; perm int32 [E, K]. A value outside [0, K) writes nothing."""
         start = cuda.grid(1)
         stride = cuda.gridsize(1)
         size_k = perm.shape[1]
         for t in range(start, perm.size, stride):
             e = t // size_k
             k = t - e * size_k
-            inverse_perm[e, perm[e, k]] = k
+            v = perm[e, k]
+            if v >= 0 and v < size_k:
+                inverse_perm[e, v] = k
 
     return invert_perm
+
+
+# Checking a device perm without copying it back: one thread per entry counts its value into ``seen`` (an atomic
+# add returns the old count, so the second thread to arrive at a value knows it is a repeat). K in-range values
+# without a repeat are a permutation of range(K). The host reads only the 32-byte verdict.
+PERM_OK = np.iinfo(np.int64).max  # "nothing wrong seen" in the atomic-min slots of the verdict
+
+
+def check_perm_kernel_source():
+    def check_perm(perm, seen, verdict):
+        """perm int32 [E, K]; seen int32 [E, K], zeroed; verdict int64[4] = (lowest flat index e*K + k of a value
+        outside [0, K), their count, lowest e*K + v of a value seen twice, the number of repeats)."""
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        size_k = perm.shape[1]
+        for t in range(start, perm.size, stride):
+            e = t // size_k
+            v = perm[e, t - e * size_k]
+            if v < 0 or v >= size_k:
+                cuda.atomic.min(verdict, 0, t)
+                cuda.atomic.add(verdict, 1, 1)
+            elif cuda.atomic.add(seen, (e, v), 1) != 0:
+                cuda.atomic.min(verdict, 2, e * size_k + v)
+                cuda.atomic.add(verdict, 3, 1)
+
+    return check_perm
+
+
+def zero_fill_kernel_source():
+    def zero_fill(a):
+        """a int32 [E, K] = 0 (device scratch without a host copy)."""
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        cols = a.shape[1]
+        for t in range(start, a.size, stride):
+            r = t // cols
+            a[r, t - r * cols] = 0
+
+    return zero_fill
 
 
 @functools.lru_cache(maxsize=None)
@@ -1326,6 +1386,16 @@ def _gather_rows_kernel(bits: int):
 @functools.lru_cache(maxsize=None)
 def _invert_perm_kernel():
     return cuda.jit(invert_perm_kernel_source())
+
+
+@functools.lru_cache(maxsize=None)
+def _check_perm_kernel():
+    return cuda.jit(check_perm_kernel_source())
+
+
+@functools.lru_cache(maxsize=None)
+def _zero_fill_kernel():
+    return cuda.jit(zero_fill_kernel_source())
 
 
 @functools.lru_cache(maxsize=None)
@@ -1367,6 +1437,8 @@ def compile_targets():
             yield (f"direct_unpack[{bits}-bit,{source}]", direct_unpack_kernel_source(bits, source),
                    (u32_3d, u32_3d, types.int64))
     yield "invert_perm", invert_perm_kernel_source(), (i32_2d, i32_2d)
+    yield "check_perm", check_perm_kernel_source(), (i32_2d, i32_2d, types.Array(types.int64, 1, "C"))
+    yield "zero_fill", zero_fill_kernel_source(), (i32_2d,)
     for bits in (4, 8):
         yield f"perm_gather[{bits}-bit]", perm_repack_kernel_source(bits), (u32_3d, i32_2d, u32_3d, types.int64)
         yield f"awq_direct_repack[{bits}-bit]", awq_direct_repack_kernel_source(bits), (u32_3d, u32_3d, types.int64)
@@ -1409,13 +1481,10 @@ def _as_3d(d, name: str, rows: int, cols: int):
     return d.reshape(shape), len(d.shape) == 3
 
 
-def _check_sizes(size_k: int, size_n: int, bits: int) -> None:
-    if bits not in (4, 8):
-        raise ValueError(f"num_bits = {bits!r} is not supported; Marlin packs 4- or 8-bit codes")
-    if size_k <= 0 or size_k % TILE_K:
-        raise ValueError(f"size_k = {size_k} is not divisible by tile_k_size = {TILE_K}")
-    if size_n <= 0 or size_n % TILE_N:
-        raise ValueError(f"size_n = {size_n} is not divisible by tile_n_size = {TILE_N}")
+def _check_sizes(size_k: int, size_n: int, bits: int) -> tuple[int, int, int]:
+    """The ops' own scalar checks (one rule, one message): -> (size_k, size_n, bits) as Python ints."""
+    size_k, size_n = check_tile_sizes(size_k, size_n)
+    return size_k, size_n, check_bits(bits)
 
 
 def uses_two_pass(source: str, experts: int) -> bool:
@@ -1464,32 +1533,56 @@ def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: in
     return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
 
 
+def _perm_name(e: int, experts: int) -> str:
+    return f"perm[{e}]" if experts > 1 else "perm"
+
+
 def _take_perm(arrays: Arrays, perm, size_k: int, experts: int):
-    """None / empty -> None; else an int32 device array [E, K], checked to be a permutation of range(K) per expert."""
+    """None / empty -> (None, no-op). Else (int32 device array [E, K], verdict): ``verdict()`` raises ValueError
+    unless every row is a permutation of range(K), with the message of the host check.
+
+    A host perm is checked here, on its own values (any integer width, before the cast to int32, so nothing can
+    wrap into range). A device perm is checked on the device (check_perm_kernel_source): nothing K-sized comes
+    back; the wrapper calls ``verdict()`` after its launches and before it returns the result. The kernels read
+    rows through perm_row, so even an unchecked perm cannot make them read out of bounds.
+    """
     if perm is None or int(np.prod(perm.shape)) == 0:
-        return None
-    if perm.dtype.kind not in "iu" or perm.dtype.itemsize != 4:
-        if arrays.any_device or is_device_array(perm):
-            raise TypeError(f"perm must have dtype int32, got {perm.dtype}")
-        perm = np.asarray(perm).astype(np.int32)
-    perm_d = arrays.take(perm, "perm").view(np.int32)
-    if tuple(perm_d.shape) == (size_k,) and experts == 1:
-        perm_d = perm_d.reshape((1, size_k))
-    if tuple(perm_d.shape) != (experts, size_k):
-        raise ValueError(f"perm has shape {tuple(perm_d.shape)}, expected ({size_k},) for one matrix or "
+        return None, lambda: None
+    require_native_byte_order(perm, "perm")
+    on_device = is_device_array(perm)
+    if np.dtype(perm.dtype).kind not in "iu" or (on_device and np.dtype(perm.dtype) != np.dtype(np.int32)):
+        raise TypeError(f"perm must have dtype int32, got {perm.dtype}")
+    shape = tuple(perm.shape)
+    if shape == (size_k,) and experts == 1:
+        shape = (1, size_k)
+    if shape != (experts, size_k):
+        raise ValueError(f"perm has shape {tuple(perm.shape)}, expected ({size_k},) for one matrix or "
                          f"({experts}, {size_k}) for {experts} stacked experts")
-    # the kernels index rows by perm: a value outside [0, K) would read out of bounds, so check before any launch
-    # (K int32 per expert: a small copy back for device perms)
-    values = np.asarray(perm) if not is_device_array(perm) else perm_d.copy_to_host(stream=arrays.stream)
-    if is_device_array(perm):
-        arrays.stream.synchronize()
-    values = values.reshape((experts, size_k))
-    expected = np.arange(size_k)
-    for e in range(experts):
-        if not np.array_equal(np.sort(values[e]), expected):
-            where = f" of expert {e}" if experts > 1 else ""
-            raise ValueError(f"perm{where} is not a permutation of range({size_k})")
-    return perm_d
+    if not on_device:
+        values = np.asarray(perm).reshape(shape)
+        for e in range(experts):
+            check_permutation_values(values[e], size_k, _perm_name(e, experts))
+        return arrays.take(values.astype(np.int32), "perm"), lambda: None
+    perm_d = arrays.take(perm, "perm").reshape(shape)
+    seen = arrays.empty(shape, np.int32)
+    blocks = _grid_stride(experts * size_k)
+    _zero_fill_kernel()[blocks, THREADS, arrays.stream](seen)
+    verdict = arrays.take(np.array([PERM_OK, 0, PERM_OK, 0], np.int64), "verdict")
+    _check_perm_kernel()[blocks, THREADS, arrays.stream](perm_d, seen, verdict)
+
+    def raise_if_not_a_permutation():
+        host = copy_to_host_checked(verdict, arrays.stream)
+        if host[0] != PERM_OK:
+            e, k = divmod(int(host[0]), size_k)
+            value = int(copy_to_host_checked(perm_d[e, k:k + 1], arrays.stream)[0])
+            name = _perm_name(e, experts)
+            raise ValueError(permutation_message(name, size_k, f"{name}[{k}] = {value} is outside [0, {size_k})"))
+        if host[2] != PERM_OK:
+            e, v = divmod(int(host[2]), size_k)
+            count = int(copy_to_host_checked(seen[e, v:v + 1], arrays.stream)[0])
+            raise ValueError(permutation_message(_perm_name(e, experts), size_k, f"{v} appears {count} times"))
+
+    return perm_d, raise_if_not_a_permutation
 
 
 def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,
@@ -1501,19 +1594,21 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
     size of ``b_q_weight``, freed on return); stacked experts [E, ...] use the one-pass gather kernel (one launch,
     no temporary), so peak extra device memory stays below one expert's input there.
     """
-    _check_sizes(size_k, size_n, num_bits)
+    size_k, size_n, num_bits = _check_sizes(size_k, size_n, num_bits)
     pf = 32 // num_bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k // pf, size_n)
-    perm_d = _take_perm(arrays, perm, size_k, src.shape[0])
+    perm_d, verdict = _take_perm(arrays, perm, size_k, src.shape[0])
     has_perm = perm_d is not None
-    return _launch_repack(arrays, src, perm_d, num_bits, "gptq_perm" if has_perm else "gptq", size_k, size_n, stacked,
-                          staged)
+    result = _launch_repack(arrays, src, perm_d, num_bits, "gptq_perm" if has_perm else "gptq", size_k, size_n,
+                            stacked, staged)
+    verdict()
+    return result
 
 
 def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False):
     """AWQ qweight int32 [K, N/pf] (or [E, K, N/pf]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...])."""
-    _check_sizes(size_k, size_n, num_bits)
+    size_k, size_n, num_bits = _check_sizes(size_k, size_n, num_bits)
     pf = 32 // num_bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k, size_n // pf)
@@ -1522,7 +1617,7 @@ def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, st
 
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, stream=None):
     """E4M3 bytes packed K-major, int32/uint32 [K/4, N] (or [E, K/4, N]) -> Marlin W8 int32 [K/16, 4N]."""
-    _check_sizes(size_k, size_n, 8)
+    size_k, size_n, _ = _check_sizes(size_k, size_n, 8)
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(raw_bits_k_major, "raw_bits_k_major", np.uint32), "raw_bits_k_major",
                           size_k // 4, size_n)
@@ -1531,8 +1626,10 @@ def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, st
 
 def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=None, staged: bool = False):
     """Row-major E4M3 bytes uint8 [N, K] (or [E, N, K]) -> Marlin W8 int32 [K/16, 4N], transpose fused."""
-    _check_sizes(size_k, size_n, 8)
+    size_k, size_n, _ = _check_sizes(size_k, size_n, 8)
     arrays = Arrays(stream)
+    if not is_device_array(row_major) and np.dtype(row_major.dtype) == np.dtype(E4M3):
+        row_major = np.asarray(row_major).view(np.uint8)  # the same bytes, in a dtype the device copy keeps
     d = arrays.take(row_major, "row_major", None)
     if np.dtype(d.dtype).itemsize != 1:
         raise TypeError(f"row_major must hold raw E4M3 bytes (uint8 or float8_e4m3fn), got {d.dtype}")
@@ -1591,14 +1688,14 @@ def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: 
 
 def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream, perm=None,
                    staged: bool = False):
-    _check_sizes(size_k, size_n, bits)
+    size_k, size_n, bits = _check_sizes(size_k, size_n, bits)
     pf = 32 // bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(qweight, "qweight", np.uint32), "qweight", size_k // TILE_K,
                           size_n * TILE_K // pf)
     experts = src.shape[0]
     shape = unpack_shape(target, size_k, size_n, bits, experts)
-    perm_d = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else None  # checked before any launch
+    perm_d, verdict = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else (None, lambda: None)
     out = arrays.empty(shape, np.uint32)
     if staged:
         grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
@@ -1615,7 +1712,9 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
     if target == "row_major_bytes":
         out = out.view(np.uint8)
         return arrays.give(out if stacked else out.reshape((size_n, size_k)))
-    return arrays.give(out if stacked else out.reshape(shape[1:]), np.int32)
+    result = arrays.give(out if stacked else out.reshape(shape[1:]), np.int32)
+    verdict()
+    return result
 
 
 def marlin_to_gptq_qweight(qweight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,

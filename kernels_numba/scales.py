@@ -27,7 +27,11 @@ import functools
 import numpy as np
 from numba import cuda, int32, uint32
 
-from kernels_numba._launch import Arrays
+from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array
+from workbench.formats._checks import (check_bits, check_size_n, code_range_message, require_codes_in_range,
+                                       require_integer_dtype, require_native_byte_order, v1_all_ones_message,
+                                       v1_zero_message)
+from workbench.formats.fp8 import check_block_fp8_shapes, exponent_bias
 from kernels_numba.float_bits import BF16_FORMAT, F16_FORMAT, f32_bits_scaled_to_half_bits
 
 THREADS = 256  # element-wise kernels: one word per thread-step
@@ -106,8 +110,7 @@ def _raw_view(d):
 
 
 def _permute(s, size_k: int, size_n: int, group_size: int, stream, out_dtype=None):
-    if size_n <= 0 or size_n % 64:
-        raise ValueError(f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    size_n = check_size_n(size_n)
     arrays = Arrays(stream)
     src_dtype = np.dtype(s.dtype) if not hasattr(s, "__cuda_array_interface__") else None
     d = arrays.take(s, "s")
@@ -164,7 +167,8 @@ def zero_points_kernel_source(bits: int, source: str):
     from_awq = source == "awq"
 
     def zero_points(src, out, size_n, error):
-        """error: int64[2] = (lowest flat index of a stored all-ones field, count) for gptq_v1; unused otherwise."""
+        """error: int64[2] = (lowest flat index row*N + n of a bad code, count): for codes a code that does not fit
+        ``bits`` bits (each code is read once), for gptq_v1 a stored all-ones field; unused for awq."""
         words_per_row = size_n >> log_pf
         start = cuda.grid(1)
         stride = cuda.gridsize(1)
@@ -176,7 +180,11 @@ def zero_points_kernel_source(bits: int, source: str):
                 d = (c << log_pf) + ((f & (half_pf - 1)) << 1) + (f >> (log_pf - 1))  # c*pf + INTERLEAVE[f]
                 n = d - (d & 63) + p64(d & 63)
                 if from_codes:
-                    code = uint32(src[row, n]) & uint32(mask)
+                    code = uint32(src[row, n])
+                    if code > uint32(mask):  # reported, never silently truncated
+                        cuda.atomic.min(error, 0, row * size_n + n)
+                        cuda.atomic.add(error, 1, 1)
+                    code = code & uint32(mask)
                 else:
                     i = n & (pf - 1)
                     field = ((i >> 1) + half_pf * (i & 1)) if from_awq else i
@@ -267,12 +275,10 @@ def _symmetric_kernel():
     return cuda.jit(symmetric_kernel_source())
 
 
-def _check_bits_n(bits: int, size_n: int) -> int:
-    if bits not in (4, 8):
-        raise ValueError(f"num_bits = {bits!r} is not supported; Marlin packs 4- or 8-bit codes")
-    if size_n <= 0 or size_n % 64:
-        raise ValueError(f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
-    return 32 // bits
+def _check_bits_n(bits: int, size_n: int) -> tuple[int, int, int]:
+    """The ops' scalar checks (one rule, one message) -> (bits, size_n, pack factor) as Python ints."""
+    bits, size_n = check_bits(bits), check_size_n(size_n)
+    return bits, size_n, 32 // bits
 
 
 def _rows_view(d, name: str, cols: int):
@@ -288,33 +294,37 @@ def _new_error_slot(arrays: Arrays):
     return arrays.take(np.array([NO_ERROR, 0], dtype=np.int64), "error")
 
 
-def _raise_v1_error(arrays: Arrays, error, size_n: int, bits: int, ng: int | None, what: str):
+def _raise_v1_error(arrays: Arrays, error, size_n: int, bits: int, ng: int | None, what: str, codes=None,
+                    lead: tuple[int, ...] = ()):
+    """Raise what a zero-point kernel marked in ``error``: ``what`` = "all_ones" (a v1 stored all-ones field),
+    "zero" (a zero of 0 going into v1) or "code_range" (a code in ``codes`` that does not fit ``bits``)."""
     host = error.copy_to_host(stream=arrays.stream)
     arrays.stream.synchronize()
     if host[0] == NO_ERROR:
         return
-    pf = 32 // bits
     row, n = divmod(int(host[0]), size_n)
+    if what == "code_range":  # codes [rows, N]: name the element as the caller indexes it ([ng, N] or [E, ng, N])
+        value = int(copy_to_host_checked(codes[row, n:n + 1], arrays.stream)[0])
+        index = (row // lead[1], row % lead[1], n) if len(lead) == 2 else (row, n)
+        raise ValueError(code_range_message("zp", index, value, int(host[1]), bits))
     where = f"group={row}" if not ng else f"expert={row // ng} group={row % ng}"
     if what == "all_ones":
-        raise ValueError(f"qzeros {where} packed_col={n // pf} lane={n % pf} has code {(1 << bits) - 1}; "
-                         f"AutoGPTQ zero+1 would exceed the {bits}-bit range ({int(host[1])} such field(s))")
-    raise ValueError(f"zero point at {where} column={n} is 0, which GPTQ v1 cannot store (it would need field -1); "
-                     f"{int(host[1])} such zero point(s)")
+        raise ValueError(v1_all_ones_message(where, n, bits, int(host[1])))
+    raise ValueError(v1_zero_message(where, n, int(host[1])))
 
 
 def _zero_points(src, size_n: int, bits: int, source: str, stream, ng_for_errors: int | None = None):
-    pf = _check_bits_n(bits, size_n)
+    bits, size_n, pf = _check_bits_n(bits, size_n)
     arrays = Arrays(stream)
     if source == "codes":
-        d = arrays.take(src, "zp")
-        if np.dtype(d.dtype).kind not in "iu":
-            raise TypeError(f"zp must hold integer codes, got dtype {d.dtype}")
-        if np.dtype(d.dtype).itemsize != 1:
-            if arrays.any_device:
-                raise TypeError(f"device zp must be uint8 codes, got {d.dtype}")
-            d = arrays.take(np.asarray(src).astype(np.uint8), "zp")
-        d = d.view(np.uint8)
+        require_native_byte_order(src, "zp")
+        require_integer_dtype(src, "zp")
+        if np.dtype(src.dtype).itemsize != 1 or np.dtype(src.dtype).kind == "i":
+            if is_device_array(src):
+                raise TypeError(f"device zp must be uint8 codes, got {src.dtype}")
+            require_codes_in_range(src, bits, "zp")  # before the narrowing cast, which could wrap a value into range
+            src = np.asarray(src).astype(np.uint8)
+        d = arrays.take(src, "zp").view(np.uint8)
         rows, lead = _rows_view(d, "zp", size_n)
     else:
         d = arrays.take(src, "qzeros", np.uint32)
@@ -326,6 +336,8 @@ def _zero_points(src, size_n: int, bits: int, source: str, stream, ng_for_errors
     if source == "gptq_v1":
         ng = ng_for_errors if len(lead) == 2 else None
         _raise_v1_error(arrays, error, size_n, bits, ng, "all_ones")
+    elif source == "codes":
+        _raise_v1_error(arrays, error, size_n, bits, None, "code_range", rows, lead)
     return arrays.give(out.reshape(lead + (size_n // pf,)), np.int32)
 
 
@@ -350,7 +362,7 @@ def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: i
 
 
 def _zero_points_inverse(zp_packed, size_n: int, bits: int, target: str, stream):
-    pf = _check_bits_n(bits, size_n)
+    bits, size_n, pf = _check_bits_n(bits, size_n)
     arrays = Arrays(stream)
     d = arrays.take(zp_packed, "zp_packed", np.uint32)
     rows, lead = _rows_view(d, "zp_packed", size_n // pf)
@@ -381,6 +393,7 @@ def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, 
 
 def gptq_qzeros_not_symmetric(qzeros_stacked, bits: int = 4, *, stream=None):
     """int32 [E, ...] v1 qzeros -> bool [E]: expert e has a stored zero other than 2^(b-1) - 1 (host result)."""
+    bits = check_bits(bits)
     arrays = Arrays(stream)
     d = arrays.take(qzeros_stacked, "qzeros", np.uint32)
     experts = d.shape[0]
@@ -447,13 +460,9 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
     """
     import ml_dtypes
 
-    if size_k <= 0 or size_k % BLOCK_FP8:
-        raise ValueError(f"size_k = {size_k} is not a positive multiple of {BLOCK_FP8} (block-FP8 group size)")
-    if size_n <= 0 or size_n % 64:
-        raise ValueError(f"size_n = {size_n} is not a positive multiple of 64 (Marlin tile width)")
+    size_k, size_n = check_block_fp8_shapes(size_k, size_n)
     act = np.dtype(act_dtype)
-    if act not in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
-        raise TypeError(f"activation dtype must be float16 or bfloat16, got {act}")
+    exponent_bias(act)  # float16 or bfloat16, else the reference's TypeError
     arrays = Arrays(stream)
     host_dtype = None if hasattr(inverse_scales, "__cuda_array_interface__") else np.dtype(inverse_scales.dtype)
     d = arrays.take(inverse_scales, "inverse_scales")

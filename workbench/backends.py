@@ -11,8 +11,9 @@ The simulator has to be chosen before ``numba.cuda`` is first imported. ``backen
 CUDA driver therefore switches this process to the simulator on first use if nothing has imported ``numba.cuda``
 yet, and otherwise raises a RuntimeError that says how to get it (``NUMBA_ENABLE_CUDASIM=1``).
 
-``normalize(x)`` turns a device array into a Numba device array so that validation sees NumPy dtypes (PyTorch
-tensors otherwise report torch dtypes); NumPy arrays and non-arrays pass through.
+``normalize(x, name)`` is the one conversion of an op's array argument on entry: a device array becomes a Numba
+device array so that validation sees NumPy dtypes (PyTorch tensors otherwise report torch dtypes); a byte-swapped,
+Fortran-ordered or strided NumPy array becomes a native-order C-contiguous copy; a list is refused.
 """
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ import ctypes
 import os
 import sys
 from typing import Any, Callable
+
+import numpy as np
+
+from workbench.formats._checks import require_array
 
 BACKENDS = ("auto", "numpy", "numba")
 
@@ -96,14 +101,29 @@ def kernel_for(op_name: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(f"kernels_numba.{module}"), name)
 
 
-def normalize(x: Any) -> Any:
-    """Device array (CuPy, PyTorch, ...) -> Numba device array with a NumPy dtype; everything else unchanged."""
-    if not hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("numba"):
-        return x
-    ensure_numba_target()
-    from numba import cuda
+def normalize(x: Any, name: str | None = None) -> Any:
+    """An op's array argument, converted once on entry (the one place that does it, for both backends):
 
-    return cuda.as_cuda_array(x)
+    * a device array (CuPy, PyTorch, ...) -> a Numba device array with a NumPy dtype (used in place, no copy);
+    * a host NumPy array that is byte-swapped, Fortran-ordered or strided -> a native-order C-contiguous copy
+      (the caller's array is never changed); other NumPy arrays pass through;
+    * with ``name`` given, anything that is not an array (a list, a scalar) is refused with a TypeError naming it
+      (``_checks.require_array``); ``None`` passes through (optional arguments such as ``perm``).
+    """
+    if x is None:
+        return None
+    if hasattr(x, "__cuda_array_interface__") and not type(x).__module__.startswith("numba"):
+        ensure_numba_target()
+        from numba import cuda
+
+        return cuda.as_cuda_array(x)
+    if isinstance(x, np.ndarray):
+        if not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))
+        return np.ascontiguousarray(x)
+    if name is not None and not is_device_array(x):
+        require_array(x, name)
+    return x
 
 
 def dispatch(op_name: str, backend: str, stream: Any, reference: Callable[..., Any], *args: Any) -> Any:
@@ -122,8 +142,6 @@ def dispatch(op_name: str, backend: str, stream: Any, reference: Callable[..., A
 def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size: int, size_k: int,
                                  n_per_expert: int, act_dtype, *, stream=None):
     """The Numba path of ``ops.stack_gptq_experts_to_marlin`` (inputs already validated) -> MarlinWeight."""
-    import numpy as np
-
     from workbench.scalar_types import ScalarType
     from workbench.weight import MarlinWeight
 

@@ -1,9 +1,19 @@
 """Public ops: vLLM's names and argument order where vLLM has the op, the seed's names for the seed's operations.
 
-Every op validates shapes, extents, dtypes and contiguity *before* any work, raising ``ValueError``/``TypeError`` that
-name the offending values, never mutates its inputs, and takes ``backend=`` (``"auto"``, ``"numpy"``, ``"numba"``)
-and ``stream=`` keywords; ``workbench.backends`` picks the implementation. Validation here reads only ``.shape``,
-``.dtype`` and contiguity, so it works unchanged for CUDA device arrays.
+Every op takes ``backend=`` (``"auto"``, ``"numpy"``, ``"numba"``) and ``stream=`` keywords; ``workbench.backends``
+picks the implementation. Before any work, on either backend, each op applies the same rules, written once in
+``workbench.formats._checks`` (ValueError/TypeError naming the offending values); it never mutates its inputs:
+
+* **scalars** (sizes, ``num_bits``, ``group_size``) are Python or NumPy integers, handed on as Python ints;
+  floats (even 4.0), bools and strings are refused.
+* **arrays** are NumPy or CUDA arrays. A host array that is big-endian, Fortran-ordered or strided is converted
+  once, on entry, to a native C-contiguous copy; a list is refused (it has no dtype, and the dtype is part of
+  every format). A device array is used in place, so it must be C-contiguous and in native byte order.
+* **metadata** (dtype, shape, contiguity) is checked from ``.shape``/``.dtype``/flags, the same for host and device.
+* **values**: a host ``perm`` must be a permutation of range(K) (judged before any cast), host zero-point codes must
+  fit ``num_bits``; host NaN/Inf scales are kept with a RuntimeWarning. Device values are checked on the device by
+  the kernels that read them (``kernels_numba``): the same rule and message, raised before the result is returned,
+  and no value can make a kernel read out of bounds.
 """
 from __future__ import annotations
 
@@ -17,25 +27,26 @@ from workbench.formats import gptq as _gptq
 from workbench.formats import marlin_tile as _tile
 from workbench.formats import packing as _packing
 from workbench.formats import scales as _scales
-from workbench.formats._checks import (check_bits, require, require_contiguous, require_dtype, require_ndim,
-                                       require_shape)
+from workbench.formats._checks import (check_bits, check_int, check_permutation_values, check_size_n,
+                                       check_tile_sizes, require, require_codes_in_range, require_contiguous,
+                                       require_dtype, require_integer_dtype, require_native_byte_order,
+                                       require_ndim, require_rows, require_shape, v1_zero_message, warn_nonfinite)
 from workbench.scalar_types import ScalarType
 from workbench.weight import MarlinWeight
 
 INT_WORDS = (np.int32, np.uint32)
+SCALE_DTYPES = (np.float16, _fp8.BF16, np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# shared validation
+# shared validation: every op runs these before dispatch, so both backends see exactly the same rules
 # ---------------------------------------------------------------------------------------------------------------
-def _check_nk(size_k: int, size_n: int) -> None:
-    for name, value in (("size_k", size_k), ("size_n", size_n)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    require(size_k > 0 and size_k % _tile.TILE_K == 0,
-            f"size_k = {size_k} is not divisible by tile_k_size = {_tile.TILE_K}")
-    require(size_n > 0 and size_n % _tile.TILE_N == 0,
-            f"size_n = {size_n} is not divisible by tile_n_size = {_tile.TILE_N}")
+def _array(x: Any, name: str) -> Any:
+    """The one conversion on entry (backends.normalize: device arrays to Numba, host arrays to native C order,
+    lists refused), then the metadata every kernel relies on: native byte order (device arrays are not copied)."""
+    x = backends.normalize(x, name)
+    require_native_byte_order(x, name)
+    return x
 
 
 def _check_words(x: Any, shape: tuple[int, ...], name: str, hint: str) -> None:
@@ -46,13 +57,29 @@ def _check_words(x: Any, shape: tuple[int, ...], name: str, hint: str) -> None:
 
 
 def _check_perm(perm: Any, size_k: int) -> Any:
-    if perm is None or getattr(perm, "size", 1) == 0 or (hasattr(perm, "shape") and perm.shape == (0,)):
+    """None / empty -> None. A host perm is checked by value (any integer width, before any cast: a value offset by
+    2^32 must not wrap into range) and handed on as int32; a device perm must be int32 already, and its values are
+    checked on the device by the kernels that read it (kernels_numba.marlin_repack.check_perm_on_device)."""
+    if perm is None or getattr(perm, "size", 1) == 0:
         return None
+    perm = _array(perm, "perm")
     require_ndim(perm, 1, "perm")
-    if not np.issubdtype(np.dtype(perm.dtype), np.integer):
-        raise TypeError(f"perm must be an integer array, got dtype {perm.dtype}")
+    require_integer_dtype(perm, "perm", "integer row indices")
     require(perm.shape[0] == size_k, f"Unexpected perm.size(-1) = {perm.shape[0]}, where size_k = {size_k}")
-    return perm
+    if backends.is_device_array(perm):
+        require_dtype(perm, (np.int32,), "perm")
+        require_contiguous(perm, "perm")
+        return perm
+    check_permutation_values(perm, size_k)
+    return perm.astype(np.int32)  # every value is in [0, size_k): exact
+
+
+def _check_codes(zp: Any, num_bits: int, name: str) -> None:
+    """Zero-point codes: integers that fit num_bits. Host values are checked here; device codes (uint8) by the
+    zero-point kernel, which reports the first offender with the same message."""
+    require_integer_dtype(zp, name)
+    if not backends.is_device_array(zp):
+        require_codes_in_range(zp, num_bits, name)
 
 
 def _marlin_shape(size_k: int, size_n: int, bits: int) -> tuple[int, int]:
@@ -65,9 +92,9 @@ def _marlin_shape(size_k: int, size_n: int, bits: int) -> tuple[int, int]:
 def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                        stream=None):
     """GPTQ qweight int32 [K/pf, N] -> Marlin int32 [K/16, N*16/pf]; with perm, Marlin row k = checkpoint row perm[k]."""
-    b_q_weight, perm = backends.normalize(b_q_weight), backends.normalize(perm)
-    check_bits(num_bits)
-    _check_nk(size_k, size_n)
+    b_q_weight = _array(b_q_weight, "b_q_weight")
+    num_bits = check_bits(num_bits)
+    size_k, size_n = check_tile_sizes(size_k, size_n)
     pf = _packing.pack_factor(num_bits)
     _check_words(b_q_weight, (size_k // pf, size_n), "b_q_weight", f"size_k / pack_factor = {size_k} / {pf}, size_n")
     perm = _check_perm(perm, size_k)
@@ -81,9 +108,9 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
 
 def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
     """AWQ qweight int32 [K, N/pf] (interleaved along N) -> Marlin int32 [K/16, N*16/pf]."""
-    b_q_weight = backends.normalize(b_q_weight)
-    check_bits(num_bits)
-    _check_nk(size_k, size_n)
+    b_q_weight = _array(b_q_weight, "b_q_weight")
+    num_bits = check_bits(num_bits)
+    size_k, size_n = check_tile_sizes(size_k, size_n)
     pf = _packing.pack_factor(num_bits)
     _check_words(b_q_weight, (size_k, size_n // pf), "b_q_weight", f"size_k, size_n / pack_factor = {size_n} / {pf}")
 
@@ -95,8 +122,8 @@ def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, ba
 
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """K-major raw E4M3 words [K/4, N] (int32 or uint32) -> Marlin W8A16 tiles int32 [K/16, 4N]."""
-    raw_bits_k_major = backends.normalize(raw_bits_k_major)
-    _check_nk(size_k, size_n)
+    raw_bits_k_major = _array(raw_bits_k_major, "raw_bits_k_major")
+    size_k, size_n = check_tile_sizes(size_k, size_n)
     _check_words(raw_bits_k_major, (size_k // 4, size_n), "raw_bits_k_major", "[K/4, N]")
     return backends.dispatch("fp8_marlin_repack_raw_bits", backend, stream, _fp8.fp8_marlin_repack_raw_bits,
                              raw_bits_k_major, size_k, size_n)
@@ -104,8 +131,8 @@ def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, ba
 
 def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Row-major E4M3 [N, K] (uint8 or float8_e4m3fn) -> Marlin int32 [K/16, 4N], transpose fused into tiling."""
-    row_major = backends.normalize(row_major)
-    _fp8.check_block_fp8_shapes(size_k, size_n)
+    row_major = _array(row_major, "row_major")
+    size_k, size_n = _fp8.check_block_fp8_shapes(size_k, size_n)
     require_dtype(row_major, (np.uint8, _fp8.E4M3), "row_major")
     require_shape(row_major, (size_n, size_k), "row_major", "[N, K]")
     require_contiguous(row_major, "row_major")
@@ -116,45 +143,71 @@ def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, backend: s
 # ---------------------------------------------------------------------------------------------------------------
 # scales and zero points
 # ---------------------------------------------------------------------------------------------------------------
-def _check_scale_tensor(s, size_k: int, size_n: int, group_size: int, name: str = "s") -> None:
-    _scales.check_group_size(size_k, group_size)
-    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+def _check_scale_tensor(s, size_k: int, size_n: int, group_size: int, name: str = "s") -> tuple[int, int, int]:
+    """-> (size_k, size_n, group_size) as ints, after the checks of a scale tensor [ng, N]."""
+    size_k = check_int(size_k, "size_k")
+    group_size = _scales.check_group_size(size_k, group_size)
+    require(size_k > 0, f"size_k = {size_k} must be positive")
+    size_n = check_size_n(size_n)
     ng = _scales.num_groups(size_k, group_size)
     require_ndim(s, 2, name)
     require_shape(s, (ng, size_n), name, f"[num_groups = {ng}, size_n] for size_k = {size_k}, group_size = {group_size}")
     require_contiguous(s, name)
+    return size_k, size_n, group_size
+
+
+def _check_zp_sizes(size_k: int, size_n: int, num_bits: int) -> tuple[int, int, int]:
+    """(size_k, size_n, num_bits) of a zero-point op as ints: K is not used by the transform but must be a size."""
+    size_k = check_int(size_k, "size_k")
+    require(size_k > 0, f"size_k = {size_k} must be positive")
+    return size_k, check_size_n(size_n), check_bits(num_bits)
+
+
+def _check_scale_dtype(s, name: str = "s") -> None:
+    """Scales the GEMM reads: float16, bfloat16 or float32 (on the device also their raw 16-bit words: CuPy has no
+    bfloat16)."""
+    require_dtype(s, SCALE_DTYPES + ((np.uint16,) if backends.is_device_array(s) else ()), name)
 
 
 def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
-    """Scales [ng, N] -> Marlin order: 64-wide permutation when grouped (ng > 1), 32-wide otherwise."""
-    s = backends.normalize(s)
-    _check_scale_tensor(s, size_k, size_n, group_size)
+    """Scales [ng, N] (float16, bfloat16 or float32) -> Marlin order: 64-wide permutation when grouped (ng > 1),
+    32-wide otherwise."""
+    s = _array(s, "s")
+    _check_scale_dtype(s)
+    size_k, size_n, group_size = _check_scale_tensor(s, size_k, size_n, group_size)
+    warn_nonfinite(s, "s")
     return backends.dispatch("marlin_permute_scales", backend, stream, _scales.permute_scales, s, size_k, size_n,
                              group_size)
 
 
 def marlin_zero_points(zp, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
-    """Zero-point codes [ng, N] (any integer dtype) -> Marlin zero points int32 [ng, N/pf]."""
-    zp = backends.normalize(zp)
-    check_bits(num_bits)
+    """Zero-point codes [ng, N] (any integer dtype, each in [0, 2^bits)) -> Marlin zero points int32 [ng, N/pf]."""
+    zp = _array(zp, "zp")
+    size_k, size_n, num_bits = _check_zp_sizes(size_k, size_n, num_bits)
     require_ndim(zp, 2, "zp")
-    require(np.issubdtype(np.dtype(zp.dtype), np.integer), f"zp must hold integer codes, got dtype {zp.dtype}")
-    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
     require(zp.shape[1] == size_n, f"zp has shape {tuple(zp.shape)}, expected {size_n} columns (size_n)")
+    require_rows(zp, "zp")
     require_contiguous(zp, "zp")
+    _check_codes(zp, num_bits, "zp")
     return backends.dispatch("marlin_zero_points", backend, stream, _scales.zero_points_to_marlin, zp, size_k, size_n,
                              num_bits)
+
+
+def _check_packed_zeros(q, size_k: int, size_n: int, num_bits: int, name: str) -> tuple[Any, int, int, int]:
+    """Column-packed zero points [ng, N/pf] (AWQ or Marlin order) -> (array, size_k, size_n, num_bits)."""
+    q = _array(q, name)
+    size_k, size_n, num_bits = _check_zp_sizes(size_k, size_n, num_bits)
+    pf = _packing.pack_factor(num_bits)
+    require_ndim(q, 2, name)
+    _check_words(q, (q.shape[0], size_n // pf), name, f"[num_groups, size_n / {pf}]")
+    require_rows(q, name)
+    return q, size_k, size_n, num_bits
 
 
 def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                               stream=None):
     """AWQ qzeros int32 [ng, N/pf] (interleaved) -> Marlin zero points int32 [ng, N/pf]."""
-    q_zp_packed = backends.normalize(q_zp_packed)
-    check_bits(num_bits)
-    pf = _packing.pack_factor(num_bits)
-    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
-    require_ndim(q_zp_packed, 2, "q_zp_packed")
-    _check_words(q_zp_packed, (q_zp_packed.shape[0], size_n // pf), "q_zp_packed", f"[num_groups, size_n / {pf}]")
+    q_zp_packed, size_k, size_n, num_bits = _check_packed_zeros(q_zp_packed, size_k, size_n, num_bits, "q_zp_packed")
 
     def reference(q, k, n, bits):
         return _scales.zero_points_to_marlin(_packing.awq_unpack(q, bits), k, n, bits)
@@ -166,11 +219,13 @@ def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: i
 def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
                                  backend: str = "auto", stream=None):
     """GPTQ v1 qzeros [K/G, N/pf] (stored zero - 1) -> Marlin zero points; a stored all-ones field is an error."""
-    qzeros = backends.normalize(qzeros)
-    check_bits(num_bits)
-    _scales.check_group_size(size_k, group_size)
+    qzeros = _array(qzeros, "qzeros")
+    num_bits = check_bits(num_bits)
+    size_k = check_int(size_k, "size_k")
+    group_size = _scales.check_group_size(size_k, group_size)
+    require(size_k > 0, f"size_k = {size_k} must be positive")
+    size_n = check_size_n(size_n)
     pf = _packing.pack_factor(num_bits)
-    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
     ng = _scales.num_groups(size_k, group_size)
     _check_words(qzeros, (ng, size_n // pf), "qzeros", f"[K/G, N/{pf}] for K = {size_k}, N = {size_n}, "
                  f"group_size = {group_size}")
@@ -180,9 +235,10 @@ def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: i
 
 def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4, *, backend: str = "auto", stream=None) -> bool:
     """True when every v1 stored zero is 7 (4-bit; 127 for 8-bit): symmetric GPTQ, no zero points needed."""
-    qzeros = backends.normalize(qzeros)
-    check_bits(num_bits)
+    qzeros = _array(qzeros, "qzeros")
+    num_bits = check_bits(num_bits)
     require_dtype(qzeros, INT_WORDS, "qzeros")
+    require_contiguous(qzeros, "qzeros")
     return bool(backends.dispatch("gptq_qzeros_are_symmetric_code7", backend, stream,
                                   _gptq.gptq_qzeros_are_symmetric_code7, qzeros, num_bits))
 
@@ -194,14 +250,15 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
     fp16: ``f16(inv * 256)``; bf16: ``bf16(inv * 2^120)``; 32-wide permutation for K = 128, 64-wide otherwise.
     On the device, where CuPy has no bfloat16, bf16 inverse scales may come as their uint16 bit patterns.
     """
-    inverse_scales = backends.normalize(inverse_scales)
-    _fp8.check_block_fp8_shapes(size_k, size_n)
+    inverse_scales = _array(inverse_scales, "inverse_scales")
+    size_k, size_n = _fp8.check_block_fp8_shapes(size_k, size_n)
     _fp8.exponent_bias(act_dtype)
     allowed = (_fp8.BF16, np.float32) + ((np.uint16,) if backends.is_device_array(inverse_scales) else ())
     require_dtype(inverse_scales, allowed, "inverse_scales")
     require_shape(inverse_scales, (-(-size_n // _fp8.BLOCK), size_k // _fp8.BLOCK), "inverse_scales",
                   f"[ceil(N/128), K/128] for K = {size_k}, N = {size_n}")
     require_contiguous(inverse_scales, "inverse_scales")
+    warn_nonfinite(inverse_scales, "inverse_scales")
     return backends.dispatch("block_fp8_group128_scales", backend, stream, _fp8.block_fp8_group128_scales,
                              inverse_scales, size_k, size_n, np.dtype(act_dtype))
 
@@ -209,14 +266,18 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
 # ---------------------------------------------------------------------------------------------------------------
 # inverses (Marlin -> checkpoint layout), for debugging and verification
 # ---------------------------------------------------------------------------------------------------------------
-def marlin_to_codes(marlin_q, size_k: int, size_n: int, num_bits: int, perm=None):
-    """Marlin tiles -> codes [K, N] in checkpoint row order (undoing perm when given). NumPy only (for pictures
-    and element-level debugging)."""
-    check_bits(num_bits)
-    _check_nk(size_k, size_n)
+def _check_marlin_q(marlin_q, size_k: int, size_n: int, num_bits: int) -> tuple[Any, int, int, int]:
+    """Marlin tiles [K/16, N*16/pf] -> (array, size_k, size_n, num_bits) after the shared checks."""
+    marlin_q = _array(marlin_q, "marlin_q")
+    num_bits = check_bits(num_bits)
+    size_k, size_n = check_tile_sizes(size_k, size_n)
     _check_words(marlin_q, _marlin_shape(size_k, size_n, num_bits), "marlin_q", f"[K/16, N*16/pf], {num_bits}-bit")
+    return marlin_q, size_k, size_n, num_bits
+
+
+def _codes_in_checkpoint_order(marlin_q, size_k: int, size_n: int, num_bits: int, perm) -> np.ndarray:
+    """Marlin tiles (checked) -> codes [K, N], rows put back through a checked int32 perm (or none)."""
     codes = _tile.marlin_unpack_codes(marlin_q, size_k, size_n, num_bits)
-    perm = _tile.check_perm(perm, size_k)
     if perm is None:
         return codes
     out = np.empty_like(codes)
@@ -224,72 +285,70 @@ def marlin_to_codes(marlin_q, size_k: int, size_n: int, num_bits: int, perm=None
     return out
 
 
+def marlin_to_codes(marlin_q, size_k: int, size_n: int, num_bits: int, perm=None):
+    """Marlin tiles -> codes [K, N] in checkpoint row order (undoing perm when given). NumPy only (for pictures
+    and element-level debugging)."""
+    marlin_q, size_k, size_n, num_bits = _check_marlin_q(marlin_q, size_k, size_n, num_bits)
+    perm = _check_perm(perm, size_k)
+    if backends.is_device_array(marlin_q) or backends.is_device_array(perm):
+        raise TypeError("marlin_to_codes runs in NumPy only; pass NumPy arrays")
+    return _codes_in_checkpoint_order(marlin_q, size_k, size_n, num_bits, perm)
+
+
 def marlin_to_gptq_qweight(marlin_q, perm, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                            stream=None):
     """Inverse of gptq_marlin_repack: Marlin tiles -> GPTQ qweight int32 [K/pf, N] in checkpoint row order."""
-    marlin_q, perm = backends.normalize(marlin_q), backends.normalize(perm)
-    check_bits(num_bits)
-    _check_nk(size_k, size_n)
-    _check_words(marlin_q, _marlin_shape(size_k, size_n, num_bits), "marlin_q", f"[K/16, N*16/pf], {num_bits}-bit")
+    marlin_q, size_k, size_n, num_bits = _check_marlin_q(marlin_q, size_k, size_n, num_bits)
     perm = _check_perm(perm, size_k)
 
     def reference(q, p, k, n, bits):
-        return _packing.pack_rows(marlin_to_codes(q, k, n, bits, p), bits)
+        return _packing.pack_rows(_codes_in_checkpoint_order(q, k, n, bits, p), bits)
 
     return backends.dispatch("marlin_to_gptq_qweight", backend, stream, reference, marlin_q, perm, size_k, size_n,
                              num_bits)
 
 
 def _inverse(op_name: str, reference, marlin_q, size_k: int, size_n: int, num_bits: int, backend: str, stream,
-             *extra):
-    marlin_q = backends.normalize(marlin_q)
-    check_bits(num_bits)
-    _check_nk(size_k, size_n)
-    _check_words(marlin_q, _marlin_shape(size_k, size_n, num_bits), "marlin_q", f"[K/16, N*16/pf], {num_bits}-bit")
+             pass_bits: bool):
+    marlin_q, size_k, size_n, num_bits = _check_marlin_q(marlin_q, size_k, size_n, num_bits)
+    extra = (num_bits,) if pass_bits else ()
     return backends.dispatch(op_name, backend, stream, reference, marlin_q, size_k, size_n, *extra)
 
 
 def marlin_to_awq_qweight(marlin_q, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
     """Inverse of awq_marlin_repack: Marlin tiles -> AWQ qweight int32 [K, N/pf]."""
     return _inverse("marlin_to_awq_qweight",
-                    lambda q, k, n, bits: _packing.awq_pack(marlin_to_codes(q, k, n, bits), bits),
-                    marlin_q, size_k, size_n, num_bits, backend, stream, num_bits)
+                    lambda q, k, n, bits: _packing.awq_pack(_tile.marlin_unpack_codes(q, k, n, bits), bits),
+                    marlin_q, size_k, size_n, num_bits, backend, stream, True)
 
 
 def marlin_to_fp8_raw_bits(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Inverse of fp8_marlin_repack_raw_bits: Marlin tiles -> K-major raw words int32 [K/4, N]."""
-    return _inverse("marlin_to_fp8_raw_bits", lambda q, k, n: _packing.pack_rows(marlin_to_codes(q, k, n, 8), 8),
-                    marlin_q, size_k, size_n, 8, backend, stream)
+    return _inverse("marlin_to_fp8_raw_bits",
+                    lambda q, k, n: _packing.pack_rows(_tile.marlin_unpack_codes(q, k, n, 8), 8),
+                    marlin_q, size_k, size_n, 8, backend, stream, False)
 
 
 def marlin_to_block_fp8(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Inverse of block_fp8_group128_repack: Marlin tiles -> row-major E4M3 bytes uint8 [N, K]."""
     return _inverse("marlin_to_block_fp8", _fp8.marlin_to_row_major_fp8, marlin_q, size_k, size_n, 8, backend,
-                    stream)
+                    stream, False)
 
 
 def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
     """Inverse of marlin_permute_scales."""
-    s = backends.normalize(s)
-    _check_scale_tensor(s, size_k, size_n, group_size)
+    s = _array(s, "s")
+    _check_scale_dtype(s)
+    size_k, size_n, group_size = _check_scale_tensor(s, size_k, size_n, group_size)
+    warn_nonfinite(s, "s")
     return backends.dispatch("marlin_unpermute_scales", backend, stream, _scales.unpermute_scales, s, size_k, size_n,
                              group_size)
-
-
-def _check_marlin_zeros(zp_packed, size_n: int, num_bits: int) -> Any:
-    zp_packed = backends.normalize(zp_packed)
-    check_bits(num_bits)
-    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
-    require_ndim(zp_packed, 2, "zp_packed")
-    pf = _packing.pack_factor(num_bits)
-    _check_words(zp_packed, (zp_packed.shape[0], size_n // pf), "zp_packed", f"[num_groups, size_n / {pf}]")
-    return zp_packed
 
 
 def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                                 stream=None):
     """Inverse of marlin_zero_points: int32 [ng, N/pf] -> codes uint8 [ng, N]."""
-    zp_packed = _check_marlin_zeros(zp_packed, size_n, num_bits)
+    zp_packed, size_k, size_n, num_bits = _check_packed_zeros(zp_packed, size_k, size_n, num_bits, "zp_packed")
     return backends.dispatch("marlin_zero_points_to_codes", backend, stream,
                              lambda z, k, n, bits: _scales.marlin_zero_points_to_codes(z, n, bits),
                              zp_packed, size_k, size_n, num_bits)
@@ -298,7 +357,7 @@ def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: i
 def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                               stream=None):
     """Inverse of awq_to_marlin_zero_points."""
-    zp_packed = _check_marlin_zeros(zp_packed, size_n, num_bits)
+    zp_packed, size_k, size_n, num_bits = _check_packed_zeros(zp_packed, size_k, size_n, num_bits, "zp_packed")
 
     def reference(z, k, n, bits):
         return _packing.awq_pack(_scales.marlin_zero_points_to_codes(z, n, bits), bits)
@@ -310,12 +369,14 @@ def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int
 def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
                           backend: str = "auto", stream=None):
     """Inverse of repack_gptq_qzeros_to_marlin: Marlin zero points -> v1 qzeros (stored zero - 1)."""
-    zp_packed = _check_marlin_zeros(zp_packed, size_n, num_bits)
-    _scales.check_group_size(size_k, group_size)
+    zp_packed, size_k, size_n, num_bits = _check_packed_zeros(zp_packed, size_k, size_n, num_bits, "zp_packed")
+    group_size = _scales.check_group_size(size_k, group_size)
 
     def reference(z, k, n, g, bits):
         zeros = _scales.marlin_zero_points_to_codes(z, n, bits)
-        require(zeros.min(initial=1) >= 1, "a zero point of 0 cannot be stored in GPTQ v1 (it would need field -1)")
+        bad = np.argwhere(zeros == 0)
+        if bad.size:
+            raise ValueError(v1_zero_message(f"group={int(bad[0][0])}", int(bad[0][1]), len(bad)))
         return _packing.pack_cols(zeros - np.uint8(1), bits)
 
     return backends.dispatch("marlin_to_gptq_qzeros", backend, stream, reference, zp_packed, size_k, size_n,
@@ -328,7 +389,10 @@ def marlin_to_block_fp8_scales(marlin_scales, size_k: int, size_n: int, act_dtyp
     Exact whenever the forward rounding to act_dtype was exact (e.g. bf16 inputs into bf16, or fp16-representable
     values); otherwise it returns the rounded scale the kernel uses.
     """
-    _fp8.check_block_fp8_shapes(size_k, size_n)
+    marlin_scales = _array(marlin_scales, "marlin_scales")
+    size_k, size_n = _fp8.check_block_fp8_shapes(size_k, size_n)
+    if backends.is_device_array(marlin_scales):
+        raise TypeError("marlin_to_block_fp8_scales runs in NumPy only; pass NumPy arrays")
     folded = _scales.unpermute_scales(marlin_scales, size_k, size_n, _fp8.BLOCK).astype(np.float32)
     return np.ascontiguousarray((folded[:, ::_fp8.BLOCK] / np.float32(_fp8.exponent_bias(act_dtype))).T)
 
@@ -345,13 +409,15 @@ def stack_gptq_experts_to_marlin(qweights: Sequence[Any], scales: Sequence[Any],
     ``qzeros[e]`` int32 [K/G, N/pf] v1. Zero points are stacked only when some expert is asymmetric
     (otherwise the weight type is the symmetric ``u4b8``/``u8b128``).
     """
-    check_bits(bits)
-    _check_nk(size_k, n_per_expert)
-    _scales.check_group_size(size_k, group_size)
+    bits = check_bits(bits)
+    size_k, n_per_expert = check_tile_sizes(size_k, n_per_expert)
+    group_size = _scales.check_group_size(size_k, group_size)
     if not isinstance(qweights, (list, tuple)):  # one stacked array [E, ...] per tensor
-        qweights, scales, qzeros = (backends.normalize(x) for x in (qweights, scales, qzeros))
+        qweights, scales, qzeros = (_array(x, name) for x, name in ((qweights, "qweights"), (scales, "scales"),
+                                                                    (qzeros, "qzeros")))
     else:
-        qweights, scales, qzeros = ([backends.normalize(x) for x in xs] for xs in (qweights, scales, qzeros))
+        qweights, scales, qzeros = ([_array(x, f"{name}[{e}]") for e, x in enumerate(xs)]
+                                    for xs, name in ((qweights, "qweights"), (scales, "scales"), (qzeros, "qzeros")))
     num_experts = len(qweights)
     require(num_experts > 0 and len(scales) == num_experts and len(qzeros) == num_experts,
             f"stacked experts: shape mismatch qweights={len(qweights)} scales={len(scales)} qzeros={len(qzeros)}")
@@ -360,6 +426,7 @@ def stack_gptq_experts_to_marlin(qweights: Sequence[Any], scales: Sequence[Any],
     for e in range(num_experts):
         _check_words(qweights[e], (size_k // pf, n_per_expert), f"qweights[{e}]", "[K/pf, N]")
         _check_scale_tensor(scales[e], size_k, n_per_expert, group_size, f"scales[{e}]")
+        warn_nonfinite(scales[e], f"scales[{e}]")
         _check_words(qzeros[e], (ng, n_per_expert // pf), f"qzeros[{e}]", f"[K/G, N/{pf}]")
     act = np.dtype(act_dtype)
     _fp8.exponent_bias(act)

@@ -5,6 +5,7 @@ import dataclasses
 
 import numpy as np
 
+from workbench.formats._checks import check_permutation_values, require, require_integer_dtype
 from workbench.formats.fp8 import marlin_fp8_scales
 from workbench.formats.gptq import sort_g_idx
 from workbench.formats.marlin_tile import TILE_N, marlin_repack_codes
@@ -37,6 +38,21 @@ class MarlinWeight:
     act_dtype: np.dtype
     is_k_full: bool = True
     num_experts: int | None = None
+
+    def __post_init__(self):
+        """The act-order permutation is checked once, here, where a layer is built (a kernel reads rows through it):
+        its shape and dtype always, its values when it is on the host (checkpoint loads, the reference path).
+        A device perm handed to the repack ops is checked by them on the device (kernels_numba.marlin_repack)."""
+        if self.perm is None:
+            return
+        lead = () if self.num_experts is None else (self.num_experts,)
+        require(tuple(self.perm.shape) == lead + (self.size_k,),
+                f"perm has shape {tuple(self.perm.shape)}, expected {lead + (self.size_k,)} ([E,] size_k)")
+        require_integer_dtype(self.perm, "perm", "integer row indices")
+        if isinstance(self.perm, np.ndarray):
+            rows = self.perm.reshape((-1, self.size_k))
+            for e, row in enumerate(rows):
+                check_permutation_values(row, self.size_k, "perm" if self.num_experts is None else f"perm[{e}]")
 
     @property
     def num_groups(self) -> int:

@@ -1,5 +1,7 @@
 """Every op: bad input raises before any work with the offending values named; no op mutates its input; outputs are
 fresh C-contiguous arrays."""
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -27,16 +29,14 @@ BAD_CALLS = [
     ("perm length", lambda r: ops.gptq_marlin_repack(q4(128, 64, r), np.arange(64, dtype=np.int32), 128, 64, 4),
      ValueError, "perm.size\\(-1\\) = 64, where size_k = 128"),
     ("perm not a permutation", lambda r: ops.gptq_marlin_repack(q4(128, 64, r), np.zeros(128, np.int32), 128, 64, 4),
-     ValueError, r"perm is not a permutation of range\(128\)"),
-    ("non-contiguous", lambda r: ops.gptq_marlin_repack(np.zeros((16, 128), np.int32)[:, ::2], None, 128, 64, 4),
-     ValueError, "b_q_weight is not C-contiguous"),
+     ValueError, r"perm is not a permutation of range\(128\): 0 appears 128 times"),
     ("awq shape", lambda r: ops.awq_marlin_repack(np.zeros((128, 16), np.int32), 128, 64, 4), ValueError,
      r"expected \(128, 8\)"),
     ("scales shape", lambda r: ops.marlin_permute_scales(np.zeros((3, 64), np.float16), 256, 64, 128), ValueError,
      r"s has shape \(3, 64\), expected \(2, 64\)"),
     ("group size", lambda r: ops.marlin_permute_scales(np.zeros((3, 64), np.float16), 256, 64, 96), ValueError,
      "size_k = 256 is not divisible by group_size = 96"),
-    ("zp float", lambda r: ops.marlin_zero_points(np.zeros((1, 64), np.float32), 128, 64, 4), ValueError,
+    ("zp float", lambda r: ops.marlin_zero_points(np.zeros((1, 64), np.float32), 128, 64, 4), TypeError,
      "zp must hold integer codes, got dtype float32"),
     ("zp columns", lambda r: ops.marlin_zero_points(np.zeros((1, 32), np.uint8), 128, 64, 4), ValueError,
      "expected 64 columns"),
@@ -96,3 +96,69 @@ def test_no_op_mutates_its_inputs_and_outputs_are_contiguous(rng):
                 assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), op.__name__
         assert out.flags["C_CONTIGUOUS"], op.__name__
         assert not any(np.shares_memory(out, a) for a in args if isinstance(a, np.ndarray)), op.__name__
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# regressions of issue 26, host side (each failed before the shared checks)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("call,name", [
+    (lambda: ops.gptq_marlin_repack(np.zeros((16, 64), np.int32).tolist(), None, 128, 64, 4), "b_q_weight"),
+    (lambda: ops.gptq_marlin_repack(np.zeros((16, 64), np.int32), list(range(128)), 128, 64, 4), "perm"),
+    (lambda: ops.marlin_permute_scales([[1.0] * 64], 128, 64, -1), "s"),
+    (lambda: ops.marlin_zero_points([[1] * 64], 128, 64, 4), "zp"),
+    (lambda: ops.stack_gptq_experts_to_marlin([np.zeros((16, 64), np.int32)], [[[1.0] * 64]],
+                                              [np.zeros((1, 8), np.int32)], 4, -1, 128, 64), r"scales\[0\]"),
+])
+def test_python_lists_are_refused_with_the_argument_named(call, name):
+    """Low: lists raised AttributeError ('list' object has no attribute 'dtype'); the rule for every op is one
+    TypeError naming the argument (a list has no dtype, and the dtype is part of each format)."""
+    with pytest.raises(TypeError, match=rf"^{name} must be a NumPy or CUDA array, got list"):
+        call()
+
+
+@pytest.mark.parametrize("bits,kind", [(4.0, TypeError), (True, TypeError), ("4", TypeError),
+                                       (np.float32(8), TypeError), (2, ValueError)])
+def test_num_bits_must_be_an_integer_4_or_8(bits, kind, rng):
+    """Defect 6: the NumPy backend failed deep inside with "unsupported operand type(s) for <<" for 4.0."""
+    q = q4(128, 64, rng)
+    with pytest.raises(kind, match="num_bits"):
+        ops.gptq_marlin_repack(q, None, 128, 64, bits)
+    assert np.array_equal(ops.gptq_marlin_repack(q, None, np.int64(128), np.int32(64), np.int64(4)),
+                          ops.gptq_marlin_repack(q, None, 128, 64, 4))
+
+
+@pytest.mark.parametrize("op", ["marlin_permute_scales", "marlin_unpermute_scales", "block_fp8_group128_scales"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_and_inf_scales_are_kept_with_a_warning(op, bad, rng):
+    """Low: NaN/Inf scales passed without a warning (they turn a whole group's outputs into NaN/Inf)."""
+    if op == "block_fp8_group128_scales":
+        s, args = np.ones((1, 1), np.float32), (128, 64)
+        s[0, 0] = bad
+    else:
+        s, args = np.ones((2, 64), np.float16), (32, 64, 16)
+        s[1, 3] = bad
+    with pytest.warns(RuntimeWarning, match=r"holds 1 NaN/Inf value\(s\), the first .*\[(1, 3|0, 0)\]"):
+        out = getattr(ops, op)(s, *args)
+    assert not np.isfinite(np.asarray(out, np.float32)).all()
+
+
+@pytest.mark.parametrize("op", ["awq_to_marlin_zero_points", "marlin_zero_points", "marlin_zero_points_to_codes",
+                                "marlin_to_awq_zero_points"])
+def test_zero_points_with_zero_groups_are_refused_clearly(op):
+    """Low: AWQ zero points with zero groups failed with NumPy's "cannot reshape array of size 0"."""
+    zp = np.zeros((0, 64), np.uint8) if op == "marlin_zero_points" else np.zeros((0, 8), np.int32)
+    with pytest.raises(ValueError, match=r"has shape \(0, (64|8)\): 0 groups; a layer has at least one"):
+        getattr(ops, op)(zp, 128, 64, 4)
+
+
+def test_a_marlin_weight_with_a_bad_perm_is_refused_when_built(rng):
+    """The act-order perm is checked once, where a layer is built (kernels read rows through it)."""
+    from workbench.weight import random_marlin_weight
+
+    w, _ = random_marlin_weight(64, 64, "u4b8", 32, act_order=True)
+    bad = w.perm.copy()
+    bad[3] = bad[4]
+    with pytest.raises(ValueError, match=rf"perm is not a permutation of range\(64\): {bad[4]} appears 2 times"):
+        dataclasses.replace(w, perm=bad)
+    with pytest.raises(ValueError, match=r"perm has shape \(63,\), expected \(64,\)"):
+        dataclasses.replace(w, perm=w.perm[:-1])

@@ -15,7 +15,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from workbench.formats._checks import require, require_dtype, require_ndim, require_shape
+from workbench.formats._checks import (require, require_dtype, require_ndim, require_positive_multiple,
+                                       require_shape)
 from workbench.formats.marlin_tile import TILE_K, marlin_repack_codes, marlin_unpack_codes
 from workbench.formats.packing import pack_rows, unpack_rows
 from workbench.formats.scales import SCALE_PERM_32, SCALE_PERM_64, permute_scales
@@ -114,10 +115,10 @@ def block_fp8_scale_sources(destination, size_k: int, size_n: int) -> np.ndarray
     return (out // BLOCK) * groups + group
 
 
-def check_block_fp8_shapes(size_k: int, size_n: int) -> None:
-    require(size_k > 0 and size_k % BLOCK == 0,
-            f"size_k = {size_k} is not a positive multiple of {BLOCK} (block-FP8 group size)")
-    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not a positive multiple of 64 (Marlin tile width)")
+def check_block_fp8_shapes(size_k: int, size_n: int) -> tuple[int, int]:
+    """-> (size_k, size_n) as ints: K whole 128-blocks, N whole 64-wide Marlin tiles."""
+    return (require_positive_multiple(size_k, BLOCK, "size_k", "block-FP8 group size"),
+            require_positive_multiple(size_n, 64, "size_n", "Marlin tile width"))
 
 
 def expand_block_scales(inverse_scales: np.ndarray, size_k: int, size_n: int) -> np.ndarray:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.formats._checks import check_bits, require, require_dtype, require_ndim, require_shape
+from workbench.formats._checks import (check_bits, require, require_dtype, require_ndim, require_shape,
+                                       v1_all_ones_message)
 from workbench.formats.packing import pack_cols, pack_factor, unpack_cols
 from workbench.formats.scales import check_group_size, num_groups, zero_points_to_marlin
 
@@ -62,12 +63,8 @@ def gptq_v1_zero_points(qzeros: np.ndarray, bits: int = 4) -> np.ndarray:
     stored = unpack_cols(qzeros, bits)
     bad = np.argwhere(stored == (1 << bits) - 1)
     if bad.size:
-        pf = pack_factor(bits)
         group, col = (int(v) for v in bad[0])
-        raise ValueError(
-            f"qzeros group={group} packed_col={col // pf} lane={col % pf} has code {(1 << bits) - 1}; "
-            f"AutoGPTQ zero+1 would exceed the {bits}-bit range ({len(bad)} such field(s))"
-        )
+        raise ValueError(v1_all_ones_message(f"group={group}", col, bits, len(bad)))
     return stored + np.uint8(1)
 
 

@@ -37,11 +37,12 @@ import functools
 
 import numpy as np
 
-from workbench.formats._checks import check_bits, require, require_dtype, require_ndim, require_shape
+from workbench.formats._checks import (TILE_K, TILE_N, check_bits, check_permutation_values, check_tile_sizes,
+                                       require, require_dtype, require_ndim, require_shape)
 from workbench.formats.packing import _check_codes, _pack_last_axis, _unpack_last_axis, pack_factor
 
-TILE_K = 16  # rows of one tile: the k extent of one mma.m16n8k16
-TILE_N = 64  # columns of one tile: four 16-wide sub-blocks, one per inner-loop step
+# TILE_K = 16 rows (the k extent of one mma.m16n8k16), TILE_N = 64 columns (four 16-wide sub-blocks, one per
+# inner-loop step): defined with the shape checks in _checks, which every layer imports
 TILE_ELEMS = TILE_K * TILE_N  # 1024
 LANES = 32  # one warp
 
@@ -180,14 +181,12 @@ def check_perm(perm, size_k: int) -> np.ndarray | None:
     if not np.issubdtype(perm.dtype, np.integer):
         raise TypeError(f"perm must be an integer array, got dtype {perm.dtype}")
     require(perm.shape[0] == size_k, f"perm has length {perm.shape[0]}, expected size_k = {size_k}")
-    if not np.array_equal(np.sort(perm), np.arange(size_k)):
-        raise ValueError(f"perm is not a permutation of range({size_k})")
+    check_permutation_values(perm, size_k)
     return perm
 
 
-def _check_tile_shape(size_k: int, size_n: int) -> None:
-    require(size_k > 0 and size_k % TILE_K == 0, f"size_k = {size_k} is not divisible by tile_k_size = {TILE_K}")
-    require(size_n > 0 and size_n % TILE_N == 0, f"size_n = {size_n} is not divisible by tile_n_size = {TILE_N}")
+def _check_tile_shape(size_k: int, size_n: int) -> tuple[int, int]:
+    return check_tile_sizes(size_k, size_n)
 
 
 # The four maps as array axes. Split k and n of a tile the way the maps split them:

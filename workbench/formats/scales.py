@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.formats._checks import check_bits, require, require_ndim, require_shape
+from workbench.formats._checks import (check_bits, check_int, check_size_n, require, require_ndim,
+                                       require_shape)
 from workbench.formats.marlin_tile import FIELD_INTERLEAVE
 from workbench.formats.packing import pack_cols, pack_factor, unpack_cols
 
@@ -37,12 +38,13 @@ def num_groups(size_k: int, group_size: int) -> int:
     return 1 if group_size == -1 else size_k // group_size
 
 
-def check_group_size(size_k: int, group_size: int) -> None:
-    if not isinstance(group_size, (int, np.integer)) or isinstance(group_size, bool):
-        raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
+def check_group_size(size_k: int, group_size: int) -> int:
+    """-> group_size as an int: -1 (channelwise) or a positive divisor of size_k."""
+    group_size = check_int(group_size, "group_size")
     require(group_size == -1 or group_size > 0, f"group_size = {group_size} must be -1 (channelwise) or positive")
     if group_size != -1:
         require(size_k % group_size == 0, f"size_k = {size_k} is not divisible by group_size = {group_size}")
+    return group_size
 
 
 def _apply_chunk_perm(flat_rows: np.ndarray, perm: np.ndarray) -> np.ndarray:
@@ -57,7 +59,7 @@ def scale_permutation(size_k: int, group_size: int) -> np.ndarray:
 def _check_scales(s, size_k: int, size_n: int, group_size: int, name: str = "s") -> np.ndarray:
     s = np.asarray(s)
     check_group_size(size_k, group_size)
-    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    check_size_n(size_n)
     require_ndim(s, 2, name)
     require_shape(s, (num_groups(size_k, group_size), size_n), name, f"[num_groups, size_n] for size_k = {size_k},"
                   f" group_size = {group_size}")
@@ -81,7 +83,7 @@ def zero_points_to_marlin(zp: np.ndarray, size_k: int, size_n: int, num_bits: in
     check_bits(num_bits)
     zp = np.asarray(zp)
     require_ndim(zp, 2, "zp")
-    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    check_size_n(size_n)
     require(zp.shape[1] == size_n, f"zp has shape {zp.shape}, expected {size_n} columns (size_n)")
     pf = pack_factor(num_bits)
     permuted = _apply_chunk_perm(zp, SCALE_PERM_64)
@@ -92,7 +94,7 @@ def zero_points_to_marlin(zp: np.ndarray, size_k: int, size_n: int, num_bits: in
 def marlin_zero_points_to_codes(zp_packed: np.ndarray, size_n: int, num_bits: int) -> np.ndarray:
     """Inverse of zero_points_to_marlin: int32 [ng, N/pf] -> codes [ng, N]."""
     check_bits(num_bits)
-    require(size_n > 0 and size_n % 64 == 0, f"size_n = {size_n} is not divisible by 64 (Marlin tile width)")
+    check_size_n(size_n)
     require_shape(zp_packed, (np.asarray(zp_packed).shape[0], size_n // pack_factor(num_bits)), "zp_packed",
                   f"[num_groups, size_n / {pack_factor(num_bits)}]")
     codes = unpack_cols(zp_packed, num_bits)
