@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import datetime
 import importlib.util
 import io
@@ -47,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from workbench import gemm, moe  # noqa: E402
+from workbench.policy import DEFAULT_GEMM_POLICY, DEFAULT_MOE_POLICY  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
 from workbench.weight import MarlinWeight  # noqa: E402
 
@@ -83,16 +85,22 @@ def load_old(old_dir: pathlib.Path):
 
 
 class Variant:
-    def __init__(self, name, gemm_mod, moe_mod, direct=True):
-        self.name, self.gemm, self.moe, self.direct = name, gemm_mod, moe_mod, direct
+    """A pair of modules and, for the working tree's, the policies its calls pass (``gkw`` / ``mkw``: keyword
+    arguments of the dense and the MoE calls; empty for the old modules, which take none)."""
+
+    def __init__(self, name, gemm_mod, moe_mod, direct=None):
+        self.name, self.gemm, self.moe = name, gemm_mod, moe_mod
+        self.gkw, self.mkw = {}, {}
+        if direct is not None:
+            g = dataclasses.replace(DEFAULT_GEMM_POLICY, direct_launch=direct)
+            self.gkw = {"policy": g}
+            self.mkw = {"policy": dataclasses.replace(DEFAULT_MOE_POLICY, gemm=g)}
 
     def __enter__(self):
-        self.saved = gemm.DIRECT_LAUNCH
-        gemm.DIRECT_LAUNCH = self.direct
         return self
 
     def __exit__(self, *exc):
-        gemm.DIRECT_LAUNCH = self.saved
+        return None
 
 
 def dense_weight(xp, k, n, experts=None, act=np.float16):
@@ -109,28 +117,30 @@ def dense_weight(xp, k, n, experts=None, act=np.float16):
 
 def make_ops(v: Variant, xp, arrays):
     """name -> (calls per op for the per-dispatch column, fn() -> output array)."""
-    g, m = v.gemm, v.moe
+    g, m, gkw, mkw = v.gemm, v.moe, v.gkw, v.mkw
     a, w, c, ws, ct = arrays["a"], arrays["w"], arrays["c"], arrays["ws"], arrays["ct"]
     stack13 = arrays["stacks"][v.name][0]
     x8, y8 = arrays["x8"], arrays["y8"]
     dispatches = [(e, e, e, 1) for e in range(EXPERTS)]
     ops = {
         "gptq_marlin_gemm (buffers given)": (1, lambda: g.gptq_marlin_gemm(
-            a, w.qweight, w.scales, None, None, None, ws, "u4b8", 1, N, K, c=c, c_tmp=ct)),
+            a, w.qweight, w.scales, None, None, None, ws, "u4b8", 1, N, K, c=c, c_tmp=ct, **gkw)),
         "gptq_marlin_gemm (c allocated)": (1, lambda: g.gptq_marlin_gemm(
-            a, w.qweight, w.scales, None, None, None, ws, "u4b8", 1, N, K, c_tmp=ct)),
-        "marlin_gemm (c given)": (1, lambda: g.marlin_gemm(a, w, c=c)),
-        "gemm_phase_batched (8 dispatches)": (EXPERTS, lambda: stack13.gemm_phase_batched(x8, dispatches, y8)),
+            a, w.qweight, w.scales, None, None, None, ws, "u4b8", 1, N, K, c_tmp=ct, **gkw)),
+        "marlin_gemm (c given)": (1, lambda: g.marlin_gemm(a, w, c=c, **gkw)),
+        "gemm_phase_batched (8 dispatches)": (EXPERTS, lambda: stack13.gemm_phase_batched(x8, dispatches, y8,
+                                                                                           **mkw)),
     }
     if "hidden" in arrays:
         stack2 = arrays["stacks"][v.name][1]
         hidden, tw, ti = arrays["hidden"], arrays["topk_weights"], arrays["topk_ids"]
-        ops["fused_moe (fused, M=1)"] = (1, lambda: m.fused_moe(hidden, stack13, stack2, tw, ti, path="fused"))
+        ops["fused_moe (fused, M=1)"] = (1, lambda: m.fused_moe(hidden, stack13, stack2, tw, ti, path="fused",
+                                                                **mkw))
     if arrays.get("moe_only"):
         ops = {}
     for (label, mm), layer in arrays.get("layers", {}).items():
         s13, s2 = arrays["model_stacks"][label][v.name]
-        ops[f"fused_moe {label} M={mm}"] = (1, (lambda h, a, b, w, i: lambda: m.fused_moe(h, a, b, w, i))(
+        ops[f"fused_moe {label} M={mm}"] = (1, (lambda h, a, b, w, i: lambda: m.fused_moe(h, a, b, w, i, **mkw))(
             layer[0], s13, s2, layer[1], layer[2]))
     return ops
 
@@ -294,9 +304,15 @@ def run_cpu(args, variants) -> dict:
                            resident_blocks=lambda name, device: 2)
         for name, value in old_patches.items():
             setattr(gemm_old, name, value)
-        for name in ("_cupy_module", "_driver_module", "_FAST_ARRAY", "function_ptr"):  # HEAD's launch on the fakes
-            if hasattr(gemm_old, name):
-                setattr(gemm_old, name, getattr(gemm, name))
+        # HEAD's launch on the fakes (a tree before workbench.cuda kept these in gemm; its launches plain, as the
+        # stand-in's default policy)
+        from workbench.cuda import arrays as rt_arrays
+
+        for name, value in (("_cupy_module", fake), ("_driver_module", driver), ("_FAST_ARRAY", FakeArray),
+                            ("function_ptr", gemm.function_ptr), ("PROGRAMMATIC_LAUNCH", False)):
+            if name in vars(gemm_old):
+                setattr(gemm_old, name, value)
+        assert rt_arrays._cupy_module is fake
         driver.launchKernel = lambda *a: None  # the stand-in's decoding is test machinery, not launch cost
         no_kernel = (lambda *a, **k: (lambda *x, **y: None))  # the MoE helper kernels (CuPy calls) as no-ops
         saved_moe = [(mod, mod.get_moe_kernel) for mod in (variants[0].moe, moe)]
@@ -317,7 +333,7 @@ def run_cpu(args, variants) -> dict:
         for v in variants:
             with v:
                 for name, (per, fn) in make_ops(v, np, arrays).items():
-                    if not v.direct and v.name != "old":
+                    if v.gkw and not v.gkw["policy"].direct_launch:
                         continue  # the CuPy call cannot run on stand-ins
                     fn()
                     calls = 300 if per > 1 or name.startswith("fused") else 2000
@@ -369,7 +385,7 @@ def main():
     parser.add_argument("--moe-only", action="store_true", help="only the fused_moe cells (MOE_MODELS x MOE_MS)")
     args = parser.parse_args()
     gemm_old, moe_old = load_old(args.old_dir)
-    variants = [Variant("old", gemm_old, moe_old), Variant("new", gemm, moe),
+    variants = [Variant("old", gemm_old, moe_old), Variant("new", gemm, moe, direct=True),
                 Variant("new-cupy-call", gemm, moe, direct=False)]
     result = run_cpu(args, variants) if args.cpu else run_gpu(args, variants)
     result.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

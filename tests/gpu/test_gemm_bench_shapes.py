@@ -140,7 +140,7 @@ def test_programmatic_plans_keep_their_planned_blocks_per_sm(wt, gs, kn, m):
     a = cp.asarray(np.random.default_rng().standard_normal((m, k), dtype=np.float32).astype(np.float16))
     gemm.marlin_gemm(a, w)
     plans = [p for p in gemm._prepared.values() if (p.m, p.n, p.k, p.cfg.weight) == (m, n, k, wt)]
-    assert plans and all(p._programmatic is not None for p in plans)
+    assert plans and all(p.programmatic for p in plans)
     for p in plans:
         kernel = gemm.get_kernel(p.cfg.name_expression, device, p.smem)
         assert p.launch_smem >= p.smem
