@@ -1182,15 +1182,15 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     torch tensors (``c`` is then a torch tensor), CuPy's pool otherwise. Mixed inputs: A's framework wins.
     """
     if policy is None:
-        policy = _default()
-    if type(a) is not rt_arrays.cupy_array_type() and not isinstance(a, rt.DeviceArray) and _on_device(a):
-        return _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n,
-                              size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic,
-                              stream, sms, policy)
+        policy = _default_policy
     key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                     is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy)
     plan = _array_plans.get(key) if key is not None else None
     if plan is None:
+        if type(a) is not rt_arrays.cupy_array_type() and not isinstance(a, rt.DeviceArray) and _on_device(a):
+            return _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
+                                  size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
+                                  deterministic, stream, sms, policy)
         return _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type,
                                          size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c,
                                          c_tmp, a_tmp, deterministic, stream, sms, policy)

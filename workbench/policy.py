@@ -224,6 +224,8 @@ def _defaults() -> tuple[GemmPolicy, MoePolicy]:
     return g, MoePolicy(programmatic_launch=programmatic, gemm=g)
 
 
+# (dataclass(eq=True, frozen=True) writes a field-by-field __hash__ into each class: the cached one replaces it)
+GemmPolicy.__hash__ = MoePolicy.__hash__ = _Hashed.__hash__
 DEFAULT_GEMM_POLICY, DEFAULT_MOE_POLICY = _defaults()
 
 
