@@ -131,6 +131,15 @@ def make_ops(v: Variant, xp, arrays):
         "gemm_phase_batched (8 dispatches)": (EXPERTS, lambda: stack13.gemm_phase_batched(x8, dispatches, y8,
                                                                                            **mkw)),
     }
+    t = arrays.get("torch")
+    if t is not None and v.name == "new":  # the same arrays as torch tensors (zero-copy views): torch's stream
+        ops["gptq_marlin_gemm torch (buffers given)"] = (1, lambda: g.gptq_marlin_gemm(
+            t["a"], t["qweight"], t["scales"], None, None, None, t["ws"], "u4b8", 1, N, K, c=t["c"], c_tmp=t["ct"],
+            **gkw))
+        ops["gptq_marlin_gemm torch (c allocated)"] = (1, lambda: g.gptq_marlin_gemm(
+            t["a"], t["qweight"], t["scales"], None, None, None, t["ws"], "u4b8", 1, N, K, c_tmp=t["ct"], **gkw))
+    if arrays.get("dense_only"):
+        return ops
     if "hidden" in arrays:
         stack2 = arrays["stacks"][v.name][1]
         hidden, tw, ti = arrays["hidden"], arrays["topk_weights"], arrays["topk_ids"]
@@ -213,6 +222,14 @@ def gpu_arrays(cp, variants):
     arrays["topk_weights"] = cp.asarray(np.array([[0.6, 0.4]], np.float32))
     arrays["model_stacks"], arrays["layers"] = moe_layers(
         cp, variants, lambda shape: rng.standard_normal(shape, dtype=np.float32).astype(np.float16), cp.asarray)
+    try:
+        import torch
+    except ImportError:  # (no torch: the torch cells are left out)
+        return arrays
+    w = arrays["w"]
+    arrays["torch"] = {name: torch.as_tensor(x, device="cuda") for name, x in (
+        ("a", arrays["a"]), ("qweight", w.qweight), ("scales", w.scales), ("ws", arrays["ws"]), ("c", arrays["c"]),
+        ("ct", arrays["ct"]))}
     return arrays
 
 
@@ -220,7 +237,7 @@ def run_gpu(args, variants) -> dict:
     import cupy as cp
 
     arrays = gpu_arrays(cp, variants)
-    arrays["moe_only"] = args.moe_only
+    arrays["moe_only"], arrays["dense_only"] = args.moe_only, args.dense_only
     sms = gemm.device_properties(0)[1]
     # compile first, in parallel threads (NVRTC runs outside the GIL): the dense kernels, and the MoE chain through
     # one warm-up fused_moe call (align, two fused GEMMs, SiLU, top-k sum)
@@ -231,13 +248,13 @@ def run_gpu(args, variants) -> dict:
              for k, n in ((K, N), (HIDDEN, 2 * INTER))]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=8) as pool:
-        jobs = [pool.submit(lambda: moe.fused_moe(arrays["hidden"], *arrays["stacks"]["new"], arrays["topk_weights"],
-                                                  arrays["topk_ids"]))]
+        jobs = [] if args.dense_only else [pool.submit(lambda: moe.fused_moe(
+            arrays["hidden"], *arrays["stacks"]["new"], arrays["topk_weights"], arrays["topk_ids"]))]
         if not args.moe_only:
             jobs.append(pool.submit(gemm.precompile, dense, 0, 4))
         jobs += [pool.submit((lambda h, st, w, i: lambda: moe.fused_moe(h, *st, w, i))(
             hidden, arrays["model_stacks"][label]["new"], tw, ti)) for (label, _), (hidden, tw, ti) in
-            arrays["layers"].items()]
+            arrays["layers"].items() if not args.dense_only]
         for job in jobs:
             job.result()
     cp.cuda.Device().synchronize()
@@ -256,15 +273,16 @@ def run_gpu(args, variants) -> dict:
                     continue
                 out = fn()
                 cp.cuda.Device().synchronize()
-                outputs[(v.name, name)] = cp.asnumpy(out).copy()
+                outputs[(v.name, name)] = cp.asnumpy(cp.asarray(out)).copy()  # (torch outputs: a zero-copy view)
                 r.update(variant=v.name, op=name, calls=calls, per_op=per, seconds=round(time.perf_counter() - t0, 2))
                 rows.append(r)
                 print(f"{v.name:14} {name:36} host {r['host_us']:8.1f} us  wall {r['wall_us']:8.1f} us  "
                       f"device {r['device_us']:8.1f} us", flush=True)
     for row in rows:
-        if row["variant"] != "old" and ("old", row["op"]) in outputs:
+        old_op = row["op"].replace(" torch", "")  # (the torch cells against old's CuPy cell)
+        if row["variant"] != "old" and ("old", old_op) in outputs:
             row["bitwise_equal_old"] = bool(np.array_equal(outputs[(row["variant"], row["op"])].view(np.uint16),
-                                                           outputs[("old", row["op"])].view(np.uint16)))
+                                                           outputs[("old", old_op)].view(np.uint16)))
     # where the new path's host time goes
     v = variants[1]
     with v:
@@ -327,7 +345,8 @@ def run_cpu(args, variants) -> dict:
         w2 = dense_weight(np, INTER, HIDDEN, EXPERTS)
         arrays["stacks"] = {v.name: (v.moe.MarlinExpertStack(w13), v.moe.MarlinExpertStack(w2)) for v in variants}
         arrays.update(hidden=FakeArray((1, HIDDEN), np.float16), topk_ids=FakeArray((1, TOP_K), np.int32),
-                      topk_weights=FakeArray((1, TOP_K), np.float32), moe_only=args.moe_only)
+                      topk_weights=FakeArray((1, TOP_K), np.float32), moe_only=args.moe_only,
+                      dense_only=args.dense_only)
         arrays["model_stacks"], arrays["layers"] = moe_layers(
             np, variants, lambda shape: FakeArray(shape, np.float16), lambda x: FakeArray(x.shape, x.dtype))
         for v in variants:
@@ -383,6 +402,7 @@ def main():
     parser.add_argument("--old-dir", type=pathlib.Path, default=ROOT / "artifacts" / "r4_host_old")
     parser.add_argument("--cpu", action="store_true", help="stand-in arrays and driver (no GPU)")
     parser.add_argument("--moe-only", action="store_true", help="only the fused_moe cells (MOE_MODELS x MOE_MS)")
+    parser.add_argument("--dense-only", action="store_true", help="only the dense GEMM cells (and torch's)")
     args = parser.parse_args()
     gemm_old, moe_old = load_old(args.old_dir)
     variants = [Variant("old", gemm_old, moe_old), Variant("new", gemm, moe, direct=True),

@@ -41,7 +41,7 @@ variant is warmed first; the call order rotates from round to round; before each
 so that the events bracket device work only, not the call's host side (round 3 showed host time leaking into some
 calls: one config timed 25 and 44 us). Reports the median with the interquartile range. Records whether each
 variant's output is bitwise equal to old's and max |variant - old| / max |old|. Each variant is also timed as the
-table's "fused graph" (graph_us: GRAPH_ROUNDS interleaved rounds on the same rotated routings, median), the bar's
+table's "fused graph" (graph_us: --graph-rounds interleaved rounds on the same rotated routings, median), the bar's
 method. Writes DIR/ab_moe.json and prints a table.
 """
 from __future__ import annotations
@@ -335,12 +335,12 @@ def ab_main(args) -> int:
                 print(f"WARNING {name} M={m}: host enqueue took up to {max(host_us):.0f} us, longer than the "
                       f"{SPIN_US} us spin: host time may be in these numbers", flush=True)
             # The bar's timing too: each variant in a CUDA graph of LAUNCHES_PER_GRAPH phases on the same rotated
-            # routings (as the table's "fused graph"), GRAPH_ROUNDS rounds interleaved, the median per variant.
+            # routings (as the table's "fused graph"), --graph-rounds rounds interleaved, the median per variant.
             routings, touched = rotated_routings(cp, graph_rng, m, e, top_k, LAUNCHES_PER_GRAPH)
             graph_bytes = float(np.mean([touched_bytes(t, k, n) for t in touched]))
             graph_out = cp.empty((m * top_k, n), dtype=np.float16)
             graph_times = {v: [] for v in variants}
-            for rnd in range(GRAPH_ROUNDS):
+            for rnd in range(args.graph_rounds):
                 for v in (variants if rnd % 2 == 0 else variants[::-1]):
                     stack = stacks["old" if v == "old" else "new"]
                     phases = [lambda st, r=r, stack=stack, kw=_policy_kw(v): stack.gemm_phase_fused(
@@ -408,6 +408,8 @@ def main(argv=None) -> int:
                         help="table mode: the GEMM paths to time, comma list of fused, batched, dense loop, torch "
                              "(default all; the align columns are always timed; 'align' alone: only them)")
     parser.add_argument("--reps", type=int, default=11, help="A/B mode: timed calls per variant and cell")
+    parser.add_argument("--graph-rounds", type=int, default=GRAPH_ROUNDS,
+                        help="A/B mode: graph timings per variant and cell, interleaved (the median is reported)")
     parser.add_argument("--variants", default="new-b1,new-b2",
                         help=f"A/B mode: variants besides old and new, of {sorted(AB_VARIANTS)}")
     args = parser.parse_args(argv)

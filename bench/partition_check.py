@@ -84,7 +84,10 @@ def run(old_dir, case_list=None) -> int:
     def old_kw(align: bool) -> dict:
         if old_policies:
             return {"policy": policies[align]}
-        old.PAIR_CLUSTERS, old.ALIGN_SLICES = False, align  # (a tree before policies: its switches)
+        if (old.PAIR_CLUSTERS, old.ALIGN_SLICES) != (False, align):  # (a tree before policies: its switches, and
+            old.PAIR_CLUSTERS, old.ALIGN_SLICES = False, align  # its plans, which do not key on them, forgotten)
+            old._array_plans.clear()
+            old._prepared.clear()
         return {}
 
     _, _, smem_limit, sm_smem = gemm.device_properties(0)
