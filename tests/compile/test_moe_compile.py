@@ -11,6 +11,7 @@ import pytest
 from cuda_build import ARCHS, nvcc_cubin, nvrtc_cubin
 from workbench import gemm, moe
 from workbench.cuda import arrays as rt_arrays
+from workbench.policy import DEFAULT_MOE_POLICY
 from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
 from workbench.scalar_types import ScalarType as S
 
@@ -39,9 +40,9 @@ def _configs():
                                                       SM_SMEM_SM90, blocks))
             for bs in (SUPPORTED_BLOCK_SIZES[0], SUPPORTED_BLOCK_SIZES[-1]):
                 out.add(moe.choose_moe_config(act, weight, bs, 4096, 7168, -1, 1000, 132, SMEM_SM90))
-    for n_tiles, k_warp in moe._MOE_SHAPES_SMALL:
+    for n_tiles, k_warp in DEFAULT_MOE_POLICY.small_shapes:
         out.add(moe.MoeConfig(S.F16, S.U4, 2, n_tiles, k_warp, 8))
-    for n_tiles, k_warp in moe._MOE_SHAPES_LARGE:
+    for n_tiles, k_warp in DEFAULT_MOE_POLICY.large_shapes:
         out.add(moe.MoeConfig(S.BF16, S.U8, 4, n_tiles, k_warp, 4, gemm.GROUP_CHANNELWISE))
     return sorted(out, key=lambda c: c.name_expression)
 

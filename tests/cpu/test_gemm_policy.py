@@ -342,3 +342,22 @@ def test_rows_wide_tile_scope():
     assert tile(16, k=2048, n=28672) != (2, 8)  # 4 stages of 512 rows: too short
     assert tile(16, k=4096, n=4096) == (1, 4)  # the 4096-column layers keep their 512 x 64 pairs
     assert tile(16, policy=replaced(rows_wide_first=False)) == (2, 4)
+
+
+@pytest.mark.parametrize("name, field", [("WORKBENCH_PROGRAMMATIC_LAUNCH", "programmatic_launch"),
+                                         ("WORKBENCH_DIRECT_LAUNCH", "direct_launch")])
+def test_old_environment_variables_warn_and_set_the_default_policy(name, field):
+    """For one release the old environment switches still turn their launch form off, through the default policies,
+    with a DeprecationWarning naming the replacement."""
+    import os
+    import subprocess
+
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    from workbench import policy\n"
+            f"assert any('{name} is deprecated' in str(w.message) and w.category is DeprecationWarning "
+            "for w in seen), [str(w.message) for w in seen]\n"
+            f"assert policy.DEFAULT_GEMM_POLICY.{field} is False\n"
+            "assert policy.DEFAULT_MOE_POLICY.gemm is policy.DEFAULT_GEMM_POLICY\n")
+    env = dict(os.environ, **{name: "0"})
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -288,7 +288,7 @@ def test_late_scaling_holds_the_bound_of_the_unrounded_weight(wt, gs, act, m):
     k, n = 1024, 256
     mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=act, seed=k + gs + m)
     cfg = gemm.config_for(gemm.act_scalar_type(act), wt, m, n, k, gs, False)
-    assert cfg.late_scale and bool(cfg.swap) == (m <= gemm.SWAP_MAX_M), cfg
+    assert cfg.late_scale and bool(cfg.swap) == (m <= DEFAULT_GEMM_POLICY.swap_max_m), cfg
     w_exact = dequantize(q.codes, q.scales, q.zeros, wt, gs, None, act, rounded=False)
     a = (np.random.default_rng(m + gs).standard_normal((m, k), dtype=np.float32)).astype(act)
     out = run(a, gemm.upload_weight(mw))
