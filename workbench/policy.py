@@ -96,7 +96,8 @@ class GemmPolicy(_Hashed):
     two_blocks_min_steps_swap: int = 8
 
     # ---- pairs (sm_90+, fp32 reduction, M <= 16) -------------------------------------------------------------------
-    # pairs fill the SMs where a layer has too few slices for one block per slice per SM
+    # pairs fill the SMs where a layer has too few slices for one block per slice per SM (the partition does not
+    # depend on cluster_sums: without the cluster sums the same grid sums in global memory)
     pair_clusters: bool = True
     # the first tile whose slices, two blocks each, fill at least this share of the SMs (and no more than all)
     pair_min_fill: float = 0.9
