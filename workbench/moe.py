@@ -223,12 +223,10 @@ def silu_and_mul(x, out=None, *, stream=None):
     if tuple(out.shape) != (rows, n) or out.dtype != x.dtype or not out.flags["C_CONTIGUOUS"]:
         raise ValueError(f"out must be a contiguous ({rows}, {n}) {x.dtype} array, got {tuple(out.shape)} {out.dtype}")
     if rows:
-        _, device = rt.device_pointer(x, "x")
-        kernel = get_moe_kernel(f"mwb::silu_and_mul<{_ctype(x.dtype)}>", device)
-        total = rows * n
-        blocks = min(65535, -(-total // 256))
-        kernel((blocks,), (256,), (x, out, np.int32(rows), np.int32(n)),
-               stream=rt.cupy_stream(rt.stream_handle(stream)))
+        x_ptr, device = rt.device_pointer(x, "x")
+        blocks = min(65535, -(-(rows * n) // 256))
+        _launch_helper(f"mwb::silu_and_mul<{_ctype(x.dtype)}>", device, blocks, 256,
+                       (x_ptr, rt.device_pointer(out, "out")[0], rows, n), stream)
     return out
 
 
@@ -265,13 +263,12 @@ def moe_sum(y, top_k: int, out=None, *, weights=None, row_of=None, stream=None):
         raise ValueError(f"weights must be float32 with {entries} elements, got {weights.dtype} "
                          f"{tuple(weights.shape)}")
     if m:
-        _, device = rt.device_pointer(y, "y")
-        kernel = get_moe_kernel(f"mwb::moe_sum<{_ctype(y.dtype)}>", device)
+        y_ptr, device = rt.device_pointer(y, "y")
         blocks = min(65535, -(-(m * k) // 256))
-        null = np.uint64(0)
-        kernel((blocks,), (256,), (y, null if weights is None else weights, null if row_of is None else row_of,
-                                   out, np.int32(m), np.int32(top_k), np.int32(k), np.int32(rows)),
-               stream=rt.cupy_stream(rt.stream_handle(stream)))
+        _launch_helper(f"mwb::moe_sum<{_ctype(y.dtype)}>", device, blocks, 256,
+                       (y_ptr, 0 if weights is None else rt.device_pointer(weights, "weights")[0],
+                        0 if row_of is None else rt.device_pointer(row_of, "row_of")[0],
+                        rt.device_pointer(out, "out")[0], m, top_k, k, rows), stream)
     return out
 
 
@@ -286,11 +283,10 @@ def gather_rows(x, rows, *, stream=None):
     n, k = int(rows.shape[0]), int(x.shape[1])
     out = cupy.empty((n, k), dtype=x.dtype)
     if n:
-        _, device = rt.device_pointer(x, "x")
-        kernel = get_moe_kernel("mwb::gather_rows", device)
+        x_ptr, device = rt.device_pointer(x, "x")
         blocks = min(65535, -(-(n * k // 8) // 256))
-        kernel((blocks,), (256,), (x, rows, out, np.int32(n), np.int32(k // 8), np.int32(int(x.shape[0]))),
-               stream=rt.cupy_stream(rt.stream_handle(stream)))
+        _launch_helper("mwb::gather_rows", device, blocks, 256,
+                       (x_ptr, rt.device_pointer(rows, "rows")[0], out.data.ptr, n, k // 8, int(x.shape[0])), stream)
     return out
 
 
@@ -300,11 +296,10 @@ def add_bias(y, bias, *, stream=None):
         raise ValueError(f"bias must be ({int(y.shape[1])},) {y.dtype}, got {tuple(bias.shape)} {bias.dtype}")
     rows, n = (int(s) for s in y.shape)
     if rows:
-        _, device = rt.device_pointer(y, "y")
-        kernel = get_moe_kernel(f"mwb::add_bias<{_ctype(y.dtype)}>", device)
+        y_ptr, device = rt.device_pointer(y, "y")
         blocks = min(65535, -(-(rows * n) // 256))
-        kernel((blocks,), (256,), (y, bias, np.int32(rows), np.int32(n)),
-               stream=rt.cupy_stream(rt.stream_handle(stream)))
+        _launch_helper(f"mwb::add_bias<{_ctype(y.dtype)}>", device, blocks, 256,
+                       (y_ptr, rt.device_pointer(bias, "bias")[0], rows, n), stream)
     return y
 
 
@@ -357,16 +352,15 @@ def moe_align_block_size(topk_ids, block_size: int, num_experts: int, expert_map
         if map_device != device:
             raise ValueError(f"expert_map is on device {map_device}, topk_ids on device {device}")
     cupy = rt.cupy()
-    launch_stream = rt.cupy_stream(rt.stream_handle(stream))
-    with cupy.cuda.Device(device), launch_stream:  # outputs allocated in the launch's stream order
+    stream_ptr = rt.stream_handle(stream)
+    with cupy.cuda.Device(device), rt.cupy_stream(stream_ptr):  # outputs allocated in the launch's stream order
         sorted_ids = cupy.empty(cap, dtype=np.int32)  # (cap,)
         expert_ids = cupy.empty(cap // block_size, dtype=np.int32)  # (cap / block_size,)
         post = cupy.empty(1, dtype=np.int32)  # (1,)
-        kernel = get_moe_kernel("mwb::moe_align", device)
-        kernel((1,), (ALIGN_THREADS,),
-               (topk_ids, np.int32(numel), np.int32(num_experts), np.int32(block_size),
-                np.uint64(0) if expert_map is None else expert_map, sorted_ids, np.int32(cap), expert_ids, post),
-               stream=launch_stream)
+    _launch_helper("mwb::moe_align", device, 1, ALIGN_THREADS,
+                   (rt.device_pointer(topk_ids, "topk_ids")[0], numel, num_experts, block_size,
+                    0 if expert_map is None else rt.device_pointer(expert_map, "expert_map")[0], sorted_ids.data.ptr,
+                    cap, expert_ids.data.ptr, post.data.ptr), stream_ptr)
     return sorted_ids, expert_ids, post
 
 
@@ -982,24 +976,12 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
         return output
     cfg, grid, n_blocks = _fused_grid(stack, device, gemm.act_scalar_type(input.dtype), moe_block_size, numel, cap,
                                       group, policy)
-    if gemm.programmatic_launches(device, policy.programmatic_launch):
-        _launch_fused_programmatic(cfg, grid, device, policy, (
-            input.data.ptr, w.qweight.data.ptr, output.data.ptr, w.scales.data.ptr,
-            0 if w.zeros is None else w.zeros.data.ptr, sorted_token_ids.data.ptr, expert_ids.data.ptr,
-            num_tokens_post_padded.data.ptr, 0 if topk_weights is None else topk_weights.data.ptr, n_blocks,
-            moe_block_size, numel, top_k, stack.n_per_expert, stack.k, lda, group, stack.num_experts),
-            rt.stream_handle(stream))
-        return output
-    kernel = get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes)
-    null = np.uint64(0)
-    with rt.cupy().cuda.Device(device):
-        kernel((grid,), (256,),
-               (input, w.qweight, output, w.scales, null if w.zeros is None else w.zeros, sorted_token_ids,
-                expert_ids, num_tokens_post_padded, null if topk_weights is None else topk_weights,
-                np.int32(n_blocks), np.int32(moe_block_size), np.int32(numel), np.int32(top_k),
-                np.int32(stack.n_per_expert), np.int32(stack.k), np.int32(lda), np.int32(group),
-                np.int32(stack.num_experts)),
-               shared_mem=cfg.smem_bytes, stream=rt.cupy_stream(rt.stream_handle(stream)))
+    _launch_fused_phase(cfg, grid, device, policy, (
+        input.data.ptr, w.qweight.data.ptr, output.data.ptr, w.scales.data.ptr,
+        0 if w.zeros is None else w.zeros.data.ptr, sorted_token_ids.data.ptr, expert_ids.data.ptr,
+        num_tokens_post_padded.data.ptr, 0 if topk_weights is None else topk_weights.data.ptr, n_blocks,
+        moe_block_size, numel, top_k, stack.n_per_expert, stack.k, lda, group, stack.num_experts),
+        rt.stream_handle(stream))
     return output
 
 
@@ -1019,31 +1001,44 @@ def _launch_smem(cfg: MoeConfig, device: int, policy: MoePolicy) -> int:
 _pinned_smem: dict[tuple[str, int, int], int] = {}  # (kernel, device, CTAs per SM) -> _launch_smem's answer
 
 
-def _launch_fused_programmatic(cfg: MoeConfig, grid: int, device: int, policy: MoePolicy, values: tuple,
-                               stream: int) -> None:
-    """One fused GEMM phase as a programmatic dependent launch (cuLaunchKernelEx) on checked arguments: ``values``
-    in the kernel's parameter order (PLAN_ARG_KINDS["marlin_moe"]: addresses, then int32 scalars). The launch
-    configuration and argument block are made once per (kernel, device, grid) and reused under a lock (~20 µs of
-    host time each to make)."""
-    key = (cfg.name_expression, device, grid, cfg.blocks_per_sm, policy.programmatic_pin_occupancy)
+def _launch_fused_phase(cfg: MoeConfig, grid: int, device: int, policy: MoePolicy, values: tuple,
+                        stream: int) -> None:
+    """One fused GEMM phase on checked arguments: ``values`` in the kernel's parameter order
+    (PLAN_ARG_KINDS["marlin_moe"]: addresses, then int32 scalars), launched programmatically (the policy's
+    programmatic_launch on sm_90+, shared memory pinned as the dense GEMM's) or plainly. The launch and argument
+    block are made once per (kernel, device, grid, form) and reused under a lock (making them costs tens of µs)."""
+    programmatic = gemm.programmatic_launches(device, policy.programmatic_launch)
+    key = (cfg.name_expression, device, grid, cfg.blocks_per_sm, programmatic,
+           programmatic and policy.programmatic_pin_occupancy)
     prepared = _phase_launches.get(key)
     if prepared is None:
         f = _moe_function_ptr(cfg.name_expression, device, cfg.smem_bytes)
-        launch = rt.Launch(f, grid, 256, _launch_smem(cfg, device, policy), programmatic=True)
-        if not launch.supported:  # no cuda-python driver bindings: a plain launch of the same arguments
-            launch = rt.Launch(f, grid, 256, cfg.smem_bytes)
+        launch = rt.Launch(f, grid, 256, cfg.smem_bytes)
+        if programmatic:
+            pinned = rt.Launch(f, grid, 256, _launch_smem(cfg, device, policy), programmatic=True)
+            launch = pinned if pinned.supported else launch  # (no cuda-python driver bindings: plain)
         prepared = (launch, rt.ArgBlock(PLAN_ARG_KINDS["marlin_moe"]), threading.Lock())
         if len(_phase_launches) >= _MAX_CACHED:
             _phase_launches.clear()
         _phase_launches[key] = prepared
     launch, args, lock = prepared
-    cupy = rt.cupy()
-    with cupy.cuda.Device(device), lock:
+    with rt.cupy().cuda.Device(device), lock:
         args.set(values)
         rt_launch.launch_kernel(launch, stream, args.address)
 
 
-# (kernel, device, grid, CTAs per SM, pinned) -> (launch, argument block, lock)
+def _launch_helper(name_expression: str, device: int, blocks: int, threads: int, values: tuple, stream) -> None:
+    """One launch of a marlin_moe.cu helper kernel (align, SiLU, sum, gather, bias; parameters PLAN_ARG_KINDS) on
+    checked arguments, through the runtime's launch call."""
+    kinds = PLAN_ARG_KINDS[name_expression.split("<")[0].removeprefix("mwb::")]
+    args = rt.ArgBlock(kinds)
+    args.set(values)
+    launch = rt.Launch(_moe_function_ptr(name_expression, device), blocks, threads, 0)
+    with rt.cupy().cuda.Device(device):
+        rt_launch.launch_kernel(launch, rt.stream_handle(stream), args.address)
+
+
+# (kernel, device, grid, CTAs per SM, programmatic, pinned) -> (launch, argument block, lock)
 _phase_launches: dict[tuple, tuple] = {}
 
 
@@ -1086,10 +1081,10 @@ def cached_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int
     return cfg
 
 
-# Parameter lists of the kernels the layer plans launch through cuLaunchKernel, 'p' = 64-bit address, 'i' = int32
+# Parameter lists of the marlin_moe.cu kernels (their argument blocks), 'p' = 64-bit address, 'i' = int32
 # (checked against kernels_cuda/marlin_moe.cu by tests/cpu/test_moe_plan.py).
 PLAN_ARG_KINDS = {"marlin_moe": "ppppppppp" + "iiiiiiiii", "moe_align": "piiippipp", "silu_and_mul": "ppii",
-                        "moe_sum": "ppppiiii"}
+                  "moe_sum": "ppppiiii", "gather_rows": "pppiii", "add_bias": "ppii"}
 
 
 def _moe_function_ptr(name_expression: str, device: int, smem_bytes: int = 0) -> int:

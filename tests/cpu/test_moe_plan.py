@@ -70,6 +70,13 @@ def named(driver, records):
     return out
 
 
+def take(driver):
+    """The launches recorded since the last take, named (and forgotten)."""
+    out = named(driver, driver.launches)
+    driver.launches.clear(), driver.programmatic.clear()
+    return out
+
+
 KINDS = ("moe_align", "marlin_moe", "silu_and_mul", "marlin_moe", "moe_sum")
 
 
@@ -102,8 +109,8 @@ def test_cached_call_launches_what_the_checked_call_launched(fake):
     cupy, driver = fake
     args = layer(m=3, top_k=2)
     out1 = call(args)
-    checked = named(driver, driver.cupy_calls)
-    assert not driver.launches and plans(args) == 1
+    checked = take(driver)  # (the checked path's five launches: the same runtime call as the plan's)
+    assert plans(args) == 1 and not cupy.state.memsets
     allocations = cupy.state.allocations
     out2 = call(args)
     cached = named(driver, driver.launches)
@@ -128,8 +135,9 @@ def test_cached_launches_follow_the_checked_path(fake, top_k, act):
     args = layer(m=5, top_k=top_k, act=act, experts=64 if top_k > 2 else E, zeros=top_k == 6, wt=S.U4
                  if top_k == 6 else S.U4B8)
     call(args)
+    checked = take(driver)
     call(args)
-    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), args)
+    check_same_launches(checked, named(driver, driver.launches), args)
 
 
 def test_expert_map_and_stream_and_block_size(fake):
@@ -137,11 +145,12 @@ def test_expert_map_and_stream_and_block_size(fake):
     args = layer(m=2, top_k=2)
     emap = FakeArray((16,), np.int32)
     for kw in (dict(expert_map=emap), dict(stream=0x7770), dict(block_size=32)):
-        driver.cupy_calls.clear(), driver.launches.clear()
+        driver.launches.clear()
         call(args, **kw)
+        checked = take(driver)
         call(args, **kw)
         full = dict(args, **kw)
-        checked, cached = named(driver, driver.cupy_calls), named(driver, driver.launches)
+        cached = named(driver, driver.launches)
         check_same_launches(checked, cached, full)
         if "stream" in kw:
             assert {c[3] for c in cached} == {0x7770}
@@ -189,15 +198,15 @@ def test_large_layers_allocate_intermediates_per_call(fake):
     args = layer(m=3, top_k=2)
     args["policy"] = dataclasses.replace(PLAIN_MOE_POLICY, plan_max_workspace_bytes=0)
     call(args)
+    checked = take(driver)
     allocations = cupy.state.allocations
     call(args)
     assert cupy.state.allocations == allocations + 7, "the output and the six intermediates"
-    first = named(driver, driver.launches)
-    check_same_launches(named(driver, driver.cupy_calls), first, args)
-    driver.launches.clear()
+    first = take(driver)
+    check_same_launches(checked, first, args)
     call(args)
     second = named(driver, driver.launches)
-    check_same_launches(named(driver, driver.cupy_calls), second, args)
+    check_same_launches(checked, second, args)
     assert first[1][4][2] != second[1][4][2], "fresh intermediates reach the kernels"
     assert cupy.state.memsets[-1][0] == second[3][4][2]
 
@@ -206,13 +215,14 @@ def test_new_addresses_reach_the_kernels(fake):
     _, driver = fake
     args = layer(m=4, top_k=2)
     call(args)
+    checked = take(driver)
     call(args)
     fresh = dict(args, hidden=FakeArray((4, HID), np.float16), topk_ids=FakeArray((4, 2), np.int32),
                  topk_weights=FakeArray((4, 2), np.float32))
     driver.launches.clear()
     call(fresh)
     assert plans(args) == 1
-    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), fresh, args)
+    check_same_launches(checked, named(driver, driver.launches), fresh, args)
 
 
 CHANGES = {
@@ -275,16 +285,18 @@ def test_replaced_stack_weight_is_not_served_a_stale_plan(fake):
     w13 = args["w13_stack"]
     # new arrays, same shapes: a new plan reads the new addresses
     w13.weight = stack(HID, 2 * INTER).weight
-    driver.cupy_calls.clear(), driver.launches.clear()
+    driver.launches.clear()
     call(args)
+    checked = take(driver)
     call(args)
-    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), args)
+    check_same_launches(checked, named(driver, driver.launches), args)
     # an array replaced inside the weight (same shape and dtype): its address reaches the kernel
     w13.weight.scales = FakeArray(w13.weight.scales.shape, np.float16)
-    driver.cupy_calls.clear(), driver.launches.clear()
+    driver.launches.clear()
     call(args)
+    checked = take(driver)
     call(args)
-    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), args)
+    check_same_launches(checked, named(driver, driver.launches), args)
     # a field changed: checked again
     w13.weight = stack(HID, 2 * INTER).weight
     call(args)
@@ -334,16 +346,18 @@ def test_config_cache_keys_on_arguments_and_policy():
 
 
 def test_no_plan_for_non_cupy_or_non_contiguous_arguments(fake):
-    _, driver = fake
+    cupy, driver = fake
     args = layer(m=2, top_k=2)
     ids = FakeArray((2, 2), np.int32, strides=(16, 4))  # rows 16 bytes apart: not contiguous
     with pytest.raises(AssertionError):  # the stand-in's ascontiguousarray only passes contiguous arrays through
         call(args, topk_ids=ids)
     assert not plans(args)
     no_plans = dataclasses.replace(PLAIN_MOE_POLICY, layer_plans=False)
+    driver.launches.clear()
     call(args, policy=no_plans)
     call(args, policy=no_plans)
-    assert not plans(args) and not driver.launches
+    # (a plan's run starts with its memset; the checked path launches its five kernels each time)
+    assert not plans(args) and not cupy.state.memsets and len(driver.launches) == 10
 
 
 @pytest.mark.parametrize("name", list(moe.PLAN_ARG_KINDS))
@@ -371,8 +385,8 @@ def test_programmatic_layer_launches_the_same_kernels(fake, monkeypatch):
     args = layer(m=3, top_k=2)
     args["policy"] = DEFAULT_MOE_POLICY  # (programmatic: the stand-in's own default is plain)
     call(args)
-    checked_gemms = [x for x in driver.launches]
-    assert len(checked_gemms) == 2 and driver.programmatic == [0, 1], "the checked path's two GEMMs"
+    checked_gemms = [x for x in driver.launches if "marlin_moe" in driver.moe_names[x[0]]]
+    assert len(checked_gemms) == 2 and driver.programmatic == [1, 3], "the checked path's two GEMMs"
     driver.launches.clear(), driver.programmatic.clear()
     call(args)
     assert driver.programmatic == [0, 1, 2, 3, 4]
@@ -382,10 +396,10 @@ def test_programmatic_layer_launches_the_same_kernels(fake, monkeypatch):
     with installed() as (_, plain):
         plain_args = layer(m=3, top_k=2)
         call(plain_args)
-        checked_plain = named(plain, plain.cupy_calls)
+        checked_plain = take(plain)
         call(plain_args)
         reference = plain.launches
-    # the checked path's GEMMs: the values of its plain CuPy calls (but the addresses) and the pinned memory
+    # the checked path's GEMMs: the values of its plain launches (but the addresses) and the pinned memory
     for got, want in zip(named(driver, checked_gemms), [c for c in checked_plain if "marlin_moe" in c[0]],
                          strict=True):
         assert (got[0], got[1], got[2], got[4][9:]) == (want[0], want[1], want[2] + 128, want[4][9:])
