@@ -693,7 +693,7 @@ class PreparedLaunch:
         # (8,) u64 addresses then (14,) i32 scalars: mwb::marlin_gemm's parameter list (KERNEL_ARG_KINDS, checked
         # against the source by tests/cpu)
         self._args = rt.ArgBlock(KERNEL_ARG_KINDS["marlin_gemm"])
-        self._ptrs, self._ints = self._args.ptrs, self._args.ints
+        self._ptrs, self._ints, self._args_address = self._args.ptrs, self._args.ints, self._args.address
         self._ints[:] = self._kernel_ints()
         # permute_cols(A, perm, out, prob_m, prob_k, lda): (3,) u64 + (3,) i32
         self._perm_args = rt.ArgBlock(KERNEL_ARG_KINDS["permute_cols"])
@@ -777,7 +777,7 @@ class PreparedLaunch:
             p = self._ptrs
             p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7] = (a, b, c, c_tmp, scales, zero_points, group_index,
                                                               workspace)
-            launch(self._main, stream, self._args.address)
+            launch(self._main, stream, self._args_address)
 
     def _launch_cupy(self, a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
                      stream):
@@ -1112,12 +1112,11 @@ class _ArrayPlan:
 
 
 _array_plans: dict[tuple, _ArrayPlan] = {}
-def _meta(x, array_types):
-    """(shape, strides, dtype) of an optional CuPy array or DeviceArray view, None for None; _SLOW for anything
-    else."""
+def _meta(x, array_type):
+    """(shape, strides, dtype) of an optional array of ``array_type``, None for None; _SLOW for anything else."""
     if x is None:
         return None
-    if type(x) not in array_types:
+    if type(x) is not array_type:
         return _SLOW
     return x.shape, x.strides, x.dtype
 
@@ -1132,8 +1131,12 @@ def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type
     policy that chose the plan, or None
     when an input is not of the cached kind (then every check runs). Exact types for the ints: 1.0, True and
     np.int64(1) compare equal to 1 but are checked differently."""
-    nd = (rt_arrays.cupy_array_type(), rt.DeviceArray)  # (views of other frameworks' arrays: _through_views)
-    if (type(a) not in nd or type(b_q_weight) not in nd or type(b_scales) not in nd or type(workspace) not in nd
+    nd = rt_arrays.cupy_array_type()
+    if type(a) is not nd:
+        if type(a) is not rt.DeviceArray:
+            return None
+        nd = rt.DeviceArray  # (views of another framework's arrays, every one of them: _through_views)
+    if (type(b_q_weight) is not nd or type(b_scales) is not nd or type(workspace) is not nd
             or type(size_m) is not int or type(size_n) is not int or type(size_k) is not int or type(sms) is not int
             or type(is_k_full) not in _FLAG_TYPES or type(use_atomic_add) not in _FLAG_TYPES
             or type(use_fp32_reduce) not in _FLAG_TYPES or type(deterministic) not in _FLAG_TYPES
@@ -1146,7 +1149,7 @@ def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type
     return (a.shape, a.strides, a.dtype, a.data.device_id, b_q_weight.shape, b_q_weight.strides, b_q_weight.dtype,
             b_scales.shape, b_scales.strides, b_scales.dtype, workspace.shape, workspace.dtype, optional, b_q_type,
             size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add), bool(use_fp32_reduce),
-            bool(deterministic), sms, policy)
+            bool(deterministic), sms, policy.token)
 
 
 def _address_on(x, device: int, name: str) -> int:

@@ -577,7 +577,7 @@ class MarlinExpertStack:
         lane_ptrs = [s.ptr for s in lanes]
         n_lanes = len(lanes)
         plans = self._plans
-        layout = (input.strides, output.strides, input.dtype, device, sms, gemm_policy)
+        layout = (input.strides, output.strides, input.dtype, device, sms, gemm_policy.token)
         for i, (e, r_in, r_out, m) in enumerate(work):
             lane = i % n_lanes
             prepared = plans.get((m,) + layout)
@@ -1253,7 +1253,7 @@ def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, 
             return None
     stream_ptr = rt.stream_handle(stream)  # after the type checks: no CUDA call for host arrays
     # kept in w13's _fused_plans; a plan holds w2, so id(w2) is not reused while the plan lives
-    key = (id(w2),) + keys + (type(block_size), block_size, emap, stream_ptr, policy)
+    key = (id(w2),) + keys + (type(block_size), block_size, emap, stream_ptr, policy.token)
     try:
         hash(key)
     except TypeError:  # an unhashable block_size: the checked path

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 import warnings
 from typing import Any
@@ -37,8 +38,13 @@ def lookup(table: tuple, key, default=None):
     return default
 
 
+_tokens: dict = {}  # policy value -> its token
+_next_token = itertools.count()
+
+
 class _Hashed:
-    """A frozen dataclass whose hash is computed once (plan caches hash the policy on every call)."""
+    """A frozen dataclass whose hash is computed once, with ``token``: a small int that equal policies share, for
+    plan caches that key on the policy on every call (an int hashes in C, a dataclass in Python)."""
 
     def __hash__(self) -> int:
         return self._hash
@@ -46,6 +52,10 @@ class _Hashed:
     @functools.cached_property
     def _hash(self) -> int:  # (cached_property writes the instance dict directly: allowed on frozen dataclasses)
         return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
+    @functools.cached_property
+    def token(self) -> int:
+        return _tokens.setdefault(self, next(_next_token))
 
 
 @dataclasses.dataclass(frozen=True, eq=True)

@@ -361,3 +361,10 @@ def test_old_environment_variables_warn_and_set_the_default_policy(name, field):
             "assert policy.DEFAULT_MOE_POLICY.gemm is policy.DEFAULT_GEMM_POLICY\n")
     env = dict(os.environ, **{name: "0"})
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_equal_policies_share_a_token_and_others_do_not():
+    """The plan caches key on ``policy.token``: one per policy value."""
+    a, b = replaced(align_slices=False), replaced(align_slices=False)
+    assert a.token == b.token != DEFAULT_GEMM_POLICY.token
+    assert replaced(swap_max_m=0).token not in (a.token, DEFAULT_GEMM_POLICY.token)
