@@ -6,7 +6,8 @@ framework, one compile path, one argument-block builder, one launch call.
 * ``streams``: a raw stream handle from an int, a CuPy / Numba / PyTorch stream or any ``__cuda_stream__`` object;
   ``None`` is the current stream of the framework the inputs came from.
 * ``compile``: a kernel source with its local headers inlined, compiled once per process and device (NVRTC through
-  CuPy; the compiled cubins live in CuPy's on-disk kernel cache, ``CUPY_CACHE_DIR``).
+  CuPy; the compiled cubins live in CuPy's on-disk kernel cache, ``CUPY_CACHE_DIR``, keyed by source, NVRTC
+  version, options and architecture).
 * ``launch``: ``ArgBlock`` (a kernel's parameters as one reusable block) and ``Launch`` (a prepared launch whose
   programmatic-dependent and cluster forms are attributes), launched through ``cuda.bindings``'s cuLaunchKernelEx.
 

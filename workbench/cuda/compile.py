@@ -2,8 +2,9 @@
 NVRTC through CuPy's RawModule for the device's architecture, once per process and (instantiation, device).
 
 On disk, the cubins live in CuPy's kernel cache (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``): CuPy names
-each file by a hash of the source, the NVRTC version, the options and the target architecture, and writes it
-through a temporary file renamed into place, so concurrent processes share it safely.
+each file by a hash of the source, the NVRTC version, the options, the target architecture and the name
+expressions (read in CuPy 14.2's compiler). Whether its write is atomic across processes is CuPy's to guarantee
+(its cache files carry a hash of their content that a reader checks); a cache of our own would sit here.
 """
 from __future__ import annotations
 
