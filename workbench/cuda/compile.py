@@ -3,8 +3,9 @@ NVRTC through CuPy's RawModule for the device's architecture, once per process a
 
 On disk, the cubins live in CuPy's kernel cache (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``): CuPy names
 each file by a hash of the source, the NVRTC version, the options, the target architecture and the name
-expressions (read in CuPy 14.2's compiler). Whether its write is atomic across processes is CuPy's to guarantee
-(its cache files carry a hash of their content that a reader checks); a cache of our own would sit here.
+expressions (read in CuPy 14.2's compiler). Whether its write is safe across processes is CuPy's to guarantee
+(earlier CuPy versions write through a temporary file and a rename, with a content hash a reader checks; 14.2's
+write was not read); a cache of our own would sit here.
 """
 from __future__ import annotations
 
