@@ -1,41 +1,42 @@
 """A/B timing of the Marlin GEMM against a previous version of itself, in one run, with the baselines beside it.
 
     python bench/ab_gemm.py --out DIR --old-dir OLD [--m 1,4,16,64] [--shapes 4096x4096,...] [--labels u4b8,...]
-                            [--variants new,old,new-striped]
+                            [--variants new,old,new-striped] [--repeats 5]
 
 OLD holds a previous commit's ``workbench/gemm.py`` and ``kernels_cuda/{marlin_gemm.cu,*.cuh}``
 (e.g. ``git show REV:path > OLD/name``); it is loaded as a second module with its own kernels, so both versions
-are timed on the same weights, in the same process, interleaved cell by cell. Variants:
+are timed on the same weights, in the same process, interleaved cell by cell (--repeats N: N timings per variant
+and cell, interleaved variant by variant; the median is reported, with the range). Variants:
   new         workbench.gemm as checked out
   old         OLD
-  new-striped workbench.gemm with the striped grid of every block count <= #SMs (ALIGN_SLICES off: blocks may
+  new-striped workbench.gemm with the striped grid of every block count <= #SMs (align_slices off: blocks may
               straddle two slices), to tell the kernel change from the slice-aligned grid
   new-legacy  workbench.gemm with the fbd47ed blocks-per-SM rule (two blocks for every M <= 16 kernel)
-  new-noswap  workbench.gemm without the operand swap for M <= 8 (SWAP_MAX_M = 0)
-  new-swap16  workbench.gemm with the operand swap's 16-row form for M = 9..16 too (SWAP_MAX_M = 16; the swap
+  new-noswap  workbench.gemm without the operand swap for M <= 8 (swap_max_m = 0)
+  new-swap16  workbench.gemm with the operand swap's 16-row form for M = 9..16 too (swap_max_m = 16; the swap
               policies of M <= 8 then apply to M <= 16)
-  new-nocluster workbench.gemm with the slice sums in global memory everywhere (CLUSTER_SUMS = False: no
+  new-nocluster workbench.gemm with the slice sums in global memory everywhere (cluster_sums = False: no
               thread-block clusters on sm_90; the same tiles and grids, the pair policy's included)
-  new-plain   workbench.gemm with plain launches (PROGRAMMATIC_LAUNCH = False: no programmatic dependent launch on
-              sm_90; the same kernels, which then never wait); new-programmatic: with them (PROGRAMMATIC_LAUNCH = True);
+  new-plain   workbench.gemm with plain launches (programmatic_launch = False: no programmatic dependent launch on
+              sm_90; the same kernels, which then never wait); new-programmatic: with them (programmatic_launch = True);
               new-programmatic-nocluster: with them and the slice sums in global memory (no cluster launches);
-              new-programmatic-unpinned: with them, the launch's shared memory as planned (PROGRAMMATIC_PIN_OCCUPANCY
+              new-programmatic-unpinned: with them, the launch's shared memory as planned (programmatic_pin_occupancy
               off: as many blocks per SM as fit)
-  old-plain   OLD with plain launches (its PROGRAMMATIC_LAUNCH off), beside new-plain
-  new-no8bitpairs workbench.gemm without the 8-bit two-block pairs at M = 9..16 (PAIR_TWO_BLOCK_EIGHT_BIT_ROWS off)
+  new-no8bitpairs workbench.gemm without the 8-bit two-block pairs at M = 9..16 (pair_two_block_eight_bit_rows off)
   new-noswapaligned workbench.gemm with swapped two-block kernels kept off longer slice-aligned grids
-              (ALIGNED_SWAP_TWO_BLOCKS off: the striped grid, as before round 14)
-  new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (TWO_BLOCKS_WEIGHT_BITS = (4, 8)): a
+              (aligned_swap_two_blocks off: the striped grid, as before round 14)
+  new-8bit2   workbench.gemm with two blocks per SM for 8-bit weights too (two_blocks_weight_bits = (4, 8)): a
               different configuration, so its bits may differ from old's (another K split)
   new-oldpolicy workbench.gemm's kernels with the policy before round 6 (OLD_POLICY: 8 stages first for M <= 16,
               the (2, 4) tile first for 8-bit, aligned grids only when no longer than the striped one)
   new-r16pairs workbench.gemm with round 16's pair rules (long one-block pairs for fp16 without zero points only,
-              two-block pairs for fp16 only: PAIR_LONG_ACTS, PAIR_LONG_ZERO_POINTS, TWO_BLOCK_PAIR_ACTS); r17b timed
+              two-block pairs for fp16 only: pair_long_acts, pair_long_zero_points, two_block_pair_acts); r17b timed
               round 17's rules as variants of round 16's (new-longpairs, new-bf16two)
   new-norowswide workbench.gemm without round 18's 512 x 128 tile for 4-bit rows-layout kernels at M = 9..16
-              (ROWS_WIDE_FIRST off)
-  new-stages4 workbench.gemm with 4 stages first for one-block 4-bit kernels outside pairs (ONE_M_BLOCK_STAGES[4];
+              (rows_wide_first off)
+  new-stages4 workbench.gemm with 4 stages first for one-block 4-bit kernels outside pairs (one_m_block_stages[4];
               A/B r17b: not taken)
+Each variant is a GemmPolicy (workbench.policy) passed to the calls: dataclasses.replace of the default.
 Method as bench/bench_gemm.py (CUDA graphs over rotated inputs > 3 x L2). Also records max |new - old| / max |old|
 per cell (same inputs) and whether the outputs are bitwise equal (bits_equal_old: what a change that keeps the
 summation order must give); correctness itself is tests/gpu's job.
@@ -44,6 +45,7 @@ Writes DIR/ab_<gpu>.json after every layer.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.util
 import json
@@ -57,14 +59,23 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from bench_gemm import (OURS, SHAPES, LAUNCHES_PER_GRAPH, copies_for, device_summary,  # noqa: E402
-                        forget_plans, random_weight, time_cupy_graph, time_torch_graph, weight_bytes)
+                        random_weight, time_cupy_graph, time_torch_graph, weight_bytes)
 from sweep_gemm import swap_text  # noqa: E402
 from workbench import gemm  # noqa: E402
+from workbench.policy import DEFAULT_GEMM_POLICY, GemmPolicy  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
 
 LEGACY_LABELS = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
-# workbench.gemm's policy constants before round 6's sweep (variant new-oldpolicy; tests/cpu pins what they choose)
-OLD_POLICY = gemm.PRE_R6_POLICY
+DEFAULT = DEFAULT_GEMM_POLICY
+# workbench.gemm's policy before round 6's sweep (variant new-oldpolicy; tests/cpu pins what it chooses): 8 stages
+# first for M <= 16, the (2, 4) tile first for 8-bit, aligned grids only when no longer than the striped one
+OLD_POLICY = dataclasses.replace(
+    DEFAULT, one_m_block_stages=((4, (8, 6, 4)), (8, (8, 6, 4))),
+    eight_bit_one_m_block_shapes=DEFAULT.small_m_shapes, aligned_max_longer=1.0, aligned_max_longer_swap=1.0,
+    two_blocks_min_steps_swap=DEFAULT.two_blocks_min_steps, rows_wide_first=False)
+# the previous blocks-per-SM rule (two blocks per SM for every one-m16-block kernel)
+LEGACY_POLICY = dataclasses.replace(DEFAULT, two_blocks_weight_bits=(4, 8), two_blocks_min_steps=0,
+                                    two_blocks_min_steps_swap=0)
 
 
 def load_old(old_dir: pathlib.Path, module_name: str = "gemm_old"):
@@ -78,66 +89,30 @@ def load_old(old_dir: pathlib.Path, module_name: str = "gemm_old"):
     return mod
 
 
-class Striped:
-    """Context: workbench.gemm with the striped grid only (no slice-aligned grids)."""
-
-    def __enter__(self):
-        self.saved = gemm.ALIGN_SLICES
-        gemm.ALIGN_SLICES = False
-        forget_plans()
-
-    def __exit__(self, *exc):
-        gemm.ALIGN_SLICES = self.saved
-        forget_plans()
+def variant(**fields) -> GemmPolicy:
+    """The default policy with some fields replaced (e.g. swap_max_m=0)."""
+    return dataclasses.replace(DEFAULT, **fields)
 
 
-class Legacy:
-    """Context: workbench.gemm with the previous rule (two blocks per SM for every one-m16-block kernel)."""
-
-    def __enter__(self):
-        self.saved = gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS, gemm.TWO_BLOCKS_MIN_STEPS_SWAP
-        gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS, gemm.TWO_BLOCKS_MIN_STEPS_SWAP = (4, 8), 0, 0
-        forget_plans()
-
-    def __exit__(self, *exc):
-        gemm.TWO_BLOCKS_WEIGHT_BITS, gemm.TWO_BLOCKS_MIN_STEPS, gemm.TWO_BLOCKS_MIN_STEPS_SWAP = self.saved
-        forget_plans()
+def policy_kw(mod, policy) -> dict:
+    """The keyword a call of ``mod`` takes for ``policy``: none for OLD modules of a tree before policies (their
+    variants are their own defaults)."""
+    return {} if policy is None else {"policy": policy}
 
 
-class Setting:
-    """Context: a gemm module (workbench.gemm unless `module` is given) with some module switches set (e.g.
-    SWAP_MAX_M = 0)."""
-
-    def __init__(self, module=None, **values):
-        self.mod, self.values = module or gemm, values
-
-    def __call__(self):
-        return self
-
-    def __enter__(self):
-        self.saved = {k: getattr(self.mod, k) for k in self.values}
-        for k, v in self.values.items():
-            setattr(self.mod, k, v)
-        forget_plans(self.mod)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(self.mod, k, v)
-        forget_plans(self.mod)
-
-
-def launched_plan(mod, cfg, m: int, n: int, k: int) -> dict:
+def launched_plan(mod, cfg, m: int, n: int, k: int, policy=None) -> dict:
     """What the last plan of this shape and types launched: its kernel (cluster size included), the blocks per SM
     that fit its shared memory as planned, and the shared memory it launches with (pinned for programmatic launches:
-    gemm.PROGRAMMATIC_PIN_OCCUPANCY)."""
+    GemmPolicy.programmatic_pin_occupancy)."""
     plans = [p for p in mod._prepared.values() if (p.m, p.n, p.k, p.cfg.act, p.cfg.weight) == (m, n, k, cfg.act,
-                                                                                             cfg.weight)]
+                                                                                             cfg.weight)
+             and getattr(p, "policy", None) in (None, policy)]
     if not plans:
         return {}
     p = plans[-1]
     return dict(cluster=p.cfg.cluster, resident=mod.resident_blocks(p.cfg.name_expression, 0), smem=p.smem,
                 launch_smem=getattr(p, "launch_smem", p.smem),
-                programmatic=getattr(p, "_programmatic", None) is not None)
+                programmatic=bool(getattr(p, "programmatic", getattr(p, "_programmatic", None) is not None)))
 
 
 def main(argv=None) -> int:
@@ -149,9 +124,9 @@ def main(argv=None) -> int:
     parser.add_argument("--labels", default="", help="substrings of bench_gemm OURS labels (default: all)")
     parser.add_argument("--variants", default="new,old,new-legacy")
     parser.add_argument("--no-tinygemm", action="store_true", help="skip tinygemm (cuBLAS fp16 is always timed)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="timings per variant and cell, interleaved variant by variant (the median is reported)")
     args = parser.parse_args(argv)
-    import contextlib
-
     import cupy as cp
     import ml_dtypes
     import torch
@@ -161,26 +136,25 @@ def main(argv=None) -> int:
     gpu, sms, l2, copy_gbs = device_summary(cp)
     dtypes = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
     m_values = tuple(int(x) for x in args.m.split(","))
-    all_variants = {"new": (gemm, contextlib.nullcontext), "old": (old, contextlib.nullcontext),
-                    "new-striped": (gemm, Striped), "new-legacy": (gemm, Legacy),
-                    "new-noswap": (gemm, Setting(SWAP_MAX_M=0)),
-                    "new-swap16": (gemm, Setting(SWAP_MAX_M=16)),
-                    "new-nocluster": (gemm, Setting(CLUSTER_SUMS=False)),
-                    "new-plain": (gemm, Setting(PROGRAMMATIC_LAUNCH=False)),
-                    "old-plain": (old, Setting(old, PROGRAMMATIC_LAUNCH=False)),
-                    "new-programmatic": (gemm, Setting(PROGRAMMATIC_LAUNCH=True)),
-                    "new-programmatic-nocluster": (gemm, Setting(PROGRAMMATIC_LAUNCH=True, CLUSTER_SUMS=False)),
-                    "new-programmatic-unpinned": (gemm, Setting(PROGRAMMATIC_LAUNCH=True,
-                                                                PROGRAMMATIC_PIN_OCCUPANCY=False)),
-                    "new-8bit2": (gemm, Setting(TWO_BLOCKS_WEIGHT_BITS=(4, 8))),
-                    "new-no8bitpairs": (gemm, Setting(PAIR_TWO_BLOCK_EIGHT_BIT_ROWS=False)),
-                    "new-noswapaligned": (gemm, Setting(ALIGNED_SWAP_TWO_BLOCKS=False)),
-                    "new-oldpolicy": (gemm, Setting(**OLD_POLICY)),
-                    "new-r16pairs": (gemm, Setting(PAIR_LONG_ACTS=(S.F16,), PAIR_LONG_ZERO_POINTS=False,
-                                                   TWO_BLOCK_PAIR_ACTS=(S.F16,), ROWS_WIDE_FIRST=False)),
-                    "new-norowswide": (gemm, Setting(ROWS_WIDE_FIRST=False)),
-                    "new-stages4": (gemm, Setting(ONE_M_BLOCK_STAGES={4: (4, 6, 8),
-                                                                      8: gemm.ONE_M_BLOCK_STAGES[8]}))}
+    all_variants = {"new": (gemm, DEFAULT), "old": (old, None),
+                    "new-striped": (gemm, variant(align_slices=False)), "new-legacy": (gemm, LEGACY_POLICY),
+                    "new-noswap": (gemm, variant(swap_max_m=0)),
+                    "new-swap16": (gemm, variant(swap_max_m=16)),
+                    "new-nocluster": (gemm, variant(cluster_sums=False)),
+                    "new-plain": (gemm, variant(programmatic_launch=False)),
+                    "new-programmatic": (gemm, variant(programmatic_launch=True)),
+                    "new-programmatic-nocluster": (gemm, variant(programmatic_launch=True, cluster_sums=False)),
+                    "new-programmatic-unpinned": (gemm, variant(programmatic_launch=True,
+                                                                programmatic_pin_occupancy=False)),
+                    "new-8bit2": (gemm, variant(two_blocks_weight_bits=(4, 8))),
+                    "new-no8bitpairs": (gemm, variant(pair_two_block_eight_bit_rows=False)),
+                    "new-noswapaligned": (gemm, variant(aligned_swap_two_blocks=False)),
+                    "new-oldpolicy": (gemm, OLD_POLICY),
+                    "new-r16pairs": (gemm, variant(pair_long_acts=(S.F16,), pair_long_zero_points=False,
+                                                   two_block_pair_acts=(S.F16,), rows_wide_first=False)),
+                    "new-norowswide": (gemm, variant(rows_wide_first=False)),
+                    "new-stages4": (gemm, variant(one_m_block_stages=((4, (4, 6, 8)),
+                                                                      (8, DEFAULT.one_block_stages(8)))))}
     names = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(names) - set(all_variants))
     if unknown or "old" not in names:
@@ -197,10 +171,10 @@ def main(argv=None) -> int:
     for k, n in shapes:
         for m in m_values:
             for label, wt, gs, dt in ours_rows:
-                for name, (mod, ctx) in variants.items():
+                for name, (mod, policy) in variants.items():
                     if wanted(name, label):
-                        with ctx():
-                            todo[name].append(mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False))
+                        todo[name].append(mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False,
+                                                         **policy_kw(mod, policy)))
     for mod in {id(m): m for m, _ in variants.values()}.values():  # the "new-*" / "old-*" variants share kernels
         mod_todo = [cfg for name, (m, _) in variants.items() if m is mod for cfg in todo[name]]
         mod.precompile(mod_todo, workers=16)
@@ -247,26 +221,34 @@ def main(argv=None) -> int:
             for label, wt, gs, dt in ours_rows:
                 ws_list = ours[label]
                 a = [cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(dtypes[dt])) for _ in range(2)]
-                outs = {}
-                for name, (mod, ctx) in variants.items():
+                outs, timed = {}, {}
+                for name, (mod, policy) in variants.items():
                     if not wanted(name, label):
                         continue
                     c = cp.empty((m, n), dtype=dtypes[dt])
                     work = cp.zeros(mod.workspace_numel(sms), dtype=np.int32)
                     c_tmp = cp.empty(mod.c_tmp_numel(sms), dtype=np.float32)
-                    with ctx():
-                        cfg = mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False)
-                        launches = [(lambda s, i=i, mod=mod, c=c, work=work, c_tmp=c_tmp: mod.marlin_gemm(
-                            a[i % 2], ws_list[i % len(ws_list)], c=c, workspace=work, c_tmp=c_tmp, stream=s))
-                            for i in range(LAUNCHES_PER_GRAPH)]
-                        us = time_cupy_graph(cp, launches)
-                        mod.marlin_gemm(a[0], ws_list[0], c=c, workspace=work, c_tmp=c_tmp)
-                        grid = mod.grid_blocks(cfg, m, n, k, sms)  # (as planned; fewer if fewer are resident)
-                        plan = launched_plan(mod, cfg, m, n, k)
+                    kw = policy_kw(mod, policy)
+                    cfg = mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False, **kw)
+                    launches = [(lambda s, i=i, mod=mod, c=c, work=work, c_tmp=c_tmp, kw=kw: mod.marlin_gemm(
+                        a[i % 2], ws_list[i % len(ws_list)], c=c, workspace=work, c_tmp=c_tmp, stream=s, **kw))
+                        for i in range(LAUNCHES_PER_GRAPH)]
+                    us = [time_cupy_graph(cp, launches)]
+                    grid = mod.grid_blocks(cfg, m, n, k, sms, **kw)  # (as planned; fewer if fewer are resident)
+                    plan = launched_plan(mod, cfg, m, n, k, policy)
+                    timed[name] = (us, launches, mod, cfg, grid, plan, c, lambda c=c, work=work, c_tmp=c_tmp, mod=mod,
+                                   kw=kw: mod.marlin_gemm(a[0], ws_list[0], c=c, workspace=work, c_tmp=c_tmp, **kw))
+                for _ in range(args.repeats - 1):  # further rounds, interleaved variant by variant
+                    for name, (us, launches, *_) in timed.items():
+                        us.append(time_cupy_graph(cp, launches))
+                for name, (us, launches, mod, cfg, grid, plan, c, once) in timed.items():
+                    spread = (round(min(us), 3), round(max(us), 3))
+                    us = float(np.median(us))
+                    once()  # the output compared below: one call on the first inputs
                     outs[name] = cp.asnumpy(c)
                     record(f"{label} [{name}]", us, weight_bytes(k, n, wt, gs) + base, fp16_us,
                            config=f"{cfg.n_tiles},{cfg.k_warp},{cfg.stages},b{cfg.blocks_per_sm}"
-                           + swap_text(cfg), grid=grid,
+                           + swap_text(cfg), grid=grid, us_range=spread,
                            **plan)
                 ref = outs["old"].astype(np.float32)
                 scale = float(np.max(np.abs(ref))) or 1.0

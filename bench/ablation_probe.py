@@ -11,8 +11,8 @@ cell; bench_gemm.py's method (CUDA graph of 20 launches over inputs rotated thro
 Reading the result: T(nowait_nobar) is what the loop costs if no load latency were ever exposed (issue-bound time);
 T(nocompute) what the fetch pipeline and slice finishing cost alone; T(noB) the compute with no weight traffic.
 --write-moe-variant NAME DIR writes the fused MoE kernel with a part taken out, for bench_moe.py --ab-old DIR.
---grids policy,striped,aligned times each variant on the library's grid, on the striped split only (ALIGN_SLICES
-off) and on the slice-aligned grid wherever the slices fit (ALIGNED_EXTRA_STEPS huge).
+--grids policy,striped,aligned times each variant on the library's grid, on the striped split only (align_slices
+off) and on the slice-aligned grid wherever the slices fit (aligned_extra_steps huge), as GemmPolicy values.
 Writes DIR/ablation_<gpu>.json after every cell.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_gemm import (OURS, LAUNCHES_PER_GRAPH, copies_for, device_summary, random_weight,  # noqa: E402
                         time_cupy_graph, weight_bytes)
-from ab_gemm import Setting, load_old  # noqa: E402
+from ab_gemm import load_old, variant  # noqa: E402
 from workbench import gemm  # noqa: E402
 
 _BARRIER = "    stage_barrier();  // the compute slot is visible to its readers; the slot fetched below was released by them\n"
@@ -187,7 +187,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="ablation_"))
     mods = {name: variant_module(name, VARIANTS[name], tmp) for name in names}
-    grid_settings = {"policy": {}, "striped": {"ALIGN_SLICES": False}, "aligned": {"ALIGNED_EXTRA_STEPS": 10**9}}
+    grid_settings = {"policy": variant(), "striped": variant(align_slices=False),
+                     "aligned": variant(aligned_extra_steps=10**9)}
     grids = [g for g in args.grids.split(",") if g]
     if set(grids) - set(grid_settings):
         parser.error(f"--grids: one of {sorted(grid_settings)}")
@@ -214,16 +215,16 @@ def main(argv=None) -> int:
         base_us = None
         for name, mod in mods.items():
             for gkind in grids:
-                with Setting(mod, **grid_settings[gkind]):
-                    c = cp.empty((m, n), dtype=dtypes[dt])
-                    work = cp.zeros(mod.workspace_numel(sms), dtype=np.int32)
-                    c_tmp = cp.empty(mod.c_tmp_numel(sms), dtype=np.float32)
-                    cfg = mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False)
-                    launches = [(lambda s, i=i, mod=mod, c=c, work=work, c_tmp=c_tmp: mod.marlin_gemm(
-                        a[i % 2], ws[i % len(ws)], c=c, workspace=work, c_tmp=c_tmp, stream=s))
-                        for i in range(LAUNCHES_PER_GRAPH)]
-                    us = time_cupy_graph(cp, launches)
-                    grid = mod.grid_blocks(cfg, m, n, k, sms)
+                policy = grid_settings[gkind]
+                c = cp.empty((m, n), dtype=dtypes[dt])
+                work = cp.zeros(mod.workspace_numel(sms), dtype=np.int32)
+                c_tmp = cp.empty(mod.c_tmp_numel(sms), dtype=np.float32)
+                cfg = mod.config_for(gemm.act_scalar_type(dtypes[dt]), wt, m, n, k, gs, False, policy=policy)
+                launches = [(lambda s, i=i, mod=mod, c=c, work=work, c_tmp=c_tmp: mod.marlin_gemm(
+                    a[i % 2], ws[i % len(ws)], c=c, workspace=work, c_tmp=c_tmp, stream=s, policy=policy))
+                    for i in range(LAUNCHES_PER_GRAPH)]
+                us = time_cupy_graph(cp, launches)
+                grid = mod.grid_blocks(cfg, m, n, k, sms, policy=policy)
                 base_us = us if base_us is None else base_us
                 gbs = (weight_bytes(k, n, wt, gs) + m * k * 2 + m * n * 2) / (us * 1e-6) / 1e9
                 row = dict(k=k, n=n, m=m, label=label, variant=name, grid_kind=gkind, us=round(us, 3),

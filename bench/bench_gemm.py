@@ -7,7 +7,7 @@ Method
 * Each measurement is a CUDA graph of R launches that cycle through enough copies of the inputs (weights,
   activations, scales) to exceed 3x the L2 cache, so every launch reads its weights from HBM; the graph removes
   Python launch overhead. Time = device events around graph replays / R.
-* On sm_90 ours launch as programmatic dependent launches (workbench/gemm.py PROGRAMMATIC_LAUNCH): each launch in a
+* On sm_90 ours launch as programmatic dependent launches (GemmPolicy.programmatic_launch): each launch in a
   graph may start while the one before finishes. PLAIN_TOO's types are timed again with plain launches.
 * Weights for timing are random words (speed does not depend on their values); correctness is tests/gpu's job.
 * Bytes the kernel must move = weights + scales (+ zero points) + A + C. Effective GB/s = those bytes / time;
@@ -17,8 +17,8 @@ Writes DIR/gemm_<gpu>.json, DIR/gemm_<gpu>.csv and DIR/gemm_<gpu>.md (the table 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
+import dataclasses
 import datetime
 import json
 import math
@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from workbench import gemm  # noqa: E402
+from workbench.policy import DEFAULT_GEMM_POLICY, DEFAULT_MOE_POLICY  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
 
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -45,7 +46,7 @@ OURS = (
 )
 # Timed a second time with plain launches where ours launch programmatically (sm_90): a GEMM's programmatic launch
 # gains only after a kernel that lets it start early, as the GEMM before it in these graphs does; in a model the
-# kernel before is often one that does not (workbench/gemm.py PROGRAMMATIC_LAUNCH), so both are reported.
+# kernel before is often one that does not (GemmPolicy.programmatic_launch), so both are reported.
 PLAIN_TOO = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
 L2_MULTIPLE = 3
 LAUNCHES_PER_GRAPH = 20
@@ -56,25 +57,9 @@ def l2_bytes(cp) -> int:
     return int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["l2CacheSize"])
 
 
-def forget_plans(mod=gemm):
-    """Drop a gemm module's cached launch plans: they are keyed by shapes and flags, not by the module switches
-    (PROGRAMMATIC_LAUNCH, the policy constants) that the benches flip, so a plan made under one setting would
-    otherwise launch as that setting for another."""
-    mod._array_plans.clear()
-    mod._prepared.clear()
-
-
-@contextlib.contextmanager
-def plain_launches(mod=gemm):
-    """Ours launched with cuLaunchKernel inside the block (no programmatic dependent launch)."""
-    saved = mod.PROGRAMMATIC_LAUNCH
-    mod.PROGRAMMATIC_LAUNCH = False
-    forget_plans(mod)
-    try:
-        yield
-    finally:
-        mod.PROGRAMMATIC_LAUNCH = saved
-        forget_plans(mod)
+# ours with plain launches (no programmatic dependent launch), beside the default's on sm_90
+PLAIN_POLICY = dataclasses.replace(DEFAULT_GEMM_POLICY, programmatic_launch=False)
+PLAIN_MOE_POLICY = dataclasses.replace(DEFAULT_MOE_POLICY, programmatic_launch=False, gemm=PLAIN_POLICY)
 
 
 def device_summary(cp):
@@ -294,14 +279,14 @@ def main(argv=None) -> int:
                 c = cp.empty((m, n), dtype=dtypes[dt])
                 work = cp.zeros(gemm.workspace_numel(sms), dtype=np.int32)
                 c_tmp = cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32)
-                launches = [(lambda s, i=i: gemm.marlin_gemm(a[i % 2], ws_list[i % len(ws_list)], c=c,
-                                                             workspace=work, c_tmp=c_tmp, stream=s))
+                def launches(policy=DEFAULT_GEMM_POLICY):
+                    return [(lambda s, i=i: gemm.marlin_gemm(a[i % 2], ws_list[i % len(ws_list)], c=c,
+                                                             workspace=work, c_tmp=c_tmp, stream=s, policy=policy))
                             for i in range(LAUNCHES_PER_GRAPH)]
-                us = time_cupy_graph(cp, launches)
+                us = time_cupy_graph(cp, launches())
                 record(label, us, weight_bytes(k, n, wt, gs) + base_bytes, fp16_us)
                 if programmatic and label in PLAIN_TOO:
-                    with plain_launches():
-                        us = time_cupy_graph(cp, launches)
+                    us = time_cupy_graph(cp, launches(PLAIN_POLICY))
                     record(f"{label} (plain launch)", us, weight_bytes(k, n, wt, gs) + base_bytes, fp16_us)
             del a16, abf
         del w16, tiny, ours

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import datetime
 import importlib.util
 import io
@@ -47,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from workbench import gemm, moe  # noqa: E402
+from workbench.policy import DEFAULT_GEMM_POLICY, DEFAULT_MOE_POLICY  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
 from workbench.weight import MarlinWeight  # noqa: E402
 
@@ -83,16 +85,22 @@ def load_old(old_dir: pathlib.Path):
 
 
 class Variant:
-    def __init__(self, name, gemm_mod, moe_mod, direct=True):
-        self.name, self.gemm, self.moe, self.direct = name, gemm_mod, moe_mod, direct
+    """A pair of modules and, for the working tree's, the policies its calls pass (``gkw`` / ``mkw``: keyword
+    arguments of the dense and the MoE calls; empty for the old modules, which take none)."""
+
+    def __init__(self, name, gemm_mod, moe_mod, direct=None):
+        self.name, self.gemm, self.moe = name, gemm_mod, moe_mod
+        self.gkw, self.mkw = {}, {}
+        if direct is not None:
+            g = dataclasses.replace(DEFAULT_GEMM_POLICY, direct_launch=direct)
+            self.gkw = {"policy": g}
+            self.mkw = {"policy": dataclasses.replace(DEFAULT_MOE_POLICY, gemm=g)}
 
     def __enter__(self):
-        self.saved = gemm.DIRECT_LAUNCH
-        gemm.DIRECT_LAUNCH = self.direct
         return self
 
     def __exit__(self, *exc):
-        gemm.DIRECT_LAUNCH = self.saved
+        return None
 
 
 def dense_weight(xp, k, n, experts=None, act=np.float16):
@@ -109,28 +117,39 @@ def dense_weight(xp, k, n, experts=None, act=np.float16):
 
 def make_ops(v: Variant, xp, arrays):
     """name -> (calls per op for the per-dispatch column, fn() -> output array)."""
-    g, m = v.gemm, v.moe
+    g, m, gkw, mkw = v.gemm, v.moe, v.gkw, v.mkw
     a, w, c, ws, ct = arrays["a"], arrays["w"], arrays["c"], arrays["ws"], arrays["ct"]
     stack13 = arrays["stacks"][v.name][0]
     x8, y8 = arrays["x8"], arrays["y8"]
     dispatches = [(e, e, e, 1) for e in range(EXPERTS)]
     ops = {
         "gptq_marlin_gemm (buffers given)": (1, lambda: g.gptq_marlin_gemm(
-            a, w.qweight, w.scales, None, None, None, ws, "u4b8", 1, N, K, c=c, c_tmp=ct)),
+            a, w.qweight, w.scales, None, None, None, ws, "u4b8", 1, N, K, c=c, c_tmp=ct, **gkw)),
         "gptq_marlin_gemm (c allocated)": (1, lambda: g.gptq_marlin_gemm(
-            a, w.qweight, w.scales, None, None, None, ws, "u4b8", 1, N, K, c_tmp=ct)),
-        "marlin_gemm (c given)": (1, lambda: g.marlin_gemm(a, w, c=c)),
-        "gemm_phase_batched (8 dispatches)": (EXPERTS, lambda: stack13.gemm_phase_batched(x8, dispatches, y8)),
+            a, w.qweight, w.scales, None, None, None, ws, "u4b8", 1, N, K, c_tmp=ct, **gkw)),
+        "marlin_gemm (c given)": (1, lambda: g.marlin_gemm(a, w, c=c, **gkw)),
+        "gemm_phase_batched (8 dispatches)": (EXPERTS, lambda: stack13.gemm_phase_batched(x8, dispatches, y8,
+                                                                                           **mkw)),
     }
+    t = arrays.get("torch")
+    if t is not None and v.name == "new":  # the same arrays as torch tensors (zero-copy views): torch's stream
+        ops["gptq_marlin_gemm torch (buffers given)"] = (1, lambda: g.gptq_marlin_gemm(
+            t["a"], t["qweight"], t["scales"], None, None, None, t["ws"], "u4b8", 1, N, K, c=t["c"], c_tmp=t["ct"],
+            **gkw))
+        ops["gptq_marlin_gemm torch (c allocated)"] = (1, lambda: g.gptq_marlin_gemm(
+            t["a"], t["qweight"], t["scales"], None, None, None, t["ws"], "u4b8", 1, N, K, c_tmp=t["ct"], **gkw))
+    if arrays.get("dense_only"):
+        return ops
     if "hidden" in arrays:
         stack2 = arrays["stacks"][v.name][1]
         hidden, tw, ti = arrays["hidden"], arrays["topk_weights"], arrays["topk_ids"]
-        ops["fused_moe (fused, M=1)"] = (1, lambda: m.fused_moe(hidden, stack13, stack2, tw, ti, path="fused"))
+        ops["fused_moe (fused, M=1)"] = (1, lambda: m.fused_moe(hidden, stack13, stack2, tw, ti, path="fused",
+                                                                **mkw))
     if arrays.get("moe_only"):
         ops = {}
     for (label, mm), layer in arrays.get("layers", {}).items():
         s13, s2 = arrays["model_stacks"][label][v.name]
-        ops[f"fused_moe {label} M={mm}"] = (1, (lambda h, a, b, w, i: lambda: m.fused_moe(h, a, b, w, i))(
+        ops[f"fused_moe {label} M={mm}"] = (1, (lambda h, a, b, w, i: lambda: m.fused_moe(h, a, b, w, i, **mkw))(
             layer[0], s13, s2, layer[1], layer[2]))
     return ops
 
@@ -203,6 +222,14 @@ def gpu_arrays(cp, variants):
     arrays["topk_weights"] = cp.asarray(np.array([[0.6, 0.4]], np.float32))
     arrays["model_stacks"], arrays["layers"] = moe_layers(
         cp, variants, lambda shape: rng.standard_normal(shape, dtype=np.float32).astype(np.float16), cp.asarray)
+    try:
+        import torch
+    except ImportError:  # (no torch: the torch cells are left out)
+        return arrays
+    w = arrays["w"]
+    arrays["torch"] = {name: torch.as_tensor(x, device="cuda") for name, x in (
+        ("a", arrays["a"]), ("qweight", w.qweight), ("scales", w.scales), ("ws", arrays["ws"]), ("c", arrays["c"]),
+        ("ct", arrays["ct"]))}
     return arrays
 
 
@@ -210,7 +237,7 @@ def run_gpu(args, variants) -> dict:
     import cupy as cp
 
     arrays = gpu_arrays(cp, variants)
-    arrays["moe_only"] = args.moe_only
+    arrays["moe_only"], arrays["dense_only"] = args.moe_only, args.dense_only
     sms = gemm.device_properties(0)[1]
     # compile first, in parallel threads (NVRTC runs outside the GIL): the dense kernels, and the MoE chain through
     # one warm-up fused_moe call (align, two fused GEMMs, SiLU, top-k sum)
@@ -221,13 +248,13 @@ def run_gpu(args, variants) -> dict:
              for k, n in ((K, N), (HIDDEN, 2 * INTER))]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=8) as pool:
-        jobs = [pool.submit(lambda: moe.fused_moe(arrays["hidden"], *arrays["stacks"]["new"], arrays["topk_weights"],
-                                                  arrays["topk_ids"]))]
+        jobs = [] if args.dense_only else [pool.submit(lambda: moe.fused_moe(
+            arrays["hidden"], *arrays["stacks"]["new"], arrays["topk_weights"], arrays["topk_ids"]))]
         if not args.moe_only:
             jobs.append(pool.submit(gemm.precompile, dense, 0, 4))
         jobs += [pool.submit((lambda h, st, w, i: lambda: moe.fused_moe(h, *st, w, i))(
             hidden, arrays["model_stacks"][label]["new"], tw, ti)) for (label, _), (hidden, tw, ti) in
-            arrays["layers"].items()]
+            arrays["layers"].items() if not args.dense_only]
         for job in jobs:
             job.result()
     cp.cuda.Device().synchronize()
@@ -246,15 +273,16 @@ def run_gpu(args, variants) -> dict:
                     continue
                 out = fn()
                 cp.cuda.Device().synchronize()
-                outputs[(v.name, name)] = cp.asnumpy(out).copy()
+                outputs[(v.name, name)] = cp.asnumpy(cp.asarray(out)).copy()  # (torch outputs: a zero-copy view)
                 r.update(variant=v.name, op=name, calls=calls, per_op=per, seconds=round(time.perf_counter() - t0, 2))
                 rows.append(r)
                 print(f"{v.name:14} {name:36} host {r['host_us']:8.1f} us  wall {r['wall_us']:8.1f} us  "
                       f"device {r['device_us']:8.1f} us", flush=True)
     for row in rows:
-        if row["variant"] != "old" and ("old", row["op"]) in outputs:
+        old_op = row["op"].replace(" torch", "")  # (the torch cells against old's CuPy cell)
+        if row["variant"] != "old" and ("old", old_op) in outputs:
             row["bitwise_equal_old"] = bool(np.array_equal(outputs[(row["variant"], row["op"])].view(np.uint16),
-                                                           outputs[("old", row["op"])].view(np.uint16)))
+                                                           outputs[("old", old_op)].view(np.uint16)))
     # where the new path's host time goes
     v = variants[1]
     with v:
@@ -294,9 +322,15 @@ def run_cpu(args, variants) -> dict:
                            resident_blocks=lambda name, device: 2)
         for name, value in old_patches.items():
             setattr(gemm_old, name, value)
-        for name in ("_cupy_module", "_driver_module", "_FAST_ARRAY", "function_ptr"):  # HEAD's launch on the fakes
-            if hasattr(gemm_old, name):
-                setattr(gemm_old, name, getattr(gemm, name))
+        # HEAD's launch on the fakes (a tree before workbench.cuda kept these in gemm; its launches plain, as the
+        # stand-in's default policy)
+        from workbench.cuda import arrays as rt_arrays
+
+        for name, value in (("_cupy_module", fake), ("_driver_module", driver), ("_FAST_ARRAY", FakeArray),
+                            ("function_ptr", gemm.function_ptr), ("PROGRAMMATIC_LAUNCH", False)):
+            if name in vars(gemm_old):
+                setattr(gemm_old, name, value)
+        assert rt_arrays._cupy_module is fake
         driver.launchKernel = lambda *a: None  # the stand-in's decoding is test machinery, not launch cost
         no_kernel = (lambda *a, **k: (lambda *x, **y: None))  # the MoE helper kernels (CuPy calls) as no-ops
         saved_moe = [(mod, mod.get_moe_kernel) for mod in (variants[0].moe, moe)]
@@ -311,13 +345,14 @@ def run_cpu(args, variants) -> dict:
         w2 = dense_weight(np, INTER, HIDDEN, EXPERTS)
         arrays["stacks"] = {v.name: (v.moe.MarlinExpertStack(w13), v.moe.MarlinExpertStack(w2)) for v in variants}
         arrays.update(hidden=FakeArray((1, HIDDEN), np.float16), topk_ids=FakeArray((1, TOP_K), np.int32),
-                      topk_weights=FakeArray((1, TOP_K), np.float32), moe_only=args.moe_only)
+                      topk_weights=FakeArray((1, TOP_K), np.float32), moe_only=args.moe_only,
+                      dense_only=args.dense_only)
         arrays["model_stacks"], arrays["layers"] = moe_layers(
             np, variants, lambda shape: FakeArray(shape, np.float16), lambda x: FakeArray(x.shape, x.dtype))
         for v in variants:
             with v:
                 for name, (per, fn) in make_ops(v, np, arrays).items():
-                    if not v.direct and v.name != "old":
+                    if v.gkw and not v.gkw["policy"].direct_launch:
                         continue  # the CuPy call cannot run on stand-ins
                     fn()
                     calls = 300 if per > 1 or name.startswith("fused") else 2000
@@ -367,9 +402,10 @@ def main():
     parser.add_argument("--old-dir", type=pathlib.Path, default=ROOT / "artifacts" / "r4_host_old")
     parser.add_argument("--cpu", action="store_true", help="stand-in arrays and driver (no GPU)")
     parser.add_argument("--moe-only", action="store_true", help="only the fused_moe cells (MOE_MODELS x MOE_MS)")
+    parser.add_argument("--dense-only", action="store_true", help="only the dense GEMM cells (and torch's)")
     args = parser.parse_args()
     gemm_old, moe_old = load_old(args.old_dir)
-    variants = [Variant("old", gemm_old, moe_old), Variant("new", gemm, moe),
+    variants = [Variant("old", gemm_old, moe_old), Variant("new", gemm, moe, direct=True),
                 Variant("new-cupy-call", gemm, moe, direct=False)]
     result = run_cpu(args, variants) if args.cpu else run_gpu(args, variants)
     result.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

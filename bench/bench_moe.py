@@ -16,8 +16,8 @@ Method
 * The fused path is also timed as bench_gemm times the dense GEMM ("fused graph"): a CUDA graph of
   LAUNCHES_PER_GRAPH calls, each on its own routing (drawn as above; at decode sizes each avoids the experts of the
   one before, so no call finds its weights in L2: rotated_routings), per call, without flushes; its bytes are the
-  mean touched bytes of those routings. On sm_90 the phases launch programmatically (workbench/gemm.py
-  PROGRAMMATIC_LAUNCH): each may start while the one before finishes; "fused graph plain" is the same graph of plain
+  mean touched bytes of those routings. On sm_90 the phases launch programmatically (MoePolicy
+  .programmatic_launch): each may start while the one before finishes; "fused graph plain" is the same graph of plain
   launches. "copy graph" is the copy ceiling at that size: device copies moving the same bytes (half read, half
   written), timed the same way (bench_gemm.time_copy_graph). The single-call times include what the memset leaves
   behind: L2 full of dirty lines that the call's own reads must write back first (bench/probe_moe_decode.py
@@ -41,12 +41,13 @@ variant is warmed first; the call order rotates from round to round; before each
 so that the events bracket device work only, not the call's host side (round 3 showed host time leaking into some
 calls: one config timed 25 and 44 us). Reports the median with the interquartile range. Records whether each
 variant's output is bitwise equal to old's and max |variant - old| / max |old|. Each variant is also timed as the
-table's "fused graph" (graph_us: GRAPH_ROUNDS interleaved rounds on the same rotated routings, median), the bar's
+table's "fused graph" (graph_us: --graph-rounds interleaved rounds on the same rotated routings, median), the bar's
 method. Writes DIR/ab_moe.json and prints a table.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import pathlib
@@ -57,7 +58,8 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench_gemm, when imported from elsewhere
 
-from bench_gemm import l2_bytes, plain_launches, time_copy_graph, time_cupy_graph  # noqa: E402
+from bench_gemm import PLAIN_MOE_POLICY, l2_bytes, time_copy_graph, time_cupy_graph  # noqa: E402
+from workbench.policy import DEFAULT_MOE_POLICY  # noqa: E402
 from workbench import gemm, moe  # noqa: E402
 from workbench.formats.moe_align import moe_align_block_size as align_ref  # noqa: E402
 from workbench.scalar_types import ScalarType as S  # noqa: E402
@@ -177,6 +179,10 @@ def load_old(old_dir: pathlib.Path):
     mod = importlib.util.module_from_spec(spec)
     sys.modules["moe_old"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
+    if (old_dir / "gemm.py").exists():  # OLD's moe on OLD's gemm (it reaches into gemm's internals of its day)
+        from ab_gemm import load_old as load_old_gemm
+
+        mod.gemm = load_old_gemm(old_dir, "gemm_old_for_moe")
     include = re.compile(r'^#include "([^"]+)"', re.M)
 
     def old_source() -> str:
@@ -207,27 +213,19 @@ extern "C" __global__ void spin(long long cycles) {
 }
 """
 
-# A/B variants of the checked-out module: (MOE_BLOCKS_PER_SM, operand swap on, one-CTA stage order or None = the
-# module's MOE_ONE_BLOCK_STAGES)
-AB_VARIANTS = {"new": (0, True, None), "new-b1": (1, True, None), "new-b2": (2, True, None),
-               "new-noswap": (0, False, None), "new-s3": (0, True, (3, 4, 6, 8)), "new-s4": (0, True, (4, 3, 6, 8))}
+# A/B variants of the checked-out module, as MoePolicy values (workbench.policy): forced CTAs per SM, the operand
+# swap off, another one-CTA stage order
+_NEW = DEFAULT_MOE_POLICY
+AB_VARIANTS = {"new": _NEW, "new-b1": dataclasses.replace(_NEW, blocks_per_sm=1),
+               "new-b2": dataclasses.replace(_NEW, blocks_per_sm=2),
+               "new-noswap": dataclasses.replace(_NEW, swap_max_block=0),
+               "new-s3": dataclasses.replace(_NEW, one_block_stages=(3, 4, 6, 8)),
+               "new-s4": dataclasses.replace(_NEW, one_block_stages=(4, 3, 6, 8))}
 
 
-class _Forced:
-    """Context: workbench.moe with MOE_BLOCKS_PER_SM forced (0 = the automatic rule), the operand swap on or off and
-    (``stages``) another one-CTA stage order."""
-
-    def __init__(self, blocks: int, swap: bool = True, stages: tuple[int, ...] | None = None):
-        self.blocks, self.swap_max, self.stages = blocks, (8 if swap else 0), stages
-
-    def __enter__(self):
-        # (a tree without the swap has no MOE_SWAP_MAX_BLOCK: setting it there changes nothing)
-        self.saved = moe.MOE_BLOCKS_PER_SM, getattr(moe, "MOE_SWAP_MAX_BLOCK", 0), moe.MOE_ONE_BLOCK_STAGES
-        moe.MOE_BLOCKS_PER_SM, moe.MOE_SWAP_MAX_BLOCK = self.blocks, self.swap_max
-        moe.MOE_ONE_BLOCK_STAGES = self.stages or self.saved[2]
-
-    def __exit__(self, *exc):
-        moe.MOE_BLOCKS_PER_SM, moe.MOE_SWAP_MAX_BLOCK, moe.MOE_ONE_BLOCK_STAGES = self.saved
+def _policy_kw(v: str) -> dict:
+    """The policy keyword of a variant's calls (none for OLD, a tree that may predate policies)."""
+    return {} if v == "old" else {"policy": AB_VARIANTS[v]}
 
 
 def ab_main(args) -> int:
@@ -262,8 +260,8 @@ def ab_main(args) -> int:
     def cfg_of(variant, block, n, k, items):
         if variant == "old":
             return old.choose_moe_config(S.F16, S.U4B8, block, n, k, GROUP, items, sms, smem)
-        with _Forced(*AB_VARIANTS[variant]):
-            return moe.choose_moe_config(S.F16, S.U4B8, block, n, k, GROUP, items, sms, smem, sm_smem)
+        return moe.choose_moe_config(S.F16, S.U4B8, block, n, k, GROUP, items, sms, smem, sm_smem,
+                                     policy=AB_VARIANTS[variant])
 
     def variants_of(block, n, k, items):
         """old, new, and each other requested variant whose kernel differs from new's in this cell."""
@@ -305,9 +303,8 @@ def ab_main(args) -> int:
 
             def call(v):
                 stack = stacks["old" if v == "old" else "new"]
-                with _Forced(*AB_VARIANTS["new" if v == "old" else v]):
-                    stack.gemm_phase_fused(a, sorted_ids, expert_ids, post, outs[v], m, block, top_k,
-                                           topk_weights=weights)
+                stack.gemm_phase_fused(a, sorted_ids, expert_ids, post, outs[v], m, block, top_k,
+                                       topk_weights=weights, **_policy_kw(v))
 
             times = {v: [] for v in variants}
             host_us = []
@@ -338,18 +335,17 @@ def ab_main(args) -> int:
                 print(f"WARNING {name} M={m}: host enqueue took up to {max(host_us):.0f} us, longer than the "
                       f"{SPIN_US} us spin: host time may be in these numbers", flush=True)
             # The bar's timing too: each variant in a CUDA graph of LAUNCHES_PER_GRAPH phases on the same rotated
-            # routings (as the table's "fused graph"), GRAPH_ROUNDS rounds interleaved, the median per variant.
+            # routings (as the table's "fused graph"), --graph-rounds rounds interleaved, the median per variant.
             routings, touched = rotated_routings(cp, graph_rng, m, e, top_k, LAUNCHES_PER_GRAPH)
             graph_bytes = float(np.mean([touched_bytes(t, k, n) for t in touched]))
             graph_out = cp.empty((m * top_k, n), dtype=np.float16)
             graph_times = {v: [] for v in variants}
-            for rnd in range(GRAPH_ROUNDS):
+            for rnd in range(args.graph_rounds):
                 for v in (variants if rnd % 2 == 0 else variants[::-1]):
                     stack = stacks["old" if v == "old" else "new"]
-                    with _Forced(*AB_VARIANTS["new" if v == "old" else v]):
-                        phases = [lambda st, r=r, stack=stack: stack.gemm_phase_fused(
-                            a, *r, graph_out, m, block, top_k, topk_weights=weights, stream=st) for r in routings]
-                        graph_times[v].append(time_cupy_graph(cp, phases))
+                    phases = [lambda st, r=r, stack=stack, kw=_policy_kw(v): stack.gemm_phase_fused(
+                        a, *r, graph_out, m, block, top_k, topk_weights=weights, stream=st, **kw) for r in routings]
+                    graph_times[v].append(time_cupy_graph(cp, phases))
             ref_raw = cp.asnumpy(outs["old"])
             ref = ref_raw.astype(np.float32)
             scale = float(np.nanmax(np.abs(ref))) or 1.0
@@ -363,10 +359,10 @@ def ab_main(args) -> int:
                     else float("inf")
                 gbs = nbytes / (us * 1e-6) / 1e9
                 graph_us = float(np.median(graph_times[v]))
-                with _Forced(*AB_VARIANTS["new" if v == "old" else v]):  # what the call launched
-                    c, grid, _ = (old if v == "old" else moe)._fused_grid(
-                        stacks["old" if v == "old" else "new"], device, S.F16, block, m * top_k, int(sorted_ids.size),
-                        GROUP)
+                # what the call launched
+                c, grid, _ = (old if v == "old" else moe)._fused_grid(
+                    stacks["old" if v == "old" else "new"], device, S.F16, block, m * top_k, int(sorted_ids.size),
+                    GROUP, *([] if v == "old" else [AB_VARIANTS[v]]))
                 row = dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m, moe_block_size=block,
                            variant=v, us=round(us, 2), us_min=round(float(np.min(times[v])), 2),
                            us_q25=round(q25, 2), us_q75=round(q75, 2), us_max=round(float(np.max(times[v])), 2),
@@ -412,6 +408,8 @@ def main(argv=None) -> int:
                         help="table mode: the GEMM paths to time, comma list of fused, batched, dense loop, torch "
                              "(default all; the align columns are always timed; 'align' alone: only them)")
     parser.add_argument("--reps", type=int, default=11, help="A/B mode: timed calls per variant and cell")
+    parser.add_argument("--graph-rounds", type=int, default=GRAPH_ROUNDS,
+                        help="A/B mode: graph timings per variant and cell, interleaved (the median is reported)")
     parser.add_argument("--variants", default="new-b1,new-b2",
                         help=f"A/B mode: variants besides old and new, of {sorted(AB_VARIANTS)}")
     args = parser.parse_args(argv)
@@ -517,13 +515,13 @@ def main(argv=None) -> int:
             timings = {method: (timed(cp, fn, flush), nbytes) for method, fn in paths.items()}
             if "fused" in paths:
                 routings, touched = rotated_routings(cp, rng, m, e, top_k, LAUNCHES_PER_GRAPH)
-                phases = [lambda s, r=r: stack.gemm_phase_fused(a, *r, out_fused, m, block, top_k, stream=s)
-                          for r in routings]
+                def phases(policy=DEFAULT_MOE_POLICY):
+                    return [lambda s, r=r: stack.gemm_phase_fused(a, *r, out_fused, m, block, top_k, stream=s,
+                                                                  policy=policy) for r in routings]
                 graph_bytes = float(np.mean([touched_bytes(t, k, n) for t in touched]))
-                timings["fused graph"] = (time_cupy_graph(cp, phases), graph_bytes)
+                timings["fused graph"] = (time_cupy_graph(cp, phases()), graph_bytes)
                 if gemm.programmatic_launches(cp.cuda.Device().id):  # (the gain needs the kernel before to trigger)
-                    with plain_launches():
-                        timings["fused graph plain"] = (time_cupy_graph(cp, phases), graph_bytes)
+                    timings["fused graph plain"] = (time_cupy_graph(cp, phases(PLAIN_MOE_POLICY)), graph_bytes)
                 timings["copy graph"] = (time_copy_graph(cp, int(graph_bytes), l2), graph_bytes)
             for method, (us, nbytes) in timings.items():
                 gbs = nbytes / (us * 1e-6) / 1e9

@@ -14,6 +14,7 @@ Importable: ``run(old_dir, cases=CASES) -> int`` (the number of failing runs).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import pathlib
 import sys
@@ -67,33 +68,48 @@ def run(old_dir, case_list=None) -> int:
     tg = _load("tg", ROOT / "tests" / "gpu" / "test_gemm.py")
     old = load_old_gemm(old_dir)
     from workbench import gemm
+    from workbench.policy import DEFAULT_GEMM_POLICY
     from workbench.weight import random_marlin_weight
 
     case_list = cases() if case_list is None else case_list
+    old_policies = hasattr(old, "_default")  # OLD takes policy= (else its module switches are set)
+    old_rows_wide = old._default().rows_wide_first if old_policies else getattr(old, "ROWS_WIDE_FIRST", False)
     # The tiles and grids without the pair policy, in both versions (its choices are checked against the reference by
     # tests/gpu; left on in OLD alone, OLD's launches took its pairs where the configurations compared below are
-    # without: r13a, u8b128 M = 16 on 5 SMs); slices with two blocks each are still summed in clusters on sm_90
-    gemm.PAIR_CLUSTERS = old.PAIR_CLUSTERS = False
-    # (and a tile rule newer than OLD only where OLD has it: round 18's ROWS_WIDE_FIRST)
-    gemm.ROWS_WIDE_FIRST = getattr(old, "ROWS_WIDE_FIRST", False)
+    # without); slices with two blocks each are still summed in clusters on sm_90. And a tile rule newer than OLD
+    # only where OLD has it (rows_wide_first).
+    policies = {align: dataclasses.replace(DEFAULT_GEMM_POLICY, pair_clusters=False, rows_wide_first=old_rows_wide,
+                                           align_slices=align) for align in (True, False)}
+
+    def old_kw(align: bool) -> dict:
+        if old_policies:
+            return {"policy": policies[align]}
+        if (old.PAIR_CLUSTERS, old.ALIGN_SLICES) != (False, align):  # (a tree before policies: its switches, and
+            old.PAIR_CLUSTERS, old.ALIGN_SLICES = False, align  # its plans, which do not key on them, forgotten)
+            old._array_plans.clear()
+            old._prepared.clear()
+        return {}
+
     _, _, smem_limit, sm_smem = gemm.device_properties(0)
     cfgs = {name: [mod.choose_config(gemm.act_scalar_type(act), wt, m, n, k, gs, False, smem_limit, sm_smem=sm_smem,
-                                     sms=sms) for m, k, n, wt, gs, act, sms in case_list]
-            for name, mod in (("new", gemm), ("old", old))}
+                                     sms=sms, **kw) for m, k, n, wt, gs, act, sms in case_list]
+            for name, mod, kw in (("new", gemm, {"policy": policies[True]}), ("old", old, old_kw(True)))}
     # the same kernel configuration and grid as OLD, so the same partition (compared by the fields that set the tile
     # geometry and the loop: template arguments that no longer exist may differ)
     fields = ("m_blocks", "n_tiles", "k_warp", "stages", "group_mode", "blocks_per_sm", "swap")
     assert ([tuple(getattr(c, f) for f in fields) for c in cfgs["new"]]
             == [tuple(getattr(c, f) for f in fields) for c in cfgs["old"]]), cfgs
-    assert all(gemm.grid_blocks(a, m, n, k, sms) == old.grid_blocks(b, m, n, k, sms)
+    assert all(gemm.grid_blocks(a, m, n, k, sms, policy=policies[True]) == old.grid_blocks(b, m, n, k, sms,
+                                                                                          **old_kw(True))
                for (m, k, n, wt, gs, act, sms), a, b in zip(case_list, cfgs["new"], cfgs["old"]))
     gemm.precompile(cfgs["new"], workers=8)
     old.precompile(cfgs["old"], workers=8)
     rng = np.random.default_rng()
 
-    def old_run(a, w, mode, sms):
+    def old_run(a, w, mode, sms, align):
         c = tg.poisoned(a.shape[0], w.size_n, a.dtype)
-        return cp.asnumpy(old.marlin_gemm(cp.asarray(a), w, c=c, sms=sms, **tg.MODES[mode])).astype(np.float32)
+        return cp.asnumpy(old.marlin_gemm(cp.asarray(a), w, c=c, sms=sms, **tg.MODES[mode],
+                                          **old_kw(align))).astype(np.float32)
 
     failures = 0
     same_by_swap = {}
@@ -104,19 +120,18 @@ def run(old_dir, case_list=None) -> int:
         ref = a.astype(np.float32) @ q.w_ref
         for mode in ("fp32", "deterministic", "in_c"):
             for align in (True, False):
-                gemm.ALIGN_SLICES = old.ALIGN_SLICES = align
-                out = tg.run(a, w, mode, sms=sms)  # poisoned C, locks left zero
-                again = tg.run(a, w, mode, sms=sms)
+                out = tg.run(a, w, mode, sms=sms, policy=policies[align])  # poisoned C, locks left zero
+                again = tg.run(a, w, mode, sms=sms, policy=policies[align])
                 # fp32 accumulation in a different order than NumPy's: tests/gpu's bound for the mode
                 excess = float((np.abs(out - ref) - tg.error_bound(a, q.w_ref, act, mode, k)).max())
-                same = np.array_equal(out, old_run(a, w, mode, sms))
+                same = np.array_equal(out, old_run(a, w, mode, sms, align))
                 same_by_swap.setdefault(cfg.swap, []).append(same)
                 if not (np.all(np.isfinite(out)) and excess <= 0 and np.array_equal(out, again) and same):
                     failures += 1
                     print(f"FAIL m={m} k={k} n={n} {wt} {np.dtype(act)} sms={sms} {mode} align={align}: "
                           f"excess {excess:.3g}, bitwise = old: {same}, repeatable: {np.array_equal(out, again)}")
-            gemm.ALIGN_SLICES = old.ALIGN_SLICES = True
-        print(f"checked m={m} k={k} n={n} {wt} {np.dtype(act)} sms={sms} grid {gemm.grid_blocks(cfg, m, n, k, sms)} "
+        print(f"checked m={m} k={k} n={n} {wt} {np.dtype(act)} sms={sms} grid "
+              f"{gemm.grid_blocks(cfg, m, n, k, sms, policy=policies[True])} "
               f"{cfg.name_expression}")
     for sw, flags in sorted(same_by_swap.items()):
         print(f"{'swapped' if sw else 'unswapped'} loop: bitwise = old in {sum(flags)} of {len(flags)} runs")

@@ -36,23 +36,22 @@ def configs():
 
     from bench_gemm import OURS, SHAPES
     from bench_moe import CONFIGS as MOE_CONFIGS, GROUP
+    import dataclasses
+
     from workbench import gemm, moe
+    from workbench.policy import DEFAULT_GEMM_POLICY
     from workbench.scalar_types import ScalarType as S
 
     out = {}
-    saved = gemm.TWO_BLOCKS_WEIGHT_BITS
-    try:
-        for policy in (saved, (4, 8)):
-            gemm.TWO_BLOCKS_WEIGHT_BITS = policy
-            for label, wt, gs, dt in OURS:
-                act = S.F16 if dt == "float16" else S.BF16
-                for k, n in SHAPES:
-                    for m in (1, 8, 16, 64):
-                        cfg = gemm.choose_config(act, wt, m, n, k, gs, False, H200["smem_limit"],
-                                                 sm_smem=H200["sm_smem"], sms=H200["sms"])
-                        out.setdefault(("marlin_gemm.cu", cfg.name_expression), cfg)
-    finally:
-        gemm.TWO_BLOCKS_WEIGHT_BITS = saved
+    # the default policy's kernels and those of two blocks per SM for 8-bit weights too
+    for policy in (DEFAULT_GEMM_POLICY, dataclasses.replace(DEFAULT_GEMM_POLICY, two_blocks_weight_bits=(4, 8))):
+        for label, wt, gs, dt in OURS:
+            act = S.F16 if dt == "float16" else S.BF16
+            for k, n in SHAPES:
+                for m in (1, 8, 16, 64):
+                    cfg = gemm.choose_config(act, wt, m, n, k, gs, False, H200["smem_limit"],
+                                             sm_smem=H200["sm_smem"], sms=H200["sms"], policy=policy)
+                    out.setdefault(("marlin_gemm.cu", cfg.name_expression), cfg)
     for _, experts, k, n, top_k in MOE_CONFIGS:
         for block in (8, 16, 64):
             for items in (1, 8, 64):

@@ -148,7 +148,7 @@ def shape_configs(cell: Cell, smem_limit: int, sm_smem: int, swap: bool) -> list
             if bps == 2 and m_blocks != 1:  # static_assert in marlin_gemm: two blocks only with 16-row tiles
                 continue
             if bps == 2:
-                stages, limit = TWO_BLOCK_STAGES, min(smem_limit, sm_smem // 2 - gemm._SMEM_RESERVED_PER_BLOCK)
+                stages, limit = TWO_BLOCK_STAGES, gemm.two_block_smem(smem_limit, sm_smem)
             else:
                 stages, limit = (ONE_BLOCK_STAGES if m_blocks <= 2 else LARGE_M_STAGES), smem_limit
             for st in stages:

@@ -78,7 +78,7 @@ class FakeDriver:
 
     def __init__(self):
         self.launches: list[tuple] = []
-        self.cupy_calls: list[tuple] = []  # launches through the CuPy-call fallback (gemm.DIRECT_LAUNCH = False)
+        self.cupy_calls: list[tuple] = []  # launches through the CuPy-call fallback (GemmPolicy.direct_launch = False)
         self.arg_kinds: dict[int, tuple[str, ...]] = {}  # function -> 'p' (u64) / 'i' (i32) per argument
         self.programmatic: list[int] = []  # indices into launches of the programmatic ones (cuLaunchKernelEx)
 
@@ -197,7 +197,37 @@ class FakeCuPy:
 
 _Stream.null = _Stream(0)
 SMS = 132
+
+
+def _plain_policies():
+    import dataclasses
+
+    from workbench.policy import DEFAULT_GEMM_POLICY, DEFAULT_MOE_POLICY
+
+    g = dataclasses.replace(DEFAULT_GEMM_POLICY, programmatic_launch=False)
+    return g, dataclasses.replace(DEFAULT_MOE_POLICY, programmatic_launch=False, gemm=g)
+
+
+# what calls without a policy launch with on the stand-in device: plain launches
+PLAIN_GEMM_POLICY, PLAIN_MOE_POLICY = _plain_policies()
 PROPS = (90, SMS, 227 * 1024, 228 * 1024)
+
+
+@contextlib.contextmanager
+def default_policies(gemm_policy=None, moe_policy=None):
+    """What calls that pass no policy use inside the block (the stand-in device's defaults; restored on exit). Tests
+    that check one policy choice pass it to the call instead."""
+    from workbench import gemm, moe
+
+    saved = gemm.__dict__["_default_policy"], moe.__dict__["_default_policy"]
+    if gemm_policy is not None:
+        gemm.__dict__["_default_policy"] = gemm_policy
+    if moe_policy is not None:
+        moe.__dict__["_default_policy"] = moe_policy
+    try:
+        yield
+    finally:
+        gemm.__dict__["_default_policy"], moe.__dict__["_default_policy"] = saved
 
 
 @contextlib.contextmanager
@@ -205,6 +235,9 @@ def installed(monkeypatch=None):
     """workbench.gemm and workbench.moe's launches on the fakes: yields (fake cupy, fake driver). Restores everything
     on exit."""
     from workbench import gemm, moe
+    from workbench.cuda import arrays as rt_arrays
+    from workbench.cuda import launch as rt_launch
+    from workbench.cuda import streams as rt_streams
 
     fake, driver = FakeCuPy(), FakeDriver()
     functions = itertools.count(0x1000)
@@ -227,24 +260,22 @@ def installed(monkeypatch=None):
 
         return kernel
 
-    def launch_programmatic(programmatic, stream, params):
-        """cuLaunchKernelEx with programmatic stream serialization: recorded as a launch, its index noted."""
-        kind, grid, smem, function, threads = programmatic
-        assert kind == "programmatic"
-        driver.launchKernel(function, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
-        driver.programmatic.append(len(driver.launches) - 1)
+    def launch_kernel(launch, stream, params):
+        """workbench.cuda's one launch call: recorded as a launch (its index noted if programmatic)."""
+        driver.launchKernel(launch.function, launch.grid, 1, 1, launch.threads, 1, 1, launch.smem, stream, params, 0)
+        if launch.programmatic:
+            driver.programmatic.append(len(driver.launches) - 1)
 
-    patches = dict(_cupy_module=fake, _driver_module=driver, _FAST_ARRAY=FakeArray,
-                   _programmatic_config=lambda grid, smem, function, threads=gemm.THREADS: (
-                       "programmatic", grid, smem, function, threads),
-                   _launch_programmatic=launch_programmatic,
-                   device_properties=lambda device: PROPS, function_ptr=function_ptr, get_kernel=get_kernel,
+    patches = dict(device_properties=lambda device: PROPS, function_ptr=function_ptr, get_kernel=get_kernel,
                    resident_blocks=lambda name, device: 2, resident_clusters=lambda cfg, device, grid: 1 << 30,
-                   pin_occupancy_of=lambda kernel, device, smem, blocks_per_sm: smem,
-                   # plain launches unless a test turns them on (test_launch_cache, test_moe_plan compare the two)
-                   PROGRAMMATIC_LAUNCH=False)
+                   pin_occupancy_of=lambda kernel, device, smem, blocks_per_sm: smem)
+    runtime_patches = [(rt_arrays, "_cupy_module", fake), (rt_arrays, "_cupy_array", FakeArray),
+                       (rt_launch, "launch_kernel", launch_kernel), (rt_streams, "_streams", {})]
+    saved_runtime = [(mod, name, getattr(mod, name)) for mod, name, _ in runtime_patches]
+    for mod, name, value in runtime_patches:
+        setattr(mod, name, value)
     saved = {name: getattr(gemm, name) for name in patches}
-    caches = (gemm._prepared, gemm._array_plans, gemm._scratch, gemm._streams, moe._config_cache, moe._pinned_smem,
+    caches = (gemm._prepared, gemm._array_plans, gemm._scratch, moe._config_cache, moe._pinned_smem,
               moe._phase_launches)
     saved_caches = [dict(c) for c in caches]
     for c in caches:
@@ -279,12 +310,16 @@ def installed(monkeypatch=None):
     for name, value in moe_patches.items():
         setattr(moe, name, value)
     try:
-        yield fake, driver
+        # the stand-in launches plainly unless a call's policy asks for programmatic launches
+        with default_policies(PLAIN_GEMM_POLICY, PLAIN_MOE_POLICY):
+            yield fake, driver
     finally:
         for name, value in saved_moe.items():
             setattr(moe, name, value)
         for name, value in saved.items():
             setattr(gemm, name, value)
+        for mod, name, value in saved_runtime:
+            setattr(mod, name, value)
         for c, content in zip(caches, saved_caches):
             c.clear()
             c.update(content)

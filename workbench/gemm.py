@@ -29,9 +29,7 @@ import ctypes
 import dataclasses
 import functools
 import math
-import os
 import pathlib
-import re
 import threading
 from typing import Any
 
@@ -42,17 +40,20 @@ from workbench.gemm_abi import (
     FLAG_USE_ATOMIC_ADD, FLAG_USE_FP32_REDUCE, GEMM_WEIGHT_TYPES, KNOWN_FLAGS, MarlinLaunch, MarlinMmBuffers,
     MarlinMmExecution, MarlinMmProblem, MarlinMmRequest,
 )
+from workbench import cuda as rt
+from workbench import gemm_checks as checks
+from workbench.cuda import arrays as rt_arrays
+from workbench.cuda import launch as rt_launch
+from workbench.gemm_checks import GROUP_SIZES, TILE_K, TILE_N
+from workbench.policy import DEFAULT_GEMM_POLICY, GEMM_GLOBALS, GemmPolicy, install_deprecated_globals
 from workbench.scalar_types import ScalarType
 
 KERNEL_DIR = pathlib.Path(__file__).resolve().parent.parent / "kernels_cuda"
 KERNEL_SOURCE = "marlin_gemm.cu"
 
 THREADS = 256
-TILE_N = 64  # Marlin tile width (spec §2.1)
-TILE_K = 16
 MAX_BLOCK_M = 64  # rows of one block tile (4 m16 blocks)
 MAX_BLOCK_N = 256
-GROUP_SIZES = (32, 64, 128)  # grouped scales the kernel stages per pipeline step
 
 REDUCE_IN_C, REDUCE_FP32, REDUCE_ATOMIC = 0, 1, 2  # kernels_cuda/marlin_gemm.cu ReduceMode
 GROUP_CHANNELWISE, GROUP_GROUPED, GROUP_PER_ROW = 0, 1, 2  # kernels_cuda/marlin_mainloop.cuh GroupMode
@@ -126,7 +127,7 @@ class KernelConfig(TileGeometry):
     group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
     blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
     # 8-row halves of the operand-swapped loop (template argument SWAP; 0: row layout): 1 for M <= 8 (one mma per
-    # 16x16 sub-block instead of two), 2 for M <= 16 (the policy's only under SWAP_MAX_M = 16); bools read as 0 / 1
+    # 16x16 sub-block instead of two), 2 for M <= 16 (the policy's only with swap_max_m = 16); bools read as 0 / 1
     swap: int = 0
     cluster: int = 1  # > 1: blocks per thread-block cluster, slices summed in shared memory (marlin_gemm_cluster)
 
@@ -140,30 +141,10 @@ class KernelConfig(TileGeometry):
         return f"mwb::marlin_gemm<{args}>"
 
 
-# (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n). Small M streams weights: the first choices keep
-# BK large so that the fixed cost of a pipeline step (barrier, address math, fetch issue) is spread over more
-# tiles; large M reuses each A stage over 256 columns.
-# (1, 2), 256 x 64, before (1, 1), 128 x 64 (round 11): where 64-column slices are what fill the SMs (the pair
-# policy on 4096-column layers), its blocks run half as many steps of twice the bytes, and late scaling spans two
-# k16 tiles. Sweep r11a on the H200, u4b8 g128 fp16, µs (128 x 64 -> 256 x 64, pairs): 4096^2 M = 1 8.11 -> 7.27,
-# M = 8 8.11 -> 7.28, M = 16 8.88 -> 7.98; 14336x4096 M = 1 (the 256 x 128 tile, one block per SM) 14.84 -> 13.88;
-# FP8 4096^2 M = 1 8.98 -> 8.55.
-_SMALL_M_SHAPES = ((2, 4), (2, 2), (1, 2), (1, 1), (2, 1), (4, 2))
-_LARGE_M_SHAPES = ((4, 2), (2, 2), (2, 1), (1, 1))
+# (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n): every tile the kernel instantiates. Which ones a
+# launch tries, and in what order, is the policy's (workbench.policy.GemmPolicy).
 _THREAD_SHAPES = {(2, 4): (256, 128), (2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128),
                   (1, 2): (256, 64), (1, 4): (512, 64), (2, 8): (512, 128)}
-# 8 stages keep ~7 weight stages in flight per SM for small M (HBM needs tens of KiB in flight per SM); 4 else.
-_DEEP_STAGES, _STAGES = 8, 4
-# Kernels with one m16 block (M <= 16) and one block per SM: stage counts in order of preference, per weight bits
-# (round-6 sweep of every configuration, H200, bench/results/sweep_head16b6c93_*, µs 8 -> 6 stages): 4-bit: 6 beat 8
-# on every one-block cell by 3-6% (4096^2 M = 1 10.89 -> 10.26, 14336x4096 M = 2 20.45 -> 19.45, M = 16 24.02 ->
-# 22.67); 8-bit on the (4, 2) tile (EIGHT_BIT_ONE_M_BLOCK_SHAPES): 4 beat 6 and 8 on 4 of its 5 cells (FP8
-# 8192x28672 M = 1, grid 112: 123.7 / 125.2 / 126.4). Two m16 blocks keep 8, 6, 4 (not swept).
-ONE_M_BLOCK_STAGES = {4: (6, _DEEP_STAGES, _STAGES), 8: (_STAGES, 6, _DEEP_STAGES)}
-# 8-bit weights, M <= 16: the (4, 2) tile (64 x 256) first (same sweep, default (2, 4) -> (4, 2), µs): FP8 / u8b128
-# 8192^2 M = 16 47.1 -> 44.9 / 48.6 -> 45.3; 8192x28672 M = 1 130.1 -> 123.7 / ~132 -> 124.7-128.9 (with the
-# slice-aligned 112 grid, ALIGNED_MAX_LONGER); 8192^2 M = 1 44.9 -> 44.3 / 48.0 -> 47.3.
-EIGHT_BIT_ONE_M_BLOCK_SHAPES = ((4, 2),) + tuple(s for s in _SMALL_M_SHAPES if s != (4, 2))
 
 
 def thread_shapes() -> dict[tuple[int, int], tuple[int, int]]:
@@ -173,145 +154,58 @@ def thread_shapes() -> dict[tuple[int, int], tuple[int, int]]:
 RESERVED_SMEM_PER_BLOCK = 1024  # shared memory the system takes per resident block on sm_80 / sm_90
 # What a block needs beside its dynamic shared memory when planning blocks per SM: the system's reserve plus room for
 # the kernel's static shared memory.
-_SMEM_RESERVED_PER_BLOCK = RESERVED_SMEM_PER_BLOCK + 64
-
-# When two blocks per SM pay (measured on the H200, bench/NOTES_gemm.md step 5): only for 4-bit weights (8-bit
-# stages hold twice the bytes, so only shallow stages fit beside a second block: slower on every 8-bit layer), and
-# only when each block gets a long run of pipeline steps (with ~2 steps per block, e.g. 4096 x 4096 at M = 1, every
-# slice is shared by ~8 blocks and the cross-block reduction dominates: 17.4 -> 22.9 us).
-# The swapped (M <= 8) kernels of weights without zero points and act-order need one step more (round 8g A/B on the
-# H200, after round 8's cheaper finishing): u4b8 8192^2 M = 1..8 (7.8 steps per block with two) 17.7 -> 16.95 us with
-# one block on the slice-aligned grid of 128, while u4 + zero points lost (18.7 -> 19.1) and M = 16 (not swapped)
-# stayed fastest with two. Act-order kernels: not measured, kept at TWO_BLOCKS_MIN_STEPS.
-TWO_BLOCKS_WEIGHT_BITS = (4,)
-TWO_BLOCKS_MIN_STEPS = 7
-TWO_BLOCKS_MIN_STEPS_SWAP = 8
-
-# Pairs (sm_90+, fp32 reduction; choose_config(pairs=True)): for M <= 16, the first thread shape whose slices, two
-# blocks each with one block per SM, fill PAIR_MIN_FILL..1 of the SMs is taken when each block then gets at most
-# PAIR_MAX_STEPS pipeline steps, or, for kernels without act-order groups, when it is the first-choice shape (long
-# pairs: PAIR_LONG_*; fp16 without zero points: M <= 8 since round 9, M = 9..16 since round 10's late scaling made the
-# one-block kernel faster: sweep r10f, u4b8 28672x8192 M = 16 two blocks per SM 44.63 -> pairs 43.07 µs; bf16 and zero
-# points since round 17). Its grid is slice-aligned with two blocks per slice, summed in clusters of two
-# (cluster_blocks). PAIR_TWO_BLOCK_MIN_FILL: the same with two blocks per SM (see choose_config; round 10j). Round 9c
-# sweep on the H200 (bench/NOTES_gemm.md "Round 9"), µs default -> pair: u4b8 8192^2 M = 16 18.45 -> 17.04, 28672x8192
-# M = 1 40.93 -> 38.52, 4096^2 M = 1 9.51 -> 8.15 (the 128 x 64 tile), FP8 8192^2 M = 1 22.98 -> 20.32 (the 256 x 128
-# tile); lost with long ranges (then): 28672x8192 M = 16 44.68 -> 46.87, 14336x4096 (128 x 64, 56 steps) 15.51 -> 18.16,
-# and (round 9d A/B) u4 + zero points 28672x8192 M = 1 44.88 -> 46.96; u4b8 bf16 28672x8192 M = 1..8 (round 9f A/B, two
-# blocks per SM -> pairs) 41.5-41.8 -> 41.8-43.1.
-# The pairs do not depend on CLUSTER_SUMS: with the sums switched off the same partition runs with global sums.
-PAIR_CLUSTERS = True
-PAIR_MIN_FILL = 0.9
-PAIR_MAX_STEPS = 32
-# Kernels with zero points or act-order groups: pairs only up to 16 steps per block. A/B round 11b (H200, u4 g128
-# fp16, µs, one block per SM -> 256 x 64 pairs): 4096^2 (8 steps) M = 1 9.47 -> 8.41; 14336x4096 (28 steps) M = 1
-# 16.61 -> 17.80, M = 16 18.13 -> 20.41, while u4b8 there gained (14.85 -> 13.84). Round 9d: 8192^2 (16) won.
-PAIR_MAX_STEPS_NOT_PLAIN = 16
-# Long pairs (long_ok in choose_config: the first-choice shape past PAIR_MAX_STEPS): activation types that may take
-# them, and whether zero-point kernels may (act-order ones never). fp16 without zero points only until round 17,
-# when the per-warp pipeline for two tiles (r16i) let the one-block kernels beat two blocks per SM there too. A/B
-# r17b (H200, 28672x8192, 56 steps a block; two blocks per SM -> one-block pairs), µs: u4 + zero points fp16 M = 1
-# 41.37 -> 35.05, M = 8 41.50 -> 35.05, M = 16 54.16 -> 44.75 (the two-block zero-point kernel spills 16 bytes);
-# u4b8 bf16 M = 1 35.07 -> 34.97, M = 8 35.47 -> 35.20, M = 16 44.89 -> 42.97.
-PAIR_LONG_ACTS = (ScalarType.F16, ScalarType.BF16)
-PAIR_LONG_ZERO_POINTS = True
-# Activation types of the swapped two-block pairs (choose_config's pair_choice). bf16 since round 17: A/B r17b, u4b8
-# bf16 4096x14336 (one block of 6 stages on 112 -> two blocks per SM on 224 in pairs), µs M = 1 12.46 -> 11.48,
-# M = 8 12.20 -> 11.60.
-TWO_BLOCK_PAIR_ACTS = (ScalarType.F16, ScalarType.BF16)
-PAIR_TWO_BLOCK_MIN_FILL = 0.8
-PAIR_TWO_BLOCK_EIGHT_BIT_ROWS = True  # (see choose_config's pair_choice; a switch for bench/ab_gemm.py's A/B)
-# Stage counts of 4-bit pairs on the 256 x 64 tile, by swap (twice the bytes per stage of 128 x 64, whose order is
-# ONE_M_BLOCK_STAGES). Sweep r11a, u4b8 fp16 4096^2, µs with 4 / 6 / 8 stages: swapped M = 1 7.27 / 7.61 / 7.66,
-# M = 8 7.28 / 7.51 / 7.41; rows layout M = 16 8.30 / 8.31 / 7.98.
-# (the table PAIR_STAGES below, tile (1, 2))
-# 4-bit pairs try the 512 x 64 tile before 256 x 64 (both fill the SMs on 4096-column layers: 64 slices x 2): a
-# block runs half as many stages of twice the bytes again. Sweep r14a, u4b8 g128 fp16 under programmatic launches,
-# µs 256 x 64 -> 512 x 64 (stages): 14336x4096 M = 1 12.75 -> 11.81 (4; 6: 12.72), M = 16 15.39 -> 14.37 (4; 6:
-# 14.39); 4096^2 M = 1 6.12 -> 6.13, M = 8 6.13 -> 6.03, M = 16 7.08 -> 6.90 (6; 4: 7.01). Not for 8-bit weights
-# (FP8 4096^2 M = 1 7.37 -> 8.24, 14336x4096 16.52 -> 16.90), whose order starts with their own tile anyway.
-# The 512 x 128 tile ((2, 8), in _THREAD_SHAPES for sweeps) is in no order: before 256 x 128 it gained little where
-# the bars are met already and lost on 8192^2 (sweep r14c, µs: 28672x8192 M = 1 33.72 -> 33.05, M = 16 42.32 ->
-# 40.59; 8192^2 M = 1 13.06 -> 13.23, M = 16 15.13 -> 15.08; 4096x14336 M = 16, one block per SM, 14.27 -> 14.11).
-FOUR_BIT_PAIR_SHAPES = ((2, 4), (2, 2), (1, 4), (1, 2), (1, 1), (2, 1), (4, 2))
-# Stage orders of one-block pairs by (weight bits, tile) and swap (the other tiles: the policy's stage_order).
-# A shallow ring first (round 16): 3 stages, never tried before, beat 4, 5, 6 and 8 on every 4-bit pair cell and
-# on the 8-bit 256 x 128 ones. Fewer bytes in flight per SM, so a block's first stages land sooner and its compute
-# starts earlier. Near-default sweep r16b (H200, under programmatic launches), µs default -> 3 stages: u4b8 g128 fp16
-# 4096^2 M = 1 5.99 (4) -> 5.84, M = 8 5.89 -> 5.82, M = 16 6.25 (6) -> 6.19; 14336x4096 M = 1 11.57 -> 11.33,
-# M = 16 13.46 -> 13.38; 8192^2 M = 1 12.95 (6) -> 12.10, M = 8 12.64 -> 12.15, M = 16 14.35 -> 14.20; 28672x8192
-# M = 1 33.92 -> 33.77 (5: 33.69), M = 16 41.02 -> 40.90; FP8 / u8b128 8192^2 M = 1 18.33 / 18.46 -> 18.09 / 18.04,
-# M = 16 19.34 / 19.37 -> 18.75 / 18.61. Two stages lost (4096^2 M = 1 6.45, sweep r16a). Not taken: 8-bit on the
-# 256 x 64 and 128 x 256 tiles, where 4 stays first (FP8 4096^2 M = 1 7.25 -> 7.30, 14336x4096 16.45 -> 17.23,
-# 4096x14336 17.37 -> 18.14), and the 4-bit 256 x 64 tile (not swept with 3).
-PAIR_STAGES = {(4, (1, 2)): {True: (4, 6, 8), False: (8, 6, 4)},
-               (4, (1, 4)): {True: (3, 4, 6), False: (3, 6, 4)},
-               (4, (2, 4)): {True: (3, 4, 6), False: (3, 6, 4)},
-               (4, (2, 8)): {False: (3, 4)},  # (the rows layout only: ROWS_WIDE_FIRST)
-               (8, (2, 4)): {True: (3, 4), False: (3, 4)}}
-
-# The 512 x 128 tile first for 4-bit rows-layout kernels with one m16 block (M = 9..16, not swapped), groups of at
-# least 128 rows (channelwise: not timed), no act-order, where a block gets at least ROWS_WIDE_MIN_STEPS stages: a
-# warp's 128 rows of a stage are one whole group, so late scaling flushes once per 8 k16 tiles instead of 4, and a
-# stage's fixed cost (fetch addresses, the wait) is spread over twice the bytes. It wins as a pair, alone on the
-# aligned grid and striped, before the two-block kernels. Sweeps r18c / r18d (H200, u4b8 g128 fp16, µs default ->
-# 512 x 128 with 3 stages): 4096x14336 M = 16 (2,4,6 on 112) 13.05 -> 12.41; 8192^2 (pairs) 13.68 -> 12.94;
-# 28672x8192 (pairs) 38.70 -> 34.51; 8192x28672 (two blocks per SM on 264) 43.33 -> 38.71 (one block, striped 132);
-# 4 stages 0.5% behind 3. The 4096-column layers keep their 512 x 64 pairs (the tile's 32 slices fill a quarter of
-# the SMs; without pairs 7.75 µs either way on 4096^2). The swapped kernels (M <= 8) gained 1-4% at most (28672x8192
-# M = 1 31.65 -> 30.42): not taken. A/B r18e (every bench layer, M = 9 / 16; u4 + zero points and bf16 too): see
-# bench/NOTES_gemm.md "Round 18". (Its 3 stages need 176,128 bytes of shared memory: not on an A100, 166,912.)
-ROWS_WIDE_FIRST = True
-ROWS_WIDE_TILE = (2, 8)
-ROWS_WIDE_STAGES = PAIR_STAGES[(4, ROWS_WIDE_TILE)][False]
-ROWS_WIDE_MIN_STEPS = 8
+SMEM_RESERVED_PER_BLOCK = RESERVED_SMEM_PER_BLOCK + 64
 
 
-def pairs_possible(compute_capability: int, fp32_reduce: bool) -> bool:
-    """Whether choose_config may take the pair policy for a launch (PAIR_CLUSTERS, sm_90+, fp32 reduction)."""
-    return PAIR_CLUSTERS and compute_capability >= 90 and fp32_reduce
+def two_block_smem(smem_limit: int, sm_smem: int) -> int:
+    """Dynamic shared memory one block may take when two share an SM of ``sm_smem`` bytes (the dense and the fused
+    MoE kernels' two-block variants)."""
+    return min(smem_limit, sm_smem // 2 - SMEM_RESERVED_PER_BLOCK)
 
 
-# Operand swap (KernelConfig.swap) for M <= SWAP_MAX_M (at most 16; 0 = never): one 8-row half for M <= 8, two for
-# M = 9..16 where the weights have no zero points or act-order groups (with them the 16-row form's two-block kernels
-# spill 8-136 bytes at 128 registers, nvcc sm_80 / sm_90). A module switch so that bench/ab_gemm.py can time the
-# alternatives.
-SWAP_MAX_M = 8
+def pairs_possible(compute_capability: int, fp32_reduce: bool, policy: GemmPolicy | None = None) -> bool:
+    """Whether choose_config may take the pair policy for a launch (``pair_clusters``, sm_90+, fp32 reduction)."""
+    return (policy or _default()).pair_clusters and compute_capability >= 90 and fp32_reduce
 
 
-def swap_halves(size_m: int, plain: bool = True) -> int:
-    """KernelConfig.swap for M rows under SWAP_MAX_M: 8-row halves of the swapped loop, 0 for the row layout.
-    ``plain``: weights without zero points or act-order groups (KernelConfig.plain)."""
-    return 1 if size_m <= min(SWAP_MAX_M, 8) else 2 if plain and size_m <= min(SWAP_MAX_M, 16) else 0
+def swap_halves(size_m: int, plain: bool = True, policy: GemmPolicy | None = None) -> int:
+    """KernelConfig.swap for M rows under the policy's ``swap_max_m``: 8-row halves of the swapped loop, 0 for the
+    row layout. ``plain``: weights without zero points or act-order groups (KernelConfig.plain; the 16-row form's
+    two-block kernels spill with them)."""
+    most = (policy or _default()).swap_max_m
+    return 1 if size_m <= min(most, 8) else 2 if plain and size_m <= min(most, 16) else 0
 
 
 def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int, group_size: int,
                   per_row_groups: bool, smem_limit: int, thread_k: int = -1, thread_n: int = -1,
-                  sm_smem: int = 0, sms: int = 0, pairs: bool = False) -> KernelConfig:
+                  sm_smem: int = 0, sms: int = 0, pairs: bool = False,
+                  policy: GemmPolicy | None = None) -> KernelConfig:
     """The first thread shape that divides (K, N) and fits shared memory; ValueError naming the shape otherwise.
 
-    ``pairs`` (the launch can sum slices in clusters of two: sm_90+, fp32 reduction, see PAIR_CLUSTERS): for M <= 16,
-    the one-block-per-SM configuration whose slices, two blocks each, fill the ``sms`` SMs (PAIR_*) comes first.
-    4-bit rows-layout kernels with groups of >= 128 rows at M = 9..16 try the 512 x 128 tile first, in pairs and then
-    alone (ROWS_WIDE_FIRST).
+    ``pairs`` (the launch can sum slices in clusters of two: sm_90+, fp32 reduction, see ``pairs_possible``): for
+    M <= 16, the one-block-per-SM configuration whose slices, two blocks each, fill the ``sms`` SMs comes first
+    (the policy's ``pair_*`` fields). 4-bit rows-layout kernels with groups of >= 128 rows at M = 9..16 try the
+    512 x 128 tile first, in pairs and then alone (``rows_wide_first``).
     Else, for M <= 16 (one m16 block) and 4-bit weights, a configuration that lets two blocks share an SM
     (``sm_smem`` = shared memory per SM; 0 = unknown; kernel cut to 128 registers) is preferred when each of the 2
-    ``sms`` blocks then gets at least TWO_BLOCKS_MIN_STEPS pipeline steps (``sms`` = 0: unknown, not checked).
+    ``sms`` blocks then gets at least ``two_blocks_min_steps`` pipeline steps (``sms`` = 0: unknown, not checked).
     """
+    p = policy or _default()
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     # kernels of weights without zero points or act-order groups (swapped: their own thresholds below)
     plain = not weight.has_zero_points and not per_row_groups
-    variant = dict(swap=swap_halves(size_m, plain))
+    variant = dict(swap=swap_halves(size_m, plain, p))
     plain_swap = bool(variant["swap"]) and plain
-    order = _SMALL_M_SHAPES if m_blocks <= 2 else _LARGE_M_SHAPES
+    order = p.small_m_shapes if m_blocks <= 2 else p.large_m_shapes
     if m_blocks == 1 and weight.bits == 8:
-        order = EIGHT_BIT_ONE_M_BLOCK_SHAPES
-    wide_rows = (ROWS_WIDE_FIRST and m_blocks == 1 and weight.bits == 4 and not variant["swap"]
+        order = p.eight_bit_one_m_block_shapes
+    rows_wide_tile = tuple(p.rows_wide_tile)
+    wide_rows = (p.rows_wide_first and m_blocks == 1 and weight.bits == 4 and not variant["swap"]
                  and not per_row_groups and group_size >= 128)
-    wide_first = (ROWS_WIDE_TILE,) if wide_rows else ()  # (tried by the pairs and alone, never by the last resort)
-    stage_order = ((_DEEP_STAGES, 6, _STAGES) if m_blocks == 2 else (_STAGES, 3)) if m_blocks > 1 else \
-        ONE_M_BLOCK_STAGES.get(weight.bits, (_DEEP_STAGES, 6, _STAGES))
+    wide_first = (rows_wide_tile,) if wide_rows else ()  # (tried by the pairs and alone, never by the last resort)
+    stage_order = (p.two_m_block_stages if m_blocks == 2 else p.large_m_stages) if m_blocks > 1 else \
+        p.one_block_stages(weight.bits)
 
     def shapes(shape_order=order):
         for n_tiles, k_warp in shape_order:
@@ -322,32 +216,31 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                 continue
             if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
                 continue
-            if (n_tiles, k_warp) == ROWS_WIDE_TILE and size_k // tk < ROWS_WIDE_MIN_STEPS:
+            if (n_tiles, k_warp) == rows_wide_tile and size_k // tk < p.rows_wide_min_steps:
                 continue
             yield n_tiles, k_warp
 
-    half_smem = min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)  # per block, two blocks per SM
+    half_smem = two_block_smem(smem_limit, sm_smem)  # per block, two blocks per SM
 
     def pair_choice() -> KernelConfig | None:
-        """The pair policy (PAIR_*): slices of two blocks each, summed in clusters of two."""
+        """The pair policy: slices of two blocks each, summed in clusters of two."""
         first = next(shapes(wide_first + order), None)
-        # long pairs (past the step limits) for the first-choice shape: PAIR_LONG_*
-        long_pairs = act in PAIR_LONG_ACTS and (plain or (PAIR_LONG_ZERO_POINTS and not per_row_groups))
-        pair_shapes = FOUR_BIT_PAIR_SHAPES if weight.bits == 4 else order
+        # long pairs (past the step limits) for the first-choice shape
+        long_pairs = act in p.pair_long_acts and (plain or (p.pair_long_zero_points and not per_row_groups))
+        pair_shapes = p.four_bit_pair_shapes if weight.bits == 4 else order
         for n_tiles, k_warp in shapes(wide_first + pair_shapes):
             tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
             slices = size_n // tn
-            if not PAIR_MIN_FILL * sms <= 2 * slices <= sms:
+            if not p.pair_min_fill * sms <= 2 * slices <= sms:
                 continue
             steps = size_k // tk // 2  # per block
-            if (n_tiles, k_warp) == ROWS_WIDE_TILE and steps < ROWS_WIDE_MIN_STEPS:
+            if (n_tiles, k_warp) == rows_wide_tile and steps < p.rows_wide_min_steps:
                 continue
             # (rows layout: only where late scaling flushes once per stage, i.e. a group spans a warp's k16 tiles)
             one_flush = variant["swap"] or group_size < 0 or group_size >= 16 * k_warp
             long_ok = long_pairs and (n_tiles, k_warp) == first and one_flush
-            if steps >= 1 and (steps <= (PAIR_MAX_STEPS if plain else PAIR_MAX_STEPS_NOT_PLAIN) or long_ok):
-                stages_here = PAIR_STAGES.get((weight.bits, (n_tiles, k_warp)), {}).get(bool(variant["swap"]),
-                                                                                        stage_order)
+            if steps >= 1 and (steps <= (p.pair_max_steps if plain else p.pair_max_steps_not_plain) or long_ok):
+                stages_here = p.pair_stage_order(weight.bits, (n_tiles, k_warp), bool(variant["swap"]), stage_order)
                 pair = next((cfg for stages in stages_here
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       **variant)] if cfg.smem_bytes <= smem_limit), None)
@@ -355,30 +248,28 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                     return pair
             break  # only the first shape whose pairs fill the SMs
         # Two blocks per SM in pairs, where no tile's pairs fill the SMs one block each but the first-choice tile's
-        # fill PAIR_TWO_BLOCK_MIN_FILL.. of them two blocks each (swapped fp16 4-bit kernels without zero points;
-        # returned with cluster = 2, so grid_blocks gives each slice two blocks): sweep r10i, u4b8 4096x14336 M = 1
-        # (112 slices of 128 columns, 8 steps per block) one block per SM on 112 blocks 13.76 -> 224 in pairs 12.65 µs.
-        if first is not None and plain_swap and act in TWO_BLOCK_PAIR_ACTS \
-                and weight.bits in TWO_BLOCKS_WEIGHT_BITS and sm_smem > 0:
+        # fill pair_two_block_min_fill.. of them two blocks each (swapped 4-bit kernels without zero points;
+        # returned with cluster = 2, so grid_blocks gives each slice two blocks).
+        if first is not None and plain_swap and act in p.two_block_pair_acts \
+                and weight.bits in p.two_blocks_weight_bits and sm_smem > 0:
             n_tiles, k_warp = first
             tk, tn = _THREAD_SHAPES[first]
-            if PAIR_TWO_BLOCK_MIN_FILL * sms <= size_n // tn <= sms and size_k // tk >= 2:
-                return next((cfg for stages in (3, 4)
+            if p.pair_two_block_min_fill * sms <= size_n // tn <= sms and size_k // tk >= 2:
+                return next((cfg for stages in p.two_block_pair_stages
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       blocks_per_sm=2, cluster=2, **variant)]
                              if cfg.smem_bytes <= half_smem), None)
         # 8-bit fp16 kernels at M = 9..16 (rows layout): the first tile whose slices fill the SMs so, two blocks per
-        # SM in pairs where one fits half an SM (PAIR_TWO_BLOCK_EIGHT_BIT_ROWS; sweep r12f under programmatic
-        # launches, FP8 4096x14336 M = 16: one block per SM on 112 blocks 20.05 -> 2,2,3 pairs on 224 17.81 µs).
-        if PAIR_TWO_BLOCK_EIGHT_BIT_ROWS and weight.bits == 8 and not variant["swap"] and plain \
+        # SM in pairs where one fits half an SM (pair_two_block_eight_bit_rows).
+        if p.pair_two_block_eight_bit_rows and weight.bits == 8 and not variant["swap"] and plain \
                 and act is ScalarType.F16 and sm_smem > 0:
             for n_tiles, k_warp in shapes():
                 tk, tn = _THREAD_SHAPES[(n_tiles, k_warp)]
-                # (at most PAIR_MAX_STEPS per block, as the one-block pairs: the sweep had no longer range)
+                # (at most pair_max_steps per block, as the one-block pairs: no longer range was measured)
                 steps = size_k // tk
-                if not (PAIR_TWO_BLOCK_MIN_FILL * sms <= size_n // tn <= sms and 2 <= steps <= 2 * PAIR_MAX_STEPS):
+                if not (p.pair_two_block_min_fill * sms <= size_n // tn <= sms and 2 <= steps <= 2 * p.pair_max_steps):
                     continue
-                two = next((cfg for stages in (3, 4)
+                two = next((cfg for stages in p.two_block_pair_stages
                             for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                      blocks_per_sm=2, cluster=2, **variant)]
                             if cfg.smem_bytes <= half_smem), None)
@@ -386,23 +277,23 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                     return two
         return None
 
-    if pairs and PAIR_CLUSTERS and m_blocks == 1 and sms > 0:
+    if pairs and p.pair_clusters and m_blocks == 1 and sms > 0:
         pair = pair_choice()
         if pair is not None:
             return pair
-    if wide_rows:  # (before the two-block kernels: ROWS_WIDE_FIRST)
-        wide = next((cfg for n_tiles, k_warp in shapes(wide_first) for stages in ROWS_WIDE_STAGES
+    if wide_rows:  # (before the two-block kernels: rows_wide_first)
+        wide = next((cfg for n_tiles, k_warp in shapes(wide_first) for stages in p.rows_wide_stages
                      for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode, **variant)]
                      if cfg.smem_bytes <= smem_limit), None)
         if wide is not None:
             return wide
-    if m_blocks == 1 and sm_smem > 0 and weight.bits in TWO_BLOCKS_WEIGHT_BITS:
-        two = next((cfg for n_tiles, k_warp in shapes() for stages in (4, 3)
+    if m_blocks == 1 and sm_smem > 0 and weight.bits in p.two_blocks_weight_bits:
+        two = next((cfg for n_tiles, k_warp in shapes() for stages in p.two_block_stages
                     for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                              blocks_per_sm=2, **variant)] if cfg.smem_bytes <= half_smem), None)
         if two is not None:
             steps = (size_n // two.block_n) * (size_k // two.block_k)
-            min_steps = TWO_BLOCKS_MIN_STEPS_SWAP if plain_swap else TWO_BLOCKS_MIN_STEPS
+            min_steps = p.two_blocks_min_steps_swap if plain_swap else p.two_blocks_min_steps
             if sms <= 0 or steps >= min_steps * 2 * sms:
                 return two
     tried = []
@@ -425,102 +316,65 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
         f"size_k % 128 == 0 and size_n % 64 == 0 always works")
 
 
-# Slice-aligned grids (see grid_blocks): taken when no block then gets more than ALIGNED_MAX_LONGER times the striped
-# grid's longest range (+ ALIGNED_EXTRA_STEPS) pipeline steps — for kernels with one block per SM; two-block kernels
-# keep the aligned grid only where it is no longer at all. A switch so that bench/ab_gemm.py can time the striped
-# grid beside it. Measured on the H200 (round-6 sweep and A/B, bench/NOTES_gemm.md "Round 6 — policy"): a block
-# that straddles a slice end costs more than a few steps (fence, atomic round trip, the cross-block sum on the
-# critical path) when ranges are short: u4b8 4096x14336, aligned 112 (16 steps) vs striped 132 (14): 25.1 -> 18.7 µs
-# (M = 1), 29.1 -> 22.9 (M = 16), 50.8 -> 47.3 (M = 64, 32 vs 28 steps); 28672x8192 M = 64 (112 vs 109) 134.0 ->
-# 127.5. Where the aligned grid is 17% longer it lost or tied (8192x28672 M = 64, 128 vs 109 steps: 131.3 -> 136.3;
-# u8b128 8192x28672 M = 1: 130.7 -> 137.6, FP8 the same cell 130.3 -> 123.2), and two blocks per SM on 8192x28672
-# (aligned 224, 32 steps vs 28) lost 5% at M = 16 (63.6 -> 67.1): hence 1.15, one block per SM only.
-# Swapped two-block kernels (M <= 8) without zero points or act-order take it up to ALIGNED_MAX_LONGER too (one block
-# per slice there: no cross-block sum at all). Sweep r14c under programmatic launches, u4b8 fp16 8192x28672 M = 1,
-# striped 264 (28 steps) 36.88 -> aligned 224 (32 steps) 32.75 µs; A/B r14d, µs M = 1 / 8: u4b8 fp16 36.66 / 36.76 ->
-# 32.74 / 33.25, bf16 37.29 / 37.50 -> 35.77 / 36.38, but u4 + zero points 42.39 / 42.30 -> 43.23 / 43.44 (not
-# taken); the rows-layout kernels at M = 16 lose too (sweep r14c: 43.23 -> 45.12).
-ALIGN_SLICES = True
-ALIGNED_MAX_LONGER = 1.15
-# One-block swapped kernels (M <= 8) take the aligned grid up to 20% longer (round 16). Sweep r16b under programmatic
-# launches, 8192x28672 M = 1 (the 64 x 256 tile: aligned 112 blocks of 128 steps vs striped 132 of ~109, 17% longer),
-# µs striped -> aligned: FP8 63.40 -> 58.82, u8b128 63.16 -> 57.76; the rows layout at M = 16 still loses there
-# (FP8 64.89 -> 68.14), so it keeps ALIGNED_MAX_LONGER.
-ALIGNED_MAX_LONGER_SWAP = 1.2
-ALIGNED_EXTRA_STEPS = 0
-ALIGNED_SWAP_TWO_BLOCKS = True  # (a switch for bench/ab_gemm.py's A/B)
-
-# The policy before round 6: bench/ab_gemm.py's variant new-oldpolicy sets these module switches to time it.
-PRE_R6_POLICY = dict(ONE_M_BLOCK_STAGES={4: (8, 6, 4), 8: (8, 6, 4)}, EIGHT_BIT_ONE_M_BLOCK_SHAPES=_SMALL_M_SHAPES,
-                     ALIGNED_MAX_LONGER=1.0, ALIGNED_MAX_LONGER_SWAP=1.0,
-                     TWO_BLOCKS_MIN_STEPS_SWAP=TWO_BLOCKS_MIN_STEPS, ROWS_WIDE_FIRST=False)
-
-
 def pipeline_steps(cfg: KernelConfig, size_m: int, size_n: int, size_k: int) -> int:
     """The kernel's (slice, k step) iterations: m chunks x column slices x k steps per slice."""
     return math.ceil(size_m / cfg.block_m) * (size_n // cfg.block_n) * (size_k // cfg.block_k)
 
 
-def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0) -> int:
+def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0,
+                policy: GemmPolicy | None = None) -> int:
     """Blocks launched: at most as many as can be resident at once (every block must be: in the in-C and fp32
     reductions blocks wait on others' counts), fewer when the problem has fewer (slice, k) iterations.
 
     The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block
     c s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
     finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range to fold its warps
-    and store and count in its partial, and sums its last slice's partials at the end). Chosen unless it lengthens
-    the longest range by more than ALIGNED_MAX_LONGER (x, one block per SM or swapped two-block kernels without zero
-    points or act-order; one-block swapped kernels: ALIGNED_MAX_LONGER_SWAP; other two-block kernels: not at all) +
-    ALIGNED_EXTRA_STEPS. A configuration that choose_config returned with ``cluster`` > 1 (a pair policy choice) gets
-    the aligned grid of that many blocks per slice wherever they fit.
+    and store and count in its partial, and sums its last slice's partials at the end). Chosen (``align_slices``)
+    unless it lengthens the longest range by more than ``aligned_max_longer`` (x, one block per SM or swapped
+    two-block kernels without zero points or act-order; one-block swapped kernels: ``aligned_max_longer_swap``;
+    other two-block kernels: not at all) + ``aligned_extra_steps``. A configuration that choose_config returned with
+    ``cluster`` > 1 (a pair policy choice) gets the aligned grid of that many blocks per slice wherever they fit.
     """
+    p = policy or _default()
     chunks = math.ceil(size_m / cfg.block_m)
     slices = chunks * (size_n // cfg.block_n)
     ki = size_k // cfg.block_k
     iterations = slices * ki
     max_grid = sms * (blocks_per_sm or cfg.blocks_per_sm)
     striped = max(1, min(max_grid, iterations))
-    if ALIGN_SLICES and slices <= max_grid:
+    if p.align_slices and slices <= max_grid:
         splits = min(ki, max_grid // slices)
         if cfg.cluster > 1 and cfg.cluster <= splits:  # chosen as a pair (choose_config): cluster blocks per slice
             return slices * cfg.cluster
         if max_grid <= sms:
-            longer = ALIGNED_MAX_LONGER_SWAP if cfg.swap else ALIGNED_MAX_LONGER
+            longer = p.aligned_max_longer_swap if cfg.swap else p.aligned_max_longer
         else:
-            longer = ALIGNED_MAX_LONGER if cfg.swap and cfg.plain and ALIGNED_SWAP_TWO_BLOCKS else 1.0
-        if math.ceil(ki / splits) <= math.ceil(iterations / striped) * longer + ALIGNED_EXTRA_STEPS:
+            longer = p.aligned_max_longer if cfg.swap and cfg.plain and p.aligned_swap_two_blocks else 1.0
+        if math.ceil(ki / splits) <= math.ceil(iterations / striped) * longer + p.aligned_extra_steps:
             return slices * splits
     return striped
 
 
-# Slice sums inside thread-block clusters (sm_90 and newer; mwb::marlin_gemm_cluster): where the grid is slice-aligned
-# with CLUSTER_SIZES blocks per slice and the reduction is fp32, a slice's blocks run as one cluster and add their
-# partials through each other's shared memory — in the fp32 reduction's order, so the output is bitwise the same —
-# instead of C_tmp slots, a lock and the first contributor's wait. A switch so that bench/ab_gemm.py can time the
-# global-memory sum beside it.
-# Measured on the H200 (round 9b A/B, bench/NOTES_gemm.md "Round 9"), every output bitwise equal: clusters of 2 are
-# faster wherever they ran (u4b8 8192^2 M = 1 17.04 -> 14.85 µs; FP8 4096x14336 M = 1 / 16 x0.88 / x0.89); clusters
-# of 4 were slower in every cell (x1.2-1.6: u4b8 4096^2 M = 1 9.54 -> 12.62, 28672x8192 M = 1 41.1 -> 51.7) and of 8
-# mixed (FP8 4096^2 x0.91, 14336x4096 x1.14): the H200 keeps only 30 clusters of 4 of a one-block kernel resident
-# (62 of a two-block one) where the grids need 32 (64), so some ran in a second wave (round 9g). Hence
-# CLUSTER_SIZES, and resident_clusters in the plan; the kernels take 2, 4 and 8.
-CLUSTER_SUMS = True
-CLUSTER_SIZES = (2,)
 KERNEL_CLUSTER_SIZES = (2, 4, 8)  # what marlin_gemm_cluster takes: the blocks share a partial's float4s evenly
 
 
 def cluster_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, grid: int, compute_capability: int,
-                   fp32_reduce: bool, enabled: bool | None = None, sizes: tuple[int, ...] | None = None) -> int:
+                   fp32_reduce: bool, enabled: bool | None = None, sizes: tuple[int, ...] | None = None,
+                   policy: GemmPolicy | None = None) -> int:
     """Blocks per cluster for a launch of ``cfg`` on ``grid`` blocks: s when the grid gives each slice s blocks of its
-    own (slice-aligned; s in ``sizes``, default CLUSTER_SIZES; s <= the slice's pipeline steps, so no block is idle:
-    every block must reach the cluster barriers), 16-row tiles, the fp32 reduction and sm_90+; else 1 (no cluster).
-    ``enabled``: None = CLUSTER_SUMS."""
-    if not ((CLUSTER_SUMS if enabled is None else enabled) and compute_capability >= 90 and fp32_reduce
+    own (slice-aligned; s in ``sizes``, default the policy's ``cluster_sizes``; s <= the slice's pipeline steps, so
+    no block is idle: every block must reach the cluster barriers), 16-row tiles, the fp32 reduction and sm_90+;
+    else 1 (no cluster). ``enabled``: None = the policy's ``cluster_sums``.
+
+    In a cluster a slice's blocks add their partials through each other's shared memory, in the fp32 reduction's
+    order (the output is bitwise the same), instead of C_tmp slots, a lock and the first contributor's wait."""
+    p = policy or _default()
+    if not ((p.cluster_sums if enabled is None else enabled) and compute_capability >= 90 and fp32_reduce
             and cfg.m_blocks == 1):
         return 1
     slices = math.ceil(size_m / cfg.block_m) * (size_n // cfg.block_n)
     s, rest = divmod(grid, slices)
-    allowed = CLUSTER_SIZES if sizes is None else sizes
+    allowed = p.cluster_sizes if sizes is None else sizes
     return s if rest == 0 and s in allowed and s in KERNEL_CLUSTER_SIZES and s <= size_k // cfg.block_k else 1
 
 
@@ -541,73 +395,26 @@ def workspace_numel(sms: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Compilation (CuPy RawModule, cached per process)
+# Compilation (workbench.cuda's one compile path, cached per process and on disk)
 # ---------------------------------------------------------------------------------------------------------------
-_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
-
-
 @functools.lru_cache(maxsize=None)
 def kernel_source() -> str:
-    """marlin_gemm.cu with its local headers inlined, so that CuPy's compile cache sees every byte it builds."""
-    seen: set[str] = set()
-
-    def expand(name: str) -> str:
-        if name in seen:
-            return ""
-        seen.add(name)
-        text = (KERNEL_DIR / name).read_text()
-        return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
-
-    return expand(KERNEL_SOURCE).replace("#pragma once", "")
+    """marlin_gemm.cu with its local headers inlined (KERNEL_DIR is read here: A/B runs point it elsewhere)."""
+    return rt.inline_includes(KERNEL_DIR, KERNEL_SOURCE)
 
 
-_compile_lock = threading.Lock()
-_kernels: dict[tuple[str, int], Any] = {}
-_occupancy: dict[tuple[str, int], int] = {}
-_function_ptrs: dict[tuple[str, int], int] = {}  # (name, device) -> CUfunction handle, for the direct launch
-_cupy_module = None
-
-
-def _cupy():
-    global _cupy_module
-    if _cupy_module is None:  # the import statement alone costs ~0.3 us per call in the launch path
-        try:
-            import cupy
-        except ImportError as exc:  # pragma: no cover - environment
-            raise RuntimeError("the native Marlin GEMM needs CuPy (pip install cupy-cuda13x)") from exc
-        _cupy_module = cupy
-    return _cupy_module
+# every instantiation's kernel, CUfunction handle and (on_load) blocks per SM the driver keeps resident
+_module = rt.KernelModule(lambda: kernel_source(), on_load=lambda kernel, smem: _resident_blocks(kernel, smem))
 
 
 def get_kernel(name_expression: str, device: int, smem_bytes: int = 0):
     """The compiled kernel for one template instantiation on one device (compiled once per process)."""
-    key = (name_expression, device)
-    kernel = _kernels.get(key)
-    if kernel is None:
-        cupy = _cupy()
-        with cupy.cuda.Device(device):
-            module = cupy.RawModule(code=kernel_source(), options=("-std=c++17",),
-                                    name_expressions=[name_expression])
-            kernel = module.get_function(name_expression)
-            if smem_bytes > 48 * 1024:
-                kernel.max_dynamic_shared_size_bytes = smem_bytes
-            resident = _resident_blocks(kernel, smem_bytes)
-            function_ptr = int(kernel.kernel.ptr)  # loaded into this device's context
-        with _compile_lock:
-            if key not in _kernels:
-                _kernels[key] = kernel
-                _occupancy[key] = resident
-                _function_ptrs[key] = function_ptr
-            kernel = _kernels[key]
-    return kernel
+    return _module.kernel(name_expression, device, smem_bytes)
 
 
 def function_ptr(name_expression: str, device: int, smem_bytes: int = 0) -> int:
     """The CUfunction handle of one instantiation on one device (compiling it first if needed)."""
-    key = (name_expression, device)
-    if key not in _function_ptrs:
-        get_kernel(name_expression, device, smem_bytes)
-    return _function_ptrs[key]
+    return _module.function_ptr(name_expression, device, smem_bytes)
 
 
 def _driver_apis():
@@ -634,13 +441,21 @@ def _resident_blocks(kernel, smem_bytes: int) -> int:
 
 
 def resident_blocks(name_expression: str, device: int) -> int:
-    return _occupancy.get((name_expression, device), 1)
+    return _module.loaded.get((name_expression, device)) or 1
 
 
-def programmatic_launches(device: int) -> bool:
-    """Whether launches on ``device`` are programmatic dependent launches (PROGRAMMATIC_LAUNCH on an sm_90+ device):
-    the dense GEMM's and the MoE kernels' (workbench/moe.py)."""
-    return PROGRAMMATIC_LAUNCH and device_properties(device)[0] >= 90
+def programmatic_launches(device: int, programmatic: bool | None = None) -> bool:
+    """Whether launches on ``device`` are programmatic dependent launches: ``programmatic`` (None: the default
+    GemmPolicy's ``programmatic_launch``) on an sm_90+ device. The dense GEMM's and the MoE kernels' (workbench/moe.py).
+
+    A programmatic launch lets a kernel's blocks be scheduled while the kernel before it in the stream finishes; they
+    fetch their first weight stage at once and wait (griddepcontrol.wait, kernels_cuda/mma.cuh) before they read the
+    activations or write anything, and every kernel lets the next one start so (griddepcontrol.launch_dependents). It
+    pays only where the kernel before triggers it; after any other kernel the launch behaves as a plain one. Needs
+    cuda-python's driver bindings (cuLaunchKernelEx), else launches stay plain."""
+    if programmatic is None:
+        programmatic = _default().programmatic_launch
+    return programmatic and device_properties(device)[0] >= 90
 
 
 def pinned_smem(smem_bytes: int, blocks_per_sm: int, sm_smem: int, reserved_per_block: int) -> int:
@@ -652,18 +467,20 @@ def pinned_smem(smem_bytes: int, blocks_per_sm: int, sm_smem: int, reserved_per_
 
 def pin_occupancy_of(kernel, device: int, smem_bytes: int, blocks_per_sm: int) -> int:
     """Dynamic shared memory for a launch of a compiled kernel (a CuPy function) that keeps at most
-    ``blocks_per_sm`` of its blocks on an SM (PROGRAMMATIC_PIN_OCCUPANCY): ``smem_bytes`` where no more fit already,
+    ``blocks_per_sm`` of its blocks on an SM (the policy's ``programmatic_pin_occupancy``: a programmatic launch places
+    a grid's blocks in whatever SM space the grid before leaves free, so a kernel planned at b blocks per SM that fits
+    more would run some SMs stacked): ``smem_bytes`` where no more fit already,
     else pinned_smem's amount, the kernel's shared memory limit raised to it and the driver's occupancy query checking
     it. ``smem_bytes`` where the pinned amount is over the per-block limit or the query disagrees (the launch is then
     as unpinned)."""
-    with _cupy().cuda.Device(device):
+    with rt_arrays.cupy().cuda.Device(device):
         if _resident_blocks(kernel, smem_bytes) <= blocks_per_sm:
             return smem_bytes
     _, _, smem_limit, sm_smem = device_properties(device)
     pinned = pinned_smem(smem_bytes, blocks_per_sm, sm_smem, RESERVED_SMEM_PER_BLOCK)
     if pinned > smem_limit:
         return smem_bytes
-    with _cupy().cuda.Device(device):
+    with rt_arrays.cupy().cuda.Device(device):
         if pinned > max(48 * 1024, kernel.max_dynamic_shared_size_bytes):
             kernel.max_dynamic_shared_size_bytes = pinned
         return pinned if _resident_blocks(kernel, pinned) == blocks_per_sm else smem_bytes
@@ -706,20 +523,20 @@ def precompile(configs, device: int = 0, workers: int = 8) -> None:
 @functools.lru_cache(maxsize=None)
 def device_properties(device: int) -> tuple[int, int, int, int]:
     """(compute capability as 10*major+minor, SM count, opt-in shared memory per block, shared memory per SM)."""
-    cupy = _cupy()
+    cupy = rt_arrays.cupy()
     props = cupy.cuda.runtime.getDeviceProperties(device)
     return (10 * props["major"] + props["minor"], props["multiProcessorCount"],
             props["sharedMemPerBlockOptin"], props["sharedMemPerMultiprocessor"])
 
 
 def config_for(act, weight, size_m: int, size_n: int, size_k: int, group_size: int, per_row_groups: bool,
-               device: int = 0) -> KernelConfig:
+               device: int = 0, policy: GemmPolicy | None = None) -> KernelConfig:
     """choose_config with the device's limits, for the default (fp32) reduction: the tile a launch on that device
-    will use (its cluster size follows the grid: cluster_blocks)."""
+    will use under ``policy`` (its cluster size follows the grid: cluster_blocks)."""
     cc, sms, smem_limit, sm_smem = device_properties(device)
     return choose_config(ScalarType.parse(act) if not isinstance(act, ScalarType) else act, weight, size_m, size_n,
                          size_k, group_size, per_row_groups, smem_limit, sm_smem=sm_smem, sms=sms,
-                         pairs=pairs_possible(cc, True))
+                         pairs=pairs_possible(cc, True, policy), policy=policy)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -732,9 +549,11 @@ def _err(message: str) -> ValueError:
 _TYPE_BY_CODE = {t.abi_code: t for t in ScalarType}
 
 
-def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int, smem_limit: int, sm_smem: int = 0
-                 ) -> tuple[KernelConfig, int, int]:
-    """Every rule a record can be checked against without knowing buffer extents. Returns (config, sms, grid)."""
+def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int, smem_limit: int, sm_smem: int = 0,
+                 policy: GemmPolicy | None = None) -> tuple[KernelConfig, int, int]:
+    """Every rule a record can be checked against without knowing buffer extents (the rules of
+    workbench.gemm_checks, plus the record's own fields), then the configuration ``policy`` chooses. Returns
+    (config, sms, grid)."""
     if not isinstance(launch, MarlinLaunch):
         raise TypeError(f"expected a MarlinLaunch record, got {type(launch).__name__}")
     if launch.abi_version != ABI_VERSION:
@@ -759,60 +578,33 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
         if launch.pointer(name):
             raise _err(f"{name} is not supported with 16-bit activations (pass null)")
     m, n, k, lda = launch.prob_m, launch.prob_n, launch.prob_k, launch.lda
-    if m < 0 or n <= 0 or k <= 0:
-        raise _err(f"Invalid MNK = [{m}, {n}, {k}]")
-    if k % TILE_K:
-        raise _err(f"size_k = {k} is not divisible by tile_size = {TILE_K}")
-    if n % TILE_N:
-        raise _err(f"size_n = {n} is not divisible by min_thread_n = {TILE_N}")
-    if lda < k or lda % 8:
-        raise _err(f"lda = {lda} must be >= size_k = {k} and a multiple of 8 (16-byte rows)")
+    checks.check_sizes(m, n, k)
+    checks.check_row_stride(lda, k, "lda")
     flags = launch.flags
     has_zp = bool(flags & FLAG_HAS_ZERO_POINTS)
     if has_zp != bool(launch.pointer("zero_points")):
         raise _err(f"HAS_ZERO_POINTS flag = {has_zp} disagrees with zero_points = {launch.pointer('zero_points'):#x}")
-    if has_zp and not weight.has_zero_points:
-        raise _err(f"b_type must be u4 or u8 when has_zp = True. Got = {weight}")
-    if not has_zp and weight.has_zero_points:
-        raise _err(f"b_type must be u4b8, u8b128 or fe4m3fn when has_zp = False. Got = {weight}")
+    checks.check_zero_points(has_zp, weight)
     act_order = bool(flags & FLAG_HAS_ACT_ORDER)
     k_full = bool(flags & FLAG_IS_K_FULL)
     if act_order != bool(launch.pointer("group_index")) or act_order != bool(launch.pointer("permutation")):
         raise _err(f"HAS_ACT_ORDER flag = {act_order} needs group_index and permutation "
                    f"(got {launch.pointer('group_index'):#x}, {launch.pointer('permutation'):#x})")
-    if act_order and weight is ScalarType.FE4M3FN:
-        raise _err("act-order is not defined for fe4m3fn weights")
-    if act_order and not launch.pointer("a_tmp"):
-        raise _err("act-order needs a_tmp (an M x K activation buffer for the gathered columns)")
     ng, gs = launch.num_groups, launch.group_size
-    if ng <= 0 or k % ng:
-        raise _err(f"size_k = {k}, is not divisible by num_groups = {ng}")
-    if act_order and k_full and ng == 1:
-        raise _err("For act_order, num_groups must be > 1")
-    if ng == 1:
+    checks.check_act_order(weight, act_order, k_full, ng)
+    checks.check_groups(weight, k, ng, act_order, k_full)
+    if ng == 1:  # (the record carries the group size beside the count: they must agree)
         if gs not in (-1, k):
             raise _err(f"group_size = {gs} with num_groups = 1 must be -1 (channelwise) or size_k = {k}")
     elif gs != k // ng:
         raise _err(f"group_size = {gs} is not size_k / num_groups = {k} / {ng} = {k // ng}")
-    elif not act_order or k_full:
-        if gs not in GROUP_SIZES:
-            raise _err(f"group_size = {gs} is not one of {GROUP_SIZES} (or -1)")
-    if weight is ScalarType.FE4M3FN and ng > 1 and gs != 128:
-        raise _err(f"fe4m3fn weights take channelwise or group-128 scales, got group_size = {gs}")
     atomic = bool(flags & FLAG_USE_ATOMIC_ADD)
-    if atomic and flags & FLAG_DETERMINISTIC:
-        raise _err("use_atomic_add cannot be deterministic: atomics sum in arrival order")
+    checks.check_reduction(atomic, bool(flags & FLAG_DETERMINISTIC))
     if compute_capability < 80:
         raise _err(f"the Marlin kernels need sm_80 or newer; device {launch.device} is sm_{compute_capability}")
-    for name in ("a", "b", "c", "b_scales", "workspace"):
-        if not launch.pointer(name):
-            raise _err(f"{name} is null")
-    if flags & FLAG_USE_FP32_REDUCE and not atomic and not launch.pointer("c_tmp"):
-        raise _err("use_fp32_reduce needs c_tmp (fp32 partial sums); pass one or clear the flag")
-    for name in ("a", "b", "c", "c_tmp", "b_scales", "zero_points", "group_index", "permutation", "a_tmp"):
-        ptr = launch.pointer(name)
-        if ptr % 16:
-            raise _err(f"{name} must be aligned to 16 bytes (address {ptr:#x} % 16 = {ptr % 16})")
+    fp32_reduce = bool(flags & FLAG_USE_FP32_REDUCE) and not atomic
+    checks.check_pointers({name: launch.pointer(name) for name in _POINTER_NAMES}, uses_c_tmp=fp32_reduce,
+                          has_zero_points=has_zp, act_order=act_order)
     sms = launch.sms if launch.sms > 0 else device_sms
     if sms > device_sms:
         raise _err(f"sms = {sms} exceeds the device's {device_sms} SMs (blocks must all be resident)")
@@ -821,40 +613,19 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     fp32_reduce = bool(flags & FLAG_USE_FP32_REDUCE) and not atomic
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
                         launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms,
-                        pairs=pairs_possible(compute_capability, fp32_reduce))
-    iterations = pipeline_steps(cfg, max(m, 1), n, k)
-    if iterations >= 2**31:
-        raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
-    grid = grid_blocks(cfg, max(m, 1), n, k, sms)
-    cluster = cluster_blocks(cfg, max(m, 1), n, k, grid, compute_capability, fp32_reduce)
+                        pairs=pairs_possible(compute_capability, fp32_reduce, policy), policy=policy)
+    checks.check_pipeline_steps(pipeline_steps(cfg, max(m, 1), n, k))
+    grid = grid_blocks(cfg, max(m, 1), n, k, sms, policy=policy)
+    cluster = cluster_blocks(cfg, max(m, 1), n, k, grid, compute_capability, fp32_reduce, policy=policy)
     # cluster_blocks decides (a pair choice comes back from choose_config with cluster = 2; kept only where it applies)
     return dataclasses.replace(cfg, cluster=cluster), sms, grid
 
 
-# The pointer fields of a record that must be 16-byte aligned (null counts as aligned).
-_ALIGNED_POINTERS = ("a", "b", "c", "c_tmp", "b_scales", "zero_points", "group_index", "permutation", "a_tmp")
+_POINTER_NAMES = ("a", "b", "c", "c_tmp", "b_scales", "zero_points", "group_index", "permutation", "a_tmp",
+                  "workspace")  # what gemm_checks.check_pointers reads
 _POINTER_FIELDS = tuple(f for f, t in MarlinLaunch._fields_ if t is ctypes.c_void_p)
 _SCALARS_OFFSET = MarlinLaunch.prob_m.offset  # the record's non-pointer tail: sizes, types, device, sms, flags
 
-# Launch through cuLaunchKernel with a reused argument block (True) or through CuPy's RawKernel call (False,
-# converting every argument on each call, as HEAD did): a switch for bench/bench_host.py's A/B, and a way back
-# (WORKBENCH_DIRECT_LAUNCH=0) should a driver/CuPy combination refuse the direct launch.
-DIRECT_LAUNCH = os.environ.get("WORKBENCH_DIRECT_LAUNCH", "1") != "0"
-# Programmatic dependent launch (sm_90+, direct launches; on unless WORKBENCH_PROGRAMMATIC_LAUNCH=0): the GEMM is
-# launched with programmatic stream serialization, so its blocks may be scheduled while the kernel before it in the
-# stream finishes; they fetch their first weight stage at once and wait (griddepcontrol.wait, kernels_cuda/mma.cuh)
-# before they read the activations or write anything. Every GEMM lets the next one start so
-# (griddepcontrol.launch_dependents). It pays only where the kernel before triggers it: back-to-back GEMMs (as in
-# bench_gemm's graphs) or another kernel that does; after any other kernel the launch behaves as a plain one.
-# Needs cuda-python's driver bindings (cuLaunchKernelEx), else launches stay plain.
-PROGRAMMATIC_LAUNCH = os.environ.get("WORKBENCH_PROGRAMMATIC_LAUNCH", "1") != "0"
-# A programmatic launch places the next grid's blocks in whatever SM space is free while the grid before runs, so
-# the SMs that grid leaves idle (it may have fewer blocks than SMs) take as many blocks as fit, where a launch on an
-# idle GPU spreads them one per SM. A kernel planned at b blocks per SM that fits more then runs some SMs stacked.
-# Pinning: the launch asks for just enough shared memory that no more than b fit. Measured (H200, back-to-back in
-# graphs, round 12a, µs plain / programmatic unpinned / pinned): u4b8 14336x4096 M = 1 13.77 / 15.90 / 12.67, FP8
-# 4096x14336 M = 1 18.86 / 25.18 / 17.63; elsewhere pinned = unpinned within 4% (4096^2 M = 1 7.15 / 5.85 / 6.07).
-PROGRAMMATIC_PIN_OCCUPANCY = True
 # The argument blocks below, as 'p' (64-bit address) / 'i' (int32) per kernel parameter.
 KERNEL_ARG_KINDS = {"marlin_gemm": "pppppppp" + "iiiiii" + "iiiiiiii", "permute_cols": "ppp" + "iii"}
 
@@ -876,10 +647,13 @@ class PreparedLaunch:
     passed ``check_launch``; ``launch`` then only checks the addresses (non-null where needed, 16-byte aligned) and
     launches: no allocation, no host synchronisation, no record.
 
-    The kernel's arguments live in a ctypes block reused by every call (a lock keeps two threads from interleaving
-    fill and launch; cuLaunchKernel copies the block before it returns)."""
+    The kernel's arguments live in a workbench.cuda.ArgBlock reused by every call (a lock keeps two threads from
+    interleaving fill and launch; the launch copies the block before it returns), launched through workbench.cuda's
+    one launch call as a plain or (the policy's programmatic_launch, sm_90+) programmatic launch."""
 
-    def __init__(self, launch: MarlinLaunch, cfg: KernelConfig, sms: int, grid: int):
+    def __init__(self, launch: MarlinLaunch, cfg: KernelConfig, sms: int, grid: int,
+                 policy: GemmPolicy | None = None):
+        policy = self.policy = policy or _default()
         m, n, k = launch.prob_m, launch.prob_n, launch.prob_k
         flags = launch.flags
         self.device = launch.device
@@ -901,10 +675,10 @@ class PreparedLaunch:
             get_kernel(cfg.name_expression, self.device, self.smem)
             resident = resident_blocks(cfg.name_expression, self.device)
             if resident < cfg.blocks_per_sm:  # the driver keeps fewer blocks resident than planned: launch fewer
-                self.grid = grid_blocks(cfg, m, n, k, sms, resident)
+                self.grid = grid_blocks(cfg, m, n, k, sms, resident, policy=policy)
                 if cfg.cluster > 1:  # (sm_90+ and fp32: the planned grid had clusters) the new grid's, if any
                     cfg = self.cfg = dataclasses.replace(
-                        cfg, cluster=cluster_blocks(cfg, m, n, k, self.grid, 90, True))
+                        cfg, cluster=cluster_blocks(cfg, m, n, k, self.grid, 90, True, policy=policy))
             if cfg.cluster > 1 and self.grid // cfg.cluster > resident_clusters(cfg, self.device, self.grid):
                 # clusters that do not all fit at once run in a second wave (the H200 keeps 30 clusters of 4 of a
                 # one-block-per-SM kernel, not the 32 a 128-block grid needs: bench/cluster_occupancy.py); the same
@@ -916,22 +690,25 @@ class PreparedLaunch:
                 name = f"mwb::permute_cols<{'__half' if cfg.act is ScalarType.F16 else '__nv_bfloat16'}>"
                 self._permute = get_kernel(name, self.device)
                 self._permute_function = function_ptr(name, self.device)
-        # (8,) u64 addresses then (14,) i32 scalars, and the (22,) void* table cuLaunchKernel reads them through:
-        # mwb::marlin_gemm's parameter list (KERNEL_ARG_KINDS, checked against the source by tests/cpu)
-        self._ptrs = (ctypes.c_uint64 * 8)()
-        self._ints = (ctypes.c_int32 * 14)(*self._kernel_ints())
-        self._params = _param_table(self._ptrs, 8, self._ints, 14)
+        # (8,) u64 addresses then (14,) i32 scalars: mwb::marlin_gemm's parameter list (KERNEL_ARG_KINDS, checked
+        # against the source by tests/cpu)
+        self._args = rt.ArgBlock(KERNEL_ARG_KINDS["marlin_gemm"])
+        self._ptrs, self._ints, self._args_address = self._args.ptrs, self._args.ints, self._args.address
+        self._ints[:] = self._kernel_ints()
         # permute_cols(A, perm, out, prob_m, prob_k, lda): (3,) u64 + (3,) i32
-        self._perm_ptrs = (ctypes.c_uint64 * 3)()
-        self._perm_ints = (ctypes.c_int32 * 3)(m, k, self.lda)
-        self._perm_params = _param_table(self._perm_ptrs, 3, self._perm_ints, 3)
-        # the launch configuration of a programmatic launch (None: cuLaunchKernel), its stream set per call
-        self._programmatic = None
+        self._perm_args = rt.ArgBlock(KERNEL_ARG_KINDS["permute_cols"])
+        self._perm_args.ints[:] = (m, k, self.lda)
         self.launch_smem = self.smem  # what a programmatic launch asks for (pinned_smem)
-        if m > 0 and programmatic_launches(self.device):
-            if PROGRAMMATIC_PIN_OCCUPANCY:
-                self.launch_smem = pin_occupancy_of(self._kernel, self.device, self.smem, cfg.blocks_per_sm)
-            self._programmatic = _programmatic_config(self.grid, self.launch_smem, self._function)
+        self.programmatic = m > 0 and programmatic_launches(self.device, policy.programmatic_launch)
+        if self.programmatic and policy.programmatic_pin_occupancy:
+            self.launch_smem = pin_occupancy_of(self._kernel, self.device, self.smem, cfg.blocks_per_sm)
+        self._main = self._gather = None
+        if m > 0:
+            self._main = rt.Launch(self._function, self.grid, THREADS, self.launch_smem,
+                                   programmatic=self.programmatic)
+            self.programmatic = self.programmatic and self._main.supported  # (no driver bindings: plain)
+            if self.act_order:  # (the gather before it stays a plain launch)
+                self._gather = rt.Launch(self._permute_function, m, THREADS, 0)
 
     def _kernel_ints(self) -> list[int]:
         """The kernel's int32 arguments: problem, group size, reduction mode, then its division plan for this grid
@@ -952,8 +729,7 @@ class PreparedLaunch:
         self.grid = int(blocks)
         if self.m > 0:
             self._ints[:] = self._kernel_ints()
-            if self._programmatic is not None:
-                self._programmatic = _programmatic_config(self.grid, self.launch_smem, self._function)
+            self._main.set_grid(self.grid)
 
     def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,
                permutation: int, a_tmp: int, workspace: int, stream: int) -> None:
@@ -973,7 +749,7 @@ class PreparedLaunch:
             c_tmp = 0
         if not self.act_order:
             group_index = 0
-        cupy = _cupy()
+        cupy = rt_arrays.cupy()
         runtime = cupy.cuda.runtime
         if runtime.getDevice() != self.device:  # switch only when another device is current
             with cupy.cuda.Device(self.device):
@@ -987,30 +763,25 @@ class PreparedLaunch:
                 runtime):
         if self.atomic:
             runtime.memsetAsync(c, 0, self.c_bytes, stream)
-        if not DIRECT_LAUNCH:
+        if not self.policy.direct_launch:
             self._launch_cupy(a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
                               stream)
             return
-        driver = _driver()
+        launch = rt_launch.launch_kernel
         with self._lock:
             if self.act_order:
-                pp = self._perm_ptrs
+                pp = self._perm_args.ptrs
                 pp[0], pp[1], pp[2] = a, permutation, a_tmp
-                driver.launchKernel(self._permute_function, self.m, 1, 1, THREADS, 1, 1, 0, stream,
-                                    self._perm_params, 0)
+                launch(self._gather, stream, self._perm_args.address)
                 a = a_tmp
             p = self._ptrs
             p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7] = (a, b, c, c_tmp, scales, zero_points, group_index,
                                                               workspace)
-            if self._programmatic is not None:
-                _launch_programmatic(self._programmatic, stream, self._params)
-            else:
-                driver.launchKernel(self._function, self.grid, 1, 1, THREADS, 1, 1, self.smem, stream, self._params,
-                                    0)
+            launch(self._main, stream, self._args_address)
 
     def _launch_cupy(self, a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
                      stream):
-        s = _stream(stream)
+        s = rt.cupy_stream(stream)
         if self.act_order:
             self._permute((self.m,), (THREADS,), (_p(a), _p(permutation), _p(a_tmp), np.int32(self.m),
                                                   np.int32(self.k), np.int32(self.lda)), stream=s)
@@ -1021,83 +792,9 @@ class PreparedLaunch:
                      shared_mem=self.smem, stream=s)
 
     def _refuse(self, pointers: dict[str, int]) -> None:
-        for name in ("a", "b", "c", "b_scales", "workspace"):
-            if not pointers[name]:
-                raise _err(f"{name} is null")
-        if self.uses_c_tmp and not pointers["c_tmp"]:
-            raise _err("use_fp32_reduce needs c_tmp (fp32 partial sums); pass one or clear the flag")
-        if self.has_zero_points and not pointers["zero_points"]:
-            raise _err("HAS_ZERO_POINTS flag = True needs zero_points (got null)")
-        if self.act_order and not (pointers["group_index"] and pointers["permutation"]):
-            raise _err(f"HAS_ACT_ORDER flag = True needs group_index and permutation (got "
-                       f"{pointers['group_index']:#x}, {pointers['permutation']:#x})")
-        if self.act_order and not pointers["a_tmp"]:
-            raise _err("act-order needs a_tmp (an M x K activation buffer for the gathered columns)")
-        for name in _ALIGNED_POINTERS:
-            if pointers[name] % 16:
-                raise _err(f"{name} must be aligned to 16 bytes (address {pointers[name]:#x} % 16 = "
-                           f"{pointers[name] % 16})")
+        checks.check_pointers(pointers, uses_c_tmp=self.uses_c_tmp, has_zero_points=self.has_zero_points,
+                              act_order=self.act_order)
         raise AssertionError("refused a launch without a reason")  # pragma: no cover - the checks above mirror it
-
-
-_driver_module = None
-
-
-def _driver():
-    """CuPy's binding of the CUDA driver API (cuLaunchKernel), looked up once."""
-    global _driver_module
-    if _driver_module is None:
-        from cupy_backends.cuda.api import driver
-
-        _driver_module = driver
-    return _driver_module
-
-
-def _programmatic_config(grid: int, smem: int, function: int, threads: int = THREADS):
-    """(cuda.bindings driver module, CUlaunchConfig with programmatic stream serialization allowed, CUfunction) for a
-    launch of ``function`` on ``grid`` blocks of ``threads``, made once per plan; None where cuda-python's driver
-    bindings are missing (the launch stays plain)."""
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:  # pragma: no cover - environment
-        return None
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
-    config = cu.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
-    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
-    config.sharedMemBytes = smem
-    config.attrs = [attr]
-    config.numAttrs = 1
-    return cu, config, cu.CUfunction(function)
-
-
-def _launch_programmatic(programmatic, stream: int, params: int) -> None:
-    """cuLaunchKernelEx of a prepared programmatic launch (_programmatic_config) on ``stream``; RuntimeError naming
-    the driver's error if it refuses."""
-    cu, config, function = programmatic
-    config.hStream = cu.CUstream(stream)
-    err, = cu.cuLaunchKernelEx(config, function, params, 0)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernelEx (programmatic launch) failed: {err!r}")
-
-
-def _param_table(ptrs, n_ptrs: int, ints, n_ints: int):
-    """The void* table cuLaunchKernel reads the arguments through: one entry per argument, into the two blocks."""
-    p0, i0 = ctypes.addressof(ptrs), ctypes.addressof(ints)
-    table = (ctypes.c_void_p * (n_ptrs + n_ints))(*[p0 + 8 * i for i in range(n_ptrs)],
-                                                  *[i0 + 4 * i for i in range(n_ints)])
-    return _ParamTable(table, ptrs, ints)
-
-
-class _ParamTable(int):
-    """The table's address as an int (what cuLaunchKernel takes), holding the blocks it points into alive."""
-
-    def __new__(cls, table, ptrs, ints):
-        obj = super().__new__(cls, ctypes.addressof(table))
-        obj._keep = (table, ptrs, ints)
-        return obj
 
 
 _MAX_PLANS = 4096  # cached plans per cache (a serving loop sees a few dozen shapes; the bound keeps a sweep finite)
@@ -1109,29 +806,31 @@ def _record_key(launch: MarlinLaunch) -> tuple:
     return (bytes(launch)[_SCALARS_OFFSET:],) + tuple(not getattr(launch, f) for f in _POINTER_FIELDS)
 
 
-def prepare_launch(launch: MarlinLaunch, *, config: KernelConfig | None = None, grid: int | None = None
-                   ) -> PreparedLaunch:
-    """check_launch on the device's properties, then the prepared launch (cached per record layout).
+def prepare_launch(launch: MarlinLaunch, *, config: KernelConfig | None = None, grid: int | None = None,
+                   policy: GemmPolicy | None = None) -> PreparedLaunch:
+    """check_launch on the device's properties, then the prepared launch (cached per record layout and policy).
 
     ``config`` / ``grid`` force the kernel configuration and the number of blocks instead of choose_config /
     grid_blocks (bench/sweep_gemm.py times the alternatives): checked by ``_prepare_forced``, never cached."""
     if not isinstance(launch, MarlinLaunch):
         raise TypeError(f"expected a MarlinLaunch record, got {type(launch).__name__}")
+    policy = policy or _default()
     if config is not None or grid is not None:
-        return _prepare_forced(launch, config, grid)
-    key = _record_key(launch)
+        return _prepare_forced(launch, config, grid, policy)
+    key = (_record_key(launch), policy)
     prepared = _prepared.get(key)
     if prepared is None:
         cc, device_sms, smem_limit, sm_smem = device_properties(launch.device)
-        cfg, sms, grid = check_launch(launch, cc, device_sms, smem_limit, sm_smem)
-        prepared = PreparedLaunch(launch, cfg, sms, grid)
+        cfg, sms, grid = check_launch(launch, cc, device_sms, smem_limit, sm_smem, policy)
+        prepared = PreparedLaunch(launch, cfg, sms, grid, policy)
         if len(_prepared) >= _MAX_PLANS:
             _prepared.clear()
         _prepared[key] = prepared
     return prepared
 
 
-def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int | None) -> PreparedLaunch:
+def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int | None,
+                    policy: GemmPolicy) -> PreparedLaunch:
     """prepare_launch with a forced configuration and/or grid: every rule of check_launch, then ValueError unless the
     configuration is one the kernel computes this problem correctly with (same types and group mode, tile divides
     (K, N) and the group size, swap 1 / 2 only for M <= 8 / 16, two blocks per SM only with 16-row tiles, shared
@@ -1139,7 +838,7 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     and every block of the grid can be resident (the in-C and fp32 reductions wait on other blocks; the scratch buffers
     hold sms x blocks_per_sm blocks)."""
     cc, device_sms, smem_limit, sm_smem = device_properties(launch.device)
-    default, sms, _ = check_launch(launch, cc, device_sms, smem_limit, sm_smem)
+    default, sms, _ = check_launch(launch, cc, device_sms, smem_limit, sm_smem, policy)
     cfg = default if config is None else config
     if not isinstance(cfg, KernelConfig):
         raise TypeError(f"config must be a KernelConfig, got {type(cfg).__name__}")
@@ -1164,15 +863,14 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     if cfg.swap and (cfg.m_blocks != 1 or m > 8 * cfg.swap):
         raise _err(f"config swap = {cfg.swap} needs m_blocks = 1 and size_m <= {8 * cfg.swap} "
                    f"(got {cfg.m_blocks}, {m})")
-    limit = smem_limit if cfg.blocks_per_sm == 1 else min(smem_limit, sm_smem // 2 - _SMEM_RESERVED_PER_BLOCK)
+    limit = smem_limit if cfg.blocks_per_sm == 1 else two_block_smem(smem_limit, sm_smem)
     if cfg.smem_bytes > limit:
         raise _err(f"config needs {cfg.smem_bytes} bytes of shared memory; {cfg.blocks_per_sm} block(s) per SM "
                    f"leave {limit}")
     iterations = pipeline_steps(cfg, m, n, k)
-    if iterations >= 2**31:
-        raise _err(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
+    checks.check_pipeline_steps(iterations)
     if grid is None:
-        grid = grid_blocks(cfg, m, n, k, sms)
+        grid = grid_blocks(cfg, m, n, k, sms, policy=policy)
     most = min(iterations, sms * cfg.blocks_per_sm)
     if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or not 1 <= grid <= most:
         raise _err(f"grid = {grid!r} must be an int in [1, {most}] (min(pipeline steps = {iterations}, sms = {sms} "
@@ -1180,13 +878,14 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     fp32_reduce = bool(launch.flags & FLAG_USE_FP32_REDUCE) and not launch.flags & FLAG_USE_ATOMIC_ADD
     fits = cluster_blocks(cfg, m, n, k, int(grid), cc, fp32_reduce, enabled=True, sizes=KERNEL_CLUSTER_SIZES)
     if config is None:  # the default configuration: clusters where the policy would give this grid some
-        cfg = dataclasses.replace(cfg, cluster=cluster_blocks(cfg, m, n, k, int(grid), cc, fp32_reduce))
+        cfg = dataclasses.replace(cfg, cluster=cluster_blocks(cfg, m, n, k, int(grid), cc, fp32_reduce,
+                                                              policy=policy))
     elif cfg.cluster != 1 and cfg.cluster != fits:
         raise _err(f"config cluster = {cfg.cluster} needs sm_90+, the fp32 reduction, m_blocks = 1 and a grid of "
                    f"cluster x slices blocks with cluster in {KERNEL_CLUSTER_SIZES} and <= the slice's pipeline "
                    f"steps (got sm_{cc}, fp32 = {fp32_reduce}, m_blocks = {cfg.m_blocks}, grid = {grid}: cluster "
                    f"{fits} fits)")
-    prepared = PreparedLaunch(launch, cfg, sms, int(grid))
+    prepared = PreparedLaunch(launch, cfg, sms, int(grid), policy)
     if launch.prob_m > 0:
         resident = resident_blocks(cfg.name_expression, launch.device)
         if grid > sms * resident:
@@ -1209,24 +908,6 @@ def launch_marlin_mm(launch: MarlinLaunch) -> None:
 
 def _p(ptr: int) -> np.uint64:
     return np.uint64(ptr)
-
-
-_streams: dict[int, Any] = {}
-
-
-def _stream(ptr: int):
-    """A CuPy stream object for a raw CUstream handle (cached: creating one allocates nothing on the device)."""
-    cupy = _cupy()
-    if ptr == 0:
-        return cupy.cuda.Stream.null
-    s = _streams.get(ptr)
-    if s is None:
-        import warnings
-
-        with warnings.catch_warnings():  # CuPy 14 deprecates it in favour of objects with __cuda_stream__; a raw
-            warnings.simplefilter("ignore", DeprecationWarning)  # handle from the ABI has nothing else to wrap
-            s = _streams.setdefault(ptr, cupy.cuda.ExternalStream(ptr))
-    return s
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1289,21 +970,6 @@ def _dtype_is(x, dtype, name: str) -> None:
         raise TypeError(f"{name} dtype = {np.dtype(x.dtype)} must be {np.dtype(dtype)}")
 
 
-def _device_ptr(x, name: str) -> tuple[int, int]:
-    """(address, device id) of a CUDA array; TypeError naming the array otherwise."""
-    if type(x) is _fast_array_type():  # CuPy: no interface dict, no pointer query
-        mem = x.data
-        return mem.ptr, mem.device_id
-    iface = getattr(x, "__cuda_array_interface__", None)
-    if iface is None:
-        raise TypeError(f"{name} is not on GPU (got {type(x).__module__}.{type(x).__name__}; use a CuPy array)")
-    ptr = int(iface["data"][0])
-    device = getattr(getattr(x, "device", None), "id", None)
-    if device is None:
-        device = _cupy().cuda.runtime.pointerGetAttributes(ptr).device
-    return ptr, int(device)
-
-
 @dataclasses.dataclass(frozen=True)
 class GemmPlan:
     """What the shape checks concluded: the seed's ``MarlinMmProblem`` (m, n, k, lda, groups) plus the types and the
@@ -1333,16 +999,14 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
     for name, v in (("size_m", size_m), ("size_n", size_n), ("size_k", size_k)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if size_m < 0 or size_n <= 0 or size_k <= 0:
-        raise ValueError(f"Invalid MNK = [{size_m}, {size_n}, {size_k}]")
+    checks.check_mnk(size_m, size_n, size_k)
     if len(_shape(a)) != 2:
         raise ValueError(f"a must be 2-D (M, K), got shape {_shape(a)}")
     if _shape(a)[0] != size_m:
         raise ValueError(f"Shape mismatch: a.size(0) = {_shape(a)[0]}, size_m = {size_m}")
     if _shape(a)[1] != size_k:
         raise ValueError(f"Shape mismatch: a.size(1) = {_shape(a)[1]}, size_k = {size_k}")
-    if size_k % TILE_K:
-        raise ValueError(f"size_k = {size_k} is not divisible by tile_size = {TILE_K}")
+    checks.check_size_k(size_k)
     _dtype_is(b_q_weight, np.int32, "b_q_weight")
     if len(_shape(b_q_weight)) != 2:
         raise ValueError(f"b_q_weight must be 2-D (K/16, N*16/pack), got shape {_shape(b_q_weight)}")
@@ -1355,15 +1019,14 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
     if size_n != actual_n:
         raise ValueError(f"size_n = {size_n}, actual_size_n = {actual_n} (b_q_weight.size(1) = "
                          f"{_shape(b_q_weight)[1]}, pack_factor = {weight.pack_factor})")
-    if size_n % TILE_N:
-        raise ValueError(f"size_n = {size_n}, is not divisible by min_thread_n = {TILE_N}")
+    checks.check_size_n(size_n)
     item = np.dtype(a.dtype).itemsize
     strides = tuple(int(s) for s in a.strides)
     if size_m > 0 and strides[1] != item:
         raise ValueError(f"A.stride(1) is not 1 (strides in elements: {tuple(s // item for s in strides)})")
     lda = strides[0] // item if size_m > 1 else size_k
-    if size_m > 1 and (lda % 8 or lda < size_k):
-        raise ValueError(f"A.stride(0) = {lda} must be >= size_k = {size_k} and divisible by 8 (16-byte rows)")
+    if size_m > 1:
+        checks.check_row_stride(lda, size_k, "A.stride(0)")
     if not _contiguous(b_q_weight):
         raise ValueError("b_q_weight is not contiguous")
     if c is not None:
@@ -1392,23 +1055,10 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
                              f"where size_k = {size_k}")
         _dtype_is(g_idx, np.int32, "g_idx")
         _dtype_is(perm, np.int32, "perm")
-        if weight is ScalarType.FE4M3FN:
-            raise ValueError("act-order (g_idx, perm) is not defined for fe4m3fn weights")
-        if is_k_full and num_groups == 1:
-            raise ValueError("For act_order, num_groups must be > 1")
-    if num_groups <= 0 or size_k % num_groups:
-        raise ValueError(f"size_k = {size_k}, is not divisible by b_scales.size(0) = {num_groups}")
-    group_size = -1 if num_groups == 1 else size_k // num_groups
-    if num_groups > 1 and not (has_act_order and not is_k_full) and group_size not in GROUP_SIZES:
-        raise ValueError(f"group size = size_k / num_groups = {size_k} / {num_groups} = {group_size} is not one of "
-                         f"{GROUP_SIZES} (or channelwise)")
-    if weight is ScalarType.FE4M3FN and num_groups > 1 and group_size != 128:
-        raise ValueError(f"fe4m3fn weights take channelwise or group-128 scales, got group size {group_size}")
+    checks.check_act_order(weight, has_act_order, is_k_full, num_groups)
+    group_size = checks.check_groups(weight, size_k, num_groups, has_act_order, is_k_full, "b_scales.size(0)")
     has_zp = not _is_empty(b_zeros)
-    if has_zp and not weight.has_zero_points:
-        raise ValueError(f"b_type must be u4 or u8 when has_zp = True. Got = {weight}")
-    if not has_zp and weight.has_zero_points:
-        raise ValueError(f"b_type must be u4b8, u8b128 or fe4m3fn when has_zp = False. Got = {weight}")
+    checks.check_zero_points(has_zp, weight)
     if has_zp:
         _dtype_is(b_zeros, np.int32, "b_zeros")
         if len(_shape(b_zeros)) != 2:
@@ -1448,14 +1098,6 @@ def _check_scratch(plan: GemmPlan, workspace, c_tmp, a_tmp, sms: int, use_fp32_r
             raise ValueError(f"a_tmp.numel = {_numel(a_tmp)} is below size_m * size_k = {plan.m * plan.k}")
 
 
-def _stream_ptr(stream) -> int:
-    if stream is None:
-        return _cupy().cuda.get_current_stream().ptr
-    if isinstance(stream, (int, np.integer)):
-        return int(stream)
-    return int(stream.ptr)
-
-
 @dataclasses.dataclass(frozen=True)
 class _ArrayPlan:
     """A gptq_marlin_gemm call whose every shape/dtype/flag check passed, kept under the key of those inputs."""
@@ -1470,23 +1112,8 @@ class _ArrayPlan:
 
 
 _array_plans: dict[tuple, _ArrayPlan] = {}
-_FAST_ARRAY: Any = None  # cupy.ndarray once looked up; the plan cache serves CuPy arrays only
-
-
-def _fast_array_type():
-    global _FAST_ARRAY
-    if _FAST_ARRAY is None:
-        try:
-            import cupy
-
-            _FAST_ARRAY = cupy.ndarray
-        except ImportError:  # pragma: no cover - environment
-            _FAST_ARRAY = type("NoCuPy", (), {})
-    return _FAST_ARRAY
-
-
 def _meta(x, array_type):
-    """(shape, strides, dtype) of an optional CuPy array, None for None; _SLOW for anything else."""
+    """(shape, strides, dtype) of an optional array of ``array_type``, None for None; _SLOW for anything else."""
     if x is None:
         return None
     if type(x) is not array_type:
@@ -1499,12 +1126,17 @@ _FLAG_TYPES = (bool, int)
 
 
 def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full,
-              use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms):
-    """Everything the checks of gptq_marlin_gemm read except addresses and devices of the other arrays, or None
+              use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy):
+    """Everything the checks of gptq_marlin_gemm read except addresses and devices of the other arrays, and the
+    policy that chose the plan, or None
     when an input is not of the cached kind (then every check runs). Exact types for the ints: 1.0, True and
     np.int64(1) compare equal to 1 but are checked differently."""
-    nd = _fast_array_type()
-    if (type(a) is not nd or type(b_q_weight) is not nd or type(b_scales) is not nd or type(workspace) is not nd
+    nd = rt_arrays.cupy_array_type()
+    if type(a) is not nd:
+        if type(a) is not rt.DeviceArray:
+            return None
+        nd = rt.DeviceArray  # (views of another framework's arrays, every one of them: _through_views)
+    if (type(b_q_weight) is not nd or type(b_scales) is not nd or type(workspace) is not nd
             or type(size_m) is not int or type(size_n) is not int or type(size_k) is not int or type(sms) is not int
             or type(is_k_full) not in _FLAG_TYPES or type(use_atomic_add) not in _FLAG_TYPES
             or type(use_fp32_reduce) not in _FLAG_TYPES or type(deterministic) not in _FLAG_TYPES
@@ -1517,7 +1149,7 @@ def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type
     return (a.shape, a.strides, a.dtype, a.data.device_id, b_q_weight.shape, b_q_weight.strides, b_q_weight.dtype,
             b_scales.shape, b_scales.strides, b_scales.dtype, workspace.shape, workspace.dtype, optional, b_q_type,
             size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add), bool(use_fp32_reduce),
-            bool(deterministic), sms)
+            bool(deterministic), sms, policy.token)
 
 
 def _address_on(x, device: int, name: str) -> int:
@@ -1532,8 +1164,10 @@ def _address_on(x, device: int, name: str) -> int:
 
 def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m: int, size_n: int,
                      size_k: int, is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = True,
-                     *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, stream=None, sms: int = -1):
-    """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays.
+                     *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, stream=None, sms: int = -1,
+                     policy: GemmPolicy | None = None):
+    """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays, PyTorch
+    CUDA tensors or any ``__cuda_array_interface__`` arrays (Numba's).
 
     ``b_zeros``/``g_idx``/``perm`` may be None or empty. ``c`` (M, N) is allocated when None, and so is ``a_tmp``
     for act-order; ``c_tmp`` None takes the per-(device, stream, SMs) buffer of ``scratch_buffers``. Pass ``c``,
@@ -1542,23 +1176,36 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     Every check runs on the first call with a given set of shapes, strides, dtypes, flags and device; repeated calls
     with the same ones (CuPy arrays) reuse that verdict and re-check only what can change under equal shapes: the
     device of every array and each address (non-null, 16-byte aligned).
+
+    ``policy``: how the kernel, grid and launch are chosen (workbench.policy.GemmPolicy; None: the default).
+
+    Frameworks: ``stream=None`` is the current stream of A's framework (``torch.cuda.current_stream()`` for a torch
+    tensor, CuPy's otherwise; a torch / CuPy / Numba stream object or a raw handle may be passed), and what the call
+    allocates (``c``, ``a_tmp``, the default ``c_tmp``) comes from A's framework's pool: torch's caching allocator for
+    torch tensors (``c`` is then a torch tensor), CuPy's pool otherwise. Mixed inputs: A's framework wins.
     """
+    if policy is None:
+        policy = _default_policy
     key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-                    is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms)
+                    is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy)
     plan = _array_plans.get(key) if key is not None else None
     if plan is None:
+        if type(a) is not rt_arrays.cupy_array_type() and not isinstance(a, rt.DeviceArray) and _on_device(a):
+            return _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
+                                  size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
+                                  deterministic, stream, sms, policy)
         return _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type,
                                          size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c,
-                                         c_tmp, a_tmp, deterministic, stream, sms)
+                                         c_tmp, a_tmp, deterministic, stream, sms, policy)
     device = plan.device
     pointers = (a.data.ptr, _address_on(b_q_weight, device, "b_q_weight"), _address_on(b_scales, device, "b_scales"),
                 _address_on(b_zeros, device, "b_zeros") if plan.prepared.has_zero_points else 0,
                 _address_on(g_idx, device, "g_idx") if plan.act_order else 0,
                 _address_on(perm, device, "perm") if plan.act_order else 0,
                 _address_on(workspace, device, "workspace"))
-    stream_ptr = _stream_ptr(stream)
+    stream_ptr = rt.stream_handle(stream)
     if c is None or (a_tmp is None and plan.act_order):
-        cupy = _cupy()
+        cupy = rt_arrays.cupy()
         if cupy.cuda.runtime.getDevice() != device:
             with cupy.cuda.Device(device):
                 c, a_tmp = _outputs(plan, c, a_tmp, cupy)
@@ -1574,6 +1221,33 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     return c
 
 
+def _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
+                   is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms, policy):
+    """gptq_marlin_gemm on another framework's arrays: DeviceArray views of them (CuPy's attribute names) through
+    the same checks and plan cache, outputs and scratch from A's framework's pool, that framework's stream."""
+    framework = rt.framework_of(a)
+    view = rt.as_device_array
+    va = view(a, "A")
+    views = [view(x, name) for x, name in ((b_q_weight, "b_q_weight"), (b_scales, "b_scales"), (b_zeros, "b_zeros"),
+                                           (g_idx, "g_idx"), (perm, "perm"), (workspace, "workspace"))]
+    device = va.data.device_id
+    stream_ptr = rt.stream_handle(stream, framework, device)
+    sizes_ok = all(type(v) is int for v in (size_m, size_n, size_k)) and size_m >= 0 and size_n > 0 and size_k > 0
+    if c is None and sizes_ok and len(va.shape) == 2:  # (else the checks name the bad value)
+        c = rt_arrays.empty(framework, (size_m, size_n), va.dtype, device)
+    act_order = any(v is not None and v.size > 0 for v in views[3:5])  # (g_idx, perm: as check_gemm_shapes reads)
+    if a_tmp is None and act_order and sizes_ok:
+        a_tmp = rt_arrays.empty(framework, (max(size_m, 1), size_k), va.dtype, device)
+    if c_tmp is None and use_fp32_reduce and not use_atomic_add and type(sms) is int:
+        n_sms = device_properties(device)[1] if sms <= 0 else sms
+        c_tmp = scratch_buffers(device, stream_ptr, n_sms, framework)[1]
+    vc = view(c, "c")
+    gptq_marlin_gemm(va, *views[:6], b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
+                     c=vc, c_tmp=view(c_tmp, "c_tmp"), a_tmp=view(a_tmp, "a_tmp"), deterministic=deterministic,
+                     stream=stream_ptr, sms=sms, policy=policy)
+    return c
+
+
 def _outputs(plan: _ArrayPlan, c, a_tmp, cupy):
     if c is None:
         c = cupy.empty(plan.out_shape, dtype=plan.out_dtype)
@@ -1584,21 +1258,20 @@ def _outputs(plan: _ArrayPlan, c, a_tmp, cupy):
 
 def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
                               size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
-                              deterministic, stream, sms, launch: bool = True):
+                              deterministic, stream, sms, policy, launch: bool = True):
     """Every check, in order, then the launch; the verdict is kept under ``key`` (None: not kept). With ``launch``
     False: the checks only, returning the plan (``plan_marlin_gemm``)."""
-    if use_atomic_add and deterministic:
-        raise ValueError("use_atomic_add cannot be deterministic: atomics sum in arrival order")
+    checks.check_reduction(use_atomic_add, deterministic)
     plan = check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
                              is_k_full, c)
     if isinstance(sms, bool) or not isinstance(sms, (int, np.integer)):
         raise TypeError(f"sms must be an int, got {type(sms).__name__}")
-    a_ptr, device = _device_ptr(a, "A")
+    a_ptr, device = rt.device_pointer(a, "A")
     device_sms = device_properties(device)[1]
     sms = device_sms if sms <= 0 else int(sms)
-    stream_ptr = _stream_ptr(stream)
+    stream_ptr = rt.stream_handle(stream)
     uses_c_tmp = bool(use_fp32_reduce) and not use_atomic_add
-    cupy = _cupy()
+    cupy = rt_arrays.cupy()
     with cupy.cuda.Device(device):
         if c is None:
             c = cupy.empty((size_m, size_n), dtype=a.dtype)
@@ -1616,7 +1289,7 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
         if x is None:
             pointers[name] = 0
             continue
-        ptr, dev = _device_ptr(x, name)
+        ptr, dev = rt.device_pointer(x, name)
         if dev != device:
             raise ValueError(f"{name} is on device {dev} but A is on device {device}")
         pointers[name] = ptr
@@ -1637,7 +1310,7 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
                                     deterministic=deterministic),
     )
     record = request.into_launch()
-    prepared = prepare_launch(record)  # every record-level rule (check_launch) on this first call
+    prepared = prepare_launch(record, policy=policy)  # every record-level rule (check_launch) on this first call
     array_plan = _ArrayPlan(prepared, device, sms, (size_m, size_n), np.dtype(a.dtype), uses_c_tmp,
                             plan.has_act_order)
     if key is not None:
@@ -1657,48 +1330,53 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
 # ---------------------------------------------------------------------------------------------------------------
 def upload_weight(weight):
     """A copy of a ``MarlinWeight`` whose arrays live on the current CuPy device."""
-    cupy = _cupy()
+    cupy = rt_arrays.cupy()
     up = (lambda x: None if x is None else cupy.asarray(np.ascontiguousarray(x)))
     return dataclasses.replace(weight, qweight=up(weight.qweight), scales=up(weight.scales), zeros=up(weight.zeros),
                                g_idx=up(weight.g_idx), perm=up(weight.perm))
 
 
-_scratch: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+_scratch: dict[tuple[int, int, int, str], tuple[Any, Any]] = {}
 
 
-def scratch_buffers(device: int, stream_ptr: int, sms: int):
-    """(workspace, c_tmp) kept per (device, stream, sms): launches on one stream run in order, so they can share
-    the lock counters (left zero) and the partial-sum buffer; concurrent streams get their own."""
-    key = (device, stream_ptr, sms)
+def scratch_buffers(device: int, stream_ptr: int, sms: int, framework: str = "cupy"):
+    """(workspace, c_tmp) kept per (device, stream, sms, framework): launches on one stream run in order, so they can
+    share the lock counters (left zero) and the partial-sum buffer; concurrent streams get their own. Allocated from
+    ``framework``'s pool ("torch": PyTorch's caching allocator, so a graph a torch caller captures keeps memory
+    that pool owns; else CuPy's)."""
+    key = (device, stream_ptr, sms, framework)
     if key not in _scratch:
-        cupy = _cupy()
-        with cupy.cuda.Device(device):
-            _scratch[key] = (cupy.zeros(workspace_numel(sms), dtype=np.int32),
-                             cupy.empty(c_tmp_numel(sms), dtype=np.float32))
+        _scratch[key] = (rt_arrays.empty(framework, workspace_numel(sms), np.int32, device, zero=True),
+                         rt_arrays.empty(framework, c_tmp_numel(sms), np.float32, device))
     return _scratch[key]
 
 
 def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_add: bool = False,
                 use_fp32_reduce: bool = True, deterministic: bool = False, workspace=None, c_tmp=None, a_tmp=None,
-                stream=None, sms: int = -1):
-    """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array.
+                stream=None, sms: int = -1, policy: GemmPolicy | None = None):
+    """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array or
+    another framework's (see gptq_marlin_gemm: streams and allocations follow a's framework).
 
     Numerics: fp32 accumulation, one rounding to the activation type at the end. Most integer-weight kernels at
     M <= 16 (``KernelConfig.late_scale``; not act-order groups) apply the scales to fp32 partial sums, so the weight is
     never rounded to the activation type there: results may differ from a @ (the rounded dequantized weight) by one
     rounding more, towards the exact product."""
     if getattr(weight, "num_experts", None) is not None:
-        raise ValueError("weight is a stack of experts; pick one with weight.expert(e) (the fused MoE GEMM is issue 7)")
-    nd = _fast_array_type()
+        raise ValueError("weight is a stack of experts; pick one with weight.expert(e) (or run the stack through "
+                         "workbench.moe.MarlinExpertStack)")
+    nd = rt_arrays.cupy_array_type()
     for field in ("qweight", "scales"):
         x = getattr(weight, field)
-        if type(x) is not nd and getattr(x, "__cuda_array_interface__", None) is None:
+        if type(x) is not nd and not _on_device(x):
             raise TypeError(f"weight.{field} is not on GPU; call workbench.gemm.upload_weight(weight) once first")
-    device = a.data.device_id if type(a) is nd else _device_ptr(a, "A")[1]
-    stream_ptr = _stream_ptr(stream)
+    if type(a) is nd:
+        device, framework = a.data.device_id, "cupy"
+    else:
+        device, framework = rt.device_pointer(a, "A")[1], rt.framework_of(a)
+    stream_ptr = rt.stream_handle(stream, framework, device)
     if workspace is None or (c_tmp is None and use_fp32_reduce and not use_atomic_add):
         n_sms = device_properties(device)[1] if sms <= 0 else sms
-        ws, ct = scratch_buffers(device, stream_ptr, n_sms)
+        ws, ct = scratch_buffers(device, stream_ptr, n_sms, framework)
         workspace = ws if workspace is None else workspace
         c_tmp = ct if c_tmp is None else c_tmp
     k_full = weight.is_k_full if is_k_full is None else is_k_full
@@ -1706,12 +1384,20 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
     return gptq_marlin_gemm(a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm, workspace,
                             weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
                             use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
-                            a_tmp=a_tmp, deterministic=deterministic, stream=stream_ptr, sms=sms)
+                            a_tmp=a_tmp, deterministic=deterministic, stream=stream_ptr, sms=sms, policy=policy)
+
+
+def _on_device(x) -> bool:
+    try:
+        rt.as_device_array(x, "x")
+    except TypeError:
+        return False
+    return True
 
 
 def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_full: bool | None = None,
                      use_atomic_add: bool = False, use_fp32_reduce: bool = True, deterministic: bool = False,
-                     stream=None, sms: int = -1) -> PreparedLaunch:
+                     stream=None, sms: int = -1, policy: GemmPolicy | None = None) -> PreparedLaunch:
     """Every check ``marlin_gemm`` makes on these arrays, without launching: the ``PreparedLaunch`` that runs the
     same problem on any addresses (``launch``). For callers that launch many GEMMs of one shape at row or expert
     offsets of buffers already checked once (``MoE.gemm_phase_batched``); M > 0."""
@@ -1722,4 +1408,18 @@ def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_fu
     return _gptq_marlin_gemm_checked(None, a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm,
                                      workspace, weight.weight_type, size_m, weight.size_n, weight.size_k, k_full,
                                      use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms,
-                                     launch=False).prepared
+                                     policy or _default(), launch=False).prepared
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The default policy, and the old module globals (deprecated: they read and write it for one release)
+# ---------------------------------------------------------------------------------------------------------------
+_default_policy: GemmPolicy = DEFAULT_GEMM_POLICY
+
+
+def _default() -> GemmPolicy:
+    """The policy of calls that pass none (DEFAULT_GEMM_POLICY unless a deprecated module global was set)."""
+    return _default_policy
+
+
+install_deprecated_globals(__name__, GEMM_GLOBALS, "workbench.policy.DEFAULT_GEMM_POLICY")

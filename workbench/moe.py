@@ -29,8 +29,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from workbench import cuda as rt
 from workbench import gemm
+from workbench.cuda import launch as rt_launch
 from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
+from workbench.policy import DEFAULT_MOE_POLICY, MOE_GLOBALS, MoePolicy, install_deprecated_globals
 from workbench.weight import MarlinWeight
 
 MOE_KERNEL_SOURCE = "marlin_moe.cu"
@@ -193,36 +196,15 @@ def random_expert_stack(num_experts: int, size_k: int, size_n: int, weight_type,
 def moe_kernel_source() -> str:
     """marlin_moe.cu with its local headers (marlin_mainloop.cuh / dequant.cuh / mma.cuh, shared with the dense
     kernel) inlined."""
-    seen: set[str] = set()
-
-    def expand(name: str) -> str:
-        if name in seen:
-            return ""
-        seen.add(name)
-        text = (gemm.KERNEL_DIR / name).read_text()
-        return gemm._INCLUDE.sub(lambda m: expand(m.group(1)), text)
-
-    return expand(MOE_KERNEL_SOURCE).replace("#pragma once", "")
+    return rt.inline_includes(gemm.KERNEL_DIR, MOE_KERNEL_SOURCE)
 
 
-_lock = threading.Lock()
-_kernels: dict[tuple[str, int], Any] = {}
+_module = rt.KernelModule(lambda: moe_kernel_source())
 
 
 def get_moe_kernel(name_expression: str, device: int, smem_bytes: int = 0):
-    key = (name_expression, device)
-    kernel = _kernels.get(key)
-    if kernel is None:
-        cupy = gemm._cupy()
-        with cupy.cuda.Device(device):
-            module = cupy.RawModule(code=moe_kernel_source(), options=("-std=c++17",),
-                                    name_expressions=[name_expression])
-            kernel = module.get_function(name_expression)
-            if smem_bytes > 48 * 1024:
-                kernel.max_dynamic_shared_size_bytes = smem_bytes
-        with _lock:
-            kernel = _kernels.setdefault(key, kernel)
-    return kernel
+    """The compiled marlin_moe.cu instantiation on one device (compiled once per process)."""
+    return _module.kernel(name_expression, device, smem_bytes)
 
 
 def _ctype(dtype) -> str:
@@ -231,7 +213,7 @@ def _ctype(dtype) -> str:
 
 def silu_and_mul(x, out=None, *, stream=None):
     """out[r, j] = rnd(silu(x[r, j]) · x[r, N + j]) for x [R, 2N] fp16/bf16 on the GPU (fp32 math inside)."""
-    cupy = gemm._cupy()
+    cupy = rt.cupy()
     gemm.act_scalar_type(x.dtype)
     if len(x.shape) != 2 or x.shape[1] % 2 or not x.flags["C_CONTIGUOUS"]:
         raise ValueError(f"silu_and_mul takes a contiguous (R, 2N) array, got shape {tuple(x.shape)}")
@@ -241,12 +223,10 @@ def silu_and_mul(x, out=None, *, stream=None):
     if tuple(out.shape) != (rows, n) or out.dtype != x.dtype or not out.flags["C_CONTIGUOUS"]:
         raise ValueError(f"out must be a contiguous ({rows}, {n}) {x.dtype} array, got {tuple(out.shape)} {out.dtype}")
     if rows:
-        _, device = gemm._device_ptr(x, "x")
-        kernel = get_moe_kernel(f"mwb::silu_and_mul<{_ctype(x.dtype)}>", device)
-        total = rows * n
-        blocks = min(65535, -(-total // 256))
-        kernel((blocks,), (256,), (x, out, np.int32(rows), np.int32(n)),
-               stream=gemm._stream(gemm._stream_ptr(stream)))
+        x_ptr, device = rt.device_pointer(x, "x")
+        blocks = min(65535, -(-(rows * n) // 256))
+        _launch_helper(f"mwb::silu_and_mul<{_ctype(x.dtype)}>", device, blocks, 256,
+                       (x_ptr, rt.device_pointer(out, "out")[0], rows, n), stream)
     return out
 
 
@@ -256,7 +236,7 @@ def moe_sum(y, top_k: int, out=None, *, weights=None, row_of=None, stream=None):
     w = 1 when ``weights`` ([M, top_k] float32) is None; r = identity (R = M·top_k) when ``row_of`` is None, else
     ``row_of`` ([M·top_k] int32) names the row of y holding each entry, -1 for an entry that contributes nothing.
     """
-    cupy = gemm._cupy()
+    cupy = rt.cupy()
     gemm.act_scalar_type(y.dtype)
     if len(y.shape) != 2 or not y.flags["C_CONTIGUOUS"]:
         raise ValueError(f"y must be a contiguous 2-D array, got shape {tuple(y.shape)}")
@@ -283,19 +263,18 @@ def moe_sum(y, top_k: int, out=None, *, weights=None, row_of=None, stream=None):
         raise ValueError(f"weights must be float32 with {entries} elements, got {weights.dtype} "
                          f"{tuple(weights.shape)}")
     if m:
-        _, device = gemm._device_ptr(y, "y")
-        kernel = get_moe_kernel(f"mwb::moe_sum<{_ctype(y.dtype)}>", device)
+        y_ptr, device = rt.device_pointer(y, "y")
         blocks = min(65535, -(-(m * k) // 256))
-        null = np.uint64(0)
-        kernel((blocks,), (256,), (y, null if weights is None else weights, null if row_of is None else row_of,
-                                   out, np.int32(m), np.int32(top_k), np.int32(k), np.int32(rows)),
-               stream=gemm._stream(gemm._stream_ptr(stream)))
+        _launch_helper(f"mwb::moe_sum<{_ctype(y.dtype)}>", device, blocks, 256,
+                       (y_ptr, 0 if weights is None else rt.device_pointer(weights, "weights")[0],
+                        0 if row_of is None else rt.device_pointer(row_of, "row_of")[0],
+                        rt.device_pointer(out, "out")[0], m, top_k, k, rows), stream)
     return out
 
 
 def gather_rows(x, rows, *, stream=None):
     """out[i, :] = x[rows[i], :] for x [R, K] fp16/bf16 (K % 8 == 0) and rows [n] int32 on the GPU."""
-    cupy = gemm._cupy()
+    cupy = rt.cupy()
     gemm.act_scalar_type(x.dtype)
     if len(x.shape) != 2 or not x.flags["C_CONTIGUOUS"] or int(x.shape[1]) % 8:
         raise ValueError(f"x must be contiguous (R, K) with K % 8 == 0, got shape {tuple(x.shape)}")
@@ -304,11 +283,10 @@ def gather_rows(x, rows, *, stream=None):
     n, k = int(rows.shape[0]), int(x.shape[1])
     out = cupy.empty((n, k), dtype=x.dtype)
     if n:
-        _, device = gemm._device_ptr(x, "x")
-        kernel = get_moe_kernel("mwb::gather_rows", device)
+        x_ptr, device = rt.device_pointer(x, "x")
         blocks = min(65535, -(-(n * k // 8) // 256))
-        kernel((blocks,), (256,), (x, rows, out, np.int32(n), np.int32(k // 8), np.int32(int(x.shape[0]))),
-               stream=gemm._stream(gemm._stream_ptr(stream)))
+        _launch_helper("mwb::gather_rows", device, blocks, 256,
+                       (x_ptr, rt.device_pointer(rows, "rows")[0], out.data.ptr, n, k // 8, int(x.shape[0])), stream)
     return out
 
 
@@ -318,11 +296,10 @@ def add_bias(y, bias, *, stream=None):
         raise ValueError(f"bias must be ({int(y.shape[1])},) {y.dtype}, got {tuple(bias.shape)} {bias.dtype}")
     rows, n = (int(s) for s in y.shape)
     if rows:
-        _, device = gemm._device_ptr(y, "y")
-        kernel = get_moe_kernel(f"mwb::add_bias<{_ctype(y.dtype)}>", device)
+        y_ptr, device = rt.device_pointer(y, "y")
         blocks = min(65535, -(-(rows * n) // 256))
-        kernel((blocks,), (256,), (y, bias, np.int32(rows), np.int32(n)),
-               stream=gemm._stream(gemm._stream_ptr(stream)))
+        _launch_helper(f"mwb::add_bias<{_ctype(y.dtype)}>", device, blocks, 256,
+                       (y_ptr, rt.device_pointer(bias, "bias")[0], rows, n), stream)
     return y
 
 
@@ -361,7 +338,7 @@ def moe_align_block_size(topk_ids, block_size: int, num_experts: int, expert_map
     if cap >= 2 ** 31:
         raise ValueError(f"aligned capacity {cap} (numel = {numel}, block_size = {block_size}, num_experts = "
                          f"{num_experts}) does not fit the kernel's 32-bit indices")
-    _, device = gemm._device_ptr(topk_ids, "topk_ids")
+    _, device = rt.device_pointer(topk_ids, "topk_ids")
     if expert_map is not None:
         if not _on_gpu(expert_map):
             raise TypeError(f"expert_map is not on GPU (got {type(expert_map).__module__}."
@@ -371,20 +348,19 @@ def moe_align_block_size(topk_ids, block_size: int, num_experts: int, expert_map
                              f"{tuple(expert_map.shape)}")
         if np.dtype(expert_map.dtype) != np.int32:
             raise TypeError(f"expert_map dtype = {np.dtype(expert_map.dtype)} must be int32")
-        map_device = gemm._device_ptr(expert_map, "expert_map")[1]
+        map_device = rt.device_pointer(expert_map, "expert_map")[1]
         if map_device != device:
             raise ValueError(f"expert_map is on device {map_device}, topk_ids on device {device}")
-    cupy = gemm._cupy()
-    launch_stream = gemm._stream(gemm._stream_ptr(stream))
-    with cupy.cuda.Device(device), launch_stream:  # outputs allocated in the launch's stream order
+    cupy = rt.cupy()
+    stream_ptr = rt.stream_handle(stream)
+    with cupy.cuda.Device(device), rt.cupy_stream(stream_ptr):  # outputs allocated in the launch's stream order
         sorted_ids = cupy.empty(cap, dtype=np.int32)  # (cap,)
         expert_ids = cupy.empty(cap // block_size, dtype=np.int32)  # (cap / block_size,)
         post = cupy.empty(1, dtype=np.int32)  # (1,)
-        kernel = get_moe_kernel("mwb::moe_align", device)
-        kernel((1,), (ALIGN_THREADS,),
-               (topk_ids, np.int32(numel), np.int32(num_experts), np.int32(block_size),
-                np.uint64(0) if expert_map is None else expert_map, sorted_ids, np.int32(cap), expert_ids, post),
-               stream=launch_stream)
+    _launch_helper("mwb::moe_align", device, 1, ALIGN_THREADS,
+                   (rt.device_pointer(topk_ids, "topk_ids")[0], numel, num_experts, block_size,
+                    0 if expert_map is None else rt.device_pointer(expert_map, "expert_map")[0], sorted_ids.data.ptr,
+                    cap, expert_ids.data.ptr, post.data.ptr), stream_ptr)
     return sorted_ids, expert_ids, post
 
 
@@ -393,12 +369,12 @@ def moe_align_block_size(topk_ids, block_size: int, num_experts: int, expert_map
 # ---------------------------------------------------------------------------------------------------------------
 def _on_gpu(x) -> bool:
     # CuPy arrays first: their __cuda_array_interface__ builds a dict on every read
-    return type(x) is gemm._fast_array_type() or getattr(x, "__cuda_array_interface__", None) is not None
+    return type(x) is rt.cupy_array_type() or getattr(x, "__cuda_array_interface__", None) is not None
 
 
 def _xp(x):
     if _on_gpu(x):
-        return gemm._cupy()
+        return rt.cupy()
     return np
 
 
@@ -484,16 +460,16 @@ class MarlinExpertStack:
 
     def _device(self) -> int:
         qweight = self.weight.qweight
-        if type(qweight) is gemm._fast_array_type():
+        if type(qweight) is rt.cupy_array_type():
             return qweight.data.device_id
         if not _on_gpu(qweight):
             raise TypeError("the stack's arrays are not on GPU; build it from gemm.upload_weight(weight)")
-        return gemm._device_ptr(qweight, "weight.qweight")[1]
+        return rt.device_pointer(qweight, "weight.qweight")[1]
 
     def _scratch_for(self, device: int):
         """(workspace [S·sms] int32 zero, c_tmp [S, c_tmp_numel] fp32, streams [S]), made once per device."""
         if device not in self._scratch:
-            cupy = gemm._cupy()
+            cupy = rt.cupy()
             sms = gemm.device_properties(device)[1] if self._sms <= 0 else self._sms
             with cupy.cuda.Device(device):
                 ws = cupy.zeros(self.num_streams * gemm.workspace_numel(sms), dtype=np.int32)
@@ -506,7 +482,7 @@ class MarlinExpertStack:
         """Zero every lock counter once before a batch of launches (the kernels leave them zero; this recovers
         from an interrupted launch and is the seed's once-per-batch call)."""
         ws = self._scratch_for(self._device())[0]
-        gemm._cupy().cuda.runtime.memsetAsync(ws.data.ptr, 0, ws.nbytes, gemm._stream_ptr(stream))
+        rt.cupy().cuda.runtime.memsetAsync(ws.data.ptr, 0, ws.nbytes, rt.stream_handle(stream))
 
     def check_dispatches(self, input_shape, output_shape, dispatches) -> list[tuple[int, int, int, int]]:
         """Validated dispatches (pure: no GPU). Output row ranges of different dispatches must not overlap: they
@@ -554,7 +530,8 @@ class MarlinExpertStack:
         if not output.flags["C_CONTIGUOUS"]:
             raise ValueError("output is not contiguous")
 
-    def gemm_phase_batched(self, input, dispatches: Sequence[tuple[int, int, int, int]], output, *, stream=None):
+    def gemm_phase_batched(self, input, dispatches: Sequence[tuple[int, int, int, int]], output, *, stream=None,
+                           policy: MoePolicy | None = None):
         """For each ``(e, in_off, out_off, m)``: ``output[out_off:out_off+m] = input[in_off:in_off+m] @ W[e]``.
 
         input [R_in, K], output [R_out, n_per_expert] (act dtype, on the GPU). Dispatches go round-robin onto
@@ -564,21 +541,23 @@ class MarlinExpertStack:
         scratch views); the others launch the same checked problem at their own addresses (row offset x row
         stride, expert x expert stride: every expert and every lane's scratch has the same shape), each address
         re-checked for alignment by ``PreparedLaunch.launch``. No views, records or allocations per dispatch.
+        The dense GEMMs run under ``policy.gemm`` (workbench.policy.MoePolicy; None: the default).
         """
+        gemm_policy = (policy or _default()).gemm
         self._check_io(input, output, "output")
         work = self.check_dispatches(input.shape, output.shape, dispatches)
         device = self._device()
         ws, c_tmp, streams, sms = self._scratch_for(device)
         if not work:
             return output
-        cupy = gemm._cupy()
-        caller = gemm._stream(gemm._stream_ptr(stream))
-        nd = gemm._fast_array_type()
+        cupy = rt.cupy()
+        caller = rt.cupy_stream(rt.stream_handle(stream))
+        nd = rt.cupy_array_type()
         w = self.weight
         if w.has_act_order or type(input) is not nd or type(output) is not nd or type(w.qweight) is not nd:
             lanes = self._join_lanes(caller, streams, len(work), device, before=True)
             with cupy.cuda.Device(device):  # per-dispatch views through marlin_gemm: every check every time
-                self._batched_through_views(input, work, output, ws, c_tmp, lanes, sms)
+                self._batched_through_views(input, work, output, ws, c_tmp, lanes, sms, gemm_policy)
             self._join_lanes(caller, lanes, len(work), device, before=False)
             return output
         for name, x in (("input", input), ("output", output)):
@@ -598,12 +577,13 @@ class MarlinExpertStack:
         lane_ptrs = [s.ptr for s in lanes]
         n_lanes = len(lanes)
         plans = self._plans
-        layout = (input.strides, output.strides, input.dtype, device, sms)
+        layout = (input.strides, output.strides, input.dtype, device, sms, gemm_policy.token)
         for i, (e, r_in, r_out, m) in enumerate(work):
             lane = i % n_lanes
             prepared = plans.get((m,) + layout)
             if prepared is None:
-                prepared = self._plan_dispatch(input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lanes[lane])
+                prepared = self._plan_dispatch(input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lanes[lane],
+                                               gemm_policy)
                 if len(plans) >= 1024:  # one per row count and layout: bounded for a long-running server
                     plans.clear()
                 plans[(m,) + layout] = prepared
@@ -613,21 +593,21 @@ class MarlinExpertStack:
         self._join_lanes(caller, lanes, len(work), device, before=False)
         return output
 
-    def _plan_dispatch(self, input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lane_stream):
+    def _plan_dispatch(self, input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lane_stream, gemm_policy):
         """gemm.plan_marlin_gemm on this dispatch's views: every check of a dense call, no launch."""
         per_ws = gemm.workspace_numel(sms)
         return gemm.plan_marlin_gemm(input[r_in:r_in + m], self.expert_views()[e], c=output[r_out:r_out + m],
                                      workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
-                                     stream=lane_stream, sms=sms)
+                                     stream=lane_stream, sms=sms, policy=gemm_policy)
 
-    def _batched_through_views(self, input, work, output, ws, c_tmp, lanes, sms):
+    def _batched_through_views(self, input, work, output, ws, c_tmp, lanes, sms, gemm_policy):
         per_ws = gemm.workspace_numel(sms)
         experts = self.expert_views()
         for i, (e, r_in, r_out, m) in enumerate(work):
             lane = i % len(lanes)
             gemm.marlin_gemm(input[r_in:r_in + m], experts[e], c=output[r_out:r_out + m],
                              workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
-                             stream=lanes[lane], sms=sms)
+                             stream=lanes[lane], sms=sms, policy=gemm_policy)
 
     def _join_lanes(self, caller, streams, n_work: int, device: int, *, before: bool):
         """before=True: the streams the dispatches use, each made to wait for the caller's stream (one dispatch:
@@ -638,7 +618,7 @@ class MarlinExpertStack:
         if not before and streams == [caller]:
             return streams
         if device not in self._events:
-            cupy = gemm._cupy()
+            cupy = rt.cupy()
             with cupy.cuda.Device(device):
                 self._events[device] = (cupy.cuda.Event(disable_timing=True),
                                         [cupy.cuda.Event(disable_timing=True) for _ in range(self.num_streams)])
@@ -655,13 +635,14 @@ class MarlinExpertStack:
         return streams
 
     def gemm_phase_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m: int,
-                         moe_block_size: int, top_k: int, *, topk_weights=None, stream=None):
+                         moe_block_size: int, top_k: int, *, topk_weights=None, stream=None,
+                         policy: MoePolicy | None = None):
         """One launch: ``output[id] = input[id // top_k] @ W[expert_ids[b]]`` (× ``topk_weights.flat[id]`` when
         given) for every id < prob_m·top_k of every block b < num_tokens_post_padded / moe_block_size with an
         expert id >= 0. Rows of ``output`` no block names are left untouched. Inputs come from
         ``moe_align_block_size``; input [prob_m, K], output [prob_m·top_k, n_per_expert]."""
         return _launch_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
-                             prob_m, moe_block_size, top_k, topk_weights, stream)
+                             prob_m, moe_block_size, top_k, topk_weights, stream, policy or _default())
 
     def make_expert_linear(self, expert_offset: int, expert_n: int, bias=None) -> ExpertLinear:
         """Columns ``[expert_offset, expert_offset + expert_n)`` of the stack's concatenated output space
@@ -737,7 +718,8 @@ def _check_layer(hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, topk_wei
 
 
 def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack, topk_weights, topk_ids, *,
-              path: str = "fused", block_size: int | None = None, expert_map=None, stream=None):
+              path: str = "fused", block_size: int | None = None, expert_map=None, stream=None,
+              policy: MoePolicy | None = None):
     """An MoE layer: ``out[t] = Σ_j w[t, j] · (silu(gate) · up)(hidden[t] @ W13[e]) @ W2[e]``, e = topk_ids[t, j].
 
     hidden [M, K] fp16/bf16, topk_weights [M, top_k] float32, topk_ids [M, top_k] int32, all CuPy arrays;
@@ -756,24 +738,28 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     is dropped or its plans are cleared after ``_MAX_PLANS_PER_STACK`` different call signatures) or, on a first
     call, CuPy pool blocks that later allocations may reuse. For graph capture prefer ``gemm_phase_fused`` with
     buffers you own; replaying a captured ``fused_moe`` after its buffers were released is not safe.
+
+    ``policy``: how kernels are chosen and launched (workbench.policy.MoePolicy; None: the default).
     """
     if path not in PATHS:
         raise ValueError(f"path = {path!r} is not one of {PATHS}")
+    policy = policy or _default()
     key = None
-    if path == "fused" and LAYER_PLANS and gemm.DIRECT_LAUNCH:
-        key = _layer_key(hidden, w13_stack, w2_stack, topk_weights, topk_ids, block_size, expert_map, stream)
+    if path == "fused" and policy.layer_plans and policy.gemm.direct_launch:
+        key = _layer_key(hidden, w13_stack, w2_stack, topk_weights, topk_ids, block_size, expert_map, stream,
+                         policy)
         plan = None if key is None else w13_stack._fused_plans.get(key)
         if plan is not None and plan.matches(w13_stack, w2_stack):
             return plan.run(hidden, topk_weights, topk_ids, expert_map)
     m, top_k = _check_layer(hidden, w13_stack, w2_stack, topk_weights, topk_ids)
-    cupy = gemm._cupy()
-    caller = gemm._stream(gemm._stream_ptr(stream))
+    cupy = rt.cupy()
+    caller = rt.cupy_stream(rt.stream_handle(stream))
     if m == 0:
         return cupy.empty((0, w13_stack.k), dtype=hidden.dtype)
     with caller:
         if path == "fused":
             out = _fused_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, block_size,
-                              expert_map, caller)
+                              expert_map, caller, policy)
             if key is not None and top_k >= 1 and topk_ids.flags["C_CONTIGUOUS"] and (
                     expert_map is None or expert_map.flags["C_CONTIGUOUS"]):  # else the checked path copies them
                 # every check passed on these arguments: later calls with the same key launch from a plan
@@ -783,31 +769,31 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
                 if len(plans) >= _MAX_PLANS_PER_STACK:
                     plans.clear()
                 plans[key] = _LayerPlan(hidden, w13_stack, w2_stack, top_k, block, num_global, expert_map,
-                                               caller.ptr)
+                                        caller.ptr, policy)
             return out
         return _grouped_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, expert_map, caller,
-                             batched=(path == "batched"))
+                             batched=(path == "batched"), policy=policy)
 
 
-def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, expert_map, caller):
-    cupy = gemm._cupy()
+def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, expert_map, caller, policy):
+    cupy = rt.cupy()
     num_global = w13.num_experts if expert_map is None else int(expert_map.shape[0])
     block = block_size or choose_block_size(m, top_k, num_global)
     emap = None if expert_map is None else cupy.ascontiguousarray(expert_map)  # NumPy maps are uploaded; dtype kept
     sorted_ids, expert_ids, post = moe_align_block_size(cupy.ascontiguousarray(topk_ids), block, num_global, emap,
                                                         stream=caller)
     g1 = cupy.empty((m * top_k, w13.n_per_expert), dtype=hidden.dtype)
-    w13.gemm_phase_fused(hidden, sorted_ids, expert_ids, post, g1, m, block, top_k, stream=caller)
+    w13.gemm_phase_fused(hidden, sorted_ids, expert_ids, post, g1, m, block, top_k, stream=caller, policy=policy)
     h = silu_and_mul(g1, stream=caller)
     y = cupy.zeros((m * top_k, w2.n_per_expert), dtype=hidden.dtype)  # rows of non-local entries stay 0
     w2.gemm_phase_fused(h, sorted_ids, expert_ids, post, y, m * top_k, block, 1, topk_weights=topk_weights,
-                        stream=caller)
+                        stream=caller, policy=policy)
     return moe_sum(y, top_k, stream=caller)
 
 
-def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map, caller, batched):
+def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map, caller, batched, policy):
     """Sort the (token, slot) entries by expert on the host, gather rows, one dense GEMM per expert."""
-    cupy = gemm._cupy()
+    cupy = rt.cupy()
     ids = cupy.asnumpy(topk_ids).reshape(-1).astype(np.int64)  # synchronises: the host builds the dispatches
     if expert_map is not None:
         emap = cupy.asnumpy(expert_map)
@@ -832,15 +818,17 @@ def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map,
         g1 = cupy.empty((rows, w13.n_per_expert), dtype=hidden.dtype)
         y = cupy.empty((rows, w2.n_per_expert), dtype=hidden.dtype)
         if batched:
-            w13.gemm_phase_batched(a, dispatches, g1, stream=caller)
+            w13.gemm_phase_batched(a, dispatches, g1, stream=caller, policy=policy)
             h = silu_and_mul(g1, stream=caller)
-            w2.gemm_phase_batched(h, dispatches, y, stream=caller)
+            w2.gemm_phase_batched(h, dispatches, y, stream=caller, policy=policy)
         else:
             for e, r0, _, c in dispatches:
-                gemm.marlin_gemm(a[r0:r0 + c], w13.expert_views()[e], c=g1[r0:r0 + c], stream=caller)
+                gemm.marlin_gemm(a[r0:r0 + c], w13.expert_views()[e], c=g1[r0:r0 + c], stream=caller,
+                                 policy=policy.gemm)
             h = silu_and_mul(g1, stream=caller)
             for e, r0, _, c in dispatches:
-                gemm.marlin_gemm(h[r0:r0 + c], w2.expert_views()[e], c=y[r0:r0 + c], stream=caller)
+                gemm.marlin_gemm(h[r0:r0 + c], w2.expert_views()[e], c=y[r0:r0 + c], stream=caller,
+                                 policy=policy.gemm)
     return moe_sum(y, top_k, weights=topk_weights, row_of=cupy.asarray(row_of), stream=caller)
 
 
@@ -871,43 +859,23 @@ class MoeConfig(gemm.TileGeometry):
                f"{self.stages}, {self.group_mode}, {self.blocks_per_sm}, {str(self.swap).lower()}>"
 
 
-# (n_tiles, k_warp) in order of preference. Few rows per item stream weights: long K stages (BK = 256) spread each
-# stage's fixed cost; 48/64-row items keep K_WARP <= 2 so the accumulators fit in registers without spills.
-_MOE_SHAPES_SMALL = ((2, 4), (1, 2), (2, 2), (1, 1), (2, 1))
-_MOE_SHAPES_LARGE = ((1, 1), (2, 1))  # (2, 2) spills 4 bytes with 8-bit weights at M_BLOCKS = 4 on sm_80
-
-
-# Two CTAs per SM for 16-row items (the kernel cut to 128 registers, as the dense kernel's M <= 16 variant): only for
-# 4-bit weights (8-bit stages hold twice the bytes: only shallow rings fit beside a second CTA, which made the dense
-# kernel slower on every 8-bit layer), and only when the one-CTA grid would leave some CTA more than one item to run
-# one after the other (else a second CTA per SM has nothing to do). MOE_BLOCKS_PER_SM forces 1 or 2 (0 = this rule),
-# for bench/bench_moe.py's A/B.
-MOE_TWO_BLOCKS_WEIGHT_BITS = (4,)
-MOE_BLOCKS_PER_SM = 0
-# moe_block_size <= MOE_SWAP_MAX_BLOCK (8 or 0 = never): the operand-swapped loop (MoeConfig.swap).
-MOE_SWAP_MAX_BLOCK = 8
-# Stage counts of one-CTA kernels with at most two m16 blocks, in order of preference (the first that fits). 4 first
-# since round 16 (8 before): a shallower ring lands its first stages sooner, as on the dense pairs (bench/NOTES_gemm.md
-# "Round 16"). A/B r16d (H200, lone calls / fused graphs, µs): dsv2-lite M = 1 (8-row items, one CTA per SM) 11.52 /
-# 6.44 -> 10.27 / 5.89 (3 first: 10.59 / 6.02); mixtral M = 64 (32-row items) 129.79 / 123.44 -> 129.09 / 122.39.
-MOE_ONE_BLOCK_STAGES = (4, 3, 6, 8)
-
-
 def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int,
                       items_hint: int, sms: int, smem_limit: int, sm_smem: int = 0,
-                      blocks_per_sm: int = -1) -> MoeConfig:
+                      blocks_per_sm: int = -1, policy: MoePolicy | None = None) -> MoeConfig:
     """The first (BN, BK) that divides (N, K); 128 columns only when that still gives every SM an item.
 
     ``sm_smem``: shared memory per SM (0 = unknown: one CTA per SM). ``blocks_per_sm``: 1 or 2 to force the one- or
-    two-CTA kernel (2 only where it exists: 16-row items with a ring that fits half an SM), -1 = MOE_BLOCKS_PER_SM.
+    two-CTA kernel (2 only where it exists: 16-row items with a ring that fits half an SM), -1 = the policy's
+    ``blocks_per_sm``. ``policy``: workbench.policy.MoePolicy (None: the default).
     """
+    p = policy or _default()
     m_blocks = -(-moe_block_size // 16)
     group_mode = gemm.GROUP_CHANNELWISE if group_size < 0 else gemm.GROUP_GROUPED
-    shapes = _MOE_SHAPES_SMALL if m_blocks <= 2 else _MOE_SHAPES_LARGE
+    shapes = p.small_shapes if m_blocks <= 2 else p.large_shapes
     fits = []
     for n_tiles, k_warp in shapes:
         cfg = MoeConfig(act, weight, m_blocks, n_tiles, k_warp, 4, group_mode,
-                        swap=moe_block_size <= min(MOE_SWAP_MAX_BLOCK, 8))
+                        swap=moe_block_size <= min(p.swap_max_block, 8))
         if size_k % cfg.block_k or size_n % cfg.block_n:
             continue
         if group_size > 0 and group_size % cfg.block_k and cfg.block_k % group_size:
@@ -921,19 +889,19 @@ def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int
     preferred = wide or narrow or fits
     order = preferred + [c for c in fits if c not in preferred]
     if blocks_per_sm < 0:
-        blocks_per_sm = MOE_BLOCKS_PER_SM
+        blocks_per_sm = p.blocks_per_sm
     if blocks_per_sm not in (0, 1, 2):
         raise ValueError(f"blocks_per_sm = {blocks_per_sm} must be 0 (automatic), 1 or 2")
     if m_blocks == 1 and sm_smem > 0 and blocks_per_sm != 1:
-        half = min(smem_limit, sm_smem // 2 - gemm._SMEM_RESERVED_PER_BLOCK)
-        two = next((cfg for shape in order for stages in (4, 3)
+        half = gemm.two_block_smem(smem_limit, sm_smem)
+        two = next((cfg for shape in order for stages in p.two_block_stages
                     for cfg in [dataclasses.replace(shape, stages=stages, blocks_per_sm=2)]
                     if cfg.smem_bytes <= half), None)
         if two is not None and (blocks_per_sm == 2 or (
-                weight.bits in MOE_TWO_BLOCKS_WEIGHT_BITS and items_hint * (size_n // two.block_n) > sms)):
+                weight.bits in p.two_blocks_weight_bits and items_hint * (size_n // two.block_n) > sms)):
             return two
     for shape in order:
-        for stages in (MOE_ONE_BLOCK_STAGES if m_blocks <= 2 else (4, 3)):
+        for stages in (p.one_block_stages if m_blocks <= 2 else p.large_stages):
             cfg = dataclasses.replace(shape, stages=stages)
             if cfg.smem_bytes <= smem_limit:
                 return cfg
@@ -948,7 +916,7 @@ def _check_int_vector(x, name: str):
 
 
 def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
-                  prob_m, moe_block_size, top_k, topk_weights, stream):
+                  prob_m, moe_block_size, top_k, topk_weights, stream, policy: MoePolicy):
     w = stack.weight
     prob_m, moe_block_size, top_k = (_int(v, n) for v, n in ((prob_m, "prob_m"), (moe_block_size, "moe_block_size"),
                                                              (top_k, "top_k")))
@@ -1000,40 +968,28 @@ def _launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids,
     for name, x in (("input", input), ("output", output), ("sorted_token_ids", sorted_token_ids),
                     ("expert_ids", expert_ids), ("num_tokens_post_padded", num_tokens_post_padded),
                     ("topk_weights", topk_weights)):
-        if x is not None and gemm._device_ptr(x, name)[1] != device:
-            raise ValueError(f"{name} is on device {gemm._device_ptr(x, name)[1]} but the stack is on {device}")
+        if x is not None and rt.device_pointer(x, name)[1] != device:
+            raise ValueError(f"{name} is on device {rt.device_pointer(x, name)[1]} but the stack is on {device}")
     if input.data.ptr % 16:
         raise ValueError("input must be aligned to 16 bytes")
     if numel == 0 or cap == 0:
         return output
     cfg, grid, n_blocks = _fused_grid(stack, device, gemm.act_scalar_type(input.dtype), moe_block_size, numel, cap,
-                                      group)
-    if gemm.programmatic_launches(device):
-        _launch_fused_programmatic(cfg, grid, device, (
-            input.data.ptr, w.qweight.data.ptr, output.data.ptr, w.scales.data.ptr,
-            0 if w.zeros is None else w.zeros.data.ptr, sorted_token_ids.data.ptr, expert_ids.data.ptr,
-            num_tokens_post_padded.data.ptr, 0 if topk_weights is None else topk_weights.data.ptr, n_blocks,
-            moe_block_size, numel, top_k, stack.n_per_expert, stack.k, lda, group, stack.num_experts),
-            gemm._stream_ptr(stream))
-        return output
-    kernel = get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes)
-    null = np.uint64(0)
-    with gemm._cupy().cuda.Device(device):
-        kernel((grid,), (256,),
-               (input, w.qweight, output, w.scales, null if w.zeros is None else w.zeros, sorted_token_ids,
-                expert_ids, num_tokens_post_padded, null if topk_weights is None else topk_weights,
-                np.int32(n_blocks), np.int32(moe_block_size), np.int32(numel), np.int32(top_k),
-                np.int32(stack.n_per_expert), np.int32(stack.k), np.int32(lda), np.int32(group),
-                np.int32(stack.num_experts)),
-               shared_mem=cfg.smem_bytes, stream=gemm._stream(gemm._stream_ptr(stream)))
+                                      group, policy)
+    _launch_fused_phase(cfg, grid, device, policy, (
+        input.data.ptr, w.qweight.data.ptr, output.data.ptr, w.scales.data.ptr,
+        0 if w.zeros is None else w.zeros.data.ptr, sorted_token_ids.data.ptr, expert_ids.data.ptr,
+        num_tokens_post_padded.data.ptr, 0 if topk_weights is None else topk_weights.data.ptr, n_blocks,
+        moe_block_size, numel, top_k, stack.n_per_expert, stack.k, lda, group, stack.num_experts),
+        rt.stream_handle(stream))
     return output
 
 
-def _launch_smem(cfg: MoeConfig, device: int) -> int:
+def _launch_smem(cfg: MoeConfig, device: int, policy: MoePolicy) -> int:
     """The shared memory of a programmatic launch of a fused GEMM: pinned to its planned CTAs per SM, as the dense
-    GEMM's (gemm.PROGRAMMATIC_PIN_OCCUPANCY: a grid placed while the one before runs would otherwise stack CTAs on
-    the SMs that grid leaves idle)."""
-    if not gemm.PROGRAMMATIC_PIN_OCCUPANCY:
+    GEMM's (the policy's ``programmatic_pin_occupancy``: a grid placed while the one before runs would otherwise
+    stack CTAs on the SMs that grid leaves idle)."""
+    if not policy.programmatic_pin_occupancy:
         return cfg.smem_bytes
     key = (cfg.name_expression, device, cfg.blocks_per_sm)
     if key not in _pinned_smem:
@@ -1045,36 +1001,49 @@ def _launch_smem(cfg: MoeConfig, device: int) -> int:
 _pinned_smem: dict[tuple[str, int, int], int] = {}  # (kernel, device, CTAs per SM) -> _launch_smem's answer
 
 
-def _launch_fused_programmatic(cfg: MoeConfig, grid: int, device: int, values: tuple, stream: int) -> None:
-    """One fused GEMM phase as a programmatic dependent launch (cuLaunchKernelEx) on checked arguments: ``values``
-    in the kernel's parameter order (PLAN_ARG_KINDS["marlin_moe"]: addresses, then int32 scalars). The launch
-    configuration and argument block are made once per (kernel, device, grid) and reused under a lock (~20 µs of
-    host time each to make)."""
-    key = (cfg.name_expression, device, grid, cfg.blocks_per_sm)
-    launch = _phase_launches.get(key)
-    if launch is None:
+def _launch_fused_phase(cfg: MoeConfig, grid: int, device: int, policy: MoePolicy, values: tuple,
+                        stream: int) -> None:
+    """One fused GEMM phase on checked arguments: ``values`` in the kernel's parameter order
+    (PLAN_ARG_KINDS["marlin_moe"]: addresses, then int32 scalars), launched programmatically (the policy's
+    programmatic_launch on sm_90+, shared memory pinned as the dense GEMM's) or plainly. The launch and argument
+    block are made once per (kernel, device, grid, form) and reused under a lock (making them costs tens of µs)."""
+    programmatic = gemm.programmatic_launches(device, policy.programmatic_launch)
+    key = (cfg.name_expression, device, grid, cfg.blocks_per_sm, programmatic,
+           programmatic and policy.programmatic_pin_occupancy)
+    prepared = _phase_launches.get(key)
+    if prepared is None:
         f = _moe_function_ptr(cfg.name_expression, device, cfg.smem_bytes)
-        config = gemm._programmatic_config(grid, _launch_smem(cfg, device), f)
-        launch = (f, config, _Args(PLAN_ARG_KINDS["marlin_moe"]), threading.Lock())
+        launch = rt.Launch(f, grid, 256, cfg.smem_bytes)
+        if programmatic:
+            pinned = rt.Launch(f, grid, 256, _launch_smem(cfg, device, policy), programmatic=True)
+            launch = pinned if pinned.supported else launch  # (no cuda-python driver bindings: plain)
+        prepared = (launch, rt.ArgBlock(PLAN_ARG_KINDS["marlin_moe"]), threading.Lock())
         if len(_phase_launches) >= _MAX_CACHED:
             _phase_launches.clear()
-        _phase_launches[key] = launch
-    f, config, args, lock = launch
-    cupy = gemm._cupy()
-    with cupy.cuda.Device(device), lock:
-        for slot, v in zip(args.slots, values, strict=True):
-            slot.value = int(v)
-        if config is None:  # no cuda-python driver bindings: a plain launch of the same arguments
-            gemm._driver().launchKernel(f, grid, 1, 1, 256, 1, 1, cfg.smem_bytes, stream, args.address, 0)
-        else:
-            gemm._launch_programmatic(config, stream, args.address)
+        _phase_launches[key] = prepared
+    launch, args, lock = prepared
+    with rt.cupy().cuda.Device(device), lock:
+        args.set(values)
+        rt_launch.launch_kernel(launch, stream, args.address)
 
 
-# (kernel, device, grid, CTAs per SM) -> (function, programmatic launch configuration, argument block, lock)
+def _launch_helper(name_expression: str, device: int, blocks: int, threads: int, values: tuple, stream) -> None:
+    """One launch of a marlin_moe.cu helper kernel (align, SiLU, sum, gather, bias; parameters PLAN_ARG_KINDS) on
+    checked arguments, through the runtime's launch call."""
+    kinds = PLAN_ARG_KINDS[name_expression.split("<")[0].removeprefix("mwb::")]
+    args = rt.ArgBlock(kinds)
+    args.set(values)
+    launch = rt.Launch(_moe_function_ptr(name_expression, device), blocks, threads, 0)
+    with rt.cupy().cuda.Device(device):
+        rt_launch.launch_kernel(launch, rt.stream_handle(stream), args.address)
+
+
+# (kernel, device, grid, CTAs per SM, programmatic, pinned) -> (launch, argument block, lock)
 _phase_launches: dict[tuple, tuple] = {}
 
 
-def _fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int, numel: int, cap: int, group: int):
+def _fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int, numel: int, cap: int, group: int,
+                policy: MoePolicy):
     """(config, grid, n_blocks) of one fused launch on checked arguments (shared by _launch_fused and the layer
     plans, so both launch the same kernel on the same grid)."""
     props = gemm.device_properties(device)  # (cc, SMs, opt-in smem per block, smem per SM)
@@ -1084,7 +1053,7 @@ def _fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int,
     n_blocks = cap // moe_block_size
     items_hint = min(n_blocks, numel)
     cfg = cached_moe_config(act, stack.weight.weight_type, moe_block_size, stack.n_per_expert, stack.k, group,
-                            items_hint, sms, smem_limit, sm_smem)
+                            items_hint, sms, smem_limit, sm_smem, policy)
     # No CTA waits on another, so a grid larger than what is resident is correct, only slower.
     grid = max(1, min(sms * cfg.blocks_per_sm, items_hint * (stack.n_per_expert // cfg.block_n)))
     return cfg, grid, n_blocks
@@ -1094,69 +1063,33 @@ def _fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int,
 # Host cost of fused_moe: a cached kernel configuration, and per-layer plans launched straight through the driver
 # ---------------------------------------------------------------------------------------------------------------
 _config_cache: dict[tuple, MoeConfig] = {}
-_knob_names: tuple[str, ...] | None = None
 _MAX_CACHED = 1024  # entries per cache: a serving loop sees a few dozen shapes; the bound keeps a sweep finite
 
 
-def _knobs() -> tuple:
-    """The values of every module-level MOE_* setting (MOE_BLOCKS_PER_SM, ...): choose_moe_config reads them, so
-    they are part of every cache key here (bench/bench_moe.py flips them between runs)."""
-    global _knob_names
-    g = globals()
-    if _knob_names is None:
-        _knob_names = tuple(sorted(n for n in g if n.startswith("MOE_") and n.isupper()))
-    return tuple(g[n] for n in _knob_names)
-
-
 def cached_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int, items_hint: int,
-                      sms: int, smem_limit: int, sm_smem: int) -> MoeConfig:
-    """choose_moe_config, remembered per arguments, MOE_* settings and the function itself (a patched or
-    re-defined choose_moe_config gets its own entries). ~26 us per call uncached, twice per layer."""
-    key = (act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms, smem_limit, sm_smem,
-           choose_moe_config, _knobs())
-    try:
-        cfg = _config_cache.get(key)
-    except TypeError:  # an unhashable setting: no caching
-        return choose_moe_config(act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms,
-                                 smem_limit, sm_smem)
+                      sms: int, smem_limit: int, sm_smem: int, policy: MoePolicy | None = None) -> MoeConfig:
+    """choose_moe_config, remembered per arguments and policy (choose_moe_config costs tens of µs, twice a layer)."""
+    policy = policy or _default()
+    key = (act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms, smem_limit, sm_smem, policy)
+    cfg = _config_cache.get(key)
     if cfg is None:
         cfg = choose_moe_config(act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms, smem_limit,
-                                sm_smem)
+                                sm_smem, policy=policy)
         if len(_config_cache) >= _MAX_CACHED:
             _config_cache.clear()
         _config_cache[key] = cfg
     return cfg
 
 
-# Parameter lists of the kernels the layer plans launch through cuLaunchKernel, 'p' = 64-bit address, 'i' = int32
+# Parameter lists of the marlin_moe.cu kernels (their argument blocks), 'p' = 64-bit address, 'i' = int32
 # (checked against kernels_cuda/marlin_moe.cu by tests/cpu/test_moe_plan.py).
 PLAN_ARG_KINDS = {"marlin_moe": "ppppppppp" + "iiiiiiiii", "moe_align": "piiippipp", "silu_and_mul": "ppii",
-                        "moe_sum": "ppppiiii"}
-# Intermediates a layer plan keeps (sorted ids, expert ids, gate_up output, SiLU output, down output); larger
-# layers allocate them per call (the GEMMs then dwarf an allocation).
-PLAN_MAX_WORKSPACE_BYTES = 64 << 20
-# fused_moe through cached layer plans (False: every call takes the checked path, as HEAD did; for A/Bs)
-LAYER_PLANS = True
+                  "moe_sum": "ppppiiii", "gather_rows": "pppiii", "add_bias": "ppii"}
 
 
 def _moe_function_ptr(name_expression: str, device: int, smem_bytes: int = 0) -> int:
     """The CUfunction handle of one marlin_moe.cu instantiation on one device (compiled on first use)."""
-    kernel = get_moe_kernel(name_expression, device, smem_bytes)
-    cupy = gemm._cupy()
-    with cupy.cuda.Device(device):
-        return int(kernel.kernel.ptr)
-
-
-class _Args:
-    """One kernel's argument block, reused by every launch: a slot per parameter (u64 or i32) and the void* table
-    cuLaunchKernel reads them through."""
-
-    def __init__(self, kinds: str):
-        import ctypes
-
-        self.slots = [ctypes.c_uint64() if k == "p" else ctypes.c_int32() for k in kinds]
-        self.table = (ctypes.c_void_p * len(kinds))(*[ctypes.addressof(s) for s in self.slots])
-        self.address = ctypes.addressof(self.table)
+    return _module.function_ptr(name_expression, device, smem_bytes)
 
 
 class _LayerPlan:
@@ -1167,10 +1100,10 @@ class _LayerPlan:
     stream order keeps one call's reads before the next call's writes). No device -> host synchronisation."""
 
     def __init__(self, hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, top_k: int, block: int,
-                 num_global: int, expert_map, stream_ptr: int):
+                 num_global: int, expert_map, stream_ptr: int, policy: MoePolicy):
         from workbench.formats.moe_align import aligned_capacity
 
-        cupy = gemm._cupy()
+        cupy = rt.cupy()
         m, k = (int(s) for s in hidden.shape)
         act = gemm.act_scalar_type(hidden.dtype)
         self.device = device = w13._device()
@@ -1184,24 +1117,25 @@ class _LayerPlan:
         item = np.dtype(hidden.dtype).itemsize
         lda = int(hidden.strides[0]) // item if m > 1 else w13.k
         launches = []
-        # programmatic dependent launches (gemm.PROGRAMMATIC_LAUNCH, sm_90+): each kernel waits for the one before
-        # (kernels_cuda/marlin_moe.cu) before touching its data; the GEMMs' shared memory pinned as the dense one's
-        programmatic = gemm.programmatic_launches(device)
+        # programmatic dependent launches (the policy's programmatic_launch, sm_90+): each kernel waits for the one
+        # before (kernels_cuda/marlin_moe.cu) before touching its data; the GEMMs' shared memory pinned as the dense
+        # one's
+        programmatic = gemm.programmatic_launches(device, policy.programmatic_launch)
         pinned = {}  # GEMM function -> the shared memory of its programmatic launch (_launch_smem)
         # moe_align: one block of ALIGN_THREADS
         f = _moe_function_ptr("mwb::moe_align", device)
-        launches.append((f, 1, ALIGN_THREADS, 0, _Args(PLAN_ARG_KINDS["moe_align"]),
+        launches.append((f, 1, ALIGN_THREADS, 0, rt.ArgBlock(PLAN_ARG_KINDS["moe_align"]),
                          ("ids", numel, num_global, block, "emap", "sorted", cap, "experts", "post")))
         for stack, a, c, weights, rows, tk, a_lda in ((w13, "hidden", "g1", 0, m, top_k, lda),
                                                       (w2, "h", "y", "weights", numel, 1, w2.k)):
             ng = int(stack.weight.scales.shape[1])
             group = -1 if ng == 1 else stack.k // ng
-            cfg, grid, n_blocks = _fused_grid(stack, device, act, block, rows * tk, cap, group)
+            cfg, grid, n_blocks = _fused_grid(stack, device, act, block, rows * tk, cap, group, policy)
             f = _moe_function_ptr(cfg.name_expression, device, cfg.smem_bytes)
             if programmatic:
-                pinned[f] = _launch_smem(cfg, device)
+                pinned[f] = _launch_smem(cfg, device, policy)
             w = stack.weight
-            launches.append((f, grid, 256, cfg.smem_bytes, _Args(PLAN_ARG_KINDS["marlin_moe"]),
+            launches.append((f, grid, 256, cfg.smem_bytes, rt.ArgBlock(PLAN_ARG_KINDS["marlin_moe"]),
                              (a, w.qweight.data.ptr, c, w.scales.data.ptr, 0 if w.zeros is None else w.zeros.data.ptr,
                               "sorted", "experts", "post", weights, n_blocks, block, rows * tk, tk,
                               stack.n_per_expert, stack.k, a_lda, group, stack.num_experts)))
@@ -1209,9 +1143,9 @@ class _LayerPlan:
                 f = _moe_function_ptr(f"mwb::silu_and_mul<{_ctype(hidden.dtype)}>", device)
                 half = n13 // 2
                 launches.append((f, min(65535, -(-(numel * half) // 256)), 256, 0,
-                                 _Args(PLAN_ARG_KINDS["silu_and_mul"]), ("g1", "h", numel, half)))
+                                 rt.ArgBlock(PLAN_ARG_KINDS["silu_and_mul"]), ("g1", "h", numel, half)))
         f = _moe_function_ptr(f"mwb::moe_sum<{_ctype(hidden.dtype)}>", device)
-        launches.append((f, min(65535, -(-(m * k) // 256)), 256, 0, _Args(PLAN_ARG_KINDS["moe_sum"]),
+        launches.append((f, min(65535, -(-(m * k) // 256)), 256, 0, rt.ArgBlock(PLAN_ARG_KINDS["moe_sum"]),
                          ("y", 0, 0, "out", m, top_k, k, numel)))
         self.y_bytes = numel * n2 * item
         shapes = dict(sorted=((cap,), np.int32), experts=((cap // block,), np.int32), post=((1,), np.int32),
@@ -1220,26 +1154,28 @@ class _LayerPlan:
         self.shapes = shapes
         total = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
         self.buffers = None
-        if total <= PLAN_MAX_WORKSPACE_BYTES:
-            with cupy.cuda.Device(device), gemm._stream(stream_ptr):
+        if total <= policy.plan_max_workspace_bytes:
+            with cupy.cuda.Device(device), rt.cupy_stream(stream_ptr):
                 self.buffers = {name: cupy.empty(s, dtype=d) for name, (s, d) in shapes.items()}
         fixed = {} if self.buffers is None else {name: b.data.ptr for name, b in self.buffers.items()}
-        # per launch: (function, grid, threads, shared memory, argument table, [(slot, name) filled per call]);
-        # scalars, weights and kept intermediates are written once here
+        # per launch: (workbench.cuda.Launch, argument table, [(array, index, name) filled per call], argument
+        # block); scalars, weights and kept intermediates are written once here
         self.launches = []
         for f, grid, threads, smem, args, values in launches:
             dynamic = []
-            for slot, v in zip(args.slots, values):
+            for i, v in enumerate(values):
+                array, at = args.slot(i)
                 if type(v) is not str:
-                    slot.value = v
+                    array[at] = v
                 elif v in fixed:
-                    slot.value = fixed[v]
+                    array[at] = fixed[v]
                 else:
-                    dynamic.append((slot, v))
-            config = None
-            if programmatic:
-                config = gemm._programmatic_config(grid, pinned.get(f, smem), f, threads)
-            self.launches.append((f, grid, threads, smem, args.address, dynamic, args, config))
+                    dynamic.append((array, at, v))
+            launch = rt.Launch(f, grid, threads, pinned.get(f, smem) if programmatic else smem,
+                               programmatic=programmatic)
+            if programmatic and not launch.supported:  # no cuda-python driver bindings: plain launches
+                launch = rt.Launch(f, grid, threads, smem)
+            self.launches.append((launch, args.address, dynamic, args))
         self._lock = threading.Lock()
 
     def matches(self, w13, w2) -> bool:
@@ -1249,7 +1185,7 @@ class _LayerPlan:
         a = hidden.data.ptr
         if a % 16:
             raise ValueError("input must be aligned to 16 bytes")
-        cupy = gemm._cupy()
+        cupy = rt.cupy()
         runtime = cupy.cuda.runtime
         if runtime.getDevice() != self.device:  # switch only when another device is current
             with cupy.cuda.Device(self.device):
@@ -1262,25 +1198,21 @@ class _LayerPlan:
             out = cupy.empty((self.m, self.k), dtype=self.dtype)  # (M, K): the caller's, fresh every call
             bufs = self.buffers or {name: cupy.empty(s, dtype=d) for name, (s, d) in self.shapes.items()}
         else:
-            with gemm._stream(stream):  # allocated in the launch stream's order
+            with rt.cupy_stream(stream):  # allocated in the launch stream's order
                 out = cupy.empty((self.m, self.k), dtype=self.dtype)
                 bufs = self.buffers or {name: cupy.empty(s, dtype=d) for name, (s, d) in self.shapes.items()}
         ptrs = {name: b.data.ptr for name, b in bufs.items()}
         ptrs.update(hidden=a, out=out.data.ptr, ids=topk_ids.data.ptr, weights=topk_weights.data.ptr,
                     emap=0 if expert_map is None else expert_map.data.ptr)
-        driver = gemm._driver()
-        launch = driver.launchKernel
+        launch_kernel = rt_launch.launch_kernel
         with self._lock:  # the argument blocks are shared by every call of this plan
             # first, so that the five kernels follow each other with nothing between (a programmatic launch after
             # a memset is a plain one): rows of entries no local expert takes stay 0 in the down GEMM's output
             runtime.memsetAsync(ptrs["y"], 0, self.y_bytes, stream)
-            for f, grid, threads, smem, params, dynamic, _, config in self.launches:
-                for slot, name in dynamic:
-                    slot.value = ptrs[name]
-                if config is not None:
-                    gemm._launch_programmatic(config, stream, params)
-                else:
-                    launch(f, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
+            for launch, params, dynamic, _ in self.launches:
+                for array, at, name in dynamic:
+                    array[at] = ptrs[name]
+                launch_kernel(launch, stream, params)
         return out
 
 
@@ -1306,10 +1238,10 @@ def _array_key(x, array_type):
     return x.shape, x.strides, x.dtype, x.data.device_id
 
 
-def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, stream):
+def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, stream, policy):
     """Everything a layer plan depends on but the stacks' contents (checked by _LayerPlan.matches) and the
     addresses of the per-call arrays (read on every call); None: no plan for these arguments."""
-    array_type = gemm._fast_array_type()
+    array_type = rt.cupy_array_type()
     keys = (_array_key(hidden, array_type), _array_key(topk_weights, array_type), _array_key(topk_ids, array_type))
     if None in keys or type(w13) is not MarlinExpertStack or type(w2) is not MarlinExpertStack:
         return None
@@ -1319,11 +1251,25 @@ def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, 
         emap = _array_key(expert_map, array_type)
         if emap is None:  # a NumPy map is uploaded on every call by the checked path
             return None
-    stream_ptr = gemm._stream_ptr(stream)  # after the type checks: no CUDA call for host arrays
+    stream_ptr = rt.stream_handle(stream)  # after the type checks: no CUDA call for host arrays
     # kept in w13's _fused_plans; a plan holds w2, so id(w2) is not reused while the plan lives
-    key = (id(w2),) + keys + (type(block_size), block_size, emap, stream_ptr, choose_moe_config, _knobs())
+    key = (id(w2),) + keys + (type(block_size), block_size, emap, stream_ptr, policy.token)
     try:
         hash(key)
-    except TypeError:  # an unhashable block_size or setting: the checked path
+    except TypeError:  # an unhashable block_size: the checked path
         return None
     return key
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The default policy, and the old module globals (deprecated: they read and write it for one release)
+# ---------------------------------------------------------------------------------------------------------------
+_default_policy: MoePolicy = DEFAULT_MOE_POLICY
+
+
+def _default() -> MoePolicy:
+    """The policy of calls that pass none: DEFAULT_MOE_POLICY unless a deprecated module global was set."""
+    return _default_policy
+
+
+install_deprecated_globals(__name__, MOE_GLOBALS, "workbench.policy.DEFAULT_MOE_POLICY")

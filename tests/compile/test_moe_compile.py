@@ -10,6 +10,8 @@ import pytest
 
 from cuda_build import ARCHS, nvcc_cubin, nvrtc_cubin
 from workbench import gemm, moe
+from workbench.cuda import arrays as rt_arrays
+from workbench.policy import DEFAULT_MOE_POLICY
 from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
 from workbench.scalar_types import ScalarType as S
 
@@ -38,9 +40,9 @@ def _configs():
                                                       SM_SMEM_SM90, blocks))
             for bs in (SUPPORTED_BLOCK_SIZES[0], SUPPORTED_BLOCK_SIZES[-1]):
                 out.add(moe.choose_moe_config(act, weight, bs, 4096, 7168, -1, 1000, 132, SMEM_SM90))
-    for n_tiles, k_warp in moe._MOE_SHAPES_SMALL:
+    for n_tiles, k_warp in DEFAULT_MOE_POLICY.small_shapes:
         out.add(moe.MoeConfig(S.F16, S.U4, 2, n_tiles, k_warp, 8))
-    for n_tiles, k_warp in moe._MOE_SHAPES_LARGE:
+    for n_tiles, k_warp in DEFAULT_MOE_POLICY.large_shapes:
         out.add(moe.MoeConfig(S.BF16, S.U8, 4, n_tiles, k_warp, 4, gemm.GROUP_CHANNELWISE))
     return sorted(out, key=lambda c: c.name_expression)
 
@@ -91,7 +93,7 @@ def test_config_choice():
 def test_two_ctas_per_sm_choice():
     """16-row items with 4-bit weights run two CTAs per SM (128-register kernel, ring within half an SM) when the
     one-CTA grid would leave some CTA several items; never for 8-bit weights, 32+-row items or unknown SM memory."""
-    half = SM_SMEM_SM90 // 2 - gemm._SMEM_RESERVED_PER_BLOCK
+    half = SM_SMEM_SM90 // 2 - gemm.SMEM_RESERVED_PER_BLOCK
     # Mixtral-like decode: 2 blocks x 112 column tiles > 132 SMs
     two = moe.choose_moe_config(S.F16, S.U4B8, 8, 14336, 4096, 128, 2, 132, SMEM_SM90, SM_SMEM_SM90)
     assert two.blocks_per_sm == 2 and two.smem_bytes <= half and two.name_expression.endswith(", 2, true>")
@@ -160,7 +162,11 @@ def test_moe_align_wrapper_rejects_bad_input_before_launch(monkeypatch):
     def no_gpu(*_args, **_kwargs):
         raise AssertionError("validation reached CuPy: the check must come before any allocation or launch")
 
-    monkeypatch.setattr(gemm, "_cupy", no_gpu)
+    class NoCuPy:  # CuPy as the runtime sees it: any use fails the test
+        def __getattr__(self, name):
+            no_gpu()
+
+    monkeypatch.setattr(rt_arrays, "_cupy_module", NoCuPy())
     monkeypatch.setattr(moe, "get_moe_kernel", no_gpu)
     ids = _DeviceArrayStandIn((4, 2))
     cases = [

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from workbench import gemm, gemm_abi
+from workbench.policy import DEFAULT_GEMM_POLICY
 from workbench.gemm_abi import MarlinLaunch, MarlinMmBuffers, MarlinMmExecution, MarlinMmProblem, MarlinMmRequest
 from workbench.scalar_types import ScalarType as S
 
@@ -140,7 +141,7 @@ def test_good_record_picks_a_config():
     (dict(flags=gemm_abi.FLAG_HAS_ACT_ORDER | gemm_abi.FLAG_USE_FP32_REDUCE), "HAS_ACT_ORDER flag = True"),
     (dict(num_groups=3), "size_k = 512, is not divisible by num_groups = 3"),
     (dict(num_groups=8, group_size=128), "group_size = 128 is not size_k / num_groups"),
-    (dict(num_groups=32, group_size=16), r"group_size = 16 is not one of \(32, 64, 128\)"),
+    (dict(num_groups=32, group_size=16), r"group size = size_k / num_groups = 512 / 32 = 16 is not one of \(32, 64, 128\)"),
     (dict(num_groups=1, group_size=128), "group_size = 128 with num_groups = 1"),
     (dict(b_type=8, num_groups=8, group_size=64), "fe4m3fn weights take channelwise or group-128"),
     (dict(flags=gemm_abi.FLAG_USE_ATOMIC_ADD | gemm_abi.FLAG_DETERMINISTIC), "cannot be deterministic"),
@@ -204,7 +205,7 @@ def test_grid_never_exceeds_sms_or_work():
                                      (33, 512, 1024), (1, 64, 128)])
 def test_slice_aligned_grid_keeps_blocks_in_one_slice_without_lengthening_any(sms, m, n, k):
     """The kernel gives block b iterations [b T / G, (b + 1) T / G); mirrored here for every block. An aligned grid
-    may lengthen the longest range by up to ALIGNED_MAX_LONGER (round 6: a straddled slice end costs more than the
+    may lengthen the longest range by up to GemmPolicy.aligned_max_longer (round 6: a straddled slice end costs more than the
     extra steps; the name predates that)."""
     cfg = gemm.choose_config(S.F16, S.U4B8, m, n, k, 128, False, 227 * 1024)
     slices = -(-m // cfg.block_m) * (n // cfg.block_n)
@@ -215,7 +216,8 @@ def test_slice_aligned_grid_keeps_blocks_in_one_slice_without_lengthening_any(sm
     assert 1 <= grid <= striped
     ranges = [(b * total // grid, (b + 1) * total // grid) for b in range(grid)]
     longest = max(e - s for s, e in ranges)
-    assert longest <= -(-total // striped) * gemm.ALIGNED_MAX_LONGER + gemm.ALIGNED_EXTRA_STEPS
+    p = DEFAULT_GEMM_POLICY
+    assert longest <= -(-total // striped) * p.aligned_max_longer + p.aligned_extra_steps
     if grid != striped:
         assert all(e > s and s // ki == (e - 1) // ki for s, e in ranges)
 
@@ -259,7 +261,7 @@ def test_well_formed_numpy_call_stops_at_the_device_check():
     (dict(b_q_weight=np.zeros((15, 256), np.int32)), ValueError, "b_q_weight.size\\(0\\) = 15, size_k = 256"),
     (dict(b_q_weight=np.zeros((16, 250), np.int32)), ValueError, "b_q_weight.size\\(1\\) = 250 is not divisible"),
     (dict(b_q_weight=np.zeros((16, 96 * 16 // 8), np.int32), size_n=96, a=np.zeros((16, 256), np.float16),
-          b_scales=np.zeros((2, 96), np.float16)), ValueError, "size_n = 96, is not divisible by min_thread_n = 64"),
+          b_scales=np.zeros((2, 96), np.float16)), ValueError, "size_n = 96 is not divisible by min_thread_n = 64"),
     (dict(a=np.zeros((16, 512), np.float16)[:, ::2]), ValueError, "A.stride\\(1\\) is not 1"),
     (dict(a=np.zeros((16, 260), np.float16)[:, :256]), ValueError, "A.stride\\(0\\) = 260 must be"),
     (dict(b_q_weight=np.zeros((32, 256), np.int32)[::2]), ValueError, "b_q_weight is not contiguous"),

@@ -4,12 +4,14 @@ policy"), and the pre-round-6 policy (bench/ab_gemm.py's OLD_POLICY, variant new
 chose, so that the A/B run times what it claims to."""
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
 import pytest
 
 from workbench import gemm
+from workbench.policy import DEFAULT_GEMM_POLICY
 from workbench.scalar_types import ScalarType as S
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
@@ -19,24 +21,22 @@ SMS, SMEM_LIMIT, SM_SMEM = 132, 232448, 233472  # H200
 GROUP = {S.U4B8: 128, S.U4: 128, S.U8B128: 128, S.FE4M3FN: -1}
 
 
-def choice(weight, m, k, n):
+def choice(weight, m, k, n, policy=None):
     """(n_tiles, k_warp, stages, blocks per SM, grid) for fp16 activations on the H200."""
-    cfg = gemm.choose_config(S.F16, weight, m, n, k, GROUP[weight], False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
-    return cfg.n_tiles, cfg.k_warp, cfg.stages, cfg.blocks_per_sm, gemm.grid_blocks(cfg, m, n, k, SMS)
+    cfg = gemm.choose_config(S.F16, weight, m, n, k, GROUP[weight], False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
+                             policy=policy)
+    return cfg.n_tiles, cfg.k_warp, cfg.stages, cfg.blocks_per_sm, gemm.grid_blocks(cfg, m, n, k, SMS, policy=policy)
 
 
-@pytest.fixture
-def old_policy(monkeypatch):
-    for name, value in ab_gemm.OLD_POLICY.items():
-        assert hasattr(gemm, name), name  # the variant must set switches that exist
-        monkeypatch.setattr(gemm, name, value)
+def replaced(**fields):
+    return dataclasses.replace(DEFAULT_GEMM_POLICY, **fields)
 
 
 # (weight, M, K, N) -> (new choice, HEAD's choice); the measured cells' best candidates in the comments (µs)
 CELLS = [
     # 4-bit one block: 6 stages (sweep: 4096^2 M = 1 10.89 -> 10.26, 14336x4096 M = 16 24.02 -> 22.67)
     ((S.U4B8, 1, 4096, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
-    # M = 9..16 since round 18: the 512 x 128 tile, 3 stages (gemm.ROWS_WIDE_FIRST; sweeps r18c / r18d)
+    # M = 9..16 since round 18: the 512 x 128 tile, 3 stages (GemmPolicy.rows_wide_first; sweeps r18c / r18d)
     ((S.U4B8, 16, 4096, 4096), (2, 8, 3, 1, 128), (2, 4, 8, 1, 128)),
     ((S.U4B8, 8, 14336, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
     # the slice-aligned 112 grid, 16 steps instead of the striped 132 with ~14 (M = 2: 25.38 -> 19.01)
@@ -82,24 +82,25 @@ def test_policy_choices(key, new, head):
 
 
 @pytest.mark.parametrize("key, new, head", CELLS, ids=lambda v: str(v) if not isinstance(v, tuple) else None)
-def test_old_policy_reproduces_head(old_policy, key, new, head):
-    assert choice(*key) == head
+def test_old_policy_reproduces_head(key, new, head):
+    assert choice(*key, policy=ab_gemm.OLD_POLICY) == head
 
 
-def test_aligned_grid_bound(monkeypatch):
+def test_aligned_grid_bound():
     """ALIGNED_MAX_LONGER = 1.15: 4096 x 14336's aligned 112 grid (16 steps vs 14) passes, an aligned grid that leaves
     about half the SMs idle does not (here 67 slices of a 16-step K: 67 blocks x 16 steps vs 132 x ~9), nor one
     17% longer (8192 x 28672 at M = 64: 128 vs 109 steps), nor a rows-layout or zero-point two-block kernel's 224 on
     8192 x 28672 (32 vs 28); the swapped u4b8 two-block kernel takes it (round 14)."""
-    monkeypatch.setattr(gemm, "ROWS_WIDE_FIRST", False)  # (the rows-layout two-block kernel: M = 16 before round 18)
-    cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT)
-    assert gemm.grid_blocks(cfg, 1, 14336, 4096, SMS) == 112
-    assert gemm.grid_blocks(cfg, 1, 67 * 128, 4096, SMS) == SMS  # striped: 1072 steps over 132 blocks
-    wide = gemm.choose_config(S.F16, S.U4B8, 64, 28672, 8192, 128, False, SMEM_LIMIT)
-    assert gemm.grid_blocks(wide, 64, 28672, 8192, SMS) == SMS
+    p = replaced(rows_wide_first=False)  # (the rows-layout two-block kernel: M = 16 before round 18)
+    cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT, policy=p)
+    assert gemm.grid_blocks(cfg, 1, 14336, 4096, SMS, policy=p) == 112
+    assert gemm.grid_blocks(cfg, 1, 67 * 128, 4096, SMS, policy=p) == SMS  # striped: 1072 steps over 132 blocks
+    wide = gemm.choose_config(S.F16, S.U4B8, 64, 28672, 8192, 128, False, SMEM_LIMIT, policy=p)
+    assert gemm.grid_blocks(wide, 64, 28672, 8192, SMS, policy=p) == SMS
     for weight, m, grid in ((S.U4B8, 16, 2 * SMS), (S.U4, 1, 2 * SMS), (S.U4B8, 1, 224)):
-        two = gemm.choose_config(S.F16, weight, m, 28672, 8192, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
-        assert two.blocks_per_sm == 2 and gemm.grid_blocks(two, m, 28672, 8192, SMS) == grid, (weight, m)
+        two = gemm.choose_config(S.F16, weight, m, 28672, 8192, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
+                                 policy=p)
+        assert two.blocks_per_sm == 2 and gemm.grid_blocks(two, m, 28672, 8192, SMS, policy=p) == grid, (weight, m)
 
 
 def test_eight_bit_falls_back_when_the_wide_tile_does_not_divide_n():
@@ -119,16 +120,49 @@ def test_every_choice_fits_and_divides(weight, m):
         assert 1 <= grid <= SMS * cfg.blocks_per_sm
 
 
-def test_ab_variant_context_restores_the_policy():
-    """bench/ab_gemm.py's new-oldpolicy context switches to HEAD's choice and back."""
-    def pick():
-        cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS)
-        return cfg.stages, gemm.grid_blocks(cfg, 1, 14336, 4096, SMS)
+def test_ab_variant_policy_leaves_the_default_alone():
+    """bench/ab_gemm.py's new-oldpolicy variant is a policy value: calls given it choose HEAD's configuration, calls
+    without it the default's, before and after."""
+    def pick(policy=None):
+        cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
+                                 policy=policy)
+        return cfg.stages, gemm.grid_blocks(cfg, 1, 14336, 4096, SMS, policy=policy)
 
     assert pick() == (6, 112)
-    with ab_gemm.Setting(**ab_gemm.OLD_POLICY)():
-        assert pick() == (8, 132)
+    assert pick(ab_gemm.OLD_POLICY) == (8, 132)
     assert pick() == (6, 112)
+
+
+def test_policies_are_values():
+    """Equal policies are equal and hash alike (plan caches key on them); a replaced field makes another key; the
+    default has no unhashable field."""
+    a, b = replaced(align_slices=False), replaced(align_slices=False)
+    assert a == b and hash(a) == hash(b) and a is not b
+    assert a != DEFAULT_GEMM_POLICY and len({a, b, DEFAULT_GEMM_POLICY}) == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.align_slices = True
+
+
+def test_old_globals_warn_and_reach_the_default_policy():
+    """gemm.ALIGN_SLICES and the other old switches still work for one release: reading warns and gives the default
+    policy's field, writing warns and replaces the default policy (calls without policy= then follow it)."""
+    with pytest.warns(DeprecationWarning, match="align_slices"):
+        assert gemm.ALIGN_SLICES is True
+    saved = gemm._default()
+    try:
+        with pytest.warns(DeprecationWarning, match="policy=dataclasses.replace"):
+            gemm.ALIGN_SLICES = False
+        assert gemm._default() == replaced(align_slices=False)
+        assert choice(S.U4B8, 1, 4096, 14336)[4] == SMS  # striped
+        with pytest.warns(DeprecationWarning):
+            gemm.ONE_M_BLOCK_STAGES = {4: (8, 6, 4), 8: (8, 6, 4)}
+        assert gemm._default().one_block_stages(4) == (8, 6, 4)
+        with pytest.warns(DeprecationWarning):
+            assert gemm.ONE_M_BLOCK_STAGES == {4: (8, 6, 4), 8: (8, 6, 4)}
+    finally:
+        gemm.__dict__["_default_policy"] = saved
+    with pytest.raises(AttributeError):
+        gemm.NO_SUCH_SWITCH
 
 
 # (weight, M, K, N) -> blocks per cluster on the H200 (gemm.cluster_blocks): slice-aligned grids with two blocks per
@@ -173,20 +207,20 @@ def test_cluster_needs_an_aligned_grid_of_2_4_or_8_blocks_per_slice_each_with_a_
     assert gemm.cluster_blocks(cfg, 1, 256, 2048, 8, 90, True) == 1, "the policy's sizes: 2 only"
 
 
-def pair_choice(weight, m, k, n):
+def pair_choice(weight, m, k, n, policy=None):
     """(n_tiles, k_warp, stages, blocks per SM, grid, cluster) on the H200 when slices can be summed in pairs."""
     cfg = gemm.choose_config(S.F16, weight, m, n, k, GROUP[weight], False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
-                             pairs=True)
-    grid = gemm.grid_blocks(cfg, m, n, k, SMS)
+                             pairs=gemm.pairs_possible(90, True, policy), policy=policy)
+    grid = gemm.grid_blocks(cfg, m, n, k, SMS, policy=policy)
     return cfg.n_tiles, cfg.k_warp, cfg.stages, cfg.blocks_per_sm, grid, gemm.cluster_blocks(cfg, m, n, k, grid, 90,
-                                                                                              True)
+                                                                                              True, policy=policy)
 
 
 # (weight, M, K, N) -> the pair policy's choice (round 9c sweep, µs default -> pair in gemm.py's PAIR_* comment)
 PAIRS = [
-    # one-block pairs of 4-bit weights and of the 8-bit 256 x 128 tile: 3 stages first (round 16, gemm.PAIR_STAGES)
+    # one-block pairs of 4-bit weights and of the 8-bit 256 x 128 tile: 3 stages first (round 16, GemmPolicy.pair_stages)
     ((S.U4B8, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),
-    ((S.U4B8, 16, 8192, 8192), (2, 8, 3, 1, 128, 2)),  # the 512 x 128 tile since round 18 (gemm.ROWS_WIDE_FIRST)
+    ((S.U4B8, 16, 8192, 8192), (2, 8, 3, 1, 128, 2)),  # the 512 x 128 tile since round 18 (GemmPolicy.rows_wide_first)
     ((S.U4B8, 1, 28672, 8192), (2, 4, 3, 1, 128, 2)),  # 56 steps per block, but swapped and the first-choice tile
     ((S.U4B8, 16, 28672, 8192), (2, 8, 3, 1, 128, 2)),  # 28 steps of 512 x 128 (round 18; sweep r18d 38.70 -> 34.51)
     # 4-bit: the 512 x 64 tile, 64 slices x 2, 4 steps per block on 4096^2 (round 14: sweep r14a, A/B r14b);
@@ -223,34 +257,30 @@ def test_pair_choices(key, choice_):
     assert pair_choice(*key) == choice_
 
 
-def test_pairs_off_is_the_policy_without_pairs(monkeypatch):
-    monkeypatch.setattr(gemm, "PAIR_CLUSTERS", False)
+def test_pairs_off_is_the_policy_without_pairs():
+    p = replaced(pair_clusters=False)
     for key, _ in PAIRS:
         weight, m, k, n = key
-        assert pair_choice(*key)[:5] == choice(*key)
+        assert pair_choice(*key, policy=p)[:5] == choice(*key, policy=p)
 
 
 def test_pairs_long_range_exception_is_for_the_first_tile_without_act_order():
     """56 steps per block: long pairs for u4b8 fp16 (M <= 8 since round 9, M <= 16 since round 10's late scaling), for
     bf16 and zero points since round 17 (A/B r17b, after the per-warp pipeline for two tiles; they lost in rounds 9d /
     9f), never for act-order groups (PAIR_MAX_STEPS_NOT_PLAIN)."""
-    def pick(act, weight, m, per_row=False):
+    def pick(act, weight, m, per_row=False, policy=None):
         cfg = gemm.choose_config(act, weight, m, 8192, 28672, 128, per_row, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
-                                 pairs=True)
-        return cfg.blocks_per_sm, gemm.grid_blocks(cfg, m, 8192, 28672, SMS)
+                                 pairs=True, policy=policy)
+        return cfg.blocks_per_sm, gemm.grid_blocks(cfg, m, 8192, 28672, SMS, policy=policy)
     for m in (8, 12, 16):
         assert pick(S.F16, S.U4B8, m) == (1, 128)
         assert pick(S.BF16, S.U4B8, m) == (1, 128)
         assert pick(S.F16, S.U4, m) == (1, 128)
         assert pick(S.F16, S.U4B8, m, per_row=True)[0] == 2
-    # round 16's rules, still behind the switches (bench/ab_gemm.py's variant new-r16pairs)
-    saved = gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS, gemm.ROWS_WIDE_FIRST
-    try:
-        gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS, gemm.ROWS_WIDE_FIRST = (S.F16,), False, False
-        assert pick(S.BF16, S.U4B8, 8) == (2, 256) and pick(S.F16, S.U4, 16) == (2, 256)
-        assert pick(S.F16, S.U4B8, 8) == (1, 128)
-    finally:
-        gemm.PAIR_LONG_ACTS, gemm.PAIR_LONG_ZERO_POINTS, gemm.ROWS_WIDE_FIRST = saved
+    # round 16's rules, as a policy (bench/ab_gemm.py's variant new-r16pairs)
+    r16 = replaced(pair_long_acts=(S.F16,), pair_long_zero_points=False, rows_wide_first=False)
+    assert pick(S.BF16, S.U4B8, 8, policy=r16) == (2, 256) and pick(S.F16, S.U4, 16, policy=r16) == (2, 256)
+    assert pick(S.F16, S.U4B8, 8, policy=r16) == (1, 128)
     # group 32 in the rows layout: a late-scaling flush per k16 tile (not measured with pairs): two blocks as before
     cfg = gemm.choose_config(S.F16, S.U4B8, 16, 8192, 28672, 32, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
                              pairs=True)
@@ -288,19 +318,20 @@ def test_late_scale_mirrors_the_kernel_rule():
     assert cfg(weight=S.U4).late_scale and cfg(act=S.BF16).late_scale
 
 
-def test_eight_bit_row_pairs_switch(monkeypatch):
-    """PAIR_TWO_BLOCK_EIGHT_BIT_ROWS off (bench/ab_gemm.py new-no8bitpairs): FP8 4096 x 14336 at M = 16 back to one
+def test_eight_bit_row_pairs_switch():
+    """pair_two_block_eight_bit_rows off (bench/ab_gemm.py new-no8bitpairs): FP8 4096 x 14336 at M = 16 back to one
     block per SM on 112 blocks in clusters of two."""
-    monkeypatch.setattr(gemm, "PAIR_TWO_BLOCK_EIGHT_BIT_ROWS", False)
-    assert pair_choice(S.FE4M3FN, 16, 4096, 14336) == (4, 2, 4, 1, 112, 2)
+    p = replaced(pair_two_block_eight_bit_rows=False)
+    assert pair_choice(S.FE4M3FN, 16, 4096, 14336, policy=p) == (4, 2, 4, 1, 112, 2)
+    assert pair_choice(S.FE4M3FN, 16, 4096, 14336) != (4, 2, 4, 1, 112, 2)
 
 
 def test_rows_wide_tile_scope():
-    """Round 18's 512 x 128 tile (gemm.ROWS_WIDE_FIRST) is for 4-bit rows-layout kernels with one m16 block (M = 9..16)
+    """Round 18's 512 x 128 tile (GemmPolicy.rows_wide_first) is for 4-bit rows-layout kernels with one m16 block (M = 9..16)
     and groups of >= 128 rows, where a block gets >= 8 stages of it; nothing else changes."""
-    def tile(m, k=8192, n=8192, weight=S.U4B8, group=128, per_row=False, act=S.F16, pairs=True):
+    def tile(m, k=8192, n=8192, weight=S.U4B8, group=128, per_row=False, act=S.F16, pairs=True, policy=None):
         cfg = gemm.choose_config(act, weight, m, n, k, group, per_row, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
-                                 pairs=pairs)
+                                 pairs=pairs, policy=policy)
         return cfg.n_tiles, cfg.k_warp
     for m in (9, 12, 16):
         assert tile(m) == (2, 8) and tile(m, act=S.BF16) == (2, 8) and tile(m, weight=S.U4) == (2, 8)
@@ -310,9 +341,30 @@ def test_rows_wide_tile_scope():
     assert tile(16, weight=S.U8B128) != (2, 8) and tile(16, weight=S.FE4M3FN, group=-1) != (2, 8)
     assert tile(16, k=2048, n=28672) != (2, 8)  # 4 stages of 512 rows: too short
     assert tile(16, k=4096, n=4096) == (1, 4)  # the 4096-column layers keep their 512 x 64 pairs
-    saved = gemm.ROWS_WIDE_FIRST
-    try:
-        gemm.ROWS_WIDE_FIRST = False
-        assert tile(16) == (2, 4)
-    finally:
-        gemm.ROWS_WIDE_FIRST = saved
+    assert tile(16, policy=replaced(rows_wide_first=False)) == (2, 4)
+
+
+@pytest.mark.parametrize("name, field", [("WORKBENCH_PROGRAMMATIC_LAUNCH", "programmatic_launch"),
+                                         ("WORKBENCH_DIRECT_LAUNCH", "direct_launch")])
+def test_old_environment_variables_warn_and_set_the_default_policy(name, field):
+    """For one release the old environment switches still turn their launch form off, through the default policies,
+    with a DeprecationWarning naming the replacement."""
+    import os
+    import subprocess
+
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    from workbench import policy\n"
+            f"assert any('{name} is deprecated' in str(w.message) and w.category is DeprecationWarning "
+            "for w in seen), [str(w.message) for w in seen]\n"
+            f"assert policy.DEFAULT_GEMM_POLICY.{field} is False\n"
+            "assert policy.DEFAULT_MOE_POLICY.gemm is policy.DEFAULT_GEMM_POLICY\n")
+    env = dict(os.environ, **{name: "0"})
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_equal_policies_share_a_token_and_others_do_not():
+    """The plan caches key on ``policy.token``: one per policy value."""
+    a, b = replaced(align_slices=False), replaced(align_slices=False)
+    assert a.token == b.token != DEFAULT_GEMM_POLICY.token
+    assert replaced(swap_max_m=0).token not in (a.token, DEFAULT_GEMM_POLICY.token)

@@ -4,12 +4,16 @@ device, flags, exact int types) runs the checks again; what the key leaves out (
 arrays) is checked on every call. The stand-in driver decodes cuLaunchKernel's void* table, so a wrong argument
 block fails here too.
 """
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
 
-from fake_device import PROPS, SMS, FakeArray, _Stream, installed
+from fake_device import PLAIN_GEMM_POLICY, PROPS, SMS, FakeArray, _Stream, installed
 from workbench import gemm, gemm_abi
+from workbench.cuda import arrays as rt_arrays
+from workbench.policy import DEFAULT_GEMM_POLICY
 from workbench.scalar_types import ScalarType as S
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -199,7 +203,7 @@ def test_output_allocated_on_the_inputs_device_and_scratch_reused(fake):
     assert c1.data.device_id == 1 and c2.data.device_id == 1 and c1.data.ptr != c2.data.ptr
     assert c1.shape == (1, 256) and c1.dtype == np.float16
     c_tmps = {kernel_args(x)[0][3] for x in driver.launches}
-    assert c_tmps == {gemm._scratch[(1, 0, SMS)][1].data.ptr}
+    assert c_tmps == {gemm._scratch[(1, 0, SMS, "cupy")][1].data.ptr}
 
 
 def test_atomic_mode_zeroes_c_before_each_launch(fake):
@@ -281,7 +285,7 @@ def test_marlin_gemm_uses_the_stream_s_scratch(fake):
     a = FakeArray((1, 512), np.float16)
     gemm.marlin_gemm(a, w, stream=0x7770)
     gemm.marlin_gemm(a, w, stream=0x7770)
-    ws, ct = gemm._scratch[(0, 0x7770, SMS)]
+    ws, ct = gemm._scratch[(0, 0x7770, SMS, "cupy")]
     pointers, _ = kernel_args(driver.launches[-1])
     assert (pointers[3], pointers[7], driver.launches[-1][4]) == (ct.data.ptr, ws.data.ptr, 0x7770)
     assert len(gemm._array_plans) == 1
@@ -372,22 +376,21 @@ def test_argument_blocks_follow_the_kernels_parameter_lists(name):
 
 @pytest.mark.parametrize("cc, switch, programmatic", [(90, True, True), (90, False, False), (80, True, False)])
 def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, programmatic):
-    """sm_90+ with PROGRAMMATIC_LAUNCH: cuLaunchKernelEx with programmatic stream serialization (the kernel waits
+    """sm_90+ with GemmPolicy.programmatic_launch: cuLaunchKernelEx with programmatic stream serialization (the kernel waits
     before it reads A or writes anything: kernels_cuda/mma.cuh); else cuLaunchKernel. Same grid, shared memory and
     arguments either way; the act-order gather before it stays a plain launch."""
     _, driver = fake
-    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", switch)
+    policy = dataclasses.replace(DEFAULT_GEMM_POLICY, programmatic_launch=switch)
     monkeypatch.setattr(gemm, "device_properties", lambda device: (cc,) + PROPS[1:])
-    # a stand-in pin (PROGRAMMATIC_PIN_OCCUPANCY): 128 bytes more where the plan has one block per SM
+    # a stand-in pin (programmatic_pin_occupancy): 128 bytes more where the plan has one block per SM
     monkeypatch.setattr(gemm, "pin_occupancy_of",
                         lambda kernel, device, smem, blocks_per_sm: smem + 128 * (blocks_per_sm < 2))
-    call(dense())
-    call(dense(m=3, act_order=True))
+    call(dense(), policy=policy)
+    call(dense(m=3, act_order=True), policy=policy)
     assert driver.programmatic == ([0, 2] if programmatic else [])
     with installed() as (_, plain):
-        monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", False)
-        call(dense())
-        call(dense(m=3, act_order=True))
+        call(dense(), policy=PLAIN_GEMM_POLICY)
+        call(dense(m=3, act_order=True), policy=PLAIN_GEMM_POLICY)
         reference = plain.launches
     # (fresh arrays there: compare all but the addresses); a programmatic launch's shared memory is pin_occupancy_of's
     for i, (launch, plain_launch) in enumerate(zip(driver.launches, reference, strict=True)):
@@ -401,13 +404,12 @@ def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, program
 
 @pytest.mark.parametrize("act_order", [False, True])
 def test_cupy_call_fallback_passes_the_same_arguments(fake, monkeypatch, act_order):
-    """WORKBENCH_DIRECT_LAUNCH=0 / DIRECT_LAUNCH = False: the same kernels, grids and argument values."""
+    """GemmPolicy.direct_launch = False: the same kernels, grids and argument values."""
     _, driver = fake
     args = dense(m=3, act_order=act_order)
     extra = dict(a_tmp=FakeArray((3, 512), np.float16)) if act_order else {}
     call(args, **extra)
-    monkeypatch.setattr(gemm, "DIRECT_LAUNCH", False)
-    call(args, **extra)
+    call(args, policy=dataclasses.replace(PLAIN_GEMM_POLICY, direct_launch=False), **extra)
     assert len(driver.cupy_calls) == len(driver.launches) == (2 if act_order else 1)
     for direct, via_cupy in zip(driver.launches, driver.cupy_calls):
         assert via_cupy == (direct[0], (direct[1][0],), direct[3], direct[4], direct[5])
@@ -482,7 +484,7 @@ def test_pin_occupancy_raises_the_kernels_limit_and_checks_the_query(monkeypatch
 
     kernel = Kernel()
     resident = {}
-    monkeypatch.setattr(gemm, "_cupy", lambda: types.SimpleNamespace(
+    monkeypatch.setattr(rt_arrays, "_cupy_module", types.SimpleNamespace(  # (CuPy's device switch, stood in)
         cuda=types.SimpleNamespace(Device=lambda device: contextlib.nullcontext())))
     monkeypatch.setattr(gemm, "device_properties", lambda device: (90, 132, 232448, 233472))
     monkeypatch.setattr(gemm, "_resident_blocks", lambda k, smem: resident.get(smem, 233472 // (smem + 1024)))

@@ -6,12 +6,15 @@ launches exactly what the checked call launched (same kernels, grids, shared mem
 addresses; one consistent set of intermediates), allocates only its output, and every change under the key
 (shape, dtype, device, top_k, block size, expert map, stream, stacks, MOE_* settings) gets a fresh check.
 """
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
 
-from fake_device import FakeArray, installed
+from fake_device import PLAIN_MOE_POLICY, FakeArray, installed
 from workbench import moe
+from workbench.policy import DEFAULT_MOE_POLICY
 from workbench.scalar_types import ScalarType as S
 from workbench.weight import MarlinWeight
 
@@ -67,6 +70,13 @@ def named(driver, records):
     return out
 
 
+def take(driver):
+    """The launches recorded since the last take, named (and forgotten)."""
+    out = named(driver, driver.launches)
+    driver.launches.clear(), driver.programmatic.clear()
+    return out
+
+
 KINDS = ("moe_align", "marlin_moe", "silu_and_mul", "marlin_moe", "moe_sum")
 
 
@@ -99,8 +109,8 @@ def test_cached_call_launches_what_the_checked_call_launched(fake):
     cupy, driver = fake
     args = layer(m=3, top_k=2)
     out1 = call(args)
-    checked = named(driver, driver.cupy_calls)
-    assert not driver.launches and plans(args) == 1
+    checked = take(driver)  # (the checked path's five launches: the same runtime call as the plan's)
+    assert plans(args) == 1 and not cupy.state.memsets
     allocations = cupy.state.allocations
     out2 = call(args)
     cached = named(driver, driver.launches)
@@ -125,8 +135,9 @@ def test_cached_launches_follow_the_checked_path(fake, top_k, act):
     args = layer(m=5, top_k=top_k, act=act, experts=64 if top_k > 2 else E, zeros=top_k == 6, wt=S.U4
                  if top_k == 6 else S.U4B8)
     call(args)
+    checked = take(driver)
     call(args)
-    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), args)
+    check_same_launches(checked, named(driver, driver.launches), args)
 
 
 def test_expert_map_and_stream_and_block_size(fake):
@@ -134,11 +145,12 @@ def test_expert_map_and_stream_and_block_size(fake):
     args = layer(m=2, top_k=2)
     emap = FakeArray((16,), np.int32)
     for kw in (dict(expert_map=emap), dict(stream=0x7770), dict(block_size=32)):
-        driver.cupy_calls.clear(), driver.launches.clear()
+        driver.launches.clear()
         call(args, **kw)
+        checked = take(driver)
         call(args, **kw)
         full = dict(args, **kw)
-        checked, cached = named(driver, driver.cupy_calls), named(driver, driver.launches)
+        cached = named(driver, driver.launches)
         check_same_launches(checked, cached, full)
         if "stream" in kw:
             assert {c[3] for c in cached} == {0x7770}
@@ -181,20 +193,20 @@ def test_a_dropped_layer_frees_its_plans_without_the_garbage_collector(fake):
         gc.enable()
 
 
-def test_large_layers_allocate_intermediates_per_call(fake, monkeypatch):
+def test_large_layers_allocate_intermediates_per_call(fake):
     cupy, driver = fake
-    monkeypatch.setattr(moe, "PLAN_MAX_WORKSPACE_BYTES", 0)
     args = layer(m=3, top_k=2)
+    args["policy"] = dataclasses.replace(PLAIN_MOE_POLICY, plan_max_workspace_bytes=0)
     call(args)
+    checked = take(driver)
     allocations = cupy.state.allocations
     call(args)
     assert cupy.state.allocations == allocations + 7, "the output and the six intermediates"
-    first = named(driver, driver.launches)
-    check_same_launches(named(driver, driver.cupy_calls), first, args)
-    driver.launches.clear()
+    first = take(driver)
+    check_same_launches(checked, first, args)
     call(args)
     second = named(driver, driver.launches)
-    check_same_launches(named(driver, driver.cupy_calls), second, args)
+    check_same_launches(checked, second, args)
     assert first[1][4][2] != second[1][4][2], "fresh intermediates reach the kernels"
     assert cupy.state.memsets[-1][0] == second[3][4][2]
 
@@ -203,13 +215,14 @@ def test_new_addresses_reach_the_kernels(fake):
     _, driver = fake
     args = layer(m=4, top_k=2)
     call(args)
+    checked = take(driver)
     call(args)
     fresh = dict(args, hidden=FakeArray((4, HID), np.float16), topk_ids=FakeArray((4, 2), np.int32),
                  topk_weights=FakeArray((4, 2), np.float32))
     driver.launches.clear()
     call(fresh)
     assert plans(args) == 1
-    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), fresh, args)
+    check_same_launches(checked, named(driver, driver.launches), fresh, args)
 
 
 CHANGES = {
@@ -272,16 +285,18 @@ def test_replaced_stack_weight_is_not_served_a_stale_plan(fake):
     w13 = args["w13_stack"]
     # new arrays, same shapes: a new plan reads the new addresses
     w13.weight = stack(HID, 2 * INTER).weight
-    driver.cupy_calls.clear(), driver.launches.clear()
+    driver.launches.clear()
     call(args)
+    checked = take(driver)
     call(args)
-    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), args)
+    check_same_launches(checked, named(driver, driver.launches), args)
     # an array replaced inside the weight (same shape and dtype): its address reaches the kernel
     w13.weight.scales = FakeArray(w13.weight.scales.shape, np.float16)
-    driver.cupy_calls.clear(), driver.launches.clear()
+    driver.launches.clear()
     call(args)
+    checked = take(driver)
     call(args)
-    check_same_launches(named(driver, driver.cupy_calls), named(driver, driver.launches), args)
+    check_same_launches(checked, named(driver, driver.launches), args)
     # a field changed: checked again
     w13.weight = stack(HID, 2 * INTER).weight
     call(args)
@@ -290,66 +305,59 @@ def test_replaced_stack_weight_is_not_served_a_stale_plan(fake):
         call(args)
 
 
-def test_changed_settings_change_the_configuration(fake, monkeypatch):
+def test_changed_policy_changes_the_configuration(fake):
+    """A layer planned under one policy is not served to a call under another: the plans key on the policy value."""
     _, driver = fake
     args = layer(m=1, top_k=2)
     call(args)
     call(args)
     first = named(driver, driver.launches)[1][0]
-    monkeypatch.setattr(moe, "MOE_BLOCKS_PER_SM", 1 if "1>" not in first.split(",")[-2] + ">" else 2)
-    expected = moe.choose_moe_config(S.F16, S.U4B8, 8, 2 * INTER, HID, 128, 2, 132, 227 * 1024, 228 * 1024)
+    other = dataclasses.replace(PLAIN_MOE_POLICY, blocks_per_sm=1 if "1>" not in first.split(",")[-2] + ">" else 2)
+    expected = moe.choose_moe_config(S.F16, S.U4B8, 8, 2 * INTER, HID, 128, 2, 132, 227 * 1024, 228 * 1024,
+                                     policy=other)
+    assert expected.name_expression != first
     driver.launches.clear()
-    call(args)
-    call(args)
+    call(args, policy=other)
+    call(args, policy=other)
     assert named(driver, driver.launches)[1][0] == expected.name_expression
-    # a replaced choose_moe_config is obeyed too
-    forced = moe.MoeConfig(S.F16, S.U4B8, 1, 1, 1, 3)
-    monkeypatch.setattr(moe, "choose_moe_config", lambda *a, **k: forced)
     driver.launches.clear()
-    call(args)
-    call(args)
-    assert named(driver, driver.launches)[1][0] == forced.name_expression
+    call(args)  # the first policy again: its plan
+    assert named(driver, driver.launches)[1][0] == first
 
 
-def test_config_cache_keys_on_arguments_and_settings(monkeypatch):
+def test_config_cache_keys_on_arguments_and_policy():
     moe._config_cache.clear()
-    calls = []
-    real = moe.choose_moe_config
-
-    def counting(*a):
-        calls.append(a)
-        return real(*a)
-
-    monkeypatch.setattr(moe, "choose_moe_config", counting)
     args = (S.F16, S.U4B8, 8, 28672, 4096, 128, 2, 132, 227 * 1024, 228 * 1024)
     first = moe.cached_moe_config(*args)
-    assert moe.cached_moe_config(*args) is first and len(calls) == 1
+    assert moe.cached_moe_config(*args) is first and len(moe._config_cache) == 1
     for i, other in ((2, 16), (3, 14336), (4, 7168), (5, 64), (6, 200), (7, 66), (8, 100 * 1024), (9, 0)):
         changed = list(args)
         changed[i] = other
-        assert moe.cached_moe_config(*changed) == real(*changed)
+        assert moe.cached_moe_config(*changed) == moe.choose_moe_config(*changed)
     assert moe.cached_moe_config(S.BF16, *args[1:]).act is S.BF16
     assert moe.cached_moe_config(args[0], S.U8B128, *args[2:]).weight is S.U8B128
-    n = len(calls)
-    monkeypatch.setattr(moe, "MOE_BLOCKS_PER_SM", 1)
-    assert moe.cached_moe_config(*args) == real(*args) and len(calls) == n + 1
+    n = len(moe._config_cache)
+    one = dataclasses.replace(DEFAULT_MOE_POLICY, blocks_per_sm=1)
+    assert moe.cached_moe_config(*args, one) == moe.choose_moe_config(*args, policy=one)
+    assert moe.cached_moe_config(*args, one).blocks_per_sm == 1 and len(moe._config_cache) == n + 1
+    equal = dataclasses.replace(DEFAULT_MOE_POLICY, blocks_per_sm=1)  # an equal value: the same entry
+    assert moe.cached_moe_config(*args, equal) is moe.cached_moe_config(*args, one)
+    assert len(moe._config_cache) == n + 1
 
 
 def test_no_plan_for_non_cupy_or_non_contiguous_arguments(fake):
-    _, driver = fake
+    cupy, driver = fake
     args = layer(m=2, top_k=2)
     ids = FakeArray((2, 2), np.int32, strides=(16, 4))  # rows 16 bytes apart: not contiguous
     with pytest.raises(AssertionError):  # the stand-in's ascontiguousarray only passes contiguous arrays through
         call(args, topk_ids=ids)
     assert not plans(args)
-    monkeypatch_flag = moe.LAYER_PLANS
-    try:
-        moe.LAYER_PLANS = False
-        call(args)
-        call(args)
-        assert not plans(args) and not driver.launches
-    finally:
-        moe.LAYER_PLANS = monkeypatch_flag
+    no_plans = dataclasses.replace(PLAIN_MOE_POLICY, layer_plans=False)
+    driver.launches.clear()
+    call(args, policy=no_plans)
+    call(args, policy=no_plans)
+    # (a plan's run starts with its memset; the checked path launches its five kernels each time)
+    assert not plans(args) and not cupy.state.memsets and len(driver.launches) == 10
 
 
 @pytest.mark.parametrize("name", list(moe.PLAN_ARG_KINDS))
@@ -366,19 +374,19 @@ def test_argument_kinds_follow_the_kernels_parameter_lists(name):
 
 
 def test_programmatic_layer_launches_the_same_kernels(fake, monkeypatch):
-    """gemm.PROGRAMMATIC_LAUNCH on sm_90: a planned layer launches its five kernels through cuLaunchKernelEx (each
+    """MoePolicy.programmatic_launch on sm_90: a planned layer launches its five kernels through cuLaunchKernelEx (each
     waits for the one before: kernels_cuda/marlin_moe.cu), with the zeroing memset before the first, and the same
     kernels, grids, arguments and blocks as plain launches; the GEMMs' shared memory is pin_occupancy_of's. The
     checked path's GEMMs (gemm_phase_fused's launch) are programmatic too, with the same values as its CuPy call."""
     from workbench import gemm
 
     cupy, driver = fake
-    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", True)
     monkeypatch.setattr(gemm, "pin_occupancy_of", lambda kernel, device, smem, blocks_per_sm: smem + 128)
     args = layer(m=3, top_k=2)
+    args["policy"] = DEFAULT_MOE_POLICY  # (programmatic: the stand-in's own default is plain)
     call(args)
-    checked_gemms = [x for x in driver.launches]
-    assert len(checked_gemms) == 2 and driver.programmatic == [0, 1], "the checked path's two GEMMs"
+    checked_gemms = [x for x in driver.launches if "marlin_moe" in driver.moe_names[x[0]]]
+    assert len(checked_gemms) == 2 and driver.programmatic == [1, 3], "the checked path's two GEMMs"
     driver.launches.clear(), driver.programmatic.clear()
     call(args)
     assert driver.programmatic == [0, 1, 2, 3, 4]
@@ -388,10 +396,10 @@ def test_programmatic_layer_launches_the_same_kernels(fake, monkeypatch):
     with installed() as (_, plain):
         plain_args = layer(m=3, top_k=2)
         call(plain_args)
-        checked_plain = named(plain, plain.cupy_calls)
+        checked_plain = take(plain)
         call(plain_args)
         reference = plain.launches
-    # the checked path's GEMMs: the values of its plain CuPy calls (but the addresses) and the pinned memory
+    # the checked path's GEMMs: the values of its plain launches (but the addresses) and the pinned memory
     for got, want in zip(named(driver, checked_gemms), [c for c in checked_plain if "marlin_moe" in c[0]],
                          strict=True):
         assert (got[0], got[1], got[2], got[4][9:]) == (want[0], want[1], want[2] + 128, want[4][9:])
@@ -410,6 +418,6 @@ def test_programmatic_layer_launches_the_same_kernels(fake, monkeypatch):
 ])
 def test_fused_moe_stage_order(block, n, k, items, expected):
     """(n_tiles, k_warp, stages, CTAs per SM) on the H200's limits: one-CTA kernels of at most two m16 blocks take
-    MOE_ONE_BLOCK_STAGES (4 first since round 16; 8 before)."""
+    MoePolicy.one_block_stages (4 first since round 16; 8 before)."""
     cfg = moe.choose_moe_config(S.F16, S.U4B8, block, n, k, 128, items, 132, 227 * 1024, 228 * 1024)
     assert (cfg.n_tiles, cfg.k_warp, cfg.stages, cfg.blocks_per_sm) == expected

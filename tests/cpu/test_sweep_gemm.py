@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from fake_device import PROPS, SMS, FakeArray, installed
+from fake_device import PLAIN_GEMM_POLICY, PROPS, SMS, FakeArray, default_policies, installed
 from workbench import gemm, gemm_abi
 from workbench.scalar_types import ScalarType as S
 
@@ -19,17 +19,21 @@ import sweep_gemm  # noqa: E402
 _, _, SMEM_LIMIT, SM_SMEM = PROPS
 
 
+NO_PAIRS = dataclasses.replace(PLAIN_GEMM_POLICY, pair_clusters=False)
+
+
 @pytest.fixture
 def fake():
-    with installed() as (cupy, driver):
+    with installed() as (cupy, driver), default_policies(NO_PAIRS):
         yield cupy, driver
 
 
 @pytest.fixture(autouse=True)
-def no_pair_policy(monkeypatch):
+def no_pair_policy():
     """The forced-configuration tests start from the two-block / (2, 4)-tile defaults of the policy without pairs
-    (tests/cpu/test_gemm_policy.py pins the pair choices); the sweep's own default follows the switch."""
-    monkeypatch.setattr(gemm, "PAIR_CLUSTERS", False)
+    (tests/cpu/test_gemm_policy.py pins the pair choices); the sweep's own default is the calls' default policy."""
+    with default_policies(NO_PAIRS):
+        yield
 
 
 def record(m=1, k=4096, n=4096, wt=S.U4B8, group=128, act=S.F16):
@@ -84,15 +88,15 @@ def test_forced_grid_reaches_a_programmatic_launch_when_fewer_blocks_are_residen
     """A plan for two blocks per SM on a device that keeps one: PreparedLaunch shrinks its grid, and a forced grid
     (all resident) must still be the one cuLaunchKernelEx gets, not the shrunk grid its configuration was built with."""
     _, driver = fake
-    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", True)
+    programmatic = dataclasses.replace(NO_PAIRS, programmatic_launch=True)
     monkeypatch.setattr(gemm, "device_properties", lambda device: (90,) + PROPS[1:])
     monkeypatch.setattr(gemm, "pin_occupancy_of", lambda kernel, device, smem, blocks_per_sm: smem)
     monkeypatch.setattr(gemm, "resident_blocks", lambda name, device: 1)
     rec = record()
-    cfg = dataclasses.replace(gemm.prepare_launch(rec).cfg, n_tiles=1, k_warp=2, stages=3, blocks_per_sm=2,
-                              cluster=1)
-    forced = gemm.prepare_launch(rec, config=cfg, grid=77)
-    assert forced._programmatic is not None
+    cfg = dataclasses.replace(gemm.prepare_launch(rec, policy=programmatic).cfg, n_tiles=1, k_warp=2, stages=3,
+                              blocks_per_sm=2, cluster=1)
+    forced = gemm.prepare_launch(rec, config=cfg, grid=77, policy=programmatic)
+    assert forced.programmatic
     forced.launch(1 << 32, 2 << 32, 3 << 32, 4 << 32, 5 << 32, 0, 0, 0, 0, 6 << 32, 0)
     assert driver.programmatic[-1] == len(driver.launches) - 1 and driver.launches[-1][1][0] == 77
 
@@ -153,15 +157,16 @@ def test_forced_grid_outside_what_can_be_resident_is_refused(fake, grid):
 
 
 def test_forced_grid_needs_every_block_resident(fake, monkeypatch):
-    monkeypatch.setattr(gemm, "ROWS_WIDE_FIRST", False)  # (since round 18 M = 16 takes one block of 512 x 128 here)
+    # (since round 18 M = 16 takes one block of 512 x 128 here)
+    p = dataclasses.replace(NO_PAIRS, rows_wide_first=False)
     rec = record(m=16, k=8192, n=8192)  # a two-block default
-    default = gemm.prepare_launch(rec)
+    default = gemm.prepare_launch(rec, policy=p)
     assert default.cfg.blocks_per_sm == 2
     monkeypatch.setattr(gemm, "resident_blocks", lambda name, device: 1)
     cfg = dataclasses.replace(default.cfg, cluster=1)
     with pytest.raises(ValueError, match="cannot all be resident"):
-        gemm.prepare_launch(rec, config=cfg, grid=SMS + 1)
-    assert gemm.prepare_launch(rec, config=cfg, grid=SMS).grid == SMS
+        gemm.prepare_launch(rec, config=cfg, grid=SMS + 1, policy=p)
+    assert gemm.prepare_launch(rec, config=cfg, grid=SMS, policy=p).grid == SMS
 
 
 def test_forced_path_still_runs_every_record_check(fake):
@@ -311,14 +316,12 @@ def test_two_block_pairs_reach_the_plan_and_keep_their_partition_without_cluster
     each of the 112 slices two blocks in clusters of two; with the cluster sums switched off the same grid runs the
     plain kernel (global sums), never a cluster kernel whose blocks the grid does not pair."""
     _, driver = fake
-    monkeypatch.setattr(gemm, "PAIR_CLUSTERS", True)
+    pairs = dataclasses.replace(NO_PAIRS, pair_clusters=True)
     rec = record(m=4, k=4096, n=14336)
-    plan = gemm.prepare_launch(rec)
+    plan = gemm.prepare_launch(rec, policy=pairs)
     assert (plan.cfg.blocks_per_sm, plan.cfg.cluster, plan.grid) == (2, 2, 224)
     assert "marlin_gemm_cluster" in plan.cfg.name_expression
-    gemm._prepared.clear()
-    monkeypatch.setattr(gemm, "CLUSTER_SUMS", False)
-    plan = gemm.prepare_launch(rec)
+    plan = gemm.prepare_launch(rec, policy=dataclasses.replace(pairs, cluster_sums=False))
     assert (plan.cfg.blocks_per_sm, plan.cfg.cluster, plan.grid) == (2, 1, 224)
     assert "marlin_gemm_cluster" not in plan.cfg.name_expression
     assert launch_of(plan, driver)[0] == 224

@@ -10,7 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from workbench import cuda as rt
 from workbench import gemm, hardware
+from workbench.policy import DEFAULT_GEMM_POLICY
 from workbench.quantize import QuantizedWeight, dequantize
 from workbench.scalar_types import ScalarType as S
 from workbench.weight import make_marlin_weight, random_marlin_weight
@@ -109,12 +111,9 @@ SWAP_FORM_CASES = [(halves, *case) for halves in SWAP_ROWS for case in SWAP_CASE
 
 
 @pytest.fixture
-def swap16(monkeypatch, request):
-    """The swapped loop's 16-row form for M = 9..16 (SWAP_MAX_M = 16), whatever the policy's default; plans made under
-    it are forgotten before and after."""
-    monkeypatch.setattr(gemm, "SWAP_MAX_M", 16)
-    _forget_plans()
-    request.addfinalizer(_forget_plans)
+def swap16():
+    """The policy with the swapped loop's 16-row form for M = 9..16 (swap_max_m = 16), whatever the default's."""
+    return dataclasses.replace(DEFAULT_GEMM_POLICY, swap_max_m=16)
 
 
 @pytest.mark.parametrize("halves,wt,gs,shard", SWAP_FORM_CASES, ids=str)
@@ -122,17 +121,17 @@ def swap16(monkeypatch, request):
 def test_identity_rows_exact_on_the_swapped_loop(halves, wt, gs, shard, act, swap16):
     """M <= 8 runs the operand-swapped loop (KernelConfig.swap: C^T = W^T A^T, transposed back across lanes), and so
     can M = 9..16 (its 16-row form, two mma per sub-block, rows 8..15 the second half of the transposed accumulators;
-    SWAP_MAX_M = 16 here): rows i0 .. i0 + M - 1 of the identity must give exactly those rows of the dequantized
+    swap_max_m = 16 here): rows i0 .. i0 + M - 1 of the identity must give exactly those rows of the dequantized
     weight, in every reduction mode (a wrong lane or register in the transpose moves a value: caught bit for bit)."""
     k, n = 256, 256
     mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + gs + 7 + halves)
     w_dev = gemm.upload_weight(mw)
-    assert gemm.config_for(gemm.act_scalar_type(act), wt, 8 * halves, n, k, gs, shard).swap == halves
+    assert gemm.config_for(gemm.act_scalar_type(act), wt, 8 * halves, n, k, gs, shard, policy=swap16).swap == halves
     eye = np.eye(k, dtype=np.float32).astype(act)
     for m, i0 in SWAP_ROWS[halves]:
         for mode in ("fp32", "in_c", "atomic", "deterministic"):
             kw = dict(is_k_full=False) if shard else {}
-            out = run(eye[i0:i0 + m], w_dev, mode, **kw)
+            out = run(eye[i0:i0 + m], w_dev, mode, policy=swap16, **kw)
             # exact: one product 1 * w per output, the rest exact zeros (as the full identity test above)
             np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
 
@@ -163,17 +162,17 @@ def test_16_row_swapped_loop_holds_the_bound(case, expect, swap16):
     n_sms = gemm.device_properties(cp.cuda.Device().id)[1] if sms <= 0 else sms
     plan = gemm.plan_marlin_gemm(cp.asarray(a), w_dev, c=poisoned(m, n, act), sms=sms,
                                  workspace=cp.zeros(gemm.workspace_numel(n_sms), dtype=np.int32),
-                                 c_tmp=cp.empty(gemm.c_tmp_numel(n_sms), dtype=np.float32))
+                                 c_tmp=cp.empty(gemm.c_tmp_numel(n_sms), dtype=np.float32), policy=swap16)
     assert plan.cfg.swap == 2, plan.cfg
     cc = gemm.device_properties(cp.cuda.Device().id)[0]
     if expect is not None and cc >= 90:
         assert (plan.cfg.blocks_per_sm, plan.cfg.cluster) == expect, plan.cfg
     ref = a.astype(np.float32) @ q.w_ref
     for mode in ("fp32", "in_c", "atomic", "deterministic"):
-        out = run(a, w_dev, mode, sms=sms)
+        out = run(a, w_dev, mode, sms=sms, policy=swap16)
         bound = error_bound(a, q.w_ref, act, mode, k)
         assert np.all(np.abs(out - ref) <= bound), (mode, float(np.max(np.abs(out - ref) / bound)))
-    np.testing.assert_array_equal(run(a, w_dev, "deterministic", sms=sms), out)
+    np.testing.assert_array_equal(run(a, w_dev, "deterministic", sms=sms, policy=swap16), out)
 
 
 # Row counts that leave padding rows in the block tile: one m16 chunk (the kernel copies rows < M only; the others
@@ -289,7 +288,7 @@ def test_late_scaling_holds_the_bound_of_the_unrounded_weight(wt, gs, act, m):
     k, n = 1024, 256
     mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=act, seed=k + gs + m)
     cfg = gemm.config_for(gemm.act_scalar_type(act), wt, m, n, k, gs, False)
-    assert cfg.late_scale and bool(cfg.swap) == (m <= gemm.SWAP_MAX_M), cfg
+    assert cfg.late_scale and bool(cfg.swap) == (m <= DEFAULT_GEMM_POLICY.swap_max_m), cfg
     w_exact = dequantize(q.codes, q.scales, q.zeros, wt, gs, None, act, rounded=False)
     a = (np.random.default_rng(m + gs).standard_normal((m, k), dtype=np.float32)).astype(act)
     out = run(a, gemm.upload_weight(mw))
@@ -401,11 +400,6 @@ CLUSTER_CASES = (
 )
 
 
-def _forget_plans():
-    gemm._prepared.clear()
-    gemm._array_plans.clear()
-
-
 @pytest.mark.parametrize("case,expect", CLUSTER_CASES, ids=str)
 def test_cluster_slice_sums_equal_the_global_fp32_sums_bit_for_bit(case, expect, monkeypatch):
     """On sm_90 a slice-aligned grid with 2, 4 or 8 blocks per slice (every size the kernel takes; the policy's
@@ -416,28 +410,23 @@ def test_cluster_slice_sums_equal_the_global_fp32_sums_bit_for_bit(case, expect,
     wt, gs, shard, act, m, k, n, sms, pairs = case
     if gemm.device_properties(cp.cuda.Device().id)[0] < 90:
         pytest.skip("thread-block clusters need sm_90")
-    monkeypatch.setattr(gemm, "PAIR_CLUSTERS", pairs)
     # (the cases were picked for the tiles before round 18's 512 x 128 rows tile, which tests/gpu/
-    # test_gemm_bench_shapes.py checks in clusters at full size)
-    monkeypatch.setattr(gemm, "ROWS_WIDE_FIRST", False)
+    # test_gemm_bench_shapes.py checks in clusters at full size); every cluster size the kernel takes
+    clusters = dataclasses.replace(DEFAULT_GEMM_POLICY, pair_clusters=pairs, rows_wide_first=False, cluster_sums=True,
+                                   cluster_sizes=gemm.KERNEL_CLUSTER_SIZES)
+    global_sums = dataclasses.replace(clusters, cluster_sums=False)
     mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + m + sms)
     w_dev = gemm.upload_weight(mw)
     a = np.random.default_rng(m + k).standard_normal((m, k), dtype=np.float32).astype(act)
     kw = dict(is_k_full=False) if shard else {}
-    monkeypatch.setattr(gemm, "CLUSTER_SUMS", True)
-    monkeypatch.setattr(gemm, "CLUSTER_SIZES", gemm.KERNEL_CLUSTER_SIZES)
-    _forget_plans()
     plan = gemm.plan_marlin_gemm(cp.asarray(a), w_dev, c=poisoned(m, n, act), sms=sms,
                                  workspace=cp.zeros(gemm.workspace_numel(sms), dtype=np.int32),
-                                 c_tmp=cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32), **kw)
+                                 c_tmp=cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32), policy=clusters, **kw)
     assert (plan.cfg.blocks_per_sm, plan.cfg.cluster) == expect, plan.cfg
     assert plan.grid % plan.cfg.cluster == 0 and "marlin_gemm_cluster" in plan.cfg.name_expression
-    clustered = run(a, w_dev, "fp32", sms=sms, **kw)
-    deterministic = run(a, w_dev, "deterministic", sms=sms, **kw)
-    monkeypatch.setattr(gemm, "CLUSTER_SUMS", False)
-    _forget_plans()
-    global_sum = run(a, w_dev, "fp32", sms=sms, **kw)
-    _forget_plans()
+    clustered = run(a, w_dev, "fp32", sms=sms, policy=clusters, **kw)
+    deterministic = run(a, w_dev, "deterministic", sms=sms, policy=clusters, **kw)
+    global_sum = run(a, w_dev, "fp32", sms=sms, policy=global_sums, **kw)
     np.testing.assert_array_equal(clustered, global_sum)
     np.testing.assert_array_equal(deterministic, global_sum)
     ref = a.astype(np.float32) @ q.w_ref
@@ -496,17 +485,15 @@ def test_explicit_stream_and_cuda_graph_capture():
 def test_back_to_back_launches_chain_and_share_a_workspace(sms, m, programmatic, rng, monkeypatch, request):
     """GEMM 2 reads GEMM 1's output as its activations, and both use one workspace (lock counters, fp32 slots),
     launched back to back on one stream without a sync, plain and captured in a CUDA graph; on sm_90 also as
-    programmatic launches (gemm.PROGRAMMATIC_LAUNCH): each may start while the one before finishes and must wait
+    programmatic launches (GemmPolicy.programmatic_launch): each may start while the one before finishes and must wait
     before it reads A or touches the workspace. Every output equals the same GEMM run alone, bitwise. Few SMs: blocks
     share slices (slots and counts); M = 40: several 16-row chunks (the other prologue)."""
     device = cp.cuda.Device().id
     if programmatic and gemm.device_properties(device)[0] < 90:
         pytest.skip("programmatic dependent launch needs sm_90")
-    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", programmatic)
-    _forget_plans()
-    request.addfinalizer(_forget_plans)  # (plans made under this setting)
+    policy = dataclasses.replace(DEFAULT_GEMM_POLICY, programmatic_launch=programmatic)
     if programmatic:
-        assert gemm._programmatic_config(4, 0, 0) is not None, "no cuLaunchKernelEx (cuda-python): not programmatic"
+        assert rt.Launch(0, 4, 256, 0, programmatic=True).supported, "no cuLaunchKernelEx (cuda-python)"
     w1, _ = random_marlin_weight(1024, 512, S.U4B8, 128, act_dtype=np.float16, seed=int(rng.integers(1 << 20)))
     w2, _ = random_marlin_weight(512, 256, S.U8B128, 64, act_dtype=np.float16, seed=int(rng.integers(1 << 20)))
     w1, w2 = gemm.upload_weight(w1), gemm.upload_weight(w2)
@@ -516,16 +503,16 @@ def test_back_to_back_launches_chain_and_share_a_workspace(sms, m, programmatic,
     with stream:
         ws = cp.zeros(gemm.workspace_numel(n_sms), dtype=np.int32)
         ct = cp.empty(gemm.c_tmp_numel(n_sms), dtype=np.float32)
-        c1_alone = gemm.marlin_gemm(a, w1, workspace=ws, c_tmp=ct, sms=sms, stream=stream)
+        c1_alone = gemm.marlin_gemm(a, w1, workspace=ws, c_tmp=ct, sms=sms, stream=stream, policy=policy)
         stream.synchronize()
-        c2_alone = gemm.marlin_gemm(c1_alone, w2, workspace=ws, c_tmp=ct, sms=sms, stream=stream)
+        c2_alone = gemm.marlin_gemm(c1_alone, w2, workspace=ws, c_tmp=ct, sms=sms, stream=stream, policy=policy)
         stream.synchronize()
         c1, c2 = poisoned(m, 512, np.float16), poisoned(m, 256, np.float16)
 
         def chain():
             for _ in range(4):  # the second pair's GEMM 1 follows GEMM 2 of the first, and so on
-                gemm.marlin_gemm(a, w1, c=c1, workspace=ws, c_tmp=ct, sms=sms, stream=stream)
-                gemm.marlin_gemm(c1, w2, c=c2, workspace=ws, c_tmp=ct, sms=sms, stream=stream)
+                gemm.marlin_gemm(a, w1, c=c1, workspace=ws, c_tmp=ct, sms=sms, stream=stream, policy=policy)
+                gemm.marlin_gemm(c1, w2, c=c2, workspace=ws, c_tmp=ct, sms=sms, stream=stream, policy=policy)
 
         chain()
         stream.synchronize()

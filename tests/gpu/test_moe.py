@@ -9,11 +9,14 @@ Tolerances (reasons beside them):
   (typical elements see a few roundings of ~u each; keeps the worst-case bound from hiding a systematic error).
 Outputs are poisoned with NaN so an unwritten row fails; rows no block names must stay NaN.
 """
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
 
 from workbench import gemm, hardware, moe
+from workbench.policy import DEFAULT_MOE_POLICY
 from workbench.formats import moe_align as align_ref
 from workbench.scalar_types import ScalarType as S
 
@@ -249,11 +252,11 @@ def test_fused_phase_every_type(wt, gs, act, blocks, rng, monkeypatch):
             ref, bound = phase_reference(a, w_ref, ids.reshape(-1), top_k, weights.reshape(-1) if mul else None, act)
             outs = {}
             for blocks_per_sm in (1, 2):
-                monkeypatch.setattr(moe, "MOE_BLOCKS_PER_SM", blocks_per_sm)
+                policy = dataclasses.replace(DEFAULT_MOE_POLICY, blocks_per_sm=blocks_per_sm)
                 out = cp.full((m * top_k, n), np.nan, dtype=act)
                 stack.gemm_phase_fused(cp.asarray(a), cp.asarray(sorted_ids), cp.asarray(expert_ids),
                                        cp.asarray(post), out, m, block, top_k,
-                                       topk_weights=cp.asarray(weights) if mul else None)
+                                       topk_weights=cp.asarray(weights) if mul else None, policy=policy)
                 got = cp.asnumpy(out).astype(np.float32)
                 where = f"block={block} mul={mul} blocks_per_sm={blocks_per_sm}"
                 assert np.all(np.isfinite(got)), f"{where}: unwritten rows"
@@ -356,12 +359,12 @@ def _bits(x):
 @pytest.mark.parametrize("programmatic", [False, True])
 def test_layers_back_to_back_chain(programmatic, rng, monkeypatch):
     """Four fused_moe layers, each reading the one before's output, queued without a sync (the first call of a key
-    takes the checked path, the rest the layer plan), plain and as programmatic launches (gemm.PROGRAMMATIC_LAUNCH,
+    takes the checked path, the rest the layer plan), plain and as programmatic launches (MoePolicy.programmatic_launch,
     sm_90): each of the five kernels may start while the one before finishes and must wait before it touches data.
     Every output equals the same layer run alone, bitwise."""
     if programmatic and gemm.device_properties(cp.cuda.Device().id)[0] < 90:
         pytest.skip("programmatic dependent launch needs sm_90")
-    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", programmatic)
+    policy = dataclasses.replace(DEFAULT_MOE_POLICY, programmatic_launch=programmatic)
     e, k, n, m, top_k = 8, 256, 128, 5, 2
     w13, w2, _, _ = layer_stacks(rng, e, k, n, S.U4B8, 128, F16)
     ids, weights = (cp.asarray(x) for x in routing(rng, m, top_k, e))
@@ -370,12 +373,12 @@ def test_layers_back_to_back_chain(programmatic, rng, monkeypatch):
     with stream:
         alone, x = [], hidden
         for _ in range(4):
-            x = moe.fused_moe(x, w13, w2, weights, ids, stream=stream)
+            x = moe.fused_moe(x, w13, w2, weights, ids, stream=stream, policy=policy)
             stream.synchronize()
             alone.append(x)
         chained, x = [], hidden
         for _ in range(4):
-            x = moe.fused_moe(x, w13, w2, weights, ids, stream=stream)
+            x = moe.fused_moe(x, w13, w2, weights, ids, stream=stream, policy=policy)
             chained.append(x)
         stream.synchronize()
     assert all(np.isfinite(cp.asnumpy(x).astype(np.float32)).all() for x in alone)
@@ -389,7 +392,7 @@ def test_fused_phases_back_to_back_in_a_graph(programmatic, rng, monkeypatch):
     stream and captured in a CUDA graph, plain and programmatic: outputs bitwise equal to lone calls."""
     if programmatic and gemm.device_properties(cp.cuda.Device().id)[0] < 90:
         pytest.skip("programmatic dependent launch needs sm_90")
-    monkeypatch.setattr(gemm, "PROGRAMMATIC_LAUNCH", programmatic)
+    policy = dataclasses.replace(DEFAULT_MOE_POLICY, programmatic_launch=programmatic)
     e, k, m, block = 4, 256, 7, 8
     w, _ = moe.random_expert_stack(e, k, k, S.U4B8, 128, seed=int(rng.integers(1 << 20)))
     stack = moe.MarlinExpertStack(gemm.upload_weight(w))
@@ -403,7 +406,8 @@ def test_fused_phases_back_to_back_in_a_graph(programmatic, rng, monkeypatch):
         def chain():
             x = a
             for out in outs:
-                stack.gemm_phase_fused(x, sorted_ids, expert_ids, post, out, m, block, 1, stream=stream)
+                stack.gemm_phase_fused(x, sorted_ids, expert_ids, post, out, m, block, 1, stream=stream,
+                                       policy=policy)
                 x = out
 
         chain()

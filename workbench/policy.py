@@ -1,0 +1,321 @@
+"""The tunables of the native GEMM and MoE kernels' host side, as values: ``GemmPolicy`` and ``MoePolicy``.
+
+A policy is a frozen dataclass. Every function that chooses a kernel configuration, a grid or a launch form takes
+``policy=`` (the default instance when omitted), and every plan cache keys on the policy's value, so an experiment is
+
+    fast = dataclasses.replace(DEFAULT_GEMM_POLICY, align_slices=False)
+    gemm.marlin_gemm(a, w, policy=fast)
+
+and never a module switch flipped at run time. Each field carries its default and the reason for it in words; the
+measurements behind the reasons are in bench/NOTES_gemm.md and bench/NOTES_moe.md.
+
+Tables that were dicts are tuples of ``(key, value)`` pairs here (a policy must be hashable): see ``lookup``.
+
+Deprecated for one release: the environment variables ``WORKBENCH_PROGRAMMATIC_LAUNCH=0`` and
+``WORKBENCH_DIRECT_LAUNCH=0`` still switch the default policy's launch form (with a DeprecationWarning), and the
+old module globals of ``workbench.gemm`` / ``workbench.moe`` (``gemm.ALIGN_SLICES`` ...) still read and write the
+module's default policy, with a DeprecationWarning naming the field to use instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import os
+import warnings
+from typing import Any
+
+from workbench.scalar_types import ScalarType
+
+_F16, _BF16 = ScalarType.F16, ScalarType.BF16
+
+
+def lookup(table: tuple, key, default=None):
+    """The value of ``key`` in a policy table of (key, value) pairs, ``default`` when it has none."""
+    for k, v in table:
+        if k == key:
+            return v
+    return default
+
+
+_tokens: dict = {}  # policy value -> its token
+_next_token = itertools.count()
+
+
+class _Hashed:
+    """A frozen dataclass whose hash is computed once, with ``token``: a small int that equal policies share, for
+    plan caches that key on the policy on every call (an int hashes in C, a dataclass in Python)."""
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:  # (cached_property writes the instance dict directly: allowed on frozen dataclasses)
+        return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
+    @functools.cached_property
+    def token(self) -> int:
+        return _tokens.setdefault(self, next(_next_token))
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class GemmPolicy(_Hashed):
+    """How ``workbench.gemm`` chooses a dense GEMM's kernel, grid and launch. Shapes are (n_tiles, k_warp) pairs of
+    ``gemm.thread_shapes()``; "plain" weights have neither zero points nor act-order groups; "pairs" are slices of
+    two blocks each (one per SM) whose partial sums a cluster of two adds in shared memory."""
+
+    # ---- tile shapes, in order of preference --------------------------------------------------------------------
+    # small M streams weights: long BK spreads a pipeline step's fixed cost (barrier, address math) over more tiles
+    small_m_shapes: tuple = ((2, 4), (2, 2), (1, 2), (1, 1), (2, 1), (4, 2))
+    # three or more m16 blocks reuse each A stage over 256 columns
+    large_m_shapes: tuple = ((4, 2), (2, 2), (2, 1), (1, 1))
+    # 8-bit weights at M <= 16: the 64 x 256 tile first; it beat the 256 x 128 tile on the 8-bit layers swept
+    eight_bit_one_m_block_shapes: tuple = ((4, 2), (2, 4), (2, 2), (1, 2), (1, 1), (2, 1))
+    # 4-bit pairs try the 512 x 64 tile before 256 x 64: half the stages of twice the bytes won on 4096-column layers
+    four_bit_pair_shapes: tuple = ((2, 4), (2, 2), (1, 4), (1, 2), (1, 1), (2, 1), (4, 2))
+
+    # ---- pipeline stages, in order of preference ------------------------------------------------------------------
+    # one m16 block, one block per SM, by weight bits: 4-bit kernels were fastest with 6 stages on every one-block
+    # cell swept, 8-bit ones on the 64 x 256 tile with 4
+    one_m_block_stages: tuple = ((4, (6, 8, 4)), (8, (4, 6, 8)))
+    # one m16 block of another weight width: deep rings keep enough weight bytes in flight per SM for HBM
+    one_m_block_default_stages: tuple = (8, 6, 4)
+    # two m16 blocks: deep rings first (not swept separately)
+    two_m_block_stages: tuple = (8, 6, 4)
+    # three or four m16 blocks: the accumulators leave room for 4 stages at most
+    large_m_stages: tuple = (4, 3)
+    # one-block pairs by (weight bits, tile, swapped): a shallow ring lands a block's first stages sooner and beat
+    # deeper ones on every 4-bit pair cell and the 8-bit 256 x 128 ones; other tiles use the stage order above
+    pair_stages: tuple = (((4, (1, 2), True), (4, 6, 8)), ((4, (1, 2), False), (8, 6, 4)),
+                          ((4, (1, 4), True), (3, 4, 6)), ((4, (1, 4), False), (3, 6, 4)),
+                          ((4, (2, 4), True), (3, 4, 6)), ((4, (2, 4), False), (3, 6, 4)),
+                          ((4, (2, 8), False), (3, 4)),
+                          ((8, (2, 4), True), (3, 4)), ((8, (2, 4), False), (3, 4)))
+    # two blocks per SM: rings that fit half an SM, deeper first
+    two_block_stages: tuple = (4, 3)
+    # two-block pairs: the shallower ring first (a block's first stages land sooner)
+    two_block_pair_stages: tuple = (3, 4)
+
+    # ---- two blocks per SM (kernel cut to 128 registers) -----------------------------------------------------------
+    # only 4-bit weights: 8-bit stages hold twice the bytes, and only shallow rings fit beside a second block
+    two_blocks_weight_bits: tuple = (4,)
+    # only when each of the 2 x SMs blocks gets this many pipeline steps: with fewer, every slice is shared by many
+    # blocks and the cross-block reduction dominates
+    two_blocks_min_steps: int = 7
+    # swapped kernels of plain weights need one step more: one block per SM on the aligned grid won below it
+    two_blocks_min_steps_swap: int = 8
+
+    # ---- pairs (sm_90+, fp32 reduction, M <= 16) -------------------------------------------------------------------
+    # pairs fill the SMs where a layer has too few slices for one block per slice per SM (the partition does not
+    # depend on cluster_sums: without the cluster sums the same grid sums in global memory)
+    pair_clusters: bool = True
+    # the first tile whose slices, two blocks each, fill at least this share of the SMs (and no more than all)
+    pair_min_fill: float = 0.9
+    # ... when each block then has at most this many pipeline steps: longer ranges lost to two blocks per SM
+    pair_max_steps: int = 32
+    # zero-point and act-order kernels: pairs only up to this many steps (longer ones lost)
+    pair_max_steps_not_plain: int = 16
+    # activation types whose first-choice tile takes pairs past the step limit: the per-warp pipeline made the
+    # one-block kernels beat two blocks per SM there
+    pair_long_acts: tuple = (_F16, _BF16)
+    # ... and whether zero-point kernels may (act-order ones never): they gained most (two-block zero-point kernels
+    # spill at 128 registers)
+    pair_long_zero_points: bool = True
+    # activation types of the swapped two-block pairs (plain 4-bit weights, the first tile filling the SMs only with
+    # two blocks per SM)
+    two_block_pair_acts: tuple = (_F16, _BF16)
+    # two-block pairs: the share of the SMs the first tile's slices must fill, one block pair each
+    pair_two_block_min_fill: float = 0.8
+    # 8-bit fp16 rows-layout kernels (M = 9..16) in two-block pairs where one fits half an SM: faster on the
+    # 4096 x 14336 layers measured
+    pair_two_block_eight_bit_rows: bool = True
+
+    # ---- the 512 x 128 tile for 4-bit rows-layout kernels at M = 9..16 ---------------------------------------------
+    # a warp's 128 rows of a stage are one whole group, so late scaling flushes once per 8 k16 tiles instead of 4;
+    # it won in pairs, alone on the aligned grid and striped, before the two-block kernels
+    rows_wide_first: bool = True
+    # the tile (n_tiles, k_warp) of that rule
+    rows_wide_tile: tuple = (2, 8)
+    # its stages (3 needs 176,128 bytes of shared memory: sm_90; 4 was half a percent behind)
+    rows_wide_stages: tuple = (3, 4)
+    # only where a block gets at least this many stages
+    rows_wide_min_steps: int = 8
+
+    # ---- operand swap ---------------------------------------------------------------------------------------------
+    # the swapped loop (one mma per 16 x 16 sub-block) for M <= this (at most 16; 0 = never): its 16-row form lost
+    # where it mattered, so only the 8-row form runs
+    swap_max_m: int = 8
+
+    # ---- grids ------------------------------------------------------------------------------------------------------
+    # slice-aligned grids (every block inside one slice): a block straddling a slice end costs more than a few steps
+    align_slices: bool = True
+    # ... taken unless the longest range grows past this factor of the striped grid's (one block per SM): a 17%
+    # longer aligned grid lost or tied
+    aligned_max_longer: float = 1.15
+    # ... for one-block swapped kernels: these took the aligned grid up to 20% longer and won
+    aligned_max_longer_swap: float = 1.2
+    # ... plus this many steps
+    aligned_extra_steps: int = 0
+    # swapped two-block kernels of plain weights take the aligned grid up to aligned_max_longer too (one block per
+    # slice there: no cross-block sum); zero-point ones lost, so keep the striped grid
+    aligned_swap_two_blocks: bool = True
+
+    # ---- thread-block clusters (sm_90+) -----------------------------------------------------------------------------
+    # a slice's blocks add their partials in each other's shared memory (bitwise the fp32 reduction's order)
+    cluster_sums: bool = True
+    # cluster sizes taken: 2 was faster wherever it ran; 4 and 8 ran partly in a second wave (a GPC holds whole
+    # clusters only)
+    cluster_sizes: tuple = (2,)
+
+    # ---- launches ----------------------------------------------------------------------------------------------------
+    # programmatic dependent launch on sm_90+: a GEMM's blocks fetch their first weight stage while the kernel before
+    # it finishes (back-to-back GEMMs gained most)
+    programmatic_launch: bool = True
+    # a programmatic launch asks for just enough shared memory that no more blocks per SM fit than planned: blocks
+    # placed beside a running grid otherwise stacked on the SMs it left idle
+    programmatic_pin_occupancy: bool = True
+    # launches through cuLaunchKernel on an argument block made once per plan (False: CuPy's RawKernel call, which
+    # converts every argument on every call: several times the host time)
+    direct_launch: bool = True
+
+    def one_block_stages(self, bits: int) -> tuple:
+        return lookup(self.one_m_block_stages, bits, self.one_m_block_default_stages)
+
+    def pair_stage_order(self, bits: int, tile: tuple, swapped: bool, default: tuple) -> tuple:
+        return lookup(self.pair_stages, (bits, tuple(tile), bool(swapped)), default)
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class MoePolicy(_Hashed):
+    """How ``workbench.moe`` chooses the fused MoE kernel and runs a layer."""
+
+    # (n_tiles, k_warp) in order of preference for items of at most two m16 blocks: few rows per item stream weights,
+    # so long K stages spread each stage's fixed cost
+    small_shapes: tuple = ((2, 4), (1, 2), (2, 2), (1, 1), (2, 1))
+    # 48/64-row items keep K_WARP <= 2 so the accumulators fit in registers ((2, 2) spills with 8-bit weights)
+    large_shapes: tuple = ((1, 1), (2, 1))
+    # two CTAs per SM for 16-row items only for 4-bit weights (8-bit ones fit only shallow rings beside a second)
+    two_blocks_weight_bits: tuple = (4,)
+    # CTAs per SM: 0 = the rule (two where the one-CTA grid leaves some CTA more than one item), 1 or 2 to force
+    blocks_per_sm: int = 0
+    # moe_block_size <= this (8 or 0 = never): the operand-swapped loop
+    swap_max_block: int = 8
+    # one-CTA kernels of at most two m16 blocks: a shallow ring first lands the first stages sooner
+    one_block_stages: tuple = (4, 3, 6, 8)
+    # 48/64-row items: the rings that fit beside their accumulators
+    large_stages: tuple = (4, 3)
+    # two-CTA kernels: rings that fit half an SM, deeper first
+    two_block_stages: tuple = (4, 3)
+    # fused_moe through cached layer plans launched straight through the driver (False: every call checks)
+    layer_plans: bool = True
+    # intermediates a layer plan keeps; larger layers allocate them per call (their GEMMs dwarf an allocation)
+    plan_max_workspace_bytes: int = 64 << 20
+    # programmatic dependent launch of the fused phases on sm_90+ (each waits for the kernel before it)
+    programmatic_launch: bool = True
+    # the fused GEMMs' programmatic launches pin their CTAs per SM as the dense GEMM's do
+    programmatic_pin_occupancy: bool = True
+    # the dense GEMM policy of the batched and dense-loop paths
+    gemm: GemmPolicy = GemmPolicy()
+
+
+def _env_off(name: str) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return False
+    warnings.warn(f"{name} is deprecated and goes in the next release: pass policy="
+                  f"dataclasses.replace(workbench.policy.DEFAULT_GEMM_POLICY, ...) instead", DeprecationWarning,
+                  stacklevel=3)
+    return value == "0"
+
+
+def _defaults() -> tuple[GemmPolicy, MoePolicy]:
+    programmatic = not _env_off("WORKBENCH_PROGRAMMATIC_LAUNCH")
+    direct = not _env_off("WORKBENCH_DIRECT_LAUNCH")
+    g = GemmPolicy(programmatic_launch=programmatic, direct_launch=direct)
+    return g, MoePolicy(programmatic_launch=programmatic, gemm=g)
+
+
+# (dataclass(eq=True, frozen=True) writes a field-by-field __hash__ into each class: the cached one replaces it)
+GemmPolicy.__hash__ = MoePolicy.__hash__ = _Hashed.__hash__
+DEFAULT_GEMM_POLICY, DEFAULT_MOE_POLICY = _defaults()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The old module globals (deprecated for one release)
+# ---------------------------------------------------------------------------------------------------------------
+def _dict_to_pairs(table: dict) -> tuple:
+    return tuple(sorted(table.items()))
+
+
+def _pair_stages_from_dict(table: dict) -> tuple:
+    return tuple(((bits, tuple(tile), bool(swapped)), tuple(stages))
+                 for (bits, tile), by_swap in sorted(table.items()) for swapped, stages in sorted(by_swap.items()))
+
+
+def _pair_stages_to_dict(pairs: tuple) -> dict:
+    out: dict = {}
+    for (bits, tile, swapped), stages in pairs:
+        out.setdefault((bits, tile), {})[swapped] = stages
+    return out
+
+
+# old name -> (field, value -> field value, field value -> old value)
+_same = (lambda v: v, lambda v: v)
+GEMM_GLOBALS: dict[str, tuple[str, Any, Any]] = {
+    "ONE_M_BLOCK_STAGES": ("one_m_block_stages", _dict_to_pairs, dict),
+    "PAIR_STAGES": ("pair_stages", _pair_stages_from_dict, _pair_stages_to_dict),
+    "EIGHT_BIT_ONE_M_BLOCK_SHAPES": ("eight_bit_one_m_block_shapes", *_same),
+    "FOUR_BIT_PAIR_SHAPES": ("four_bit_pair_shapes", *_same),
+    "_SMALL_M_SHAPES": ("small_m_shapes", *_same), "_LARGE_M_SHAPES": ("large_m_shapes", *_same),
+    **{name: (name.lower(), *_same) for name in (
+        "TWO_BLOCKS_WEIGHT_BITS", "TWO_BLOCKS_MIN_STEPS", "TWO_BLOCKS_MIN_STEPS_SWAP", "PAIR_CLUSTERS",
+        "PAIR_MIN_FILL", "PAIR_MAX_STEPS", "PAIR_MAX_STEPS_NOT_PLAIN", "PAIR_LONG_ACTS", "PAIR_LONG_ZERO_POINTS",
+        "TWO_BLOCK_PAIR_ACTS", "PAIR_TWO_BLOCK_MIN_FILL", "PAIR_TWO_BLOCK_EIGHT_BIT_ROWS", "ROWS_WIDE_FIRST",
+        "ROWS_WIDE_TILE", "ROWS_WIDE_STAGES", "ROWS_WIDE_MIN_STEPS", "SWAP_MAX_M", "ALIGN_SLICES",
+        "ALIGNED_MAX_LONGER", "ALIGNED_MAX_LONGER_SWAP", "ALIGNED_EXTRA_STEPS", "ALIGNED_SWAP_TWO_BLOCKS",
+        "CLUSTER_SUMS", "CLUSTER_SIZES", "PROGRAMMATIC_LAUNCH", "PROGRAMMATIC_PIN_OCCUPANCY", "DIRECT_LAUNCH")},
+}
+MOE_GLOBALS: dict[str, tuple[str, Any, Any]] = {
+    "MOE_TWO_BLOCKS_WEIGHT_BITS": ("two_blocks_weight_bits", *_same),
+    "MOE_BLOCKS_PER_SM": ("blocks_per_sm", *_same), "MOE_SWAP_MAX_BLOCK": ("swap_max_block", *_same),
+    "MOE_ONE_BLOCK_STAGES": ("one_block_stages", *_same), "_MOE_SHAPES_SMALL": ("small_shapes", *_same),
+    "_MOE_SHAPES_LARGE": ("large_shapes", *_same), "LAYER_PLANS": ("layer_plans", *_same),
+    "PLAN_MAX_WORKSPACE_BYTES": ("plan_max_workspace_bytes", *_same),
+}
+
+
+def install_deprecated_globals(module_name: str, table: dict, policy_type: str,
+                               policy_attr: str = "_default_policy") -> None:
+    """Give module ``module_name`` a class whose old policy globals (``table``) read and write the module's default
+    policy (its ``policy_attr``), each time with a DeprecationWarning naming the field of ``policy_type``."""
+    import sys
+    import types
+
+    def warn(name: str) -> str:
+        field = table[name][0]
+        warnings.warn(f"{module_name}.{name} is deprecated and goes in the next release: pass "
+                      f"policy=dataclasses.replace({policy_type}, {field}=...) to the call instead "
+                      f"(workbench.policy)", DeprecationWarning, stacklevel=3)
+        return field
+
+    class Module(types.ModuleType):
+        def __getattr__(self, name):  # only for names the module does not have
+            if name in table:
+                field = warn(name)
+                return table[name][2](getattr(self.__dict__[policy_attr], field))
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+
+        def __setattr__(self, name, value):
+            if name in table:
+                field = warn(name)
+                policy = self.__dict__[policy_attr]
+                value = dataclasses.replace(policy, **{field: table[name][1](value)})
+                name = policy_attr
+            super().__setattr__(name, value)
+
+        def __delattr__(self, name):
+            if name in table:
+                raise AttributeError(f"{module_name}.{name} is deprecated; it lives in {policy_type} now")
+            super().__delattr__(name)
+
+    sys.modules[module_name].__class__ = Module
