@@ -35,6 +35,7 @@ import functools
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
+from workbench.formats import register_dequant as rd
 from workbench.formats import scales as sc
 from workbench.formats import warp_stage
 from workbench.formats._checks import require, require_ndim, require_shape
@@ -208,6 +209,41 @@ def teaching_gemm(a, qweight, scales, size_k: int, size_n: int, weight_type, gro
         cuda.to_device(maps["a"]), cuda.to_device(maps["b"]), cuda.to_device(maps["c"]),
         size_m, size_k, size_n, group_size if grouped else size_k)
     return c.copy_to_host()
+
+
+def stage_reference(a, qweight, scales, size_k: int, size_n: int, weight_type, group_size: int, k_tile: int,
+                    n_tile: int = 0, m_block: int = 0) -> dict[str, np.ndarray]:
+    """NumPy spec of one stage of one block, lane by lane: what each lane holds after each phase.
+
+    ``words`` (32, wpl) uint32 the lane loads; ``a`` (32, 8) its A fragment; ``b`` (32, 8, 4) its B fragments
+    (f = 2s + h: sub-block s, column half h; scaled for grouped scales, as the kernel does); ``c`` (32, 8, 4) what the
+    stage's 8 mma add to its accumulators. Summed over k tiles (and scaled by the channelwise scales in the epilogue)
+    ``c`` is the block's output, element (row, col) of fragment f at ``c_map``.
+    """
+    wt = ScalarType.parse(weight_type)
+    bits = wt.bits
+    maps = fragment_maps()
+    lanes = np.arange(THREADS)
+    flat = np.ascontiguousarray(np.asarray(qweight)).view(np.uint32).reshape(-1)
+    words = flat[(k_tile * (size_n // TILE_N) + n_tile) * words_per_tile(bits) + warp_stage.lane_load_words(lanes, bits)]
+    a = np.asarray(a, dtype=np.float32)
+    rows = 16 * m_block + maps["a"][..., 0]
+    a_frag = np.where(rows < a.shape[0], a[np.minimum(rows, a.shape[0] - 1), 16 * k_tile + maps["a"][..., 1]], 0)
+    grouped = sc.uses_grouped_permutation(size_k, group_size)
+    group = (16 * k_tile) // group_size if grouped else 0
+    b = np.zeros((THREADS, FRAGS, 4), dtype=np.float32)
+    for s in range(4):
+        per_subblock = words[:, (bits // 4) * s:(bits // 4) * (s + 1)]
+        regs = rd.dequant_subblock(per_subblock, wt, np.float16, np.ones((THREADS, 2), np.float16), scaled=False)
+        for h in range(2):
+            scale = np.asarray(scales, np.float32)[group, 64 * n_tile + 8 * (lanes // 4) + 2 * s + h] if grouped \
+                else np.float32(1)
+            for r in range(2):
+                lo, hi = rd.halves(regs[:, h, r], np.float16)
+                b[:, 2 * s + h, 2 * r] = lo.astype(np.float32) * scale
+                b[:, 2 * s + h, 2 * r + 1] = hi.astype(np.float32) * scale
+    c = np.stack([warp_stage.mma_reference(a_frag, b[:, f], np.zeros((THREADS, 4))) for f in range(FRAGS)], axis=1)
+    return {"words": words, "a": a_frag.astype(np.float32), "b": b, "c": c}
 
 
 def compile_targets():

@@ -101,7 +101,10 @@ def _check_map(fn, inputs, expected_fn, names: tuple[str, ...], hint: str) -> tu
     if not callable(fn):
         return False, "expected a function"
     for args in inputs:
-        got = tuple(int(v) for v in np.ravel(np.asarray(fn(*args), dtype=object)))
+        result = fn(*args)
+        if result is None:
+            return False, f"your function returned None for {args}: return the {', '.join(names)}"
+        got = tuple(int(v) for v in np.ravel(np.asarray(result, dtype=object)))
         expected = tuple(int(v) for v in np.ravel(np.asarray(expected_fn(*args))))
         if got != expected:
             ok, message = _compare_parts(got + (None,) * (len(expected) - len(got)), expected, names)

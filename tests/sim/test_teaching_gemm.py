@@ -110,3 +110,19 @@ def test_errors_name_the_values(rng):
         tg.teaching_gemm(np.zeros((1, 16)), np.zeros((1, 64), np.int32), np.zeros((1, 64)), 16, 64, "u4b8", -1)
     with pytest.raises(ValueError, match="N of 64"):
         tg.teaching_gemm(np.zeros((1, 16)), np.zeros((1, 96), np.int32), np.zeros((1, 48)), 16, 48, "u4b8", -1)
+
+
+def test_the_stage_reference_adds_up_to_the_kernel_output(rng):
+    """teaching_gemm.stage_reference (what the notebook shows lane by lane), summed over the k tiles and placed by
+    the C map, is the kernel's output exactly (exact sums)."""
+    size_m, size_k, size_n = 16, 64, 64
+    codes, scales, qweight, marlin_scales = _weights("u4b8", size_k, size_n, 32, rng, True)
+    a = rng.integers(-4, 5, (size_m, size_k)).astype(np.float32)
+    total = sum(tg.stage_reference(a, qweight, marlin_scales, size_k, size_n, "u4b8", 32, kt)["c"]
+                for kt in range(size_k // 16))
+    c_map = tg.fragment_maps()["c"]
+    out = np.zeros((16, 64))
+    for f in range(8):
+        out[c_map[:, :, 0], 8 * f + c_map[:, :, 1]] = total[:, f]
+    assert np.array_equal(out, tg.teaching_gemm(a, qweight, marlin_scales, size_k, size_n, "u4b8", 32))
+    assert np.array_equal(out, _reference(a, codes, scales, "u4b8", 32))

@@ -56,3 +56,11 @@ def figure_fingerprint(fig) -> str:
         for collection in ax.collections:
             _feed(h, "collection", np.asarray(collection.get_offsets(), dtype=np.float64))
     return h.hexdigest()[:16]
+
+
+def assert_fingerprint(fig, expected: str):
+    """Assert that ``fig`` draws the data it drew when the notebook was committed; returns ``fig`` (to display it)."""
+    got = figure_fingerprint(fig)
+    assert got == expected, (f"the figure's data changed: fingerprint {got}, committed {expected}. If the change is "
+                             "intended, re-execute the notebook and commit the new fingerprint.")
+    return fig
