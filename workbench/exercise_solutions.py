@@ -44,6 +44,8 @@ SOLUTIONS = {
     "04.bit_move": 0x2D00,
     "04.bf16_factor": 2**120,
     "05.perm": list(np.argsort(ACT_ORDER_G_IDX, kind="stable")),
+    "05.expert_offset": 3 * 8 * 128,
+    "06.zero_points": "u4",
     "06.relative_error": lambda w_q, w: np.linalg.norm(w_q - w) / np.linalg.norm(w),
     "08.lop3": 0x64006401,
     "08.values": (-7.0, -8.0, 7.0, -8.0),

@@ -249,6 +249,15 @@ def _(answer):
     return False, "g_idx[perm] must be sorted: Marlin rows group by group"
 
 
+@exercise("05.expert_offset", "A stack of 4 u4b8 experts, each K = 128 × N = 64, keeps its qweight as one buffer. "
+                              "At which flat int32 word does expert 3's qweight start?")
+def _(answer):
+    expected = 3 * (128 // mt.TILE_K) * (64 * mt.TILE_K // packing.pack_factor(4))
+    ok = int(answer) == expected
+    return ok, "correct" if ok else ("not right: each expert is a complete Marlin qweight [K/16, 2N], and expert e "
+                                     "starts e of those after the first")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 06 — accuracy
 # ---------------------------------------------------------------------------------------------------------------
@@ -262,6 +271,20 @@ def _(fn):
         if not np.isclose(got, expected, rtol=1e-9):  # the same formula in another summation order
             return False, f"for a {shape} weight you give {got:.6g}: divide the norm of the difference by ‖w‖"
     return True, "correct"
+
+
+@exercise("06.zero_points", "At group size 128, which loses less: 'u4' (asymmetric, with zero points) or 'u4b8' "
+                            "(symmetric)? Answer with the type's name, and check on any weight you like.")
+def _(answer):
+    from workbench.render.accuracy import quantization_errors
+
+    w = np.random.default_rng(7).standard_normal((128, 128)).astype(np.float32)
+    rows = quantization_errors({"w": w}, {"u4": (128,), "u4b8": (128,)})
+    best = min(rows, key=lambda r: r["rel_error"])["type"]
+    if str(answer) not in ("u4", "u4b8"):
+        return False, "answer 'u4' or 'u4b8'"
+    ok = str(answer) == best
+    return ok, "correct" if ok else "not right: a zero point lets the 16 levels cover [min, max] instead of ±max"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ WRONG = {  # exercise -> (a wrong answer, a phrase the feedback must contain)
     "04.bit_move": (0x5A << 8, "not right"),
     "04.bf16_factor": (2**8, "127"),
     "05.perm": (list(range(16)), "g_idx[perm] must be sorted"),
+    "05.expert_offset": (3 * 8 * 64, "complete Marlin qweight"),
+    "06.zero_points": ("u4b8", "zero point lets"),
     "06.relative_error": (lambda w_q, w: np.linalg.norm(w_q - w), "divide the norm of the difference"),
     "08.lop3": (0x64016401, "not right"),
     "08.values": ((-7.0, -8.0, -8.0, 7.0), "b[0][1] low and b[0][1] high are not right"),

@@ -1,47 +1,25 @@
 """Pictures of the last step: a word becoming B registers bit by bit, and the warp's view of one pipeline stage.
 
-Lanes are coloured by ``lane_colors``: hue = lane // 4 (the PTX groupID: the B column a lane owns), lightness =
-lane % 4 (threadID_in_group: which k pair). Eight hues of the Okabe–Ito palette (told apart with the common forms
-of colour blindness) times four lightness steps give 32 distinguishable colours, and every lane cell also carries
-its number.
+Lanes are coloured by ``_draw.lane_colors`` (hue = lane // 4, lightness = lane % 4) and every lane cell also
+carries its number.
 """
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.colors import ListedColormap, to_rgb
+from matplotlib.colors import to_rgb
 
 from workbench.formats import register_dequant as rd
 from workbench.formats import warp_stage as ws
 from workbench.formats.marlin_tile import LANES, words_per_lane
-from workbench.render._draw import HTML, hex_word, html_table, new_figure, separators
+from workbench.render._draw import HTML, hex_word, html_table, lane_colors, new_figure, separators, text_color
 from workbench.scalar_types import ScalarType
-
-OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000"]
-LIGHTNESS = (0.0, 0.3, 0.55, 0.75)  # how far towards white: threadID_in_group 0..3
-
-
-def lane_colors() -> np.ndarray:
-    """(32, 3) RGB: hue from lane // 4, lightness from lane % 4."""
-    out = np.zeros((LANES, 3))
-    for lane in range(LANES):
-        base = np.array(to_rgb(OKABE_ITO[lane // 4]))
-        out[lane] = base + (1.0 - base) * LIGHTNESS[lane % 4]
-    return out
-
-
-def lane_cmap() -> ListedColormap:
-    return ListedColormap(lane_colors(), name="lanes")
-
-
-def _text_color(rgb) -> str:
-    return "black" if np.dot(rgb, [0.299, 0.587, 0.114]) > 0.45 else "white"
 
 
 def _lane_grid(ax, lanes: np.ndarray, labels: np.ndarray, fontsize: float = 6.5) -> None:
     colors = lane_colors()
     ax.imshow(colors[lanes], interpolation="nearest", aspect="auto")
     for (r, c), text in np.ndenumerate(labels):
-        ax.text(c, r, text, ha="center", va="center", fontsize=fontsize, color=_text_color(colors[lanes[r, c]]))
+        ax.text(c, r, text, ha="center", va="center", fontsize=fontsize, color=text_color(colors[lanes[r, c]]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
