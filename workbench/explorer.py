@@ -26,6 +26,9 @@ N_CHOICES = (64, 128, 192, 256)
 GROUP_CHOICES = (-1, 32, 64, 128)
 
 
+# Widget HTML gets no notebook table styling: without padding the columns of a table run together.
+TABLE_STYLE = ("<style>.wb-layout-explorer td, .wb-layout-explorer th, .wb-index-inspector td, .wb-index-inspector th "
+               "{padding: 1px 10px; text-align: right} .wb-layout-explorer caption {font-weight: bold}</style>")
 DPI = 144  # twice the CSS pixel density the image is shown at: sharp on high-dpi screens, not stretched
 
 
@@ -172,8 +175,8 @@ class LayoutExplorer:
         self.error = None
         # picture first, so that by the time the highlighted word's text changes the picture already shows it
         show_figure(self.image, fig, self.dpi)
-        self.word_table.value = word_table
-        self.path.value = path
+        self.word_table.value = TABLE_STYLE + word_table
+        self.path.value = TABLE_STYLE + path
 
     def summary(self) -> str:
         """One line of the current state: the text a notebook shows where widgets are not rendered."""
@@ -266,7 +269,7 @@ class IndexMapInspector:
             groups = size_k // rfp8.f8.BLOCK
             rows = [("Marlin scale", f"[{d // size_n}, {d % size_n}]"),
                     ("inverse_scales", f"flat {src} = [{src // groups}, {src % groups}]")]
-        self.info.value = html_table(["", "value"], rows, caption=which, css_class="wb-inspector")
+        self.info.value = TABLE_STYLE + html_table(["", "value"], rows, caption=which, css_class="wb-inspector")
         show_figure(self.image, fig, self.dpi)
 
     def _ipython_display_(self):
