@@ -125,6 +125,23 @@ def lane_loads_html(bits: int) -> HTML:
                            caption=f"{bits}-bit: {words_per_lane(bits)} words per lane, {16 * len(spans)} bytes"))
 
 
+def _operand_panel(ax, table: np.ndarray, label_of, col0: int, title: str, ylabel: str) -> None:
+    """A 16×8 operand drawn by owner lane: ``table`` (32, 4, 2) lane, element -> (row, column)."""
+    owner = np.zeros((16, 8), int)
+    labels = np.empty((16, 8), dtype=object)
+    for lane in range(LANES):
+        for e in range(table.shape[1]):
+            row, col = table[lane, e]
+            owner[row, col] = lane
+            labels[row, col] = label_of(lane, e)
+    _lane_grid(ax, owner, labels, fontsize=5.5)
+    ax.set_title(title, fontsize=8)
+    ax.set_xticks(range(8), [str(col0 + i) for i in range(8)], fontsize=6)
+    ax.set_yticks(range(16), [str(i) for i in range(16)], fontsize=6)
+    ax.set_xlabel("n (tile column)", fontsize=7)
+    ax.set_ylabel(ylabel, fontsize=7)
+
+
 def render_warp_stage(bits: int = 4, subblock: int = 0, half: int = 0):
     """Three panels of one stage: the tile's bytes by the lane that loads them (one row of 16 bytes per load), the
     B operand of one mma (sub-block ``subblock``, column half ``half``: lane·register.half), and the C accumulator
@@ -135,7 +152,7 @@ def render_warp_stage(bits: int = 4, subblock: int = 0, half: int = 0):
     grid = np.repeat(load_lane[:, None], 4, axis=1)
     labels = np.array([[f"L{lane}" if c == 0 else f"w{4 * i + c}" for c in range(4)]
                        for i, lane in enumerate(load_lane)], dtype=object)
-    wide = grid.reshape(-1, 8 if bits == 4 else 8)
+    wide = grid.reshape(-1, 8)  # two 16-byte loads per picture row
     wide_labels = labels.reshape(wide.shape)
     _lane_grid(ax_load, wide, wide_labels, fontsize=5.5)
     ax_load.set_title(f"{bits}-bit tile: 16 bytes (4 words) per load\nrow = 2 loads, global = shared offsets", fontsize=8)
@@ -143,33 +160,10 @@ def render_warp_stage(bits: int = 4, subblock: int = 0, half: int = 0):
     ax_load.set_yticks(range(0, wide.shape[0], 4), [f"{128 * r} B" for r in range(0, wide.shape[0], 4)], fontsize=6)
 
     t = ws.fragment_tables()
-    b_lane = np.zeros((16, 8), int)
-    b_label = np.empty((16, 8), dtype=object)
-    for lane in range(LANES):
-        for e in range(4):
-            k, n = t["b"][lane, e]
-            b_lane[k, n] = lane
-            b_label[k, n] = f"{lane}·b{e // 2}.{'lh'[e % 2]}"
-    _lane_grid(ax_b, b_lane, b_label, fontsize=5.5)
     col0 = 16 * subblock + 8 * half
-    ax_b.set_title(f"B of one mma: sub-block {subblock}, half {half}\n(tile columns {col0}..{col0 + 7}) "
-                   "lane·register.low/high", fontsize=8)
-    ax_b.set_xticks(range(8), [str(col0 + i) for i in range(8)], fontsize=6)
-    ax_b.set_yticks(range(16), [str(i) for i in range(16)], fontsize=6)
-    ax_b.set_xlabel("n (tile column)", fontsize=7)
-    ax_b.set_ylabel("k (row of the k tile)", fontsize=7)
-
-    c_lane = np.zeros((16, 8), int)
-    c_label = np.empty((16, 8), dtype=object)
-    for lane in range(LANES):
-        for e in range(4):
-            m, n = t["c"][lane, e]
-            c_lane[m, n] = lane
-            c_label[m, n] = f"{lane}·c{e}"
-    _lane_grid(ax_c, c_lane, c_label, fontsize=5.5)
-    ax_c.set_title("C accumulators (fp32) of that mma\nlane·c index", fontsize=8)
-    ax_c.set_xticks(range(8), [str(col0 + i) for i in range(8)], fontsize=6)
-    ax_c.set_yticks(range(16), [str(i) for i in range(16)], fontsize=6)
-    ax_c.set_xlabel("n (tile column)", fontsize=7)
-    ax_c.set_ylabel("m (row of A)", fontsize=7)
+    _operand_panel(ax_b, t["b"], lambda lane, e: f"{lane}·b{e // 2}.{'lh'[e % 2]}", col0,
+                   f"B of one mma: sub-block {subblock}, half {half}\n(tile columns {col0}..{col0 + 7}) "
+                   "lane·register.low/high", "k (row of the k tile)")
+    _operand_panel(ax_c, t["c"], lambda lane, e: f"{lane}·c{e}", col0,
+                   "C accumulators (fp32) of that mma\nlane·c index", "m (row of A)")
     return fig
