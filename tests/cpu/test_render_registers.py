@@ -59,3 +59,18 @@ def test_fingerprint_is_stable_and_sees_changes():
     before = figure_fingerprint(fig)
     fig.axes[0].get_images()[0].set_data(np.zeros((16, 8)))  # a blanked grid
     assert figure_fingerprint(fig) != before
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_warp_stage_byte_labels_match_the_lane_loads(bits):
+    """Each picture row is two 16-byte loads; its label is the first byte of the load in its first cell."""
+    from workbench.formats import warp_stage as ws
+
+    ax = rr.render_warp_stage(bits).axes[0]
+    loads_per_lane = bits // 4
+    labelled_rows = [int(t.get_position()[1]) for t in ax.get_yticklabels()]
+    for row, text in zip(labelled_rows, ax.get_yticklabels()):
+        load = 2 * row  # the first cell of a row is load 2 row
+        lane, which = divmod(load, loads_per_lane)
+        assert text.get_text() == f"{ws.lane_load_bytes(lane, bits)[which, 0]} B"
+    assert len(labelled_rows) == 32 * loads_per_lane // 2 // 4

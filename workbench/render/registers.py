@@ -157,7 +157,7 @@ def render_warp_stage(bits: int = 4, subblock: int = 0, half: int = 0):
     _lane_grid(ax_load, wide, wide_labels, fontsize=5.5)
     ax_load.set_title(f"{bits}-bit tile: 16 bytes (4 words) per load\nrow = 2 loads, global = shared offsets", fontsize=8)
     ax_load.set_xticks([0, 4], ["load 2r", "load 2r + 1"], fontsize=7)
-    ax_load.set_yticks(range(0, wide.shape[0], 4), [f"{128 * r} B" for r in range(0, wide.shape[0], 4)], fontsize=6)
+    ax_load.set_yticks(range(0, wide.shape[0], 4), [f"{32 * r} B" for r in range(0, wide.shape[0], 4)], fontsize=6)
 
     t = ws.fragment_tables()
     col0 = 16 * subblock + 8 * half
