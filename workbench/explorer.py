@@ -167,7 +167,8 @@ class LayoutExplorer:
         try:
             path = rtile.position_path_html(fmt, size_k, size_n, self.k.value, self.n.value, self.group_size.value)
             word_table = rtile.word_sources_html(fmt, size_k, size_n, self.word.value)
-            fig = rtile.render_layout(fmt, size_k, size_n, self.color_by.value, self.k.value, self.n.value)
+            fig = rtile.render_layout(fmt, size_k, size_n, self.color_by.value, self.k.value, self.n.value,
+                                      zoom=size_k * size_n > 64 * 128)  # large shapes: zoom on the element's tile
         except ValueError as exc:  # shown where the learner looks, not only in JupyterLab's log console
             self.error = str(exc)
             self.path.value = f'<p class="wb-error" style="color:#b00020">{html.escape(str(exc))}</p>'

@@ -18,14 +18,15 @@ def _consistent(e: ex.LayoutExplorer) -> None:
 
 
 def test_shrinking_k_under_a_group_size_redraws_once_for_the_new_shape(monkeypatch):
-    e = ex.LayoutExplorer(size_k=128, size_n=128, dpi=20)
+    e = ex.LayoutExplorer(size_k=128, size_n=64, n=40, dpi=20)
     e.group_size.value = 32
     e.k.value = 100
     drawn = []
     original = ex.rtile.render_layout
-    monkeypatch.setattr(ex.rtile, "render_layout", lambda fmt, k, n, *a: drawn.append((k, n)) or original(fmt, k, n, *a))
+    monkeypatch.setattr(ex.rtile, "render_layout",
+                        lambda fmt, k, n, *a, **kw: drawn.append((k, n)) or original(fmt, k, n, *a, **kw))
     e.size_k.value = 16
-    assert drawn == [(16, 128)]  # one redraw, for K = 16 (the group observer used to draw K = 128 first, then fail)
+    assert drawn == [(16, 64)]  # one redraw, for K = 16 (the group observer used to draw K = 128 first, then fail)
     assert (e.k.value, e.group_size.value) == (15, -1)
     _consistent(e)
 
@@ -41,7 +42,7 @@ def test_a_group_size_that_still_divides_k_is_kept():
 def test_a_render_error_is_shown_in_the_widget(monkeypatch):
     e = ex.LayoutExplorer(dpi=20)
 
-    def fail(*args):
+    def fail(*args, **kwargs):
         raise ValueError("position (k=100, n=70) is outside the 16×128 weight")
 
     monkeypatch.setattr(ex.rtile, "render_layout", fail)
@@ -73,3 +74,15 @@ def test_widget_cells_show_a_sentence_not_a_vbox_repr(make):
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == w.widget.model_id
     assert bundle["text/plain"] == w.summary() and "VBox" not in bundle["text/plain"]
     assert "run the notebook" in w.summary()
+
+
+def test_large_shapes_get_a_zoom_on_the_selected_tile():
+    from workbench.render import render_layout
+
+    fig = render_layout("u4b8", 64, 128, "lane", k=40, n=70, zoom=True)
+    zoom = fig.axes[2]
+    assert zoom.get_title() == "zoom: the tile of (k=40, n=70); numbers are lanes"
+    d = mt.describe_position(40, 70, 128, 4)
+    (label,) = [t.get_text() for t in zoom.texts if tuple(t.get_position()) == (70 - 64, 40 - 32)]
+    assert label == str(d["lane"])
+    assert len(render_layout("u4b8", 16, 64, "lane", k=4, n=7).axes) == 3  # no zoom: 2 panels + colorbar

@@ -9,6 +9,7 @@ Every coordinate drawn comes from the maps (``marlin_word_field_to_kn``, ``marli
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from workbench.formats import marlin_tile as mt
 from workbench.formats.packing import pack_factor
@@ -232,10 +233,12 @@ def _box(x: float, color: str):
 # Composition: the whole layout, and one element's path through it
 # ---------------------------------------------------------------------------------------------------------------
 def render_layout(fmt, size_k: int, size_n: int, color_by: str = "subblock", k: int | None = None,
-                  n: int | None = None):
+                  n: int | None = None, zoom: bool = False):
     """Source matrix (K×N) beside the packed Marlin tensor (per tile: lanes × (slot, field)), coloured alike.
 
     With ``k, n`` the element is filled red in both pictures, and the other codes of its word are outlined in black.
+    ``zoom`` (with ``k, n``) adds a third panel: the element's 16×64 tile, each cell labelled with the lane that
+    loads it, so the selection stays readable when K and N make the overview small.
     """
     bits = bits_of(fmt)
     check_layout_shape(size_k, size_n)
@@ -247,7 +250,16 @@ def render_layout(fmt, size_k: int, size_n: int, color_by: str = "subblock", k: 
     count = pack_factor(bits) if color_by == "field" else count
 
     width = 5 + 6 * size_n / 64
-    fig, (ax_src, ax_pk) = new_figure(min(width, 18), 2.6 + 1.9 * size_k / 16, ncols=2, width_ratios=[2, 1])
+    zoomed = zoom and k is not None and n is not None
+    if zoomed:  # the overview on top (height capped), the element's tile across the full width below
+        fig_width = min(max(width, 11), 18)
+        top = min(2.6 + 1.9 * size_k / 16, 7.0)
+        fig = Figure(figsize=(fig_width, top + 0.27 * fig_width + 0.8), layout="constrained")
+        axd = fig.subplot_mosaic([["src", "pk"], ["zoom", "zoom"]], width_ratios=[2, 1],
+                                 height_ratios=[top, 0.27 * fig_width])
+        ax_src, ax_pk, ax_zoom = axd["src"], axd["pk"], axd["zoom"]
+    else:
+        fig, (ax_src, ax_pk) = new_figure(min(width, 18), 2.6 + 1.9 * size_k / 16, ncols=2, width_ratios=[2, 1])
     cmap = lane_cmap() if color_by == "lane" else "tab20"
     draw_grid(ax_src, src_val, count=count, cmap=cmap)
     draw_grid(ax_pk, pk_val, count=count, cmap=cmap, colorbar=label)
@@ -271,8 +283,28 @@ def render_layout(fmt, size_k: int, size_n: int, color_by: str = "subblock", k: 
         row, col = packed_cell(word, 0, size_n, bits)
         outline(ax_pk, row, col, 1, pack_factor(bits), color=COMPANION, linewidth=1.2)
         outline(ax_pk, *packed_cell(word, field, size_n, bits), fill=True)
+        if zoomed:
+            _draw_zoom(ax_zoom, bits, size_n, color_by, count, cmap, k, n, ks, ns)
         fig.suptitle(f"(k={k}, n={n}) -> word {word}, field {field}; black: the other codes of that word", fontsize=10)
     return fig
+
+
+def _draw_zoom(ax, bits: int, size_n: int, color_by: str, count: int, cmap, k: int, n: int, ks, ns) -> None:
+    """The 16×64 tile of (k, n), coloured as the overview, every cell labelled with its lane."""
+    k0, n0 = k - k % mt.TILE_K, n - n % mt.TILE_N
+    kk, nn = np.meshgrid(np.arange(k0, k0 + mt.TILE_K), np.arange(n0, n0 + mt.TILE_N), indexing="ij")
+    word, field = mt.marlin_kn_to_word_field(kk, nn, size_n, bits)
+    coords = coordinates_of(word, field, size_n, bits)
+    draw_grid(ax, _color_value(coords, color_by), count=count, cmap=cmap, labels=coords["lane"], fontsize=6)
+    separators(ax, 8, 16, kk.shape, color="black", linewidth=1.2)
+    for k_c, n_c in zip(ks, ns):
+        outline(ax, int(k_c) - k0, int(n_c) - n0, color=COMPANION, linewidth=1.5)
+    outline(ax, k - k0, n - n0, linewidth=2.5)
+    ax.set_xticks(range(0, mt.TILE_N, 8), [str(n0 + c) for c in range(0, mt.TILE_N, 8)])
+    ax.set_yticks(range(0, mt.TILE_K, 2), [str(k0 + r) for r in range(0, mt.TILE_K, 2)])
+    ax.set_title(f"zoom: the tile of (k={k}, n={n}); numbers are lanes", fontsize=9)
+    ax.set_xlabel("n")
+    ax.set_ylabel("k")
 
 
 def _check_position(k: int, n: int, size_k: int, size_n: int) -> None:
