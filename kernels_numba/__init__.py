@@ -11,6 +11,8 @@ accepts a leading expert axis, so a stack of experts is one launch.
                       for host inputs)
 * ``float_bits``    — float32 → f16/bf16 rounding in integer arithmetic (bit-identical in both worlds)
 * ``_launch``       — device-array, stream and poison plumbing shared by the wrappers
+* ``teaching_gemm`` — a short, readable Marlin GEMM (u4b8 / u8b128) for notebook 08: the mma step emulated per
+                      lane through shared memory; not dispatched by any op
 
 ``workbench.backends.dispatch`` maps op names to these wrappers (``backend="numba"`` / ``"auto"``).
 """

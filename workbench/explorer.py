@@ -6,6 +6,7 @@ shown as a PNG ``Image`` widget, and HTML) with the current values. Position con
 """
 from __future__ import annotations
 
+import html
 import io
 
 import ipywidgets as widgets
@@ -25,10 +26,36 @@ N_CHOICES = (64, 128, 192, 256)
 GROUP_CHOICES = (-1, 32, 64, 128)
 
 
-def figure_png(fig, dpi: int = 72) -> bytes:
+# Widget HTML gets no notebook table styling: without padding the columns of a table run together.
+TABLE_STYLE = ("<style>.wb-layout-explorer td, .wb-layout-explorer th, .wb-index-inspector td, .wb-index-inspector th "
+               "{padding: 1px 10px; text-align: right} .wb-layout-explorer caption {font-weight: bold}</style>")
+DPI = 144  # twice the CSS pixel density the image is shown at: sharp on high-dpi screens, not stretched
+
+
+def figure_png(fig, dpi: int = DPI) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def show_figure(image, fig, dpi: int) -> None:
+    """Put ``fig`` into an Image widget at its natural size (72 CSS px per inch of figure), rendered at ``dpi``."""
+    image.value = figure_png(fig, dpi)
+    image.layout.width = f"{round(fig.get_figwidth() * 72)}px"
+
+
+def widget_bundle(widget, summary: str) -> dict:
+    """A widget's display data with a one-line text/plain instead of ``VBox(children=...)``: that text is what a
+    committed (or untrusted) notebook shows until it is run."""
+    bundle = dict(widget._repr_mimebundle_())
+    bundle["text/plain"] = summary
+    return bundle
+
+
+def _display_widget(widget, summary: str) -> None:
+    from IPython.display import display
+
+    display(widget_bundle(widget, summary), raw=True)
 
 
 def _groups_for(size_k: int) -> list[int]:
@@ -39,7 +66,7 @@ class LayoutExplorer:
     """Choose format, K, N, group size and a position; see its path in the source matrix and the packed tensor."""
 
     def __init__(self, fmt: str = "u4b8", size_k: int = 32, size_n: int = 128, group_size: int = -1,
-                 k: int = 5, n: int = 70, color_by: str = "subblock", dpi: int = 72):
+                 k: int = 5, n: int = 70, color_by: str = "subblock", dpi: int = DPI):
         self.dpi = dpi
         self._syncing = False
         style = {"description_width": "initial"}
@@ -63,7 +90,7 @@ class LayoutExplorer:
         for control in (self.fmt, self.size_k, self.size_n):
             control.observe(self._on_shape, names="value")
         for control in (self.group_size, self.color_by):
-            control.observe(lambda change: self.refresh(), names="value")
+            control.observe(self._on_setting, names="value")
         for control in (self.k, self.n):
             control.observe(self._on_kn, names="value")
         for control in (self.word, self.field):
@@ -75,6 +102,7 @@ class LayoutExplorer:
             self.image,
         ])
         self.widget.add_class("wb-layout-explorer")
+        self.error: str | None = None
         self._sync_word_field()
         self.refresh()
 
@@ -96,20 +124,26 @@ class LayoutExplorer:
 
     # ---- events ------------------------------------------------------------------------------------------------
     def _on_shape(self, change) -> None:
+        # Every bound first, then the group choices: nothing may draw until the whole state describes one shape
+        # (assigning options fires the group observer, which used to draw K = 128 content under K = 16).
         self._syncing = True
         try:
-            groups = _groups_for(self.size_k.value)
-            self.group_size.options = groups
-            if self.group_size.value not in groups:
-                self.group_size.value = -1
-            self.k.max = self.size_k.value - 1
+            self.k.max = self.size_k.value - 1  # lowering max clamps the value too
             self.n.max = self.size_n.value - 1
             self.word.max = self._words() - 1
             self.field.max = pack_factor(self.bits) - 1
+            groups = _groups_for(self.size_k.value)
+            previous = self.group_size.value
+            self.group_size.options = groups
+            self.group_size.value = previous if previous in groups else -1
         finally:
             self._syncing = False
         self._sync_word_field()
         self.refresh()
+
+    def _on_setting(self, change) -> None:
+        if not self._syncing:
+            self.refresh()
 
     def _on_kn(self, change) -> None:
         if self._syncing:
@@ -130,18 +164,29 @@ class LayoutExplorer:
 
     def refresh(self) -> None:
         fmt, size_k, size_n = self.fmt.value, self.size_k.value, self.size_n.value
-        path = rtile.position_path_html(fmt, size_k, size_n, self.k.value, self.n.value, self.group_size.value)
-        word_table = rtile.word_sources_html(fmt, size_k, size_n, self.word.value)
-        fig = rtile.render_layout(fmt, size_k, size_n, self.color_by.value, self.k.value, self.n.value)
+        try:
+            path = rtile.position_path_html(fmt, size_k, size_n, self.k.value, self.n.value, self.group_size.value)
+            word_table = rtile.word_sources_html(fmt, size_k, size_n, self.word.value)
+            fig = rtile.render_layout(fmt, size_k, size_n, self.color_by.value, self.k.value, self.n.value,
+                                      zoom=size_k * size_n > 64 * 128)  # large shapes: zoom on the element's tile
+        except ValueError as exc:  # shown where the learner looks, not only in JupyterLab's log console
+            self.error = str(exc)
+            self.path.value = f'<p class="wb-error" style="color:#b00020">{html.escape(str(exc))}</p>'
+            return
+        self.error = None
         # picture first, so that by the time the highlighted word's text changes the picture already shows it
-        self.image.value = figure_png(fig, self.dpi)
-        self.word_table.value = word_table
-        self.path.value = path
+        show_figure(self.image, fig, self.dpi)
+        self.word_table.value = TABLE_STYLE + word_table
+        self.path.value = TABLE_STYLE + path
+
+    def summary(self) -> str:
+        """One line of the current state: the text a notebook shows where widgets are not rendered."""
+        return (f"Layout explorer: {self.fmt.value}, K = {self.size_k.value}, N = {self.size_n.value}, group size "
+                f"{self.group_size.value}; (k, n) = ({self.k.value}, {self.n.value}) is word {self.word.value}, "
+                f"field {self.field.value} (run the notebook to use the controls)")
 
     def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
+        _display_widget(self.widget, self.summary())
 
 
 def layout_explorer(**kwargs) -> LayoutExplorer:
@@ -157,12 +202,19 @@ MAPS = ("scale P64 (grouped)", "scale P32 (channelwise)", "block-FP8 word source
 class IndexMapInspector:
     """Pick a map and a destination index; see where it reads from."""
 
-    def __init__(self, which: str = MAPS[0], size_k: int = 256, size_n: int = 128, index: int = 9, dpi: int = 72):
+    def __init__(self, which: str = MAPS[0], size_k: int = 256, size_n: int = 128, index: int = 10, dpi: int = DPI):
         self.dpi = dpi
         self.which = widgets.Dropdown(options=MAPS, value=which, description="map", layout={"width": "320px"})
         self.size_k = widgets.Dropdown(options=(128, 256, 384), value=size_k, description="K (FP8)")
         self.size_n = widgets.Dropdown(options=(64, 128, 256), value=size_n, description="N (FP8)")
-        self.index = widgets.IntSlider(value=index, min=0, max=63, description="destination",
+        if which not in MAPS:
+            raise ValueError(f"which = {which!r} is not one of {MAPS}")
+        # the slider's range comes from the map before the value is set: IntSlider clamps a value beyond max
+        domain = self._domain_of(which, size_k, size_n)
+        if not 0 <= index < domain:
+            raise ValueError(f"index = {index} is outside {which!r} for K = {size_k}, N = {size_n}: destinations "
+                             f"are 0..{domain - 1}")
+        self.index = widgets.IntSlider(value=index, min=0, max=domain - 1, description="destination",
                                        continuous_update=False)
         self.image = widgets.Image(format="png")
         self.info = widgets.HTML()
@@ -176,7 +228,10 @@ class IndexMapInspector:
         self._on_map(None)
 
     def _domain(self) -> int:
-        which, size_k, size_n = self.which.value, self.size_k.value, self.size_n.value
+        return self._domain_of(self.which.value, self.size_k.value, self.size_n.value)
+
+    @staticmethod
+    def _domain_of(which: str, size_k: int, size_n: int) -> int:
         if which.startswith("scale P64"):
             return SCALE_PERM_64.size
         if which.startswith("scale P32"):
@@ -188,7 +243,14 @@ class IndexMapInspector:
     def _on_map(self, change) -> None:
         self.index.max = self._domain() - 1
         self.index.value = min(self.index.value, self.index.max)
+        fp8_map = not self.which.value.startswith("scale")  # K and N only change the FP8 maps
+        for control in (self.size_k, self.size_n):
+            control.layout.display = None if fp8_map else "none"
         self.refresh()
+
+    def summary(self) -> str:
+        return (f"Index-map inspector: {self.which.value}, destination {self.index.value} (run the notebook to use "
+                "the controls)")
 
     def refresh(self) -> None:
         which, size_k, size_n, d = self.which.value, self.size_k.value, self.size_n.value, self.index.value
@@ -208,13 +270,11 @@ class IndexMapInspector:
             groups = size_k // rfp8.f8.BLOCK
             rows = [("Marlin scale", f"[{d // size_n}, {d % size_n}]"),
                     ("inverse_scales", f"flat {src} = [{src // groups}, {src % groups}]")]
-        self.info.value = html_table(["", "value"], rows, caption=which, css_class="wb-inspector")
-        self.image.value = figure_png(fig, self.dpi)
+        self.info.value = TABLE_STYLE + html_table(["", "value"], rows, caption=which, css_class="wb-inspector")
+        show_figure(self.image, fig, self.dpi)
 
     def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
+        _display_widget(self.widget, self.summary())
 
 
 def index_map_inspector(**kwargs) -> IndexMapInspector:

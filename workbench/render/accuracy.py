@@ -94,9 +94,11 @@ def errors_html(rows: list[dict], digits: int = 4) -> HTML:
 
 
 def render_error_chart(rows: list[dict]):
-    """Relative error per type against group size (channelwise drawn at the right), one line per layer."""
+    """Relative error per type against group size (channelwise drawn at the right), one line per layer.
+
+    The panels share one log y-axis, so formats compare by eye; one legend for all panels, below them."""
     types = list(dict.fromkeys(r["type"] for r in rows))
-    fig, axes = new_figure(3.2 * len(types), 3.2, ncols=len(types))
+    fig, axes = new_figure(min(2.4 * len(types), 9.5), 3.4, ncols=len(types), sharey=True)
     for ax, wt in zip(axes, types):
         mine = [r for r in rows if r["type"] == wt]
         groups = sorted({r["group_size"] for r in mine}, key=lambda g: 10**9 if g == -1 else g)
@@ -110,8 +112,10 @@ def render_error_chart(rows: list[dict]):
         ax.set_yscale("log")
         ax.set_title(wt)
         ax.set_xlabel("group size")
+        ax.grid(True, which="major", axis="y", linewidth=0.4, alpha=0.5)
     axes[0].set_ylabel("‖W_q − W‖ / ‖W‖")
-    axes[-1].legend(fontsize=6, loc="best")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6), fontsize=7)
     return fig
 
 

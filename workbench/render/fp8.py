@@ -22,17 +22,22 @@ def render_fp8_bit_move():
     t = fp8_code_table()
     bias = f8.FP8_EXPONENT_BIAS[f8.F16]
     fig, (ax_v, ax_r) = new_figure(10, 3.4, ncols=2)
-    ax_v.scatter(t["true"], t["moved"], s=6)
-    ax_v.set_xscale("symlog", linthresh=2.0**-6)
-    ax_v.set_yscale("symlog", linthresh=2.0**-14)
-    ax_v.set_xlabel("true E4M3 value")
-    ax_v.set_ylabel("fp16 after the bit move")
-    ax_v.set_title("(b & 0x80) << 8 | (b & 0x7F) << 7")
+    for sign, marker, name in ((1, "o", "positive codes"), (-1, "x", "negative codes (|value|)")):
+        pick = np.sign(t["true"]) == sign
+        ax_v.scatter(np.abs(t["true"][pick]), np.abs(t["moved"][pick]), s=8, marker=marker, label=name)
+    ax_v.set_xscale("log", base=2)  # log-log of |value|: the bit move is a straight line, zero is left out
+    ax_v.set_yscale("log", base=2)
+    ax_v.set_xlabel("|true E4M3 value|")
+    ax_v.set_ylabel("|fp16 after the bit move|")
+    ax_v.set_title("(b & 0x80) << 8 | (b & 0x7F) << 7: every point on value × 2^-8", fontsize=9)
+    ax_v.legend(fontsize=7, loc="upper left")
     nonzero = t["true"] != 0
     ax_r.plot(t["raw"][nonzero], t["true"][nonzero] / t["moved"][nonzero], ".", markersize=4)
+    ax_r.set_ylim(0, 1.25 * bias)  # from zero, so a constant looks constant
+    ax_r.set_xticks([0, 64, 128, 192, 255], ["0x00", "0x40", "0x80", "0xc0", "0xff"])
     ax_r.set_xlabel("E4M3 byte")
     ax_r.set_ylabel("true / moved")
-    ax_r.set_title(f"ratio is {bias:g} = 2^(15-7) for every finite code, subnormals included")
+    ax_r.set_title(f"ratio is {bias:g} = 2^(15-7) for every finite nonzero code,\nsubnormals included", fontsize=9)
     return fig
 
 
@@ -94,8 +99,10 @@ def render_block_fp8_scale_map(size_k: int, size_n: int, selected: int | None = 
     groups = size_k // f8.BLOCK
     dest = np.arange(groups * size_n)
     src = f8.block_fp8_scale_sources(dest, size_k, size_n).reshape(groups, size_n)
-    fig, (ax,) = new_figure(min(18, 2 + size_n / 16), 1.6 + 0.5 * groups)
-    draw_grid(ax, src, count=int(src.max()) + 1, cmap="tab20", labels=src if size_n <= 128 else None, fontsize=6)
+    width_in = min(18, 2 + size_n / 16)
+    fig, (ax,) = new_figure(width_in, 1.6 + 0.5 * groups)
+    readable = (width_in - 1.5) / size_n >= 0.22  # inches per cell that a 6-pt, 3-digit label needs
+    draw_grid(ax, src, count=int(src.max()) + 1, cmap="tab20", labels=src if readable else None, fontsize=6)
     ax.set_aspect("auto")
     width = 32 if groups == 1 else 64
     separators(ax, None, width, src.shape, color="black", linewidth=1.5)
@@ -123,7 +130,7 @@ def render_gate_up_fusion(size_k: int, n_gate: int):
     """Gate and up concatenated along N before tiling: the first N/64 tile columns are gate, the rest up."""
     origin = gate_up_tiles(size_k, n_gate)
     labels = np.where(origin == 0, "gate", "up")
-    fig, (ax,) = new_figure(2 + 0.9 * origin.shape[1], 1.2 + 0.45 * origin.shape[0])
+    fig, (ax,) = new_figure(2 + 0.9 * origin.shape[1], 1.2 + 0.22 * origin.shape[0])
     draw_grid(ax, origin, count=2, cmap="Set1", labels=labels, fontsize=8)
     ax.set_aspect("auto")
     ax.set_title(f"fused w13 [2N={2 * n_gate}, K={size_k}] in Marlin tiles: which projection each tile holds",

@@ -33,9 +33,9 @@ def render_scale_permutation(width: int = 64, selected: int | None = None):
               fontsize=8)
     draw_grid(ax_out, source_row[perm].reshape(rows, cols), count=rows, cmap="Set2", labels=perm.reshape(rows, cols),
               fontsize=8)
-    ax_in.set_title(f"checkpoint scales, one {width}-chunk (index i)")
-    what = "8×8 block" if width == 64 else "4×4 block of column pairs"
-    ax_out.set_title(f"Marlin order: out[d] = in[P{width}[d]] — the transpose of an {what}", fontsize=9)
+    ax_in.set_title(f"checkpoint scales, one {width}-chunk (index i)", fontsize=9)
+    what = "an 8×8 block" if width == 64 else "a 4×4 block of column pairs"
+    ax_out.set_title(f"Marlin order: out[d] = in[P{width}[d]],\nthe transpose of {what}", fontsize=9)
     for ax in (ax_in, ax_out):
         ax.set_xticks(range(cols))
         ax.set_yticks(range(rows))

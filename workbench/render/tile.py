@@ -9,17 +9,18 @@ Every coordinate drawn comes from the maps (``marlin_word_field_to_kn``, ``marli
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from workbench.formats import marlin_tile as mt
 from workbench.formats.packing import pack_factor
 from workbench.formats.scales import num_groups, scale_permutation
-from workbench.render._draw import (COMPANION, HIGHLIGHT, HTML, draw_grid, hex_word, html_table, new_figure, outline,
-                                    separators)
+from workbench.render._draw import (COMPANION, HIGHLIGHT, HTML, draw_grid, hex_word, html_table, lane_cmap,
+                                    new_figure, outline, separators)
 from workbench.scalar_types import ScalarType
 
 # what the explorer lets you colour by: name -> (label, number of distinct values)
 COLOR_BY = {
-    "subblock": ("sub-block (warp step) 0..3", 4),
+    "subblock": ("sub-block 0..3", 4),
     "lane": ("lane 0..31", 32),
     "field": ("field", 8),
     "k": ("k inside the tile (0..15)", 16),
@@ -107,7 +108,7 @@ def render_mma_fragment():
     element[dk, dn] = e
     labels = np.char.add(np.char.add("t", owner.astype(str)), np.char.add(".", element.astype(str)))
     fig, (ax,) = new_figure(4.2, 6.0)
-    draw_grid(ax, owner, count=mt.LANES, cmap="tab20", labels=labels, fontsize=7)
+    draw_grid(ax, owner, count=mt.LANES, cmap=lane_cmap(), labels=labels, fontsize=7)
     ax.set_title("mma.m16n8k16 B fragment: lane t owns 4 elements (t.e)")
     ax.set_xlabel("n (column of the 16×8 fragment)")
     ax.set_ylabel("k (row)")
@@ -121,7 +122,7 @@ def render_mma_fragment():
 # Map 2: four 16×16 sub-blocks, two 16×8 fragments each
 # ---------------------------------------------------------------------------------------------------------------
 def render_subblocks():
-    """The 16×64 tile cut into four 16×16 sub-blocks (warp step j) of two 16×8 fragments (half h)."""
+    """The 16×64 tile cut into four 16×16 sub-blocks (s) of two 16×8 fragments (half h)."""
     grid = np.empty((mt.TILE_K, mt.TILE_N), dtype=np.int64)
     for warp in range(4):
         for half in range(2):
@@ -143,17 +144,36 @@ def render_subblocks():
 # ---------------------------------------------------------------------------------------------------------------
 # Map 3: which word a lane reads
 # ---------------------------------------------------------------------------------------------------------------
-def render_lane_words(bits: int):
-    """Every element of one tile labelled with its word-in-tile and coloured by the lane that loads it."""
+def render_lane_words(bits: int, subblock: int | None = None):
+    """Every element of one tile labelled with its word-in-tile and coloured by the lane that loads it.
+
+    ``subblock``: zoom on that 16×16 sub-block (readable labels) instead of drawing the whole 16×64 tile."""
     bits = bits_of(bits)
     word, field = source_grid_words(mt.TILE_K, mt.TILE_N, bits)
     coords = coordinates_of(word, field, mt.TILE_N, bits)
-    fig, (ax,) = new_figure(16, 4.6)
-    draw_grid(ax, coords["lane"], count=mt.LANES, cmap="tab20", labels=word, fontsize=5.5)
-    separators(ax, 8, 16, word.shape, color="black", linewidth=1.5)
+    lanes = coords["lane"]
+    first = 0
+    if subblock is not None:
+        if subblock not in range(4):
+            raise ValueError(f"subblock = {subblock} is not one of 0..3")
+        first = 16 * subblock
+        word, lanes = word[:, first:first + 16], lanes[:, first:first + 16]
+        labels = np.char.add(np.char.add("w", word.astype(str)), np.char.add("\nL", lanes.astype(str)))
+        fig, (ax,) = new_figure(6.2, 6.2)
+        draw_grid(ax, lanes, count=mt.LANES, cmap=lane_cmap(), labels=labels, fontsize=5.5)
+        separators(ax, 8, 8, word.shape, color="black", linewidth=1.5)
+        ax.set_xticks(range(16), [str(first + i) for i in range(16)])
+        ax.set_yticks(range(16))
+    else:  # the whole tile: colours only (the zoom carries the numbers)
+        fig, (ax,) = new_figure(11, 3.4)
+        draw_grid(ax, lanes, count=mt.LANES, cmap=lane_cmap())
+        separators(ax, 8, 16, word.shape, color="black", linewidth=1.5)
     wpl = mt.words_per_lane(bits)
-    ax.set_title(f"{bits}-bit: the number is the word inside the tile (lane·{wpl} + slot); the colour is the lane — "
-                 f"a lane's {wpl} words are consecutive, {wpl * 4} bytes in one load")
+    where = "" if subblock is None else f"sub-block {subblock}: "
+    what = "the colour is the lane" if subblock is None else \
+        f"w: the word inside the tile (lane·{wpl} + slot), L: the lane"
+    ax.set_title(f"{bits}-bit, {where}{what} —\na lane's {wpl} words are consecutive, {wpl * 4} bytes in one load",
+                 fontsize=9)
     ax.set_xlabel("n inside the tile")
     ax.set_ylabel("k inside the tile")
     return fig
@@ -213,10 +233,12 @@ def _box(x: float, color: str):
 # Composition: the whole layout, and one element's path through it
 # ---------------------------------------------------------------------------------------------------------------
 def render_layout(fmt, size_k: int, size_n: int, color_by: str = "subblock", k: int | None = None,
-                  n: int | None = None):
+                  n: int | None = None, zoom: bool = False):
     """Source matrix (K×N) beside the packed Marlin tensor (per tile: lanes × (slot, field)), coloured alike.
 
     With ``k, n`` the element is filled red in both pictures, and the other codes of its word are outlined in black.
+    ``zoom`` (with ``k, n``) adds a third panel: the element's 16×64 tile, each cell labelled with the lane that
+    loads it, so the selection stays readable when K and N make the overview small.
     """
     bits = bits_of(fmt)
     check_layout_shape(size_k, size_n)
@@ -228,9 +250,19 @@ def render_layout(fmt, size_k: int, size_n: int, color_by: str = "subblock", k: 
     count = pack_factor(bits) if color_by == "field" else count
 
     width = 5 + 6 * size_n / 64
-    fig, (ax_src, ax_pk) = new_figure(min(width, 18), 2.6 + 1.9 * size_k / 16, ncols=2, width_ratios=[2, 1])
-    draw_grid(ax_src, src_val, count=count)
-    draw_grid(ax_pk, pk_val, count=count, colorbar=label)
+    zoomed = zoom and k is not None and n is not None
+    if zoomed:  # the overview on top (height capped), the element's tile across the full width below
+        fig_width = min(max(width, 11), 18)
+        top = min(2.6 + 1.9 * size_k / 16, 7.0)
+        fig = Figure(figsize=(fig_width, top + 0.27 * fig_width + 0.8), layout="constrained")
+        axd = fig.subplot_mosaic([["src", "pk"], ["zoom", "zoom"]], width_ratios=[2, 1],
+                                 height_ratios=[top, 0.27 * fig_width])
+        ax_src, ax_pk, ax_zoom = axd["src"], axd["pk"], axd["zoom"]
+    else:
+        fig, (ax_src, ax_pk) = new_figure(min(width, 18), 2.6 + 1.9 * size_k / 16, ncols=2, width_ratios=[2, 1])
+    cmap = lane_cmap() if color_by == "lane" else "tab20"
+    draw_grid(ax_src, src_val, count=count, cmap=cmap)
+    draw_grid(ax_pk, pk_val, count=count, cmap=cmap, colorbar=label)
     separators(ax_src, mt.TILE_K, mt.TILE_N, src_val.shape, color="black", linewidth=1.5)
     separators(ax_pk, mt.LANES, mt.words_per_lane(bits) * pack_factor(bits), pk_val.shape, color="black",
                linewidth=1.5)
@@ -251,8 +283,28 @@ def render_layout(fmt, size_k: int, size_n: int, color_by: str = "subblock", k: 
         row, col = packed_cell(word, 0, size_n, bits)
         outline(ax_pk, row, col, 1, pack_factor(bits), color=COMPANION, linewidth=1.2)
         outline(ax_pk, *packed_cell(word, field, size_n, bits), fill=True)
+        if zoomed:
+            _draw_zoom(ax_zoom, bits, size_n, color_by, count, cmap, k, n, ks, ns)
         fig.suptitle(f"(k={k}, n={n}) -> word {word}, field {field}; black: the other codes of that word", fontsize=10)
     return fig
+
+
+def _draw_zoom(ax, bits: int, size_n: int, color_by: str, count: int, cmap, k: int, n: int, ks, ns) -> None:
+    """The 16×64 tile of (k, n), coloured as the overview, every cell labelled with its lane."""
+    k0, n0 = k - k % mt.TILE_K, n - n % mt.TILE_N
+    kk, nn = np.meshgrid(np.arange(k0, k0 + mt.TILE_K), np.arange(n0, n0 + mt.TILE_N), indexing="ij")
+    word, field = mt.marlin_kn_to_word_field(kk, nn, size_n, bits)
+    coords = coordinates_of(word, field, size_n, bits)
+    draw_grid(ax, _color_value(coords, color_by), count=count, cmap=cmap, labels=coords["lane"], fontsize=6)
+    separators(ax, 8, 16, kk.shape, color="black", linewidth=1.2)
+    for k_c, n_c in zip(ks, ns):
+        outline(ax, int(k_c) - k0, int(n_c) - n0, color=COMPANION, linewidth=1.5)
+    outline(ax, k - k0, n - n0, linewidth=2.5)
+    ax.set_xticks(range(0, mt.TILE_N, 8), [str(n0 + c) for c in range(0, mt.TILE_N, 8)])
+    ax.set_yticks(range(0, mt.TILE_K, 2), [str(k0 + r) for r in range(0, mt.TILE_K, 2)])
+    ax.set_title(f"zoom: the tile of (k={k}, n={n}); numbers are lanes", fontsize=9)
+    ax.set_xlabel("n")
+    ax.set_ylabel("k")
 
 
 def _check_position(k: int, n: int, size_k: int, size_n: int) -> None:
