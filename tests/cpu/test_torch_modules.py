@@ -151,7 +151,7 @@ def test_replace_linears_swaps_what_it_can_and_says_why_not():
     report = wt.replace_linears(model, ["encoder.*", "head", "missing.*"], "u4b8", 128)
     assert report.replaced == ["encoder.q_proj", "encoder.k_proj", "head"]
     assert report.skipped == {  # the dense GEMM's own shape rules, on the buffers the layer would have
-        "encoder.odd": "K x N = 256 x 96: size_n = 96, is not divisible by min_thread_n = 64",
+        "encoder.odd": "K x N = 256 x 96: size_n = 96 is not divisible by min_thread_n = 64",
         "encoder.short": "K x N = 40 x 64: size_k = 40 is not divisible by tile_size = 16"}
     assert report.unmatched_patterns == ["missing.*"]
     assert isinstance(model.encoder.q_proj, wt.MarlinLinear) and isinstance(model.encoder.odd, nn.Linear)
