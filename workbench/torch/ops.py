@@ -347,7 +347,11 @@ def _moe_run(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros
     v = T.cupy_view
     with torch.cuda.device(a.device), T.cupy_stream(stream):
         stack = _expert_stack(a, b_q_weight, b_scales, zeros, weight, experts, group_size, size_n, size_k, is_k_full)
-        stack.gemm_phase_fused(v(a), v(sorted_token_ids), v(expert_ids), v(num_tokens_past_padded), v(c),
+        # vLLM sizes sorted_token_ids as numel + E * (block - 1), not always a multiple of the block; the kernel
+        # reads only the first num_tokens_post_padded entries, a multiple of the block and never above that size.
+        whole_blocks = sorted_token_ids.shape[0] - sorted_token_ids.shape[0] % int(moe_block_size)
+        stack.gemm_phase_fused(v(a), v(sorted_token_ids[:whole_blocks]), v(expert_ids), v(num_tokens_past_padded),
+                               v(c),
                                int(size_m), int(moe_block_size), int(top_k),
                                topk_weights=v(topk_weights) if mul_topk_weights else None, stream=stream)
     return c
@@ -563,7 +567,9 @@ def _layout_op(name: str, schema: str, run, out_meta, tensors: tuple[str, ...]):
             result = run([_device_operand(t, x) for t, x in zip(tensors, xs)], a, backend="numba",
                          stream=_stream_ptr(xs[0].device))
             out = T.from_device_array(result, xs[0])
-        return out.view(torch.bfloat16) if xs[0].dtype == torch.bfloat16 and out.dtype == torch.int16 else out
+        if xs[0].dtype in (torch.float16, torch.bfloat16) and out.dtype in (torch.int16, torch.uint16):
+            out = out.view(xs[0].dtype)  # the Numba kernels move 16-bit scales as their raw bits
+        return out
 
     def fake(*args):
         xs, a = split(args)
