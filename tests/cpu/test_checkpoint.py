@@ -229,7 +229,7 @@ def test_inspect_table_and_reasons(tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(["repack", src, "--out", str(out), "--no-progress"]) == 2
     assert "N = 136" in capsys.readouterr().err
-    assert not os.path.exists(out) and not [p for p in os.listdir(tmp_path) if ".partial-" in p]
+    assert not os.path.exists(out) and not [p for p in os.listdir(tmp_path) if ".partial" in p]
 
 
 def test_refuses_to_overwrite_without_force(tmp_path, capsys):
@@ -240,8 +240,15 @@ def test_refuses_to_overwrite_without_force(tmp_path, capsys):
     (out / "keep.txt").write_text("mine")
     assert cli.main(["repack", src, "--out", str(out), "--no-progress"]) == 2
     assert "--force" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
+    # --force replaces only a directory this tool wrote: the user's directory stays
+    assert cli.main(["repack", src, "--out", str(out), "--force", "--no-progress"]) == 2
+    assert "not written by `workbench repack`" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    out.rmdir()
+    assert cli.main(["repack", src, "--out", str(out), "--no-progress"]) == 0
+    (out / "stale.txt").write_text("from an earlier run")
     assert cli.main(["repack", src, "--out", str(out), "--force", "--no-progress"]) == 0
-    assert not (out / "keep.txt").exists() and verify(out, src, progress=False).ok
+    assert not (out / "stale.txt").exists() and verify(out, src, progress=False).ok
     assert "NumPy" in capsys.readouterr().err  # says which path ran
 
 
