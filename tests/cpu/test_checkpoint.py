@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import zlib
 
 import ml_dtypes
 import numpy as np
@@ -61,7 +62,7 @@ def _assert_same_marlin(got, want) -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_round_trip_matches_reference_repack(case, tmp_path):
     opt = CASES[case]
-    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(case.encode()))  # str hash is salted per process
     w = rng.standard_normal((256, 192)).astype(np.float32) * 0.05
     q = sy.quantize(w, opt, seed=int(rng.integers(1 << 30)))
     tensors = sy.encode(PREFIX, q, opt, seed=3)

@@ -69,9 +69,9 @@ def read_bounded(path: str, max_bytes: int, what: str = "file") -> bytes:
         size = os.fstat(f.fileno()).st_size
         if size > max_bytes:
             raise CheckpointError(f"{path}: {what} is {size} bytes, more than the {max_bytes} this tool reads")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:  # grew while being read
-        raise CheckpointError(f"{path}: {what} holds more than {max_bytes} bytes")
+        data = f.read(size + 1)  # read(n) reserves n bytes up front: ask for what fstat says is there
+    if len(data) > size:  # grew while being read
+        raise CheckpointError(f"{path}: {what} changed size while being read")
     return data
 
 

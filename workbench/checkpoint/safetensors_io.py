@@ -17,8 +17,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -35,6 +38,7 @@ DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
 }
 TAGS: dict[np.dtype, str] = {dt: tag for tag, dt in DTYPES.items()}
+ITEMSIZE: dict[str, int] = {tag: dt.itemsize for tag, dt in DTYPES.items()}
 
 # The reference implementation's limits (safetensors ``MAX_HEADER_SIZE`` and serde_json's nesting limit): a file this
 # reader opens is one ``safetensors.safe_open`` opens too, and the writer refuses to produce one it would not.
@@ -52,8 +56,7 @@ def dtype_tag(dtype) -> str:
     return TAGS[dtype]
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):  # a tuple: headers hold up to millions of entries, each built in the reader's loop
     name: str
     dtype: str  # safetensors tag, e.g. "I32"
     shape: tuple[int, ...]
@@ -75,10 +78,40 @@ class _Object(dict):
     __slots__ = ("repeated",)
 
 
+class _Plain(tuple):
+    """A header entry as every writer produces it, already checked: (dtype tag, shape, begin, end). Built by the
+    JSON hook in place of the entry's dict, so a header of a million tensors never holds a million dicts."""
+
+    __slots__ = ()
+
+
 def _object_pairs(pairs):
+    if len(pairs) == 3:
+        plain = _plain_entry(pairs)
+        if plain is not None:
+            return plain
     obj = _Object(pairs)
     obj.repeated = [k for k, _ in pairs] if len(obj) != len(pairs) else None
     return obj
+
+
+def _plain_entry(pairs) -> _Plain | None:
+    """The entry ``{"dtype", "shape", "data_offsets"}`` with in-range ints, or None for anything else (which
+    ``_parse_entry`` then refuses or accepts with its full checks and messages). The fast path of the reader."""
+    entry = dict(pairs)
+    tag, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if type(tag) is not str or type(shape) is not list or type(offsets) is not list or len(offsets) != 2:
+        return None
+    itemsize = ITEMSIZE.get(tag)
+    begin, end = offsets
+    if itemsize is None or type(begin) is not int or type(end) is not int or not 0 <= begin <= end <= MAX_USIZE:
+        return None
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= MAX_USIZE:
+            return None
+    if end - begin != math.prod(shape) * itemsize:
+        return None
+    return _Plain((tag, tuple(shape), begin, end))
 
 
 def _refuse_constant(name):
@@ -106,7 +139,10 @@ def _depth_ok(value, depth: int) -> bool:
     stack = [(value, depth)]
     while stack:
         v, d = stack.pop()
-        if isinstance(v, (dict, list)):
+        if type(v) is _Plain:  # an entry-shaped object: itself, then its shape list
+            if d + 1 > MAX_JSON_DEPTH:
+                return False
+        elif isinstance(v, (dict, list)):
             if d > MAX_JSON_DEPTH:
                 return False
             items = list(v.items()) if isinstance(v, dict) else [(None, x) for x in v]
@@ -145,16 +181,25 @@ def parse_header(raw: bytes, where: str) -> tuple[dict[str, str], dict[str, tupl
         meta = {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) and _utf8(v) and _utf8(k) for k, v in meta.items()):
         raise CheckpointError(f"{where}: __metadata__ must map strings to strings, got {short_repr(meta)}")
+    # a lone surrogate can only come from a \\ud800-\\udfff escape; without one in the text no string needs a check
+    strings = _SURROGATE_ESCAPE.search(text) is not None
     tensors = {}
     for name, entry in header.items():  # a tensor named twice: the last entry counts, as in the reference reader
-        tensors[name] = _parse_entry(name, entry, where)
+        tensors[name] = entry if type(entry) is _Plain and not strings else _parse_entry(name, entry, where)
     return dict(meta), tensors
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _parse_entry(name: str, entry, where: str) -> tuple[str, tuple[int, ...], int, int]:
     at = f"{where}: tensor {short_repr(name)}"
     if not _utf8(name):
         raise CheckpointError(f"{where}: tensor name {short_repr(name)} is not UTF-8 (a lone surrogate escape)")
+    if type(entry) is _Plain:
+        if not _utf8(entry[0]):
+            raise CheckpointError(f"{at}: dtype is not UTF-8")
+        return tuple(entry)
     if not isinstance(entry, dict):
         raise CheckpointError(f"{at}: header entry {short_repr(entry)} is not an object with dtype/shape/data_offsets")
     if entry.repeated:
@@ -199,6 +244,27 @@ def check_layout(tensors: dict, data_bytes: int, where: str) -> None:
                               f" {data_bytes - cursor} trailing bytes")
 
 
+class _TensorTable(Mapping):
+    """``{name: TensorInfo}`` over the parsed entries, each TensorInfo made when asked for (a header may list
+    millions of tensors; most callers look at a few)."""
+
+    def __init__(self, entries: dict, data_start: int):
+        self._entries, self._start = entries, data_start
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        tag, shape, begin, end = self._entries[name]
+        return TensorInfo(name, tag, shape, self._start + begin, self._start + end)
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name) -> bool:
+        return name in self._entries
+
+
 class SafetensorsFile:
     """A validated safetensors header; tensors are read on demand (``read``), never all at once."""
 
@@ -222,9 +288,7 @@ class SafetensorsFile:
         self.data_start = 8 + n
         self.data_bytes = size - self.data_start
         check_layout(entries, self.data_bytes, self.path)
-        self.tensors: dict[str, TensorInfo] = {
-            name: TensorInfo(name, tag, shape, self.data_start + b, self.data_start + e)
-            for name, (tag, shape, b, e) in entries.items()}
+        self.tensors = _TensorTable(entries, self.data_start)
 
     def read(self, name: str, index: int | None = None) -> np.ndarray:
         """The tensor (or, with ``index``, its slice ``[index]`` along dim 0) as a fresh, writable array."""
