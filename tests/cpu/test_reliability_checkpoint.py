@@ -347,7 +347,7 @@ def test_deeply_nested_json_is_a_message(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("groups", [["a"], "x", {"g": []}, {"g": {"weights": "int4", "targets": ["Linear"]}},
-                                    {"g": {"weights": {"num_bits": 4}, "targets": "Linear"}}])
+                                    {"g": {"weights": {"num_bits": 4, "group_size": 64}, "targets": "Linear"}}])
 def test_wrong_typed_config_groups_are_a_message(groups, tmp_path, capsys):
     src = _source(tmp_path, opt=sy.Options(fmt="compressed-tensors", bits=4, group_size=64))
     _edit_config(src, lambda c: c["quantization_config"].update(config_groups=groups))
