@@ -207,7 +207,7 @@ def _parse_entry(name: str, entry, where: str) -> tuple[str, tuple[int, ...], in
     if not set(ENTRY_KEYS) <= set(entry):
         raise CheckpointError(f"{at}: header entry {short_repr(entry)} lacks {[k for k in ENTRY_KEYS if k not in entry]}")
     tag, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not _depth_ok({k: v for k, v in entry.items() if k not in ENTRY_KEYS}, 3):
+    if not _depth_ok({k: v for k, v in entry.items() if k not in ENTRY_KEYS}, 2):  # the entry sits at depth 2
         raise CheckpointError(f"{at}: an extra header field nests deeper than {MAX_JSON_DEPTH} levels or is not UTF-8")
     if not isinstance(tag, str) or tag not in DTYPES:
         raise CheckpointError(f"{at}: dtype {short_repr(tag)} is not one of {sorted(DTYPES)}")

@@ -44,6 +44,10 @@ def verify(out, against, *, progress: bool = True, max_problems: int = 50) -> Ve
     src = open_source(against)
     plan = discover(src)
     report = VerifyReport()
+    source_format = plan.settings.source_format if plan.settings else None
+    if marlin.manifest["source_format"] != source_format:
+        report.problems.append(f"{marlin.root}: manifest says source_format = {marlin.manifest['source_format']!r},"
+                               f" the source is {source_format!r}")
     expected = {spec.name: spec for spec in plan.layers}
     for name in sorted(set(marlin.layers) - set(expected)):
         report.problems.append(f"{name}: in the Marlin checkpoint but not a quantized layer of {src.root}")
