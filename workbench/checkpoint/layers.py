@@ -348,12 +348,13 @@ def _group_layers(src: SourceCheckpoint, settings: Settings, parts: dict[str, Pa
         for e in ids:
             if set(experts[e]) != roles0:
                 raise CheckpointError(f"{base}.experts.{e} has projections {sorted(experts[e])}, expert 0 has"
-                                      f" {sorted(roles0)}: missing or extra tensor")
+                                      f" {sorted(roles0)} in {src.root}: missing or extra tensor")
         if "gate_up" in roles0 and ({"gate", "up"} & roles0):
-            raise CheckpointError(f"{base}.experts: both fused gate_up_proj and separate gate/up projections")
+            raise CheckpointError(f"{base}.experts: both fused gate_up_proj and separate gate/up projections in"
+                                  f" {src.root}")
         if ("gate" in roles0) != ("up" in roles0):
             raise CheckpointError(f"{base}.experts: has {'gate' if 'gate' in roles0 else 'up'} projections without"
-                                  f" {'up' if 'gate' in roles0 else 'gate'}: missing tensor")
+                                  f" {'up' if 'gate' in roles0 else 'gate'} in {src.root}: missing tensor")
         if {"gate", "up"} <= roles0 or "gate_up" in roles0:
             segs = ["gate", "up"] if "gate" in roles0 else ["gate_up"]
             layers.append(_make_layer(src, settings, f"{base}.experts.gate_up_proj",
@@ -393,7 +394,7 @@ def _make_layer(src, settings: Settings, name: str, parts: list[list[Part]], num
                 raise CheckpointError(
                     f"{name}: part {p.prefix} (K = {p.size_k}, N = {p.size_n}, scales {p.scale_dtype}, {pargs}) does"
                     f" not match {first.prefix} (K = {first.size_k}, N = {first.size_n}, scales {first.scale_dtype},"
-                    f" {args}); parts of one stack must agree"
+                    f" {args}) in {src.root}; parts of one stack must agree"
                 )
     fmt = settings.source_format
     act_dtype = np.dtype(np.float16) if fmt == FP8 else ACT_DTYPES[first.scale_dtype]

@@ -125,14 +125,15 @@ def _shard(units: list[_Unit], max_bytes: int) -> list[list[_Unit]]:
     return shards
 
 
-def check_repackable(plan: Plan) -> None:
+def check_repackable(plan: Plan, where: str) -> None:
+    """Refuse a plan with nothing to convert or with layers Marlin cannot take; ``where`` names the checkpoint."""
     if not plan.layers:
-        raise CheckpointError("no quantized layers found: nothing to repack")
+        raise CheckpointError(f"{where}: no quantized layers found: nothing to repack")
     bad = [spec for spec in plan.layers if spec.problems]
     if bad:
         lines = [f"  {spec.name}: {'; '.join(spec.problems)}" for spec in bad[:20]]
         more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
-        raise CheckpointError(f"{len(bad)} layer(s) are not Marlin-compatible:\n" + "\n".join(lines) + more)
+        raise CheckpointError(f"{where}: {len(bad)} layer(s) are not Marlin-compatible:\n" + "\n".join(lines) + more)
 
 
 def source_paths(src: SourceCheckpoint, path) -> list[str]:
@@ -153,7 +154,7 @@ def repack(path, out, *, force: bool = False, backend: str = "auto", max_shard_b
     target = OutputDir(os.fspath(out), source_paths(src, path), force=force, source=os.path.abspath(src.root), log=log)
     out = target.out
     plan = discover(src)
-    check_repackable(plan)
+    check_repackable(plan, src.root)
     ops_backend, sentence = choose_backend(backend)
     units = _units(src, plan)
     shards = _shard(units, max_shard_bytes)
@@ -204,6 +205,17 @@ def repack(path, out, *, force: bool = False, backend: str = "auto", max_shard_b
     return manifest
 
 
+def convert_layer(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str):
+    """``to_marlin``, with an op's refusal (a ValueError naming values only) said with the layer and checkpoint."""
+    try:
+        return to_marlin(src, spec, expert, backend)
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError) as exc:
+        which = f" expert {expert}" if spec.num_experts else ""
+        raise CheckpointError(f"{src.root}: layer {spec.name!r}{which}: {exc}") from exc
+
+
 def _shard_metadata(shard: list[_Unit], plan: Plan) -> dict[str, str]:
     layers = {u.layer.name: layer_record(u.layer) for u in shard if u.layer is not None}
     return {"format": "pt", "workbench_format": FORMAT_NAME, "workbench_format_version": workbench.FORMAT_VERSION,
@@ -224,7 +236,7 @@ def _write_shard(src: SourceCheckpoint, path: str, shard: list[_Unit], plan: Pla
             for warning in nonfinite_scales(src, spec):
                 log(f"repack: warning: {warning}")
             for e in experts:
-                m = to_marlin(src, spec, e or 0, backend)
+                m = convert_layer(src, spec, e or 0, backend)
                 writer.write(f"{spec.name}.qweight", m.qweight, e)
                 writer.write(f"{spec.name}.scales", m.scales, e)
                 if spec.weight_type.has_zero_points:

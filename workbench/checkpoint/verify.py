@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workbench.checkpoint.convert import compare_with_source
-from workbench.checkpoint.files import open_regular, read_json
+from workbench.checkpoint.files import CheckpointError, open_regular, read_json
 from workbench.checkpoint.layers import discover
 from workbench.checkpoint.marlin_ckpt import open_marlin
 from workbench.checkpoint.output import LOCK, MARKER
@@ -77,7 +77,12 @@ def verify(out, against, *, progress: bool = True, max_problems: int = 50) -> Ve
                 continue
             for e in range(max(spec.num_experts, 1)):
                 m = marlin.tensors(spec.name, e)
-                problems, differing = compare_with_source(src, spec, e, m)
+                try:
+                    problems, differing = compare_with_source(src, spec, e, m)
+                except CheckpointError:
+                    raise
+                except (ValueError, TypeError) as exc:  # an op refused the stored tensors: say which
+                    raise CheckpointError(f"{marlin.root}: layer {spec.name!r} expert {e}: {exc}") from exc
                 report.problems += problems
                 report.differing_elements += differing
                 report.tensors_checked += sum(x is not None for x in (m.qweight, m.scales, m.zeros, m.g_idx, m.perm))
