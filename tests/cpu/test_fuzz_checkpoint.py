@@ -104,7 +104,7 @@ def headers(draw):
         e = header.get(name) if name is not None else None
         if not isinstance(e, dict):
             edit = "data-len"
-        offsets, shape = e.get("data_offsets") if e else None, e.get("shape") if e else None
+        offsets, shape = (e.get("data_offsets"), e.get("shape")) if isinstance(e, dict) else (None, None)
         if edit == "offset" and isinstance(offsets, list) and len(offsets) == 2:
             i = draw(st.integers(0, 1))
             offsets[i] = max(0, offsets[i] + draw(st.integers(-3, 3))) if isinstance(offsets[i], int) else 0
