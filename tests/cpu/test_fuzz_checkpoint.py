@@ -29,6 +29,7 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from file_snapshots import snapshot  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 
@@ -341,15 +342,6 @@ def test_any_moe_naming_gives_one_plan_or_a_message(workdir, one_part, names, or
 # ---------------------------------------------------------------------------------------------------------------
 # output paths and tampered outputs (each example repacks a small layer)
 # ---------------------------------------------------------------------------------------------------------------
-def _snapshot(folder: str) -> dict:
-    out = {}
-    for root, _, files in os.walk(folder):
-        for f in files:
-            p = os.path.join(root, f)
-            out[os.path.relpath(p, folder)] = os.readlink(p) if os.path.islink(p) else open(p, "rb").read()
-    return out
-
-
 OUT_PLACES = ["sibling", "src", "inside", "parent", "shard", "config", "alias-of-src", "link-to-parent",
               "dangling-link", "user-dir", "user-file", "our-output", "our-partial", "deep-sibling"]
 
@@ -381,10 +373,10 @@ def test_any_output_path_leaves_the_source_and_user_files_alone(workdir, base_ch
         if place == "our-partial":
             os.rename(out, out + ".partial")
     source_arg = os.path.join(root, "alias") if via_alias else src
-    before_src, before_user = _snapshot(src), _snapshot(user)
+    before_src, before_user = snapshot(src), snapshot(user)
     with _tally("output paths"):
         code = _cli_clean("repack", source_arg, "--out", out, "--no-progress", *(["--force"] if force else []))
-        assert _snapshot(src) == before_src and _snapshot(user) == before_user
+        assert snapshot(src) == before_src and snapshot(user) == before_user
         assert open(os.path.join(root, "file.txt")).read() == "mine too"
         if code == 0:
             assert place in ("sibling", "deep-sibling", "our-output", "our-partial")

@@ -15,6 +15,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from file_snapshots import snapshot
 from safetensors.numpy import load_file, save_file
 
 from workbench import cli
@@ -31,16 +32,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _source(tmp_path, name="src", opt=ASYM, shapes=None, **kw) -> str:
     return sy.random_model(str(tmp_path / name), opt, shapes or {PREFIX: (256, 128)}, **kw)
-
-
-def _snapshot(folder) -> dict:
-    """{relative path: bytes} of every file under ``folder`` (symlinks as their target): the source-untouched check."""
-    out = {}
-    for root, dirs, files in os.walk(folder):
-        for f in files:
-            p = os.path.join(root, f)
-            out[os.path.relpath(p, folder)] = os.readlink(p) if os.path.islink(p) else open(p, "rb").read()
-    return out
 
 
 def _cli(capsys, *argv) -> tuple[int, str, str]:
@@ -76,10 +67,10 @@ def _raw_file(path, header: bytes, data: bytes = b"") -> str:
 def test_force_through_a_symlinked_alias_does_not_delete_the_source(tmp_path, capsys):
     src = _source(tmp_path, "real")
     os.symlink(src, tmp_path / "alias")
-    before = _snapshot(src)
+    before = snapshot(src)
     code, _, err = _cli(capsys, "repack", str(tmp_path / "alias"), "--out", src, "--force", "--no-progress")
     assert code == 2 and "the output is" in err and src in err
-    assert _snapshot(src) == before
+    assert snapshot(src) == before
 
 
 @pytest.mark.parametrize("where", ["parent", "inside", "shard", "config"])
@@ -88,10 +79,10 @@ def test_out_that_contains_or_lies_inside_the_source_is_refused(where, tmp_path,
     src = _source(models, "llama")
     out = {"parent": models, "inside": os.path.join(src, "marlin"), "shard": os.path.join(src, "model.safetensors"),
            "config": os.path.join(src, "config.json")}[where]
-    before = _snapshot(models)
+    before = snapshot(models)
     code, _, err = _cli(capsys, "repack", src, "--out", str(out), "--force", "--no-progress")
     assert code == 2 and "the source checkpoint is read from" in err
-    assert _snapshot(models) == before
+    assert snapshot(models) == before
 
 
 def test_out_on_a_shard_symlink_target_is_refused(tmp_path, capsys):
@@ -104,9 +95,9 @@ def test_out_on_a_shard_symlink_target_is_refused(tmp_path, capsys):
         os.replace(os.path.join(src, name), blobs / name)
         os.symlink(blobs / name, snap / name)
     assert inspect(snap).layers[0].compatible  # symlinked shards stay allowed
-    before = _snapshot(blobs)
+    before = snapshot(blobs)
     code, _, err = _cli(capsys, "repack", str(snap), "--out", str(blobs), "--force", "--no-progress")
-    assert code == 2 and "contains" in err and _snapshot(blobs) == before
+    assert code == 2 and "contains" in err and snapshot(blobs) == before
     assert _cli(capsys, "repack", str(snap), "--out", str(tmp_path / "out"), "--no-progress")[0] == 0
 
 
@@ -141,6 +132,11 @@ def _rename(old: str, new: str):
     return lambda t: t.update({k.replace(old, new): t.pop(k) for k in [k for k in t if old in k]})
 
 
+def _copy_named(old: str, new: str):
+    """An edit that adds, beside every tensor whose name holds ``old``, a copy named with ``new`` instead."""
+    return lambda t: t.update({k.replace(old, new): t[k].copy() for k in [k for k in t if old in k]})
+
+
 def test_a_huge_expert_number_in_a_name_costs_no_memory(tmp_path, capsys):
     src = _moe(tmp_path)
     _retensor(src, _rename("mlp.experts.1.", "mlp.experts.10000000."))
@@ -157,10 +153,7 @@ def test_a_huge_expert_number_in_a_name_costs_no_memory(tmp_path, capsys):
 
 def test_experts_1_and_01_are_refused_not_merged(tmp_path, capsys):
     src = _moe(tmp_path)
-    def add_01(t):
-        for k in [k for k in t if ".experts.1.up_proj" in k]:
-            t[k.replace(".experts.1.up_proj", ".experts.01.up_proj")] = t[k].copy()
-    _retensor(src, add_01)
+    _retensor(src, _copy_named(".experts.1.up_proj", ".experts.01.up_proj"))
     code, _, err = _cli(capsys, "inspect", src)
     assert code == 2 and "experts.1 and" in err and "experts.01" in err and "ambiguous" in err
 
@@ -173,10 +166,7 @@ def test_inspect_output_does_not_depend_on_the_hash_seed(tmp_path):
 
 def test_gate_proj_and_w1_of_one_expert_are_refused(tmp_path, capsys):
     src = _moe(tmp_path)
-    def add_w1(t):
-        for k in [k for k in t if ".experts.0.gate_proj" in k]:
-            t[k.replace("gate_proj", "w1")] = t[k].copy()
-    _retensor(src, add_w1)
+    _retensor(src, _copy_named(".experts.0.gate_proj", ".experts.0.w1"))
     code, _, err = _cli(capsys, "inspect", src)
     assert code == 2 and "gate_proj" in err and "w1" in err and "both" in err
 
@@ -486,23 +476,15 @@ def test_reader_refuses_what_the_safetensors_library_refuses(case, tmp_path):
         SafetensorsFile(path)
 
 
-def test_an_empty_layer_is_incompatible_for_inspect_and_repack(tmp_path, capsys):
+@pytest.mark.parametrize("k, n", [(256, 0), (0, 128)])  # N = 0, and K = 0 (AWQ with zero groups)
+def test_an_empty_layer_is_incompatible_for_inspect_and_repack(k, n, tmp_path, capsys):
     src = _source(tmp_path, opt=sy.Options(fmt="awq", bits=4, group_size=128))
-    _retensor(src, lambda t: t.update({f"{PREFIX}.qweight": np.zeros((256, 0), np.int32),
-                                       f"{PREFIX}.scales": np.zeros((2, 0), np.float16),
-                                       f"{PREFIX}.qzeros": np.zeros((2, 0), np.int32)}))
+    ng = -(-k // 128)
+    _retensor(src, lambda t: t.update({f"{PREFIX}.qweight": np.zeros((k, n // 8), np.int32),
+                                       f"{PREFIX}.scales": np.zeros((ng, n), np.float16),
+                                       f"{PREFIX}.qzeros": np.zeros((ng, n // 8), np.int32)}))
     code, text, _ = _cli(capsys, "inspect", src)
-    assert code == 1 and "is empty" in text
-    assert _cli(capsys, "repack", src, "--out", str(tmp_path / "out"), "--no-progress")[0] == 2
-
-
-def test_awq_with_zero_groups_is_a_message(tmp_path, capsys):
-    src = _source(tmp_path, opt=sy.Options(fmt="awq", bits=4, group_size=128))
-    _retensor(src, lambda t: t.update({f"{PREFIX}.qweight": np.zeros((0, 16), np.int32),
-                                       f"{PREFIX}.scales": np.zeros((0, 128), np.float16),
-                                       f"{PREFIX}.qzeros": np.zeros((0, 16), np.int32)}))
-    code, text, _ = _cli(capsys, "inspect", src)
-    assert code == 1 and "K x N = 0 x 128 is empty" in text
+    assert code == 1 and f"K x N = {k} x {n} is empty" in text
     code, _, err = _cli(capsys, "repack", src, "--out", str(tmp_path / "out"), "--no-progress")
     assert code == 2 and PREFIX in err and "reshape" not in err
 
