@@ -113,8 +113,8 @@ SCALE_ROLE = {GPTQ: "scales", GPTQ_V2: "scales", AWQ: "scales", CT: "weight_scal
 
 
 def nonfinite_scales(src: SourceCheckpoint, spec: LayerSpec) -> list[str]:
-    """One warning per scale tensor name pattern of a layer holding NaN or Inf (the ops take any float, but such a
-    scale turns a whole group of outputs into NaN); at most one line per layer, however many experts."""
+    """A warning when a layer's scales hold NaN or Inf (the ops take any float, but such a scale turns a whole group
+    of outputs into NaN): one line per layer however many experts, naming the first such scale and the count."""
     found, first = 0, None
     for segs in spec.parts:
         for part in segs:

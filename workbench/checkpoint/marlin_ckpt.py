@@ -8,10 +8,10 @@ import numpy as np
 
 import workbench
 from workbench.checkpoint.convert import MarlinTensors
-from workbench.checkpoint.repack import FORMAT_NAME, MANIFEST
-from workbench.checkpoint.files import CheckpointError, short_repr, is_regular, read_json
+from workbench.checkpoint.files import CheckpointError, is_regular, read_json, short_repr
 from workbench.checkpoint.layers import MARLIN_SUFFIXES
 from workbench.checkpoint.output import require_complete
+from workbench.checkpoint.repack import FORMAT_NAME, MANIFEST
 from workbench.checkpoint.source import SourceCheckpoint, open_source
 from workbench.scalar_types import ScalarType
 from workbench.weight import MarlinWeight

@@ -269,5 +269,7 @@ class OutputDir:
                 self.state = "removed"
             else:  # interrupted: keep it, marked partial, for the next run to name
                 self.state = "interrupted"
+                self.log(f"repack: interrupted; {self.partial} stays, marked partial (the next run names it; --force"
+                         " replaces it)")
         self._unlock()
         return False

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from workbench.checkpoint.files import CheckpointError, short_repr, open_regular
+from workbench.checkpoint.files import CheckpointError, open_regular, short_repr
 
 # safetensors dtype tag -> numpy dtype (bf16 / float8 through ml_dtypes)
 DTYPES: dict[str, np.dtype] = {
