@@ -541,3 +541,15 @@ def test_json_output_of_inspect_and_verify(tmp_path, capsys):
     code, text, _ = _cli(capsys, "verify", str(tmp_path / "out"), "--against", src, "--json", "--no-progress")
     assert code == 0 and json.loads(text) == {"ok": True, "layers_checked": 1, "tensors_checked": 5,
                                               "differing_elements": 0, "problems": []}
+
+
+def test_a_partial_folder_without_its_lock_file_is_a_leftover(tmp_path, capsys):
+    """A run killed while publishing has already removed its lock file: that folder is nobody's, not a live run's."""
+    src = _source(tmp_path)
+    partial = OutputDir(str(tmp_path / "out"), [src])
+    partial.claim()
+    partial._unlock()
+    os.remove(tmp_path / "out.partial" / LOCK)
+    code, _, err = _cli(capsys, "repack", src, "--out", str(tmp_path / "out"), "--no-progress")
+    assert code == 2 and "left over from an interrupted repack" in err
+    assert _cli(capsys, "repack", src, "--out", str(tmp_path / "out"), "--force", "--no-progress")[0] == 0

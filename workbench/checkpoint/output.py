@@ -31,7 +31,7 @@ import signal
 import socket
 import time
 
-from workbench.checkpoint.files import CheckpointError, is_regular, parse_json
+from workbench.checkpoint.files import CheckpointError, is_regular, parse_json, read_bounded
 
 MARKER = ".marlin-workbench.json"
 LOCK = ".marlin-workbench.lock"
@@ -78,14 +78,7 @@ def read_marker(folder: str) -> dict | None:
     if os.path.islink(folder) or not os.path.isdir(folder) or not is_regular(path):
         return None
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_MARKER_BYTES + 1)
-    except OSError:
-        return None
-    if len(raw) > MAX_MARKER_BYTES:
-        return None
-    try:
-        record = parse_json(raw, path)
+        record = parse_json(read_bounded(path, MAX_MARKER_BYTES, "marker"), path)
     except CheckpointError:
         return None
     return record if isinstance(record, dict) and record.get("tool") == TOOL else None
@@ -190,7 +183,9 @@ class OutputDir:
         if record is None:
             raise OutputError(f"{self.partial} exists and holds no {MARKER}: not a partial output of this tool; remove"
                               " it yourself or choose another --out")
-        fd = _try_lock(os.path.join(self.partial, LOCK))
+        lock = os.path.join(self.partial, LOCK)
+        # no lock file: the run died while publishing (the lock file goes just before the rename), nobody holds it
+        fd = _try_lock(lock) if os.path.lexists(lock) else os.open(self.partial, os.O_RDONLY)
         if fd is None:
             raise OutputError(f"{self.partial} is being written by a running repack (pid {record.get('pid')} on"
                               f" {record.get('host')}); not touching it")
