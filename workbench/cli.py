@@ -93,8 +93,12 @@ def run(func, args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # building the parser imports the command modules (NumPy, Numba): seconds in which Ctrl-C may come
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("workbench: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT

@@ -8,6 +8,9 @@
 | MoE names | expert numbers (leading zeros, gaps, huge), projection names, order | the plan does not depend on tensor order; experts are 0..n-1 by their number; refusals are ``CheckpointError`` |
 | output paths | ``--out`` at, inside, around the source, through symlinks, over user files, with or without ``--force`` | the source and every user file are untouched; exit 0 means ``verify`` passes |
 | tampered outputs | one bit flipped in any tensor's data, files removed, manifest and marker edits | ``verify`` never says OK |
+| inspect vs repack | formats, bits, group sizes, act-order, symmetry, K, N, experts | ``inspect`` calls every layer compatible exactly when ``repack`` succeeds (and then ``verify`` passes) |
+| signals | SIGINT / SIGTERM / SIGKILL at any moment of a repack, in a real process | exit 0 / 130 / 143 / killed, no traceback; ``OUT`` is absent or complete and verifies; a ``OUT.partial`` left is marked partial; the next ``--force`` run succeeds |
+| concurrent runs | two repacks into one ``--out`` started together | at least one succeeds, the other exits 0 or 2; ``OUT`` verifies; no partial folder is left |
 
 Derandomized and bounded in CI (the "ci" profile of tests/conftest.py); ``WORKBENCH_FUZZ=long`` runs the long search,
 and ``WORKBENCH_FUZZ_REPORT=path.json`` writes the figures per class (inputs tried, handled cleanly) for a campaign.
@@ -19,8 +22,12 @@ import io
 import json
 import os
 import shutil
+import signal
 import struct
+import subprocess
+import sys
 import tempfile
+import time
 from collections import Counter
 
 import numpy as np
@@ -45,6 +52,9 @@ CLEAN: Counter = Counter()  # class -> examples whose property held
 # the slow classes (each example repacks) run a fifth of the profile's examples
 HEAVY = settings(max_examples=max(10, settings.default.max_examples // 5),
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+# the classes that run real processes: 2 examples in CI, 100 in the long run
+PROCESSES = settings(max_examples=max(2, settings.default.max_examples // 50), deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 LIGHT = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
@@ -464,3 +474,70 @@ def test_inspect_says_compatible_exactly_when_repack_succeeds(workdir, fmt, bits
         assert (code == 0) == compatible, [s.problems for s in plan.layers]
         if code == 0:
             assert verify(out, src, progress=False).ok
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# signals and concurrent runs, in real processes
+# ---------------------------------------------------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def slow_source(workdir):
+    """A checkpoint whose repack takes seconds: one act-order layer repeated under 64 names."""
+    opt = sy.Options(fmt="gptq", bits=4, group_size=128, act_order=True)
+    w = np.random.default_rng(0).standard_normal((1024, 512)).astype(np.float32)
+    one = sy.quantized_tensors("x", w, opt, seed=1)
+    tensors = {f"model.layers.{i}.mlp.up_proj{k[1:]}": v for i in range(64) for k, v in one.items()}
+    return sy.write_checkpoint(os.path.join(workdir, "slow-src"), tensors, opt)
+
+
+def _start_repack(src: str, out: str, *extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "workbench", "repack", src, "--out", out, "--no-progress", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+
+
+@PROCESSES
+@given(sig=st.sampled_from([signal.SIGINT, signal.SIGTERM, signal.SIGKILL]), delay=st.floats(0.0, 6.0))
+def test_a_signal_at_any_moment_leaves_a_complete_output_or_a_marked_partial_one(workdir, slow_source, sig, delay):
+    from workbench.checkpoint.output import read_marker
+
+    out = os.path.join(workdir, "sig-out")
+    for path in (out, out + ".partial"):
+        shutil.rmtree(path, ignore_errors=True)
+    proc = _start_repack(slow_source, out)
+    time.sleep(delay)
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    with _tally("signals"):
+        assert "Traceback" not in err, err
+        if proc.returncode in (-signal.SIGINT, -signal.SIGTERM):  # the signal came before Python's handlers exist:
+            assert not os.path.exists(out) and not os.path.exists(out + ".partial")  # nothing was created yet
+        else:
+            assert proc.returncode in (0, 130, 143, -signal.SIGKILL), (proc.returncode, err)
+        if os.path.exists(out):
+            assert read_marker(out)["state"] == "complete" and verify(out, slow_source, progress=False).ok
+        if os.path.exists(out + ".partial"):
+            assert proc.returncode != 0 and read_marker(out + ".partial")["state"] == "partial"
+        again = _start_repack(slow_source, out, "--force")
+        _, err = again.communicate(timeout=300)
+        assert again.returncode == 0, err
+        assert not os.path.exists(out + ".partial") and verify(out, slow_source, progress=False).ok
+
+
+@PROCESSES
+@given(stagger=st.floats(0.0, 1.0), force=st.booleans())
+def test_two_repacks_into_one_output_leave_one_good_output(workdir, slow_source, stagger, force):
+    out = os.path.join(workdir, "race-out")
+    for path in (out, out + ".partial"):
+        shutil.rmtree(path, ignore_errors=True)
+    first = _start_repack(slow_source, out, *(["--force"] if force else []))
+    time.sleep(stagger)
+    second = _start_repack(slow_source, out, *(["--force"] if force else []))
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in (first, second)]
+    with _tally("concurrent runs"):
+        codes = sorted(code for code, _ in results)
+        assert codes[0] == 0 and codes[1] in (0, 2) and not any("Traceback" in e for _, e in results), results
+        assert verify(out, slow_source, progress=False).ok and not os.path.exists(out + ".partial")

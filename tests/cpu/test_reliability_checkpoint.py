@@ -553,3 +553,11 @@ def test_a_partial_folder_without_its_lock_file_is_a_leftover(tmp_path, capsys):
     code, _, err = _cli(capsys, "repack", src, "--out", str(tmp_path / "out"), "--no-progress")
     assert code == 2 and "left over from an interrupted repack" in err
     assert _cli(capsys, "repack", src, "--out", str(tmp_path / "out"), "--force", "--no-progress")[0] == 0
+
+
+def test_ctrl_c_while_the_commands_are_imported_exits_130(monkeypatch, capsys):
+    """Building the parser imports NumPy and Numba (seconds): a Ctrl-C then is still exit 130, not a traceback."""
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert _cli(capsys, "inspect", "x")[0] == 130
