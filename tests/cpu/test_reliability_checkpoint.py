@@ -561,3 +561,17 @@ def test_ctrl_c_while_the_commands_are_imported_exits_130(monkeypatch, capsys):
         raise KeyboardInterrupt
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert _cli(capsys, "inspect", "x")[0] == 130
+
+
+def test_a_partial_folder_is_never_read_as_a_source_or_a_checkpoint(tmp_path, capsys):
+    src = _source(tmp_path)
+    out = tmp_path / "out"
+    repack(src, out, **QUIET)
+    os.remove(out / "marlin_checkpoint.json")  # as a run interrupted before its manifest leaves it
+    marker = json.loads((out / MARKER).read_text())
+    (out / MARKER).write_text(json.dumps({**marker, "state": "partial"}))
+    for argv in (["inspect", str(out)], ["repack", str(out), "--out", str(tmp_path / "again"), "--no-progress"]):
+        code, _, err = _cli(capsys, *argv)
+        assert code == 2 and MARKER in err, err
+    with pytest.raises(CheckpointError, match="not a complete Marlin checkpoint"):
+        load(out)

@@ -10,7 +10,7 @@ import workbench
 from workbench.checkpoint.convert import MarlinTensors
 from workbench.checkpoint.files import CheckpointError, is_regular, read_json, short_repr
 from workbench.checkpoint.layers import MARLIN_SUFFIXES
-from workbench.checkpoint.output import require_complete
+from workbench.checkpoint.output import read_marker, require_complete
 from workbench.checkpoint.repack import FORMAT_NAME, MANIFEST
 from workbench.checkpoint.source import SourceCheckpoint, open_source
 from workbench.scalar_types import ScalarType
@@ -47,7 +47,10 @@ class MarlinCheckpoint:
 
 
 def is_marlin_checkpoint(path) -> bool:
-    return is_regular(os.path.join(os.fspath(path), MANIFEST))
+    """A directory ``repack`` wrote, finished or not (``open_marlin`` then refuses an unfinished one): it holds the
+    manifest or this tool's marker, and is never to be read as a source checkpoint."""
+    path = os.fspath(path)
+    return is_regular(os.path.join(path, MANIFEST)) or read_marker(path) is not None
 
 
 # manifest key -> (type, what) for the whole file and for each layer record; checked before any key is used

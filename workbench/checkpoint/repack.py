@@ -29,7 +29,7 @@ import numpy as np
 import workbench
 from workbench.checkpoint.convert import nonfinite_scales, to_marlin
 from workbench.checkpoint.layers import LayerSpec, Plan, discover
-from workbench.checkpoint.output import OutputDir, OutputError
+from workbench.checkpoint.output import MARKER, OutputDir, OutputError, read_marker
 from workbench.checkpoint.safetensors_io import (CheckpointError, PlannedTensor, StreamingWriter, dtype_tag,
                                                  encode_header, planned_header)
 from workbench.checkpoint.source import CONFIG_FILES, INDEX_NAME, SourceCheckpoint, open_source
@@ -150,6 +150,9 @@ def repack(path, out, *, force: bool = False, backend: str = "auto", max_shard_b
     """Write the Marlin checkpoint of ``path`` to directory ``out``; return the manifest. Every check (input, output
     path, header sizes) runs before anything is created; the writing follows ``output.OutputDir``'s states."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
+    if read_marker(os.fspath(path)) is not None:
+        raise CheckpointError(f"{path}: is a Marlin checkpoint written by `workbench repack` (it holds {MARKER}), not a"
+                              " source checkpoint to repack")
     src = open_source(path)
     target = OutputDir(os.fspath(out), source_paths(src, path), force=force, source=os.path.abspath(src.root), log=log)
     out = target.out
