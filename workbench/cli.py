@@ -72,7 +72,10 @@ def run(func, args) -> int:
     """``func(args)`` under the error model: the exit code, a message on stderr instead of a traceback."""
     command = getattr(args, "command", None) or "workbench"
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    # SIGTERM as an exception, unless the parent asked for it to be ignored
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    if main_thread and previous is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:
@@ -84,7 +87,7 @@ def run(func, args) -> int:
         if getattr(args, "debug", False):
             traceback.print_exc()
     finally:
-        if main_thread:
+        if main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
     print(f"workbench {command}: {message}", file=sys.stderr)
     if getattr(args, "json", False):
@@ -92,13 +95,17 @@ def run(func, args) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, signals: dict | None = None) -> int:
+    """Parse and run one command. ``signals``: {signal: handler} to put back once the command modules are imported
+    (``python -m workbench`` exits at once on Ctrl-C or SIGTERM while importing)."""
     try:  # building the parser imports the command modules (NumPy, Numba): seconds in which Ctrl-C may come
         parser = build_parser()
         args = parser.parse_args(argv)
     except KeyboardInterrupt:
         print("workbench: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    for sig, handler in (signals or {}).items():
+        signal.signal(sig, handler)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT

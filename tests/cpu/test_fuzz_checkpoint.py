@@ -512,11 +512,9 @@ def test_a_signal_at_any_moment_leaves_a_complete_output_or_a_marked_partial_one
         proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)
     with _tally("signals"):
+        # killed by the signal itself: before Python's handlers exist, or while the finished process shuts down
+        assert proc.returncode in (0, 130, 143, -signal.SIGKILL, -signal.SIGINT, -signal.SIGTERM), proc.returncode
         assert "Traceback" not in err, err
-        if proc.returncode in (-signal.SIGINT, -signal.SIGTERM):  # the signal came before Python's handlers exist:
-            assert not os.path.exists(out) and not os.path.exists(out + ".partial")  # nothing was created yet
-        else:
-            assert proc.returncode in (0, 130, 143, -signal.SIGKILL), (proc.returncode, err)
         if os.path.exists(out):
             assert read_marker(out)["state"] == "complete" and verify(out, slow_source, progress=False).ok
         if os.path.exists(out + ".partial"):
