@@ -1,5 +1,5 @@
 """Bad checkpoints: each gives a clear error naming file, tensor and values, a non-zero exit, and nothing written
-under the output name (no complete-looking directory, no leftover .partial- directory)."""
+under the output name (no complete-looking directory, no leftover .partial directory)."""
 from __future__ import annotations
 
 import json
@@ -48,7 +48,7 @@ def _fails(src, tmp_path, capsys, *needles):
     for needle in needles:
         assert needle in err, f"{needle!r} not in {err!r}"
     assert not out.exists()
-    assert not [p for p in os.listdir(tmp_path) if ".partial-" in p]
+    assert not [p for p in os.listdir(tmp_path) if ".partial" in p]
     return err
 
 
@@ -205,7 +205,7 @@ def test_failure_mid_repack_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="injected"):
         repack(src, tmp_path / "out", progress=False, log=lambda m: None)
     assert not (tmp_path / "out").exists()
-    assert not [p for p in os.listdir(tmp_path) if ".partial-" in p]
+    assert not [p for p in os.listdir(tmp_path) if ".partial" in p]
 
 
 def test_killed_repack_leaves_no_complete_looking_output(tmp_path):
@@ -221,7 +221,7 @@ def test_killed_repack_leaves_no_complete_looking_output(tmp_path):
     partial = None
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
-        found = [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+        found = [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
         if found and any(f.stat().st_size > 0 for f in found[0].glob("*.safetensors")):
             partial = found[0]
             break

@@ -49,19 +49,18 @@ def _check_wanted(wanted, names, path) -> None:
 def _load_source(path, wanted, backend: str) -> dict:
     import numpy as np
 
-    from workbench.checkpoint.convert import to_marlin
-    from workbench.checkpoint.repack import check_repackable, choose_backend
+    from workbench.checkpoint.repack import check_repackable, choose_backend, convert_layer
     from workbench.weight import MarlinWeight
 
     src = open_source(path)
     plan = discover(src)
     _check_wanted(wanted, [s.name for s in plan.layers], path)
     plan.layers = [s for s in plan.layers if wanted is None or s.name in wanted]
-    check_repackable(plan)
+    check_repackable(plan, src.root)
     ops_backend, _ = choose_backend(backend)
     result = {}
     for spec in plan.layers:
-        parts = [to_marlin(src, spec, e, ops_backend) for e in range(max(spec.num_experts, 1))]
+        parts = [convert_layer(src, spec, e, ops_backend) for e in range(max(spec.num_experts, 1))]
         stack = (lambda attr: None if getattr(parts[0], attr) is None else
                  (np.stack([getattr(p, attr) for p in parts]) if spec.num_experts else getattr(parts[0], attr)))
         result[spec.name] = MarlinWeight(stack("qweight"), stack("scales"), stack("zeros"), stack("g_idx"),

@@ -1,14 +1,14 @@
-"""``workbench inspect | repack | verify``. Exit codes: 0 success; 1 the answer is "no" (incompatible layers,
-verification mismatches); 2 bad input or usage (message on stderr, nothing written)."""
+"""``workbench inspect | repack | verify``. Exit codes (``workbench.cli.run`` maps errors to them): 0 success; 1 the
+answer is "no" (incompatible layers, verification mismatches); 2 bad input or environment (message on stderr,
+nothing written); 130 Ctrl-C. ``--json`` prints one JSON object on stdout instead of the tables."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from workbench.checkpoint.safetensors_io import CheckpointError
+from workbench.cli import EXIT_NO, EXIT_OK
 from workbench.text import count
-
-EXIT_OK, EXIT_NO, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def register(subparsers) -> None:
@@ -19,17 +19,20 @@ def register(subparsers) -> None:
                     " act-order, K x N, experts, Marlin compatibility and why not. Exit 0 when every layer is"
                     " compatible, 1 when some is not, 2 on unreadable or inconsistent input.")
     p.add_argument("path", help="checkpoint directory (or a single .safetensors file)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_inspect)
 
     p = subparsers.add_parser(
         "repack", help="write a Marlin-format checkpoint",
         description="Convert every quantized layer to Marlin tensors (qweight tiles, permuted scales, zero points,"
                     " act-order g_idx/perm) and carry every other tensor over untouched. Streams one layer at a time,"
-                    " writes to OUT.partial-<pid> and renames it to OUT only when complete. Exit 0 on success, 2 on"
-                    " bad input (nothing is written under OUT).")
+                    " writes to OUT.partial (marked and locked) and renames it to OUT only when complete; an"
+                    " interrupted run leaves OUT.partial marked partial. OUT may not be, contain or lie inside the"
+                    " source. Exit 0 on success, 2 on bad input (nothing is written under OUT), 130 on Ctrl-C.")
     p.add_argument("path", help="source checkpoint directory (or a single .safetensors file)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT (or a leftover OUT.partial) when this tool wrote it; never anything else")
     p.add_argument("--backend", choices=("auto", "numpy", "numba"), default="auto",
                    help="auto: Numba CUDA kernels when a GPU is present, NumPy otherwise (default)")
     p.add_argument("--max-shard-size", type=_size, default="5GB", help="largest output file, e.g. 5GB, 500MB")
@@ -44,6 +47,7 @@ def register(subparsers) -> None:
     p.add_argument("out", help="Marlin checkpoint directory written by `workbench repack`")
     p.add_argument("--against", required=True, help="the source checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_verify)
 
 
@@ -83,31 +87,40 @@ def format_marlin_table(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def _layer_json(spec) -> dict:
+    return {"name": spec.name, "source_format": spec.source_format, "weight_type": spec.weight_type.label,
+            "bits": spec.bits, "group_size": spec.group_size, "act_order": spec.act_order, "size_k": spec.size_k,
+            "size_n": spec.size_n, "num_experts": spec.num_experts, "compatible": spec.compatible,
+            "problems": list(spec.problems)}
+
+
 def _inspect(args) -> int:
     from workbench.checkpoint import inspect
     from workbench.checkpoint.marlin_ckpt import is_marlin_checkpoint, open_marlin
 
     if is_marlin_checkpoint(args.path):
-        try:
-            ckpt = open_marlin(args.path)
-        except CheckpointError as exc:
-            print(f"workbench inspect: error: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+        ckpt = open_marlin(args.path)
+        if args.json:
+            print(json.dumps({"ok": True, "path": args.path, "kind": "marlin", "manifest": ckpt.manifest}))
+            return EXIT_OK
         print(format_marlin_table(ckpt.manifest))
         print(f"\nMarlin checkpoint (workbench format {ckpt.manifest['format_version']}, from"
               f" {ckpt.manifest['source_format']}): {count(len(ckpt.layers), 'layer')},"
               f" {count(len(ckpt.manifest['passthrough']), 'tensor')} carried over")
         return EXIT_OK
-    try:
-        plan = inspect(args.path)
-    except CheckpointError as exc:
-        print(f"workbench inspect: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    plan = inspect(args.path)
+    bad = sum(not s.compatible for s in plan.layers)
+    if args.json:
+        print(json.dumps({"ok": not bad, "path": args.path, "kind": "source",
+                          "source_format": plan.settings.source_format if plan.settings else None,
+                          "settings_from": plan.settings.origin if plan.settings else None,
+                          "layers": [_layer_json(s) for s in plan.layers], "passthrough": len(plan.passthrough),
+                          "compatible": len(plan.layers) - bad, "incompatible": bad}))
+        return EXIT_NO if bad else EXIT_OK
     if not plan.layers:
         print(f"{args.path}: no quantized layers ({count(len(plan.passthrough), 'unquantized tensor')})")
         return EXIT_OK
     print(format_table(plan))
-    bad = sum(not s.compatible for s in plan.layers)
     print(f"\n{count(len(plan.layers), 'quantized layer')} ({plan.settings.source_format}, settings from"
           f" {plan.settings.origin}); {count(len(plan.passthrough), 'tensor')} carried over untouched;"
           f" {len(plan.layers) - bad} Marlin-compatible, {bad} not")
@@ -117,23 +130,20 @@ def _inspect(args) -> int:
 def _repack(args) -> int:
     from workbench.checkpoint import repack
 
-    try:
-        repack(args.path, args.out, force=args.force, backend=args.backend, max_shard_bytes=args.max_shard_size,
-               progress=not args.no_progress)
-    except (CheckpointError, FileExistsError, FileNotFoundError, NotImplementedError) as exc:
-        print(f"workbench repack: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    repack(args.path, args.out, force=args.force, backend=args.backend, max_shard_bytes=args.max_shard_size,
+           progress=not args.no_progress)
     return EXIT_OK
 
 
 def _verify(args) -> int:
     from workbench.checkpoint import verify
 
-    try:
-        report = verify(args.out, args.against, progress=not args.no_progress)
-    except (CheckpointError, FileNotFoundError) as exc:
-        print(f"workbench verify: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    report = verify(args.out, args.against, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps({"ok": report.ok, "layers_checked": report.layers_checked,
+                          "tensors_checked": report.tensors_checked, "differing_elements": report.differing_elements,
+                          "problems": report.problems}))
+        return EXIT_OK if report.ok else EXIT_NO
     if report.ok:
         print(f"verify: OK: {count(report.layers_checked, 'layer')}, {count(report.tensors_checked, 'tensor')} match"
               " the source bit for bit")

@@ -108,16 +108,45 @@ def _zero_codes(src: SourceCheckpoint, spec: LayerSpec, part: Part) -> np.ndarra
     return None
 
 
-def _source_codes(src: SourceCheckpoint, spec: LayerSpec, part: Part) -> np.ndarray:
-    """(K, N) uint8 codes of a part in checkpoint row order (FP8: raw bytes), for mismatch reports."""
-    fmt, bits = spec.source_format, spec.bits
+WEIGHT_ROLE = {GPTQ: "qweight", GPTQ_V2: "qweight", AWQ: "qweight", CT: "weight_packed", FP8: "weight"}
+SCALE_ROLE = {GPTQ: "scales", GPTQ_V2: "scales", AWQ: "scales", CT: "weight_scale", FP8: "weight_scale_inv"}
+
+
+def nonfinite_scales(src: SourceCheckpoint, spec: LayerSpec) -> list[str]:
+    """A warning when a layer's scales hold NaN or Inf (the ops take any float, but such a scale turns a whole group
+    of outputs into NaN): one line per layer however many experts, naming the first such scale and the count."""
+    found, first = 0, None
+    for segs in spec.parts:
+        for part in segs:
+            name = part.tensors[SCALE_ROLE[spec.source_format]]
+            scales = src.read(name).astype(np.float32)
+            bad = ~np.isfinite(scales)
+            count = int(np.count_nonzero(bad))
+            if count:
+                found += count
+                if first is None:
+                    index = tuple(int(v) for v in np.unravel_index(int(np.argmax(bad)), bad.shape))
+                    first = f"{src.describe(name)}: scale{list(index)} = {scales[index]}"
+    if not found:
+        return []
+    return [f"{first}; {found} NaN/Inf scale(s) in layer {spec.name!r}: the outputs of those groups will be NaN/Inf"]
+
+
+def _codes_of(fmt: str, stored, bits: int, size_k: int) -> np.ndarray:
+    """(K, w) uint8 codes of a weight tensor (or a column block of it) as the checkpoint stores it (FP8: bytes)."""
     if fmt in (GPTQ, GPTQ_V2):
-        return packing.unpack_rows(src.read(part.tensors["qweight"]), bits)
+        return packing.unpack_rows(stored, bits)
     if fmt == AWQ:
-        return packing.awq_unpack(src.read(part.tensors["qweight"]), bits)
+        return packing.awq_unpack(stored, bits)
     if fmt == CT:
-        return packing.unpack_rows(np.ascontiguousarray(src.read(part.tensors["weight_packed"]).T), bits)[: part.size_k]
-    return np.ascontiguousarray(src.read(part.tensors["weight"]).view(np.uint8).T)
+        return packing.unpack_rows(np.ascontiguousarray(stored.T), bits)[:size_k]
+    return np.ascontiguousarray(stored.view(np.uint8).T)
+
+
+def _source_codes(src: SourceCheckpoint, spec: LayerSpec, part: Part) -> np.ndarray:
+    """(K, N) uint8 codes of a part in checkpoint row order (FP8: raw bytes)."""
+    return _codes_of(spec.source_format, src.read(part.tensors[WEIGHT_ROLE[spec.source_format]]), spec.bits,
+                     part.size_k)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -224,126 +253,185 @@ def to_marlin(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str,
 # ---------------------------------------------------------------------------------------------------------------
 # Marlin -> source, exact compare (verify)
 # ---------------------------------------------------------------------------------------------------------------
-def _first_diff(a: np.ndarray, b: np.ndarray):
-    """Index tuple of the first differing element (compared as raw bits), or None."""
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    if a.shape != b.shape:
-        return ()
-    ua = a.view(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else a
-    ub = b.view(f"u{b.dtype.itemsize}") if b.dtype.itemsize in (1, 2, 4, 8) else b
-    if a.dtype != b.dtype:
-        return ()
-    bad = np.argwhere(ua != ub)
-    return None if bad.size == 0 else tuple(int(v) for v in bad[0])
+# Compared one column block at a time, like the conversion: the inverse ops' temporaries and the comparison masks are
+# bounded by the block, not the layer, and a mismatch costs no more memory than a match (counts, first position).
+def _bits_view(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else a
 
 
-def compare_with_source(src: SourceCheckpoint, spec: LayerSpec, expert: int, m: MarlinTensors) -> list[str]:
-    """Every way the Marlin tensors fail to unpack to the source tensors (empty list = bit-exact)."""
-    fmt, bits, k, n_total, g = spec.source_format, spec.bits, spec.size_k, spec.size_n, spec.group_size
-    where = spec.name + (f" expert {expert}" if spec.num_experts else "")
-    problems: list[str] = []
-    segments = spec.parts[expert]
-    perm = None
-    if spec.act_order:
-        g_idx_ckpt = _layer_g_idx(src, spec, segments)
-        if m.perm is None or m.g_idx is None:
-            return [f"{where}: act-order layer lacks g_idx/perm"]
-        perm = m.perm
-        if not np.array_equal(np.sort(perm), np.arange(k)):
-            return [f"{where}: perm is not a permutation of range({k})"]
-        if not np.array_equal(m.g_idx, g_idx_ckpt[perm]):
-            i = int(np.flatnonzero(m.g_idx != g_idx_ckpt[perm])[0])
-            problems.append(f"{where}: g_idx[{i}] = {m.g_idx[i]} but the source g_idx of row perm[{i}] = {perm[i]}"
-                            f" is {g_idx_ckpt[perm[i]]}")
-        if np.any(np.diff(m.g_idx) < 0):
-            problems.append(f"{where}: g_idx is not sorted")
-    elif m.perm is not None or m.g_idx is not None:
-        problems.append(f"{where}: g_idx/perm present on a layer without act-order")
-    codes = ops.marlin_to_codes(m.qweight, k, n_total, bits, perm)  # (K, N) checkpoint row order
-    group = 128 if fmt == FP8 else g
-    scales = ops.marlin_unpermute_scales(m.scales, k, n_total, group)  # (ng, N)
-    zero_codes = None
-    if spec.weight_type.has_zero_points:
-        if m.zeros is None:
-            return problems + [f"{where}: {spec.weight_type} layer has no zeros tensor"]
-        zero_codes = ops.marlin_zero_points_to_codes(m.zeros, k, n_total, bits)
-    elif m.zeros is not None:
-        problems.append(f"{where}: {spec.weight_type} layer carries a zeros tensor")
-    inv_perm = None if perm is None else np.argsort(perm)
-    n0 = 0
-    for part in segments:
-        n1 = n0 + part.size_n
-        seg_codes, seg_scales = codes[:, n0:n1], scales[:, n0:n1]
-        seg_zeros = None if zero_codes is None else zero_codes[:, n0:n1]
-        checks = _encode_like_source(src, spec, part, seg_codes, seg_scales, seg_zeros)
-        for tensor_name, rebuilt, what, reference in checks:
-            stored = src.read(tensor_name) if reference is None else reference
-            if what == "weight" and fmt == FP8:
-                stored = stored.view(np.uint8)
-            diff = _first_diff(rebuilt, stored)
-            if diff is None:
-                continue
-            if diff == ():
-                problems.append(f"{where}: {tensor_name}: rebuilt {rebuilt.dtype} {list(rebuilt.shape)} vs source"
-                                f" {stored.dtype} {list(stored.shape)}")
-            elif what == "weight":
-                problems.append(_weight_mismatch(src, spec, part, where, seg_codes, n0, inv_perm))
-            elif what == "fp8-scales":
-                gk, nn = diff
-                problems.append(f"{where}: scales[group {gk}, column {nn}] (unpermuted) = {rebuilt[diff]!r}, but"
-                                f" {tensor_name}[{nn // 128}, {gk}] gives {stored[diff]!r} after the x2^bias fold")
-            else:
-                problems.append(f"{where}: {tensor_name}{list(diff)}: Marlin gives {rebuilt[diff]!r}, source holds"
-                                f" {stored[diff]!r}")
-        n0 = n1
-    return problems
-
-
-def _encode_like_source(src, spec: LayerSpec, part: Part, codes, scales, zeros):
-    """(source tensor name, tensor rebuilt from Marlin, kind) for every source tensor of a part."""
-    fmt, bits = spec.source_format, spec.bits
-    t = part.tensors
-    if fmt == FP8:
-        bias = np.float32(256.0 if spec.act_dtype == np.float16 else 2.0 ** 120)
-        inv = src.read(t["weight_scale_inv"]).astype(np.float32)  # (ceil(N/128), K/128)
-        # the forward transform rounds once: act_dtype(inv * 2^bias), each scale covering 128 columns of its group
-        expected = (np.repeat(inv.T, 128, axis=1)[:, : part.size_n] * bias).astype(spec.act_dtype)
-        # the scale fold is lossy (float32 -> fp16), so the source is compared after the same single rounding
-        return [(t["weight"], np.ascontiguousarray(codes.T), "weight", None),
-                (t["weight_scale_inv"], scales, "fp8-scales", expected)]
-    if fmt in (GPTQ, GPTQ_V2):
-        out = [(t["qweight"], packing.pack_rows(codes, bits), "weight", None),
-               (t["scales"], scales, "scales", None)]
-        if zeros is not None:
-            # v1 stores zero - 1; a (corrupt) Marlin zero of 0 wraps to the all-ones field and then mismatches
-            stored = ((zeros.astype(np.int16) - 1) & ((1 << bits) - 1)).astype(np.uint8) if fmt == GPTQ else zeros
-            out.append((t["qzeros"], packing.pack_cols(stored, bits), "zeros", None))
-        return out
-    if fmt == AWQ:
-        return [(t["qweight"], packing.awq_pack(codes, bits), "weight", None), (t["scales"], scales, "scales", None),
-                (t["qzeros"], packing.awq_pack(zeros, bits), "zeros", None)]
-    out = [(t["weight_packed"], np.ascontiguousarray(packing.pack_rows(codes, bits).T), "weight", None),
-           (t["weight_scale"], np.ascontiguousarray(scales.T), "scales", None)]
-    if zeros is not None:
-        pf = 32 // bits
-        padded = np.zeros((-(-part.size_n // pf) * pf, zeros.shape[0]), np.uint8)  # CT pads N up to a whole word
-        padded[: part.size_n] = zeros.T
-        out.append((t["weight_zero_point"], packing.pack_rows(padded, bits), "zeros", None))
+def _source_block(stored: dict[str, np.ndarray], fmt: str, bits: int, b0: int, b1: int) -> dict[str, np.ndarray]:
+    """Columns [b0, b1) of a part's source tensors (role -> block), wherever each format keeps N."""
+    pf = 32 // bits
+    rows_along_n = {"weight_packed", "weight_scale", "weight"}  # these hold N in their rows
+    out = {}
+    for role, t in stored.items():
+        if role in ("qweight", "scales", "qzeros"):
+            per = pf if role == "qzeros" or (role == "qweight" and fmt == AWQ) else 1
+            out[role] = t[:, b0 // per: b1 // per]
+        elif role in rows_along_n:
+            out[role] = t[b0:b1]
+        elif role == "weight_zero_point":  # packed along N, N padded up to a whole word
+            out[role] = t[b0 // pf: -(-b1 // pf)]
+        elif role == "weight_scale_inv":  # one row per 128 output columns
+            out[role] = t[b0 // 128: -(-b1 // 128)]
     return out
 
 
-def _weight_mismatch(src, spec: LayerSpec, part: Part, where: str, codes, n0: int, inv_perm) -> str:
+def _rebuild_like_source(spec: LayerSpec, part: Part, block: dict, codes, scales, zeros, w: int):
+    """(role, tensor rebuilt from the Marlin block, stored block) for every source tensor of a part's column block."""
+    fmt, bits = spec.source_format, spec.bits
+    if fmt == FP8:
+        bias = np.float32(256.0 if spec.act_dtype == np.float16 else 2.0 ** 120)
+        inv = block["weight_scale_inv"].astype(np.float32)  # (ceil(w/128), K/128)
+        # the forward transform rounds once: act_dtype(inv * 2^bias), each scale covering 128 columns of its group
+        expected = (np.repeat(inv.T, 128, axis=1)[:, :w] * bias).astype(spec.act_dtype)
+        return [("weight", np.ascontiguousarray(codes.T), block["weight"].view(np.uint8)),
+                ("weight_scale_inv", scales, expected)]
+    if fmt in (GPTQ, GPTQ_V2):
+        out = [("qweight", packing.pack_rows(codes, bits), block["qweight"]), ("scales", scales, block["scales"])]
+        if zeros is not None:
+            # v1 stores zero - 1; a (corrupt) Marlin zero of 0 wraps to the all-ones field and then mismatches
+            stored = ((zeros.astype(np.int16) - 1) & ((1 << bits) - 1)).astype(np.uint8) if fmt == GPTQ else zeros
+            out.append(("qzeros", packing.pack_cols(stored, bits), block["qzeros"]))
+        return out
+    if fmt == AWQ:
+        return [("qweight", packing.awq_pack(codes, bits), block["qweight"]), ("scales", scales, block["scales"]),
+                ("qzeros", packing.awq_pack(zeros, bits), block["qzeros"])]
+    out = [("weight_packed", np.ascontiguousarray(packing.pack_rows(codes, bits).T), block["weight_packed"]),
+           ("weight_scale", np.ascontiguousarray(scales.T), block["weight_scale"])]
+    if zeros is not None:
+        pf = 32 // bits
+        padded = np.zeros((-(-w // pf) * pf, zeros.shape[0]), np.uint8)  # CT pads N up to a whole word
+        padded[:w] = zeros.T
+        out.append(("weight_zero_point", packing.pack_rows(padded, bits), block["weight_zero_point"]))
+    return out
+
+
+@dataclass
+class _Tally:
+    """Differing elements of one source tensor over all column blocks: how many, and the first one described."""
+
+    count: int = 0
+    first: str = ""
+
+
+def _check_act_order(src, spec: LayerSpec, segments: list[Part], m: MarlinTensors, where: str) -> tuple[list, object]:
+    """(problems, perm or None); a perm that is no permutation ends the comparison (its problems say so)."""
+    if not spec.act_order:
+        if m.perm is not None or m.g_idx is not None:
+            return [f"{where}: g_idx/perm present on a layer without act-order"], None
+        return [], None
+    k = spec.size_k
+    g_idx_ckpt = _layer_g_idx(src, spec, segments)
+    if m.perm is None or m.g_idx is None:
+        return [f"{where}: act-order layer lacks g_idx/perm"], False
+    perm = m.perm
+    if perm.shape != (k,) or not np.array_equal(np.sort(perm), np.arange(k)):
+        return [f"{where}: perm is not a permutation of range({k})"], False
+    problems = []
+    if m.g_idx.shape != (k,) or not np.array_equal(m.g_idx, g_idx_ckpt[perm]):
+        if m.g_idx.shape != (k,):
+            problems.append(f"{where}: g_idx has shape {list(m.g_idx.shape)}, expected [{k}]")
+        else:
+            i = int(np.flatnonzero(m.g_idx != g_idx_ckpt[perm])[0])
+            problems.append(f"{where}: g_idx[{i}] = {m.g_idx[i]} but the source g_idx of row perm[{i}] = {perm[i]}"
+                            f" is {g_idx_ckpt[perm[i]]}")
+    elif np.any(np.diff(m.g_idx) < 0):
+        problems.append(f"{where}: g_idx is not sorted")
+    return problems, perm
+
+
+def compare_with_source(src: SourceCheckpoint, spec: LayerSpec, expert: int, m: MarlinTensors,
+                        column_block: int | None = None) -> tuple[list[str], int]:
+    """(every way the Marlin tensors fail to unpack to the source tensors, number of differing elements); an empty
+    list = bit-exact. Streamed in column blocks: memory is the source and Marlin tensors plus one block."""
+    fmt, bits, k, g = spec.source_format, spec.bits, spec.size_k, spec.group_size
+    pf = 32 // bits
+    where = spec.name + (f" expert {expert}" if spec.num_experts else "")
+    segments = spec.parts[expert]
+    problems, perm = _check_act_order(src, spec, segments, m, where)
+    if perm is False:
+        return problems, 0
+    if spec.weight_type.has_zero_points and m.zeros is None:
+        return problems + [f"{where}: {spec.weight_type} layer has no zeros tensor"], 0
+    if not spec.weight_type.has_zero_points and m.zeros is not None:
+        problems.append(f"{where}: {spec.weight_type} layer carries a zeros tensor")
+    inv_perm = None if perm is None else np.argsort(perm)
+    group = 128 if fmt == FP8 else g
+    block = column_block or COLUMN_BLOCK
+    if fmt == FP8:
+        block = -(-block // 128) * 128  # block-FP8 scale rows cover 128 columns each
+    tallies: dict[str, _Tally] = {}
+    n0 = 0  # first Marlin column of the segment
+    for part in segments:
+        stored = {role: src.read(name) for role, name in part.tensors.items()
+                  if role not in ("g_idx", "weight_g_idx", "weight_shape")}
+        for b0 in range(0, part.size_n, block):
+            b1 = min(part.size_n, b0 + block)
+            w, c0, c1 = b1 - b0, n0 + b0, n0 + b1
+            codes = ops.marlin_to_codes(np.ascontiguousarray(m.qweight[:, c0 * 16 // pf: c1 * 16 // pf]), k, w, bits,
+                                        perm)  # (K, w) checkpoint row order
+            scales = ops.marlin_unpermute_scales(np.ascontiguousarray(m.scales[:, c0:c1]), k, w, group)  # (ng, w)
+            zeros = None
+            if spec.weight_type.has_zero_points:
+                zeros = ops.marlin_zero_points_to_codes(np.ascontiguousarray(m.zeros[:, c0 // pf: c1 // pf]), k, w,
+                                                        bits)  # (ng, w)
+            src_block = _source_block(stored, fmt, bits, b0, b1)
+            for role, rebuilt, want in _rebuild_like_source(spec, part, src_block, codes, scales, zeros, w):
+                name = part.tensors[role]
+                tally = tallies.setdefault(name, _Tally())
+                if rebuilt.shape != want.shape or rebuilt.dtype != want.dtype:
+                    tally.count += want.size
+                    tally.first = tally.first or (f"{where}: {name}: rebuilt {rebuilt.dtype} {list(rebuilt.shape)} vs"
+                                                  f" source {want.dtype} {list(want.shape)} (columns {b0}..{b1})")
+                    continue
+                differ = _bits_view(rebuilt) != _bits_view(want)
+                count = int(np.count_nonzero(differ))
+                if not count:
+                    continue
+                if role in ("qweight", "weight_packed", "weight"):
+                    source = _codes_of(fmt, src_block[role], bits, k)
+                    bad = source != codes
+                    tally.count += int(np.count_nonzero(bad))
+                    if not tally.first:
+                        tally.first = _weight_mismatch(spec, part, where, codes, source, bad, n0, b0, inv_perm)
+                    continue
+                tally.count += count
+                if not tally.first:
+                    at = tuple(int(v) for v in np.unravel_index(int(np.argmax(differ)), differ.shape))
+                    tally.first = f"{where}: " + _field_mismatch(name, role, at, rebuilt, want, b0, bits)
+        n0 += part.size_n
+    for name, tally in tallies.items():
+        if tally.count:
+            problems.append(f"{tally.first} ({tally.count} differing elements of {name})")
+    return problems, sum(t.count for t in tallies.values())
+
+
+def _field_mismatch(name: str, role: str, at: tuple, rebuilt, want, b0: int, bits: int) -> str:
+    """The first differing scale or zero-point element, in the source tensor's own coordinates."""
+    if role == "weight_scale_inv":  # compared as unpermuted scales [group, column]
+        gk, nn = at
+        return (f"scales[group {gk}, column {b0 + nn}] (unpermuted) = {rebuilt[at]!r}, but {name}[{(b0 + nn) // 128},"
+                f" {gk}] gives {want[at]!r} after the x2^bias fold")
+    axis, per = {"scales": (1, 1), "qzeros": (1, 32 // bits), "weight_scale": (0, 1),
+                 "weight_zero_point": (0, 32 // bits)}[role]  # where each tensor keeps N, and how packed
+    index = list(at)
+    index[axis] += b0 // per
+    return f"{name}{index}: Marlin gives {rebuilt[at]!r}, source holds {want[at]!r}"
+
+
+def _weight_mismatch(spec: LayerSpec, part: Part, where: str, codes, source, bad, n0: int, b0: int, inv_perm) -> str:
     """Name the first differing weight element by its Marlin coordinates."""
-    source = _source_codes(src, spec, part)
-    bad = np.argwhere(source != codes)
-    if not bad.size:
+    if not bad.any():
         return f"{where}: {part.prefix}: packed words differ although every code matches (padding bits?)"
-    k, n = (int(v) for v in bad[0])
+    k, n = (int(v) for v in np.unravel_index(int(np.argmax(bad)), bad.shape))
     k_marlin = k if inv_perm is None else int(inv_perm[k])
-    pos = describe_position(k_marlin, n0 + n, spec.size_n, spec.bits)
+    column = n0 + b0 + n
+    pos = describe_position(k_marlin, column, spec.size_n, spec.bits)
     return (
-        f"{where}: {part.prefix} element (k={k}, n={n}) is {codes[k, n]} in Marlin, {source[k, n]} in the source"
-        f" ({len(bad)} differing elements); Marlin row {k_marlin}, column {n0 + n}: tile {pos['tile']}"
+        f"{where}: {part.prefix} element (k={k}, n={b0 + n}) is {codes[k, n]} in Marlin, {source[k, n]} in the source;"
+        f" Marlin row {k_marlin}, column {column}: tile {pos['tile']}"
         f" (k_tile {pos['k_tile']}, n_tile {pos['n_tile']}), sub-block {pos['subblock']}, lane {pos['lane']},"
         f" word {pos['word']} (qweight[{pos['row']}, {pos['column']}]), field {pos['field']}"
     )

@@ -39,6 +39,7 @@ ROLES = {
 }
 ROLES[GPTQ_V2] = ROLES[GPTQ]
 ANCHORS = {"qweight": (GPTQ, GPTQ_V2, AWQ), "weight_packed": (CT,), "weight_scale_inv": (FP8,)}
+MARLIN_SUFFIXES = ("qweight", "scales", "zeros", "g_idx", "perm")  # the tensors a Marlin layer may hold
 FORMAT_FAMILY = {GPTQ: "GPTQ/AWQ", GPTQ_V2: "GPTQ/AWQ", AWQ: "GPTQ/AWQ", CT: "compressed-tensors", FP8: "block-FP8"}
 
 # expert projections: ...experts.<e>.<proj>; Mixtral names w1 (gate), w3 (up), w2 (down)
@@ -46,6 +47,7 @@ EXPERT_RE = re.compile(r"^(?P<base>.+)\.experts\.(?P<e>\d+)\.(?P<proj>gate_proj|
 EXPERT_ROLE = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down",
                "gate_up_proj": "gate_up"}
 
+MAX_EXPERT_DIGITS = 9  # expert indices are small; a longer number in a name is refused before int() or range() see it
 MARLIN_TILE_N = 64  # Marlin tile width
 MARLIN_MIN_THREAD_K = 128  # every Marlin thread config needs K % 64 and some need 128; vLLM requires 128
 SCALE_DTYPES = ("F16", "BF16")
@@ -106,8 +108,8 @@ def discover(src: SourceCheckpoint) -> Plan:
     """Group the checkpoint's tensors into quantized layers; raise CheckpointError on anything inconsistent."""
     settings = parse_settings(src.quant_config, src.quant_config_source or src.root)
     names = set(src.names)
-    anchors: dict[str, list[str]] = {}  # anchor suffix -> prefixes
-    for name in names:
+    anchors: dict[str, list[str]] = {}  # anchor suffix -> prefixes, in name order (messages must not depend on
+    for name in sorted(names):  # the process's string hash seed)
         prefix, _, suffix = name.rpartition(".")
         if suffix in ANCHORS and prefix:
             anchors.setdefault(suffix, []).append(prefix)
@@ -121,7 +123,7 @@ def discover(src: SourceCheckpoint) -> Plan:
         _check_no_stray_fp8(src, names, set())
         return Plan(None, [], sorted(names, key=_natural_key))
     fmt = settings.source_format
-    for suffix, prefixes in anchors.items():
+    for suffix, prefixes in sorted(anchors.items()):
         if fmt not in ANCHORS[suffix]:
             bad = sorted(prefixes)[0] + "." + suffix
             raise CheckpointError(
@@ -151,6 +153,12 @@ def discover(src: SourceCheckpoint) -> Plan:
         _shape_part(src, part, fmt, args)
     layers = _group_layers(src, settings, parts)
     passthrough = sorted(names - used, key=_natural_key)
+    reserved = {f"{spec.name}.{suffix}": spec.name for spec in layers for suffix in MARLIN_SUFFIXES}
+    for name in passthrough:
+        if name in reserved:
+            raise CheckpointError(f"{src.describe(name)}: its name is the Marlin tensor {name.rpartition('.')[2]!r} of"
+                                  f" output layer {reserved[name]!r}, so a reader would take it for part of that layer:"
+                                  " name collision")
     if fmt == FP8:
         for name in passthrough:
             if src.info(name).dtype.startswith("F8_"):
@@ -285,6 +293,12 @@ def _problems(spec: LayerSpec, args: WeightArgs) -> list[str]:
         out.append(f"N = {n} is not divisible by {MARLIN_TILE_N} (Marlin tile width)")
     if k % MARLIN_MIN_THREAD_K:
         out.append(f"K = {k} is not divisible by {MARLIN_MIN_THREAD_K} (smallest Marlin thread_k)")
+    if k == 0 or n == 0:
+        out.append(f"K x N = {k} x {n} is empty (a Marlin layer holds at least one 16 x 64 tile)")
+    segments = [p.size_n for p in spec.parts[0]] if spec.parts else []
+    if len(segments) > 1 and any(s % MARLIN_TILE_N for s in segments):
+        out.append(f"fused segments of N = {segments} are not each divisible by {MARLIN_TILE_N} (each segment is"
+                   " converted on its own into whole Marlin tiles)")
     if spec.source_format == FP8:
         if args.block != (128, 128):
             out.append(f"weight_block_size = {list(args.block)} is not [128, 128] (Marlin block-FP8 groups)")
@@ -300,32 +314,47 @@ def _problems(spec: LayerSpec, args: WeightArgs) -> list[str]:
 def _group_layers(src: SourceCheckpoint, settings: Settings, parts: dict[str, Part]) -> list[LayerSpec]:
     fmt = settings.source_format
     stacks: dict[str, dict[int, dict[str, Part]]] = {}
+    spelled: dict[tuple[str, int], str] = {}  # (stack, expert number) -> the digits as written
     dense: list[Part] = []
     for prefix, part in parts.items():
         m = EXPERT_RE.match(prefix)
-        if m:
-            experts = stacks.setdefault(m["base"], {})
-            role = EXPERT_ROLE[m["proj"]]
-            experts.setdefault(int(m["e"]), {})[role] = part
-        else:
+        if not m:
             dense.append(part)
+            continue
+        base, digits = m["base"], m["e"]
+        if len(digits) > MAX_EXPERT_DIGITS:
+            raise CheckpointError(f"{src.describe(part.tensors[next(iter(part.tensors))])}: expert number {digits[:20]}"
+                                  f"{'...' if len(digits) > 20 else ''} ({len(digits)} digits) is not a plausible"
+                                  " expert index")
+        e = int(digits)
+        if spelled.setdefault((base, e), digits) != digits:
+            raise CheckpointError(f"{base}.experts.{spelled[base, e]} and {base}.experts.{digits} both name expert {e}"
+                                  f" in {src.root}: ambiguous expert numbering")
+        experts = stacks.setdefault(base, {})
+        role = EXPERT_ROLE[m["proj"]]
+        have = experts.setdefault(e, {})
+        if role in have:
+            raise CheckpointError(f"{base}.experts.{digits}: both {have[role].prefix} and {prefix} are its {role}"
+                                  f" projection in {src.root} (Mixtral w1/w3/w2 and gate/up/down_proj names mixed)")
+        have[role] = part
     layers = [_make_layer(src, settings, part.prefix, [[part]], 0) for part in dense]
-    for base, experts in stacks.items():
+    for base, experts in sorted(stacks.items()):
         ids = sorted(experts)
-        if ids != list(range(len(ids))):
-            missing = sorted(set(range(ids[-1] + 1)) - set(ids))
-            raise CheckpointError(f"{base}.experts: experts {missing[:8]} are missing (found {len(ids)} experts up to"
+        if ids[-1] != len(ids) - 1:  # ids are distinct and sorted, so this is "not exactly 0 .. n-1"
+            missing = _first_missing(ids, 8)
+            raise CheckpointError(f"{base}.experts: experts {missing} are missing (found {len(ids)} experts up to"
                                   f" {ids[-1]} in {src.root}): missing tensor")
         roles0 = set(experts[0])
         for e in ids:
             if set(experts[e]) != roles0:
                 raise CheckpointError(f"{base}.experts.{e} has projections {sorted(experts[e])}, expert 0 has"
-                                      f" {sorted(roles0)}: missing or extra tensor")
+                                      f" {sorted(roles0)} in {src.root}: missing or extra tensor")
         if "gate_up" in roles0 and ({"gate", "up"} & roles0):
-            raise CheckpointError(f"{base}.experts: both fused gate_up_proj and separate gate/up projections")
+            raise CheckpointError(f"{base}.experts: both fused gate_up_proj and separate gate/up projections in"
+                                  f" {src.root}")
         if ("gate" in roles0) != ("up" in roles0):
             raise CheckpointError(f"{base}.experts: has {'gate' if 'gate' in roles0 else 'up'} projections without"
-                                  f" {'up' if 'gate' in roles0 else 'gate'}: missing tensor")
+                                  f" {'up' if 'gate' in roles0 else 'gate'} in {src.root}: missing tensor")
         if {"gate", "up"} <= roles0 or "gate_up" in roles0:
             segs = ["gate", "up"] if "gate" in roles0 else ["gate_up"]
             layers.append(_make_layer(src, settings, f"{base}.experts.gate_up_proj",
@@ -334,7 +363,24 @@ def _group_layers(src: SourceCheckpoint, settings: Settings, parts: dict[str, Pa
             layers.append(_make_layer(src, settings, f"{base}.experts.down_proj",
                                       [[experts[e]["down"]] for e in ids], len(ids)))
     layers.sort(key=lambda spec: _natural_key(spec.name))
+    for a, b in zip(layers, layers[1:]):
+        if a.name == b.name:  # e.g. a dense prefix "...experts.gate_up_proj" beside a stack of that name
+            raise CheckpointError(f"{a.name}: two quantized layers would be written under this name in {src.root}")
     return layers
+
+
+def _first_missing(ids: list[int], count: int) -> list[int]:
+    """The first ``count`` integers in [0, max(ids)] absent from sorted distinct ``ids``; O(len(ids) + count) whatever
+    the values (a number written in a tensor name must not size a set)."""
+    out, expected = [], 0
+    for i in ids:
+        while expected < i and len(out) < count:
+            out.append(expected)
+            expected += 1
+        if len(out) == count:
+            break
+        expected = i + 1
+    return out
 
 
 def _make_layer(src, settings: Settings, name: str, parts: list[list[Part]], num_experts: int) -> LayerSpec:
@@ -348,7 +394,7 @@ def _make_layer(src, settings: Settings, name: str, parts: list[list[Part]], num
                 raise CheckpointError(
                     f"{name}: part {p.prefix} (K = {p.size_k}, N = {p.size_n}, scales {p.scale_dtype}, {pargs}) does"
                     f" not match {first.prefix} (K = {first.size_k}, N = {first.size_n}, scales {first.scale_dtype},"
-                    f" {args}); parts of one stack must agree"
+                    f" {args}) in {src.root}; parts of one stack must agree"
                 )
     fmt = settings.source_format
     act_dtype = np.dtype(np.float16) if fmt == FP8 else ACT_DTYPES[first.scale_dtype]

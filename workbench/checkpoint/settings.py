@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from workbench.checkpoint.safetensors_io import CheckpointError
+from workbench.checkpoint.files import CheckpointError, short_repr
 
 GPTQ, GPTQ_V2, AWQ, CT, FP8 = "gptq", "gptq_v2", "awq", "compressed-tensors", "block-fp8"
 SUPPORTED_BITS = (4, 8)
@@ -57,7 +57,7 @@ def _target_matches(target: str, prefix: str) -> bool:
 
 
 def _bits(value, origin: str, key: str) -> int:
-    if value not in SUPPORTED_BITS:
+    if type(value) is not int or value not in SUPPORTED_BITS:
         raise CheckpointError(f"{origin}: {key} = {value!r} is unsupported (Marlin formats hold 4- or 8-bit codes)")
     return int(value)
 
@@ -66,6 +66,30 @@ def _group(value, origin: str, key: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or (value != -1 and value <= 0):
         raise CheckpointError(f"{origin}: {key} = {value!r} is not -1 or a positive integer")
     return int(value)
+
+
+def _flag(value, default: bool, origin: str, key: str) -> bool:
+    """A JSON boolean (absent or null: the tool's default); the string "false" is refused, not read as true."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(f"{origin}: {key} = {value!r} is not true or false")
+    return value
+
+
+def _object(value, origin: str, key: str) -> dict:
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{origin}: {key} is a {type(value).__name__} ({short_repr(value)}), expected an object")
+    return value
+
+
+def _strings(value, origin: str, key: str) -> tuple[str, ...]:
+    """A list of strings (absent or null: empty)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CheckpointError(f"{origin}: {key} = {short_repr(value)} is not a list of strings")
+    return tuple(value)
 
 
 def parse_settings(quant_config: dict, origin: str) -> Settings | None:
@@ -86,14 +110,14 @@ def parse_settings(quant_config: dict, origin: str) -> Settings | None:
         if fmt not in (GPTQ, GPTQ_V2):
             raise CheckpointError(f"{origin}: checkpoint_format = {fmt!r} is not 'gptq' or 'gptq_v2'")
         group = _group(qc.get("group_size", -1), origin, "group_size")
-        args = WeightArgs(_bits(qc.get("bits"), origin, "bits"), group, bool(qc.get("sym", True)),
-                          bool(qc.get("desc_act", False)) and group != -1)
+        args = WeightArgs(_bits(qc.get("bits"), origin, "bits"), group, _flag(qc.get("sym"), True, origin, "sym"),
+                          _flag(qc.get("desc_act"), False, origin, "desc_act") and group != -1)
         return Settings(fmt, origin, args)
     if method == "awq":
         version = str(qc.get("version", "gemm")).lower()
         if version != "gemm":
             raise CheckpointError(f"{origin}: AWQ version = {version!r} is unsupported (only the GEMM layout)")
-        if not qc.get("zero_point", True):
+        if not _flag(qc.get("zero_point"), True, origin, "zero_point"):
             raise CheckpointError(f"{origin}: AWQ zero_point = false is unsupported (AutoAWQ GEMM stores zeros)")
         bits = _bits(qc.get("bits", qc.get("w_bit")), origin, "bits")
         group = _group(qc.get("group_size", qc.get("q_group_size", -1)), origin, "group_size")
@@ -116,11 +140,14 @@ def parse_settings(quant_config: dict, origin: str) -> Settings | None:
 def _parse_compressed_tensors(qc: dict, origin: str) -> Settings:
     groups = []
     global_format = qc.get("format")
-    for gname, entry in (qc.get("config_groups") or {}).items():
+    config_groups = qc.get("config_groups")
+    for gname, entry in ({} if config_groups is None else _object(config_groups, origin, "config_groups")).items():
+        entry = _object(entry, origin, f"config_groups.{gname}")
         fmt = entry.get("format", global_format)
         weights = entry.get("weights")
         if not weights:
             continue
+        weights = _object(weights, origin, f"config_groups.{gname}.weights")
         if fmt != "pack-quantized":
             raise CheckpointError(f"{origin}: config_groups.{gname} has format {fmt!r}; only 'pack-quantized' is"
                                   " supported")
@@ -136,10 +163,19 @@ def _parse_compressed_tensors(qc: dict, origin: str) -> Settings:
             raise CheckpointError(f"{origin}: config_groups.{gname}.weights.strategy = {strategy!r} is unsupported"
                                   " (group or channel)")
         actorder = weights.get("actorder")
-        args = WeightArgs(_bits(weights.get("num_bits"), origin, f"config_groups.{gname}.weights.num_bits"), group,
-                          bool(weights.get("symmetric", True)), actorder == "group" and group != -1)
-        targets = entry.get("targets") or []
-        groups.append((tuple(targets), args))
+        key = f"config_groups.{gname}.weights"
+        args = WeightArgs(_bits(weights.get("num_bits"), origin, f"{key}.num_bits"), group,
+                          _flag(weights.get("symmetric"), True, origin, f"{key}.symmetric"),
+                          actorder == "group" and group != -1)
+        targets = _strings(entry.get("targets"), origin, f"config_groups.{gname}.targets")
+        for target in targets:
+            if target.startswith("re:"):
+                try:
+                    re.compile(target[3:])
+                except re.error as exc:
+                    raise CheckpointError(f"{origin}: config_groups.{gname}.targets: {target!r} is not a regular"
+                                          f" expression ({exc})") from None
+        groups.append((targets, args))
     if not groups:
         raise CheckpointError(f"{origin}: compressed-tensors config has no config_groups with weights")
-    return Settings(CT, origin, None, tuple(groups), tuple(qc.get("ignore") or ()))
+    return Settings(CT, origin, None, tuple(groups), _strings(qc.get("ignore"), origin, "ignore"))

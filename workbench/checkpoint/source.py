@@ -10,11 +10,11 @@ Layouts understood (what the producing tools write):
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass, field
 
-from workbench.checkpoint.safetensors_io import CheckpointError, SafetensorsFile, TensorInfo
+from workbench.checkpoint.files import CheckpointError, is_regular, kind_of, read_json
+from workbench.checkpoint.safetensors_io import SafetensorsFile, TensorInfo
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_FILES = ("quantize_config.json", "quant_config.json")
@@ -49,36 +49,51 @@ class SourceCheckpoint:
         return list(self.where)
 
 
-def _load_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
+def _shard_name(name, index_path: str, tensor: str) -> str:
+    """A shard file named in an index: a relative path inside the checkpoint (the file itself may be a symlink, as
+    the Hugging Face cache stores them)."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        raise CheckpointError(f"{index_path}: weight_map[{tensor!r}] = {name!r} is not a file name")
+    if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+        raise CheckpointError(f"{index_path}: weight_map[{tensor!r}] = {name!r} points outside the checkpoint"
+                              " directory (absolute or with '..'); shard names must be relative to it")
+    return name
+
+
+def _index_files(root: str, index_path: str) -> tuple[dict, list[str]]:
+    index = read_json(index_path, "index json")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_path}: has no 'weight_map' object mapping tensor names to shard files (got"
+                              f" {type(weight_map).__name__})")
+    names = sorted({_shard_name(fname, index_path, tname) for tname, fname in weight_map.items()})
+    return weight_map, names
+
+
+def _optional_json(path: str, what: str) -> dict | None:
+    """A config file when one exists under that name (anything there but a regular JSON object is refused)."""
+    return read_json(path, what) if os.path.lexists(path) else None
 
 
 def open_source(path: str | os.PathLike) -> SourceCheckpoint:
     """Open and validate a checkpoint directory (or one .safetensors file) without reading any tensor data."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file or directory")
-    if os.path.isfile(path):
+        what = "a dangling symlink" if os.path.lexists(path) else "no such file or directory"
+        raise CheckpointError(f"{path}: {what}")
+    index_path = os.path.join(path, INDEX_NAME)
+    weight_map = None
+    if not os.path.isdir(path):
+        if not is_regular(path):
+            raise CheckpointError(f"{path}: is {kind_of(os.stat(path).st_mode)}, not a checkpoint directory or a"
+                                  " .safetensors file")
         root, names = os.path.dirname(path) or ".", [os.path.basename(path)]
-        index = None
     else:
         root = path
-        index_path = os.path.join(root, INDEX_NAME)
-        index = _load_json(index_path) if os.path.exists(index_path) else None
-        if index is not None:
-            weight_map = index.get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise CheckpointError(f"{index_path}: has no 'weight_map' object")
-            names = sorted(set(weight_map.values()))
+        if os.path.lexists(index_path):
+            weight_map, names = _index_files(root, index_path)
         else:
-            names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(root, "*.safetensors")))
+            names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(root), "*.safetensors")))
             if len(names) > 1:
                 raise CheckpointError(
                     f"{root}: {len(names)} .safetensors files ({', '.join(names[:4])}...) but no {INDEX_NAME}"
@@ -88,8 +103,8 @@ def open_source(path: str | os.PathLike) -> SourceCheckpoint:
     files: dict[str, SafetensorsFile] = {}
     for name in names:
         file_path = os.path.join(root, name)
-        if not os.path.isfile(file_path):
-            raise CheckpointError(f"{os.path.join(root, INDEX_NAME)}: lists shard {name!r}, which does not exist")
+        if weight_map is not None and not os.path.lexists(file_path):
+            raise CheckpointError(f"{index_path}: lists shard {name!r}, which does not exist")
         files[name] = SafetensorsFile(file_path)
     where: dict[str, str] = {}
     for fname, st in files.items():
@@ -97,36 +112,39 @@ def open_source(path: str | os.PathLike) -> SourceCheckpoint:
             if tname in where:
                 raise CheckpointError(f"{root}: tensor {tname!r} appears in both {where[tname]} and {fname}")
             where[tname] = fname
-    if index is not None:
-        index_path = os.path.join(root, INDEX_NAME)
-        for tname, fname in index["weight_map"].items():
+    if weight_map is not None:
+        for tname, fname in weight_map.items():
             if where.get(tname) != fname:
                 found = f"found in {where[tname]}" if tname in where else "found in no shard"
                 raise CheckpointError(f"{index_path}: maps tensor {tname!r} to {fname}, but it is {found}: missing tensor")
-        extra = sorted(set(where) - set(index["weight_map"]))
+        extra = sorted(set(where) - set(weight_map))
         if extra:
             raise CheckpointError(
                 f"{os.path.join(root, where[extra[0]])}: holds tensor {extra[0]!r} that {INDEX_NAME} does not list"
                 f" ({len(extra)} such tensors): extra tensor"
             )
     config_path = os.path.join(root, "config.json")
-    config = _load_json(config_path) if os.path.isfile(config_path) else {}
+    config = _optional_json(config_path, "config.json") or {}
     quant_config, source = {}, ""
-    if isinstance(config.get("quantization_config"), dict):
-        quant_config, source = config["quantization_config"], f"{config_path} (quantization_config)"
+    qc = config.get("quantization_config")
+    if qc is not None and not isinstance(qc, dict):
+        raise CheckpointError(f"{config_path}: quantization_config is a {type(qc).__name__}, expected an object")
+    if qc:
+        quant_config, source = qc, f"{config_path} (quantization_config)"
     for fname in CONFIG_FILES:
         fpath = os.path.join(root, fname)
-        if os.path.isfile(fpath):
-            extra_cfg = _load_json(fpath)
-            if not quant_config:
-                quant_config, source = extra_cfg, fpath
-            else:
-                _check_agree(quant_config, source, extra_cfg, fpath)
+        extra_cfg = _optional_json(fpath, fname)
+        if extra_cfg is None:
+            continue
+        if not quant_config:
+            quant_config, source = extra_cfg, fpath
+        else:
+            _check_agree(quant_config, source, extra_cfg, fpath)
     other = []
     if os.path.isdir(path):
         for entry in sorted(os.listdir(root)):
             full = os.path.join(root, entry)
-            if os.path.isfile(full) and not entry.endswith(".safetensors") and entry != INDEX_NAME:
+            if is_regular(full) and not entry.endswith(".safetensors") and entry != INDEX_NAME:
                 other.append(entry)
     return SourceCheckpoint(root, files, where, config, quant_config, source, other)
 
