@@ -1,7 +1,8 @@
 // Register-level dequantization of Marlin weight words into mma.m16n8k16 B fragments, and the maps that say where
-// a lane finds its scales and zero points. Shared by the dense GEMM and (issue 7) the fused MoE GEMM.
+// a lane finds its scales and zero points. Shared by the dense GEMM and the fused MoE GEMM.
 //
-// One lane, one 16(k) x 16(n) sub-block s of a 16x64 Marlin tile (spec §2.3):
+// One lane, one 16(k) x 16(n) sub-block s of a 16x64 Marlin tile (docs/formats.md, "Closed form and the 1024-entry
+// permutation"):
 //
 //            column n0 = 16s + lane/4        column n0 + 8
 //   rows k0, k0+1     b[0][0]                  b[1][0]          k0 = 2 (lane % 4)
@@ -25,7 +26,8 @@
 //
 // FP8 E4M3 bytes become fp16 / bf16 by moving bits: sign to bit 15, the 7 exponent+mantissa bits below it. The
 // exponent field is copied unchanged, so the value is off by 2^(15-7) = 2^8 (fp16) or 2^(127-7) = 2^120 (bf16):
-// the host folds that factor into the scales (spec §5.2), so no extra multiply happens here.
+// the host folds that factor into the scales (docs/formats.md, "Exponent bias in the scales"), so no extra multiply
+// happens here.
 #pragma once
 
 #include "mma.cuh"
@@ -149,8 +151,8 @@ __device__ __forceinline__ void dequant_subblock(const unsigned* q, const unsign
 // ---- where a lane finds its scales and zero points ----------------------------------------------------------
 // Within one 64-column tile, lane l's columns are c + 16 s + 8 h with c = l / 4 (sub-block s, column half h).
 //
-// Grouped scales use the 64-wide permutation P64 (spec §3): the 8 values at offset 8c are columns c + 8e, so value
-// e = 2s + h of that 16-byte vector belongs to (s, h).
+// Grouped scales use the 64-wide permutation P64 (docs/formats.md, "Scale permutation"): the 8 values at offset 8c
+// are columns c + 8e, so value e = 2s + h of that 16-byte vector belongs to (s, h).
 __device__ __forceinline__ int grouped_scale_slot(int s, int h) { return 2 * s + h; }
 
 // Channelwise scales (one group) use the 32-wide pair permutation P32: column c + 16 s + 8 h of the tile sits at
@@ -160,7 +162,7 @@ __device__ __forceinline__ int channelwise_scale_index(int c, int s, int h) {
 }
 
 // Zero points are P64-permuted, then interleaved inside each word so that dequant pairs line up, then packed
-// (spec §4). For lane column c of a 64-column tile:
+// (docs/formats.md, "Marlin zero points"). For lane column c of a 64-column tile:
 //   4-bit: one word (index c of the tile's 8); (s, h) is field s + 4 h.
 //   8-bit: two words (2c, 2c + 1); e = 2s + h lives in word e / 4, byte [0, 2, 1, 3][e % 4].
 template <int W>

@@ -926,7 +926,8 @@ __global__ void MWB_CLUSTER_DIMS(CLUSTER) __launch_bounds__(kThreads, MIN_BLOCKS
 #undef MWB_GEMM_ARGS
 #undef MWB_GEMM_PARAMS
 
-// A'[m, k] = A[m, perm[k]]: act-order activations gathered into Marlin row order (spec §6). One block per row.
+// A'[m, k] = A[m, perm[k]]: act-order activations gathered into Marlin row order (docs/formats.md, "Act-order"). One
+// block per row.
 template <typename T>
 __global__ void permute_cols(const T* __restrict__ A, const int* __restrict__ perm, T* __restrict__ out, int prob_m,
                              int prob_k, int lda) {

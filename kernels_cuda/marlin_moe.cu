@@ -1,6 +1,6 @@
 // Fused Marlin MoE GEMM and the elementwise steps of an MoE layer (workbench/moe.py).
 //
-// NumPy spec of marlin_moe (one GEMM phase, spec §8.2):
+// NumPy spec of marlin_moe (one GEMM phase, docs/formats.md, "Fused MoE layer"):
 //   for every block b < num_tokens_post_padded / BS with e = expert_ids[b] >= 0, every id in
 //   sorted_ids[b*BS : (b+1)*BS] with id < numel:   C[id] = rnd(w[id] * (A[id / top_k] @ dequant(B[e])))
 //   (w = 1 unless topk_weights is given; rows no block names are not written)
@@ -23,8 +23,9 @@
 //   moe_sum        out[t, :] = rnd(sum_j w[t, j] * y[row(t, j), :])      the router-weighted sum over top_k
 //   gather_rows    out[i, :] = x[rows[i], :]                             rows grouped by expert (batched path)
 //   add_bias       y[r, :]   = rnd(y[r, :] + bias)                       bias of a single-expert view
-//   moe_align      moe_align_block_size on the device (spec §8.1; kernels_numba/moe_align.py is the same algorithm
-//                  in Numba): one CuPy launch instead of Numba's per-call host dispatch
+//   moe_align      moe_align_block_size on the device (docs/formats.md, "moe_align_block_size";
+//                  kernels_numba/moe_align.py is the same algorithm in Numba): one CuPy launch instead of Numba's
+//                  per-call host dispatch
 //
 // All math in fp32, one rounding to the activation type at the end (workbench.moe.moe_reference rounds there too).
 #include "marlin_mainloop.cuh"

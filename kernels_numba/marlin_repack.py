@@ -1,8 +1,10 @@
-"""Weight repacks into and out of the Marlin tile layout (spec §2, §5.1), as Numba-CUDA kernels.
+"""Weight repacks into and out of the Marlin tile layout (docs/formats.md, "The Marlin tile", docs/formats.md, "FP8
+E4M3 weight-only"), as Numba-CUDA kernels.
 
 What it computes (the NumPy references are ``workbench.formats.marlin_tile.marlin_repack_codes`` and friends):
 the K×N code matrix is cut into 16×64 tiles, k-tile-major; each tile becomes ``wpt`` consecutive words (128 for
-4-bit, 256 for 8-bit) whose fields follow the closed form of spec §2.3. Four checkpoint layouts feed it:
+4-bit, 256 for 8-bit) whose fields follow the closed form of docs/formats.md, "Closed form and the 1024-entry
+permutation". Four checkpoint layouts feed it:
 
     GPTQ qweight   [K/pf, N]  word (r, n), field f = code(r*pf + f, n)           (optionally rows gathered by perm)
     AWQ qweight    [K, N/pf]  word (k, c), field AWQ_ORDER⁻¹ = code(k, c*pf + i)

@@ -2,11 +2,13 @@
 
 Three entry points, each one layer on top of the next:
 
-* ``launch_marlin_mm(record)`` — the seed's ABI: a ``MarlinLaunch`` record of raw device pointers
+* ``launch_marlin_mm(record)`` — the launch-record ABI (docs/formats.md, "Launch record"): a ``MarlinLaunch`` record
+  of raw device pointers
   (``workbench.gemm_abi``). Checks everything a record can say (types, flags, sizes, alignment) and launches.
   No allocation and no host synchronisation: capturable in a CUDA graph.
 * ``gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-  ...)`` — vLLM's op and argument order, on CuPy arrays. Checks every shape, dtype and device rule (spec §7.6)
+  ...)`` — vLLM's op and argument order, on CuPy arrays. Checks every shape, dtype and device rule (docs/formats.md,
+  "Host checks")
   before building the record.
 * ``marlin_gemm(a, weight)`` — the convenience form over a ``MarlinWeight`` whose arrays are on the GPU
   (``upload_weight``).
@@ -540,7 +542,7 @@ def config_for(act, weight, size_m: int, size_n: int, size_k: int, group_size: i
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The record-level launch (seed ABI)
+# The record-level launch (docs/formats.md, "Launch record")
 # ---------------------------------------------------------------------------------------------------------------
 def _err(message: str) -> ValueError:
     return ValueError(message)
@@ -896,7 +898,8 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
 
 
 def launch_marlin_mm(launch: MarlinLaunch) -> None:
-    """Launch one GEMM described by a seed-ABI record. Raises ValueError/TypeError before touching the GPU.
+    """Launch one GEMM described by a launch record (docs/formats.md, "Launch record"). Raises ValueError/TypeError
+    before touching the GPU.
 
     The first record of a layout runs every check of ``check_launch``; later records with the same scalar fields and
     the same null pointers reuse that verdict and re-check only the addresses (``PreparedLaunch.launch``)."""
@@ -972,7 +975,8 @@ def _dtype_is(x, dtype, name: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class GemmPlan:
-    """What the shape checks concluded: the seed's ``MarlinMmProblem`` (m, n, k, lda, groups) plus the types and the
+    """What the shape checks concluded: ferrum-kernels' ``MarlinMmProblem`` (m, n, k, lda, groups) plus the types and
+    the
     act-order flags; turned into a ``MarlinMmRequest`` once device pointers are known."""
 
     act: ScalarType
@@ -991,7 +995,8 @@ class GemmPlan:
 
 def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m: int, size_n: int,
                       size_k: int, is_k_full: bool, c=None) -> GemmPlan:
-    """spec §7.6's host checks (adapted), on any array-like with .shape/.dtype/.strides; no GPU needed."""
+    """The host checks of docs/formats.md, "Host checks", on any array-like with .shape/.dtype/.strides; no GPU
+    needed."""
     act = act_scalar_type(a.dtype)
     weight = ScalarType.parse(b_q_type)
     if weight not in GEMM_WEIGHT_TYPES:

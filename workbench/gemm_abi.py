@@ -1,13 +1,14 @@
-"""The Marlin GEMM launch ABI: typed requests mapped to the seed's versioned, ``repr(C)`` launch record.
+"""The Marlin GEMM launch ABI: typed requests mapped to ferrum-kernels' versioned, ``repr(C)`` launch record.
 
-The seed (``ferrum-kernels``, ``/work/shared/seeds/000_*.txt``) calls its native Marlin through one C struct,
+ferrum-kernels (docs/formats.md, "Launch record"; Sources) calls its native Marlin through one C struct,
 ``FerrumMarlinLaunch`` (184 bytes, 8-byte aligned on x86-64), built from a typed request::
 
     MarlinMmRequest(weight_type, buffers, problem, execution)  --into_launch()-->  MarlinLaunch (ctypes)
 
 Everything here is pure Python (no GPU, no CuPy): ``workbench.gemm`` validates a record and launches it.
 
-Differences from the seed, all additive: ``act_type`` may be ``bf16`` (the seed fixes fp16; a, c and scale types
+Differences from ferrum-kernels, all additive: ``act_type`` may be ``bf16`` (ferrum-kernels fixes fp16; a, c and scale
+types
 follow it), and flag bit 6 asks for the deterministic reduction (``FLAG_DETERMINISTIC``, ours).
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from workbench.scalar_types import ScalarType
 
 ABI_VERSION = 1
 
-# The seed's flag bits (bit 0 is unused there too).
+# ferrum-kernels' flag bits (bit 0 is unused there too).
 FLAG_HAS_ACT_ORDER = 1 << 1
 FLAG_IS_K_FULL = 1 << 2
 FLAG_HAS_ZERO_POINTS = 1 << 3
@@ -128,7 +129,8 @@ class MarlinMmRequest:
     act_type: ScalarType = ScalarType.F16
 
     def flags(self) -> int:
-        """The seed's mapping: zero points are flagged by a non-null pointer, the rest by the execution booleans."""
+        """ferrum-kernels' mapping: zero points are flagged by a non-null pointer, the rest by the execution
+        booleans."""
         ex = self.execution
         flags = 0
         if ex.has_act_order:

@@ -1,7 +1,8 @@
 """MoE expert stacks on the native Marlin GEMM: ``MarlinExpertStack``, ``fused_moe`` and the NumPy MoE reference.
 
 A stack holds E experts' Marlin tiles for one matmul role (gate_up = w13, or down = w2) in one buffer with a
-leading expert axis (``workbench.weight.MarlinWeight`` with ``num_experts``; spec §8.2). Three ways to run it:
+leading expert axis (``workbench.weight.MarlinWeight`` with ``num_experts``; docs/formats.md, "MoE expert stacks").
+Three ways to run it:
 
 * ``gemm_phase_batched(input, dispatches, output)`` — one dense Marlin GEMM per dispatch
   ``(expert, in_row_offset, out_row_offset, m)`` at the rows' and the expert's addresses (checked once per row
@@ -42,7 +43,7 @@ PATHS = ("fused", "batched", "dense_loop")
 
 
 class UnsupportedError(NotImplementedError):
-    """This backend/build cannot run the requested path (the seed's ``unsupported`` error)."""
+    """This backend/build cannot run the requested path (ferrum-kernels' ``unsupported`` error)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -409,7 +410,8 @@ class MarlinExpertStack:
     """E experts' Marlin tiles for one matmul role (seed ``MarlinExpertStack``); arrays on the GPU for the GEMMs.
 
     ``weight``: a stacked ``MarlinWeight`` (``num_experts`` set; see ``ops.stack_gptq_experts_to_marlin`` and
-    ``gemm.upload_weight``). Act-order stacks are not supported by the fused kernel (spec §8.2's newer kernels
+    ``gemm.upload_weight``). Act-order stacks are not supported by the fused kernel (docs/formats.md, "MoE expert
+    stacks": newer vLLM kernels
     dropped it); the batched path runs them through the dense GEMM.
     """
 
@@ -434,7 +436,7 @@ class MarlinExpertStack:
         self._plans_for: tuple = ()  # the weight arrays those plans were checked against
         self._fused_plans: dict[tuple, Any] = {}  # fused_moe layer plans with this stack as w13 (_LayerPlan)
 
-    # ---- the seed's surface -----------------------------------------------------------------------------------
+    # ---- ferrum-kernels' surface -----------------------------------------------------------------------------------
     @property
     def n_per_expert(self) -> int:
         return self.weight.size_n
@@ -480,7 +482,7 @@ class MarlinExpertStack:
 
     def zero_workspace(self, *, stream=None) -> None:
         """Zero every lock counter once before a batch of launches (the kernels leave them zero; this recovers
-        from an interrupted launch and is the seed's once-per-batch call)."""
+        from an interrupted launch and is ferrum-kernels' once-per-batch call)."""
         ws = self._scratch_for(self._device())[0]
         rt.cupy().cuda.runtime.memsetAsync(ws.data.ptr, 0, ws.nbytes, rt.stream_handle(stream))
 
@@ -682,7 +684,8 @@ class MarlinExpertStack:
 # The MoE layer
 # ---------------------------------------------------------------------------------------------------------------
 def choose_block_size(m: int, top_k: int, num_experts: int) -> int:
-    """Smallest moe_block_size whose expected rows per expert fill at least ~90% of one block (spec §8.2)."""
+    """Smallest moe_block_size whose expected rows per expert fill at least ~90% of one block (docs/formats.md, "Fused
+    MoE layer")."""
     for b in SUPPORTED_BLOCK_SIZES:
         if m * top_k / num_experts / b < 0.9:
             return b

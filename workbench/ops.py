@@ -1,4 +1,5 @@
-"""Public ops: vLLM's names and argument order where vLLM has the op, the seed's names for the seed's operations.
+"""Public ops: vLLM's names and argument order where vLLM has the op, ferrum-kernels' names for its operations
+(docs/formats.md, Sources).
 
 Every op takes ``backend=`` (``"auto"``, ``"numpy"``, ``"numba"``) and ``stream=`` keywords; ``workbench.backends``
 picks the implementation. Before any work, on either backend, each op applies the same rules, written once in

@@ -13,12 +13,13 @@ from workbench.formats.scales import num_groups, permute_scales, zero_points_to_
 from workbench.quantize import QuantizedWeight, quantize_weights
 from workbench.scalar_types import ScalarType
 
-# Lock counters per 64-column output stripe and parallel sub-problem (the seed's ceil(N/64) × max_par, max_par = 16).
+# Lock counters per 64-column output stripe and parallel sub-problem (ferrum-kernels' ceil(N/64) × max_par, max_par =
+# 16; docs/formats.md, "Workspace and reductions").
 MAX_PAR = 16
 
 
 def workspace_size(size_n: int, num_experts: int = 1) -> int:
-    """int32 lock counters a (stack of) layer(s) needs: the seed's ``max(N/64, 1) * 16`` per expert."""
+    """int32 lock counters a (stack of) layer(s) needs: ferrum-kernels' ``max(N/64, 1) * 16`` per expert."""
     return num_experts * max(size_n // TILE_N, 1) * MAX_PAR
 
 

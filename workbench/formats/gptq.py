@@ -5,7 +5,7 @@ GPTQ ``qzeros [K/G, N/pf]`` are column-packed in identity order. AutoGPTQ's v1 f
 field (``0x77777777``); a stored all-ones field (15 / 255) would mean a zero of 16 / 256, which does not fit, and is an
 error.
 
-Note on the seed code (docs/formats.md, "GPTQ qzeros"): its ``repack_gptq_qzeros_to_marlin`` adds 1 to every field
+Note on ferrum-kernels (docs/formats.md, "GPTQ qzeros"): its ``repack_gptq_qzeros_to_marlin`` adds 1 to every field
 and keeps the checkpoint's column layout. The Marlin kernels read zero points in the P64-permuted, interleaved layout
 of ``marlin_zero_points`` (docs/formats.md, "Marlin zero points"), so here the layout-preserving step is
 ``gptq_v1_qzeros_to_v2`` and ``repack_gptq_qzeros_to_marlin`` continues to the kernel layout. For constant qzeros
@@ -69,7 +69,7 @@ def gptq_v1_zero_points(qzeros: np.ndarray, bits: int = 4) -> np.ndarray:
 
 
 def gptq_v1_qzeros_to_v2(qzeros: np.ndarray, bits: int = 4) -> np.ndarray:
-    """Add 1 to every field, keeping the checkpoint's column layout (int32 [ng, N/pf]): the seed code's whole
+    """Add 1 to every field, keeping the checkpoint's column layout (int32 [ng, N/pf]): ferrum-kernels' whole
     conversion (docs/formats.md, "GPTQ qzeros")."""
     return pack_cols(gptq_v1_zero_points(qzeros, bits), bits)
 
