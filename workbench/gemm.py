@@ -976,8 +976,7 @@ def _dtype_is(x, dtype, name: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class GemmPlan:
     """What the shape checks concluded: ferrum-kernels' ``MarlinMmProblem`` (m, n, k, lda, groups) plus the types and
-    the
-    act-order flags; turned into a ``MarlinMmRequest`` once device pointers are known."""
+    the act-order flags; turned into a ``MarlinMmRequest`` once device pointers are known."""
 
     act: ScalarType
     weight: ScalarType

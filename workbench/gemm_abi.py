@@ -8,8 +8,7 @@ ferrum-kernels (docs/formats.md, "Launch record"; Sources) calls its native Marl
 Everything here is pure Python (no GPU, no CuPy): ``workbench.gemm`` validates a record and launches it.
 
 Differences from ferrum-kernels, all additive: ``act_type`` may be ``bf16`` (ferrum-kernels fixes fp16; a, c and scale
-types
-follow it), and flag bit 6 asks for the deterministic reduction (``FLAG_DETERMINISTIC``, ours).
+types follow it), and flag bit 6 asks for the deterministic reduction (``FLAG_DETERMINISTIC``, ours).
 """
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ _ptr = ctypes.c_void_p
 
 
 class MarlinLaunch(ctypes.Structure):
-    """``FerrumMarlinLaunch``, field for field (``#[repr(C)]``): 16 pointers, 15 i32, 2 u32 around them."""
+    """``FerrumMarlinLaunch``, field for field (``#[repr(C)]``): 14 pointers, 14 i32, 4 u32 around them."""
 
     _fields_ = [
         ("abi_version", ctypes.c_uint32),

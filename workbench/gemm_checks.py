@@ -1,7 +1,6 @@
 """The dense Marlin GEMM's rules, each with its one message: ``workbench.gemm``'s array checks
 (``check_gemm_shapes``), its record checks (``check_launch``, the launch record of docs/formats.md, "Launch record")
-and a prepared launch's
-address checks (``PreparedLaunch.launch``) all call these, so a rule and its wording exist once.
+and a prepared launch's address checks (``PreparedLaunch.launch``) all call these, so a rule and its wording exist once.
 
 Pure Python, no GPU: every function raises ValueError naming the values that broke the rule, or returns None.
 """

@@ -6,8 +6,8 @@ A policy is a frozen dataclass. Every function that chooses a kernel configurati
     fast = dataclasses.replace(DEFAULT_GEMM_POLICY, align_slices=False)
     gemm.marlin_gemm(a, w, policy=fast)
 
-and never a module switch flipped at run time. Each field carries its default and the reason for it in words; the
-measurements behind the reasons are in bench/NOTES_gemm.md and bench/NOTES_moe.md.
+and never a module switch flipped at run time. Each field carries its default and the reason for it in words; what
+the measurements taught is in docs/performance.md.
 
 Tables that were dicts are tuples of ``(key, value)`` pairs here (a policy must be hashable): see ``lookup``.
 

@@ -2,8 +2,8 @@
 
 Registration is the low-level ``Library.define`` + ``Library.impl`` rather than ``torch.library.custom_op``: the
 schema is written out (vLLM's, argument for argument) and the eager call can skip the dispatcher altogether.
-``custom_op``'s Python layer can add 10-36 µs per call on top of the kernel's own host time (the figure issue 29
-quotes), and the dispatcher has a per-call cost of its own. ``bypass(op, impl)`` returns the function callers use: under
+``custom_op``'s Python layer adds a per-call cost several times the kernel's own host time, and the dispatcher has a
+per-call cost of its own. ``bypass(op, impl)`` returns the function callers use: under
 ``torch.compile`` it is the registered op (so the graph keeps one opaque node with its fake), in eager mode it calls
 the implementation directly when every tensor is a plain CPU/CUDA tensor that autograd does not track. (quack's
 ``_torch_library_op.py`` does the same for ``custom_op``.) Measuring what this saves needs the GPU: not done here.

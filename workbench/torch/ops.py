@@ -17,8 +17,9 @@ Layout ops run ``workbench.ops``: the NumPy reference on CPU tensors, the Numba 
 current torch stream, the result copied into a tensor from torch's allocator). The GEMMs call the public CuPy entry
 points of ``workbench.gemm`` / ``workbench.moe`` through DLPack views, with the current torch stream as CuPy's
 stream; outputs, ``a_tmp`` and the partial sums come from torch's caching allocator (a MoE expert stack's own
-scratch and moe_align's intermediate arrays still come from CuPy's pool). When issue 28's kernel runtime lands (one
-launch path taking torch tensors and streams), the GEMM kernels below move onto it and the DLPack hop goes away.
+scratch and moe_align's intermediate arrays still come from CuPy's pool). The kernel runtime
+(``workbench.cuda``) already takes torch tensors and streams for the dense GEMM; moving these ops onto it drops the
+DLPack hop.
 
 Each op has a fake implementation: output metadata plus every check that reads no values (shapes, dtypes,
 devices, the unimplemented arguments), so ``torch.compile(fullgraph=True)`` traces it with a symbolic M and bad input
@@ -89,8 +90,8 @@ _C_TMP: dict[tuple[int, int, int], torch.Tensor] = {}
 
 def _c_tmp(device: torch.device, stream_ptr: int, sms: int) -> torch.Tensor:
     """The fp32 partial-sum buffer, one per (device, stream, SMs) from torch's allocator: launches on one stream run
-    in order and can share it (as ``gemm.scratch_buffers`` does for CuPy). Kept for the process; the runtime of
-    issue 28 takes this over."""
+    in order and can share it (as ``gemm.scratch_buffers`` does for CuPy). Kept for the process, until these ops
+    use ``workbench.cuda``'s pooled scratch."""
     from workbench import gemm
 
     key = (device.index, stream_ptr, sms)
@@ -308,7 +309,7 @@ MAX_STACKS = 256  # expert stacks kept (each holds DLPack views of its tensors, 
 
 def _expert_stack(a, b_q_weight, b_scales, b_zeros, weight, experts, group_size, size_n, size_k, is_k_full):
     """A ``moe.MarlinExpertStack`` over the tensors' memory, cached by address and layout (its fused-kernel plans
-    and scratch are per stack); the runtime of issue 28 replaces this cache."""
+    and scratch are per stack), until the MoE stack takes torch tensors through ``workbench.cuda``."""
     from workbench import moe
     from workbench.weight import MarlinWeight
 
