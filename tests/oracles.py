@@ -1,10 +1,10 @@
 """Independent oracles for the tests, written from the spec's *other* descriptions of each fact (vLLM's python
-table construction, the seed's nested loops), not from workbench's maps. Tests compare workbench against these."""
+table construction, ferrum-kernels' nested loops), not from workbench's maps. Tests compare workbench against these."""
 import numpy as np
 
 
 def vllm_style_weight_perm(bits: int) -> np.ndarray:
-    """spec §2.4: the 1024-entry table over 16×16 sub-blocks laid out one after another (row-major each)."""
+    """docs/formats.md "Closed form and the 1024-entry permutation": the 1024-entry table over 16×16 sub-blocks laid out one after another (row-major each)."""
     perm = []
     for i in range(32):
         col = i // 4
@@ -20,7 +20,7 @@ def vllm_style_weight_perm(bits: int) -> np.ndarray:
 
 
 def vllm_style_marlin_weights(codes: np.ndarray, bits: int) -> np.ndarray:
-    """spec §2.4 steps 1-4 (reshape into sub-blocks, gather by the table, pack pf consecutive entries per word)."""
+    """docs/formats.md "Closed form and the 1024-entry permutation", steps 1-4 (reshape into sub-blocks, gather by the table, pack pf consecutive entries per word)."""
     k, n = codes.shape
     pf = 32 // bits
     t = codes.reshape(k // 16, 16, n // 16, 16).transpose(0, 2, 1, 3).reshape(k // 16, n * 16)
@@ -32,7 +32,7 @@ def vllm_style_marlin_weights(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def seed_nested_fp8_tiles(source: np.ndarray, k: int, n: int) -> np.ndarray:
-    """The seed's `block_fp8_direct_repack_indices_match_nested_marlin_tile_oracle` loops, over a flat [N*K] byte
+    """ferrum-kernels' `block_fp8_direct_repack_indices_match_nested_marlin_tile_oracle` loops, over a flat [N*K] byte
     array; returns the packed bytes."""
     nested = np.zeros(n * k, dtype=np.uint8)
     for k_tile in range(k // 16):
@@ -52,7 +52,7 @@ def seed_nested_fp8_tiles(source: np.ndarray, k: int, n: int) -> np.ndarray:
 
 
 def seed_scale_source_index(destination: int, size_k: int, size_n: int) -> int:
-    """The seed's `block_fp8_group128_scale_source_index`, literally."""
+    """ferrum-kernels' `block_fp8_group128_scale_source_index`, literally."""
     group_count = size_k // 128
     width = 32 if group_count == 1 else 64
     lane = destination % width
@@ -67,7 +67,7 @@ def seed_scale_source_index(destination: int, size_k: int, size_n: int) -> int:
 
 
 def vllm_style_zero_points(zp: np.ndarray, bits: int) -> np.ndarray:
-    """spec §4: P64 over chunks of 64, interleave within pf, then column pack."""
+    """docs/formats.md "Zero points": P64 over chunks of 64, interleave within pf, then column pack."""
     p64 = np.array([i + 8 * j for i in range(8) for j in range(8)])
     interleave = np.array([0, 2, 4, 6, 1, 3, 5, 7]) if bits == 4 else np.array([0, 2, 1, 3])
     ng, n = zp.shape

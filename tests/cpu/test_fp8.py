@@ -1,4 +1,4 @@
-"""FP8 E4M3: all 256 codes, the exponent-bias factor, the seed's direct repack and scale oracles, gate/up fusion."""
+"""FP8 E4M3: all 256 codes, the exponent-bias factor, ferrum-kernels' direct repack and scale oracles, gate/up fusion."""
 import ml_dtypes
 import numpy as np
 import pytest

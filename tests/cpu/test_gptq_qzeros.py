@@ -1,4 +1,4 @@
-"""GPTQ v1 qzeros: the seed's known values, the code-15 error, and the Marlin layout."""
+"""GPTQ v1 qzeros: ferrum-kernels' known values, the code-15 error, and the Marlin layout."""
 import numpy as np
 import pytest
 

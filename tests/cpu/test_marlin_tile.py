@@ -95,7 +95,7 @@ def test_tile_permutation_equals_vllm_table(bits):
     assert np.array_equal(256 * (n // 16) + 16 * k + n % 16, table)
 
 
-# vLLM's repack test grid (spec §9.1): K = 128·k_factor, N = n_chunk·n_factor, act-order on/off
+# vLLM's repack test grid (docs/formats.md "vLLM test grid and tolerances"): K = 128·k_factor, N = n_chunk·n_factor, act-order on/off
 @pytest.mark.parametrize("n_factor,k_factor", [(4, 8), (7, 5), (13, 11)])
 @pytest.mark.parametrize("n_chunk", [64, 256])
 @pytest.mark.parametrize("bits", [4, 8])

@@ -1,4 +1,4 @@
-"""moe_align_block_size reference (spec §8.1)."""
+"""moe_align_block_size reference (docs/formats.md "moe_align_block_size")."""
 import numpy as np
 import pytest
 

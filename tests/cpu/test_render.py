@@ -87,7 +87,7 @@ def test_word_sources_lists_the_codes_of_the_word():
 
 def test_field_table_matches_spec_offsets():
     html = render.field_table_html(4)
-    # spec §2.3, 4-bit field table: (dk, dn) = (0,0) (8,0) (0,8) (8,8) (1,0) (9,0) (1,8) (9,8)
+    # docs/formats.md "Nibble interleave", 4-bit field table: (dk, dn) = (0,0) (8,0) (0,8) (8,8) (1,0) (9,0) (1,8) (9,8)
     expected = [(0, 0), (8, 0), (0, 8), (8, 8), (1, 0), (9, 0), (1, 8), (9, 8)]
     got = [(int(a), int(b)) for a, b in re.findall(r"<td>k\+(\d+)</td><td>n\+(\d+)</td>", html)]
     assert got == expected
