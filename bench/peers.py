@@ -312,6 +312,10 @@ def humming_precompile(src, cells, workers: int = 16, ready_prefix: str | None =
             left[(k, n)] = len(configs)
             for cfg in configs.values():
                 futures[pool.submit(lambda c=cfg: HummingKernel(**c))] = (k, n)
+        from humming.ops.utils import init_humming_launcher
+
+        init_humming_launcher()  # its C++ launcher (a torch extension) builds while the kernels compile
+        print(f"humming launcher ready after {time.time() - t0:.1f} s", flush=True)
         for f in as_completed(futures):
             f.result()
             key = futures[f]
