@@ -45,7 +45,7 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     if not sep or not name or not body:
         raise ValueError(f"variant {spec!r}: expected NAME:field=value[,field=value...]")
     fields = {}
-    for item in body.split(","):
+    for item in re.split(r",(?=\s*\w+\s*=)", body):  # a comma inside a tuple value does not split
         field, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"variant {spec!r}: {item!r} is not field=value")
