@@ -305,12 +305,19 @@ def ceilings(dev: Device, nbytes: int = 1 << 30, rounds: int = 5) -> dict:
             "mma_tflops": None, "cublas_tflops": round(2 * 8192 ** 3 / (mm_us * 1e-6) / 1e12, 1)}
 
 
-def meta(root: pathlib.Path, dev: Device, ceil: Mapping, method: Mapping, peers: Mapping) -> dict:
-    import cupy as cp
-    import torch
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return "absent"
 
-    return {"gpu": dev.name, "sms": dev.sms, "date": datetime.date.today().isoformat(), "commit": commit_of(root),
-            "torch": torch.__version__, "cupy": cp.__version__, "nvcc": nvcc_version(), "ceilings": dict(ceil),
+
+def meta(root: pathlib.Path, dev: Device | None, ceil: Mapping | None, method: Mapping, peers: Mapping) -> dict:
+    """The results file's meta; ``dev`` None for a CPU-only run (gpu "none", ceilings null)."""
+    ceil = dict(ceil) if ceil else {k: None for k in CEILING_KEYS}
+    return {"gpu": dev.name if dev else "none", "sms": dev.sms if dev else 0,
+            "date": datetime.date.today().isoformat(), "commit": commit_of(root), "torch": _version("torch"),
+            "cupy": _version("cupy"), "nvcc": nvcc_version(), "ceilings": ceil,
             "method": {"launches_per_graph": LAUNCHES, "rounds": ROUNDS, "l2_multiple": L2_MULTIPLE,
-                       "l2_bytes": dev.l2_bytes, **method},
+                       "l2_bytes": dev.l2_bytes if dev else None, **method},
             "peers": dict(peers)}
