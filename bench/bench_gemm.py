@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import pathlib
 import sys
 import time
@@ -144,6 +145,7 @@ def main(argv=None) -> int:
             vllm = peer_mod.vllm_gemm(ops, type_ids)
             versions["vllm_marlin"] = peer_mod.peer_versions(args.peers_src).get("vllm_marlin", "unknown")
             notes["vllm_marlin_load_s"] = round(secs, 1)
+            notes["vllm_marlin_build"] = peer_mod.vllm_build_record(vllm_wtypes)
         except Exception as exc:  # a peer that does not build is reported, not fatal
             notes["vllm_marlin"] = f"not built: {type(exc).__name__}: {str(exc)[-400:]}"
             print(notes["vllm_marlin"], flush=True)
@@ -153,6 +155,8 @@ def main(argv=None) -> int:
 
         try:
             peer_mod.humming_import(args.peers_src)
+            if args.humming_ready and pathlib.Path(f"{args.humming_ready}.json").exists():
+                notes["humming_jit"] = json.loads(pathlib.Path(f"{args.humming_ready}.json").read_text())
             versions["humming"] = peer_mod.peer_versions(args.peers_src).get("humming", "unknown")
         except Exception as exc:
             humming_ok = False
@@ -161,8 +165,6 @@ def main(argv=None) -> int:
 
     rows, prior_notes = [], {}
     if args.append and (args.out / "gemm.json").exists():
-        import json
-
         prior = json.loads((args.out / "gemm.json").read_text())
         rows, prior_notes = prior["rows"], prior["meta"]["method"].get("notes", {})
         versions = {**prior["meta"]["peers"], **versions}

@@ -4,7 +4,8 @@ ops of the same names, same inputs, outputs compared bit for bit, in one run.
     python bench/bench_repack.py [--out bench/results] [--peers-src _dev/peers_src] [--no-vllm]
 
 Method: bench/timing.py's isolated call (the ops allocate their outputs): an L2 flush, a spin kernel ahead of the
-start event, one call, the median of interleaved rounds. Bytes = the packed weight read + the Marlin tiles
+start event, one call, the median of interleaved rounds (launch "isolated": device time); launch "plain": the same
+without the spin (the host's time to issue the call shows where it exceeds the device's). Bytes = the packed weight read + the Marlin tiles
 written; ``pct_copy`` compares that with the device copy measured in the same run. Inputs are random words (a
 repack moves bits; their values do not change its cost). Writes OUT/repack.json.
 """
@@ -51,6 +52,7 @@ def main(argv=None) -> int:
             vllm, secs = peer_mod.build_vllm_marlin(args.peers_src, args.vllm_wtypes.split(","))
             versions["vllm_marlin"] = peer_mod.peer_versions(args.peers_src).get("vllm_marlin", "unknown")
             notes["vllm_marlin_load_s"] = round(secs, 1)
+            notes["vllm_marlin_build"] = peer_mod.vllm_build_record(args.vllm_wtypes.split(","))
         except Exception as exc:
             notes["vllm_marlin"] = f"not built: {type(exc).__name__}: {str(exc)[-400:]}"
             print(notes["vllm_marlin"], flush=True)
@@ -79,28 +81,30 @@ def main(argv=None) -> int:
                 def peer():
                     return vllm.awq_marlin_repack(src_t, k, n, bits)
 
-            timers = {"ours": timing.IsolatedTimer(ours, dev.l2_bytes)}
+            timers = {("ours", "isolated"): timing.IsolatedTimer(ours, dev.l2_bytes),
+                      ("ours", "plain"): timing.IsolatedTimer(ours, dev.l2_bytes, spin=False)}
             equal = None
             if vllm is not None:
-                timers["vllm_marlin"] = timing.IsolatedTimer(peer, dev.l2_bytes)
+                timers[("vllm_marlin", "isolated")] = timing.IsolatedTimer(peer, dev.l2_bytes)
+                timers[("vllm_marlin", "plain")] = timing.IsolatedTimer(peer, dev.l2_bytes, spin=False)
                 a, b = torch.from_dlpack(ours()), peer()
                 torch.cuda.synchronize()
                 equal = bool(a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32)))
             stats = timing.interleaved(timers, ROUNDS)
             nbytes = 2 * k * n * bits // 8
-            for method, st in stats.items():
+            for (method, launch), st in stats.items():
                 g = timing.gbs(nbytes, st["us"])
-                row = dict(op=op, n=n, k=k, wtype=wtype, method=method, launch="isolated", us=round(st["us"], 2),
+                row = dict(op=op, n=n, k=k, wtype=wtype, method=method, launch=launch, us=round(st["us"], 2),
                            q1=round(st["q1"], 2), q3=round(st["q3"], 2), gbs=round(g, 1),
                            pct_copy=round(100 * g / ceil["copy_gbs"], 1))
                 if equal is not None:
                     row["bitwise_equal_vllm"] = equal
                 rows.append(row)
-                print(f"{op:20s} {wtype:7s} {k:6d}x{n:<6d} {method:12s} {st['us']:9.1f} us {g:7.0f} GB/s "
+                print(f"{op:20s} {wtype:7s} {k:6d}x{n:<6d} {method:12s} {launch:8s} {st['us']:9.1f} us {g:7.0f} GB/s "
                       f"{row['pct_copy']:5.1f}% copy equal={equal}", flush=True)
             del timers, src, src_t
             cp.get_default_memory_pool().free_all_blocks()
-    meta = timing.meta(ROOT, dev, ceil, {"launch": "isolated", "rounds": ROUNDS, "flush_bytes":
+    meta = timing.meta(ROOT, dev, ceil, {"launch": ["isolated", "plain"], "rounds": ROUNDS, "spin_ns": timing.SPIN_NS, "flush_bytes":
                                          timing.FLUSH_MULTIPLE * dev.l2_bytes, "notes": notes,
                                          "wall_s": round(time.time() - t_start, 1)}, versions)
     timing.write_results(args.out, "repack", meta, rows)

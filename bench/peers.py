@@ -175,7 +175,7 @@ TORCH_LIBRARY_IMPL(peer_vllm_marlin, CUDA, m) {
 """
 
 
-def build_vllm_marlin(src: pathlib.Path, wtypes, jobs: int = 16):
+def build_vllm_marlin(src: pathlib.Path, wtypes, jobs: int = 16, record: bool = False):
     """Build (or load, when the build folder is current) vLLM's Marlin for ``wtypes``; (torch.ops namespace,
     seconds spent in build/load). The build folder: CACHE/vllm_marlin_<types>."""
     import torch.utils.cpp_extension as ext
@@ -213,7 +213,17 @@ def build_vllm_marlin(src: pathlib.Path, wtypes, jobs: int = 16):
              extra_cuda_cflags=["-O3", "-std=c++17", "-static-global-template-stub=false", "--expt-relaxed-constexpr",
                                 "-DMARLIN_NAMESPACE_NAME=marlin"],
              verbose=False)
-    return torch.ops.peer_vllm_marlin, time.time() - t0
+    seconds = time.time() - t0
+    if record:  # the building process says what the build cost (a loader may only have waited for it)
+        (build / "build_seconds.json").write_text(json.dumps({"seconds": round(seconds, 1), "wtypes": wtypes,
+                                                              "kernels": len(insts)}))
+    return torch.ops.peer_vllm_marlin, seconds
+
+
+def vllm_build_record(wtypes) -> dict:
+    """What the last build of these types cost (build_vllm_marlin's record), {} if none."""
+    path = CACHE / ("vllm_marlin_" + "_".join(sorted(set(wtypes)))) / "build_seconds.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def vllm_gemm(ops, type_ids: dict):
@@ -292,7 +302,56 @@ class HummingDense:
         return cache[m]
 
 
-def humming_precompile(src, cells, workers: int = 16, ready_prefix: str | None = None) -> float:
+class HummingMoE:
+    """A humming expert stack (random int4 codes, fp16 group scales) run as its indexed MoE GEMM on vLLM-style
+    aligned routings (sorted token ids padded with M x top_k, one expert id per block, the padded count)."""
+
+    def __init__(self, src, e: int, k: int, n: int, top_k: int, group: int = 128):
+        import torch
+
+        HummingLayer = humming_import(src)
+        from humming.utils.test import random_fill_tensor
+
+        self.layer = HummingLayer(shape_n=n, shape_k=k, num_experts=e, torch_dtype=torch.float16,
+                                  weight_config={"dtype": "int4", "group_size": group,
+                                                 "scale_dtype": "float16"}).to("cuda:0")
+        for t in self.layer.parameters():
+            random_fill_tensor(t)
+        self.layer.transform()
+        self.meta = self.layer.humming_metas[""]
+        self.top_k = top_k
+        self.compute = json.dumps({"gemm_type": "indexed"})
+        self._tuning = {}
+
+    def tuning(self, m: int) -> dict:
+        """humming's heuristic config for m tokens (m x top_k routed rows); its block choice samples expert counts
+        with NumPy's global generator, seeded here so every process picks the same kernel."""
+        if m not in self._tuning:
+            import numpy as np
+            from humming.tune import get_heuristics_config
+
+            np.random.seed(1000 + m)
+            self._tuning[m] = get_heuristics_config(self.meta, shape_m=m * self.top_k, gemm_type="indexed")
+        return self._tuning[m]
+
+    def block(self, m: int) -> int:
+        return int(self.tuning(m)["block_shape"][0])
+
+    def kernel_configs(self, m: int) -> dict:
+        cfg = json.loads(self.meta.to_str())
+        cfg.pop("sublayer_name", None)
+        cfg.update(json.loads(self.compute))
+        cfg.update(json.loads(json.dumps(self.tuning(m))))
+        cfg.pop("num_sms", None)
+        return cfg
+
+    def call(self, a, sorted_ids, expert_ids, num_padded, out, m: int):
+        return self.layer(inputs=a, outputs=out, sorted_ids=sorted_ids, expert_ids=expert_ids,
+                          num_tokens_padded=num_padded, compute_config=self.compute,
+                          tuning_config=json.dumps(self.tuning(m)), top_k=self.top_k)
+
+
+def humming_precompile(src, cells, workers: int = 16, ready_prefix: str | None = None, moe_models=()) -> float:
     """Compile humming's kernels for every (k, n, ms) of ``cells`` in parallel (HUMMING_COMPILER=nvcc: one process
     per kernel; humming's disk cache keeps them), the layers in order; after each layer's last kernel, touch
     ``<ready_prefix>.<k>x<n>`` (the bench times humming on a layer only once that file exists); seconds."""
@@ -312,18 +371,33 @@ def humming_precompile(src, cells, workers: int = 16, ready_prefix: str | None =
             left[(k, n)] = len(configs)
             for cfg in configs.values():
                 futures[pool.submit(lambda c=cfg: HummingKernel(**c))] = (k, n)
+        for name, (e, k, n, top_k), ms in moe_models:  # (name, (experts, K, N, top-k), M values)
+            stack = HummingMoE(src, e, k, n, top_k)
+            configs = {json.dumps(stack.kernel_configs(m), sort_keys=True): stack.kernel_configs(m) for m in ms}
+            left[("moe", name)] = len(configs)
+            for cfg in configs.values():
+                futures[pool.submit(lambda c=cfg: HummingKernel(**c))] = ("moe", name)
+            del stack
         from humming.ops.utils import init_humming_launcher
 
         init_humming_launcher()  # its C++ launcher (a torch extension) builds while the kernels compile
         print(f"humming launcher ready after {time.time() - t0:.1f} s", flush=True)
+        failed = set()
         for f in as_completed(futures):
-            f.result()
             key = futures[f]
+            try:
+                f.result()
+            except Exception as exc:  # that layer gets no ready file: the bench skips humming there, with a note
+                print(f"humming {key}: a kernel failed to compile: {type(exc).__name__}: {exc}", flush=True)
+                failed.add(key)
             left[key] -= 1
+            if key in failed:
+                continue
             if left[key] == 0:
-                print(f"humming {key[0]}x{key[1]}: compiled after {time.time() - t0:.1f} s", flush=True)
+                tag = f"{key[0]}.{key[1]}" if key[0] == "moe" else f"{key[0]}x{key[1]}"
+                print(f"humming {tag}: compiled after {time.time() - t0:.1f} s", flush=True)
                 if ready_prefix:
-                    pathlib.Path(f"{ready_prefix}.{key[0]}x{key[1]}").write_text("ok\n")
+                    pathlib.Path(f"{ready_prefix}.{tag}").write_text("ok\n")
     return time.time() - t0
 
 
@@ -340,24 +414,33 @@ def main(argv=None) -> int:
     b.add_argument("--report", type=pathlib.Path, help="write {seconds, wtypes} here")
     h = sub.add_parser("jit-humming")
     h.add_argument("--src", required=True, type=pathlib.Path)
-    h.add_argument("--shapes", required=True, help="KxN,... ")
-    h.add_argument("--m", required=True)
+    h.add_argument("--shapes", default="", help="dense layers KxN,...")
+    h.add_argument("--m", default="", help="dense M values")
     h.add_argument("--report", type=pathlib.Path)
-    h.add_argument("--ready-prefix", help="touch PREFIX.KxN when a layer's kernels are compiled")
+    h.add_argument("--ready-prefix", help="touch PREFIX.KxN (PREFIX.moe.MODEL) when a layer's kernels are compiled")
+    h.add_argument("--moe", default="", help="MoE models of bench_moe.MODELS, comma list (compiled after the dense layers)")
+    h.add_argument("--moe-m", default="1,8,64,256")
     args = p.parse_args(argv)
     if args.cmd == "export":
         print(json.dumps(export(args.dest, args.mirror), indent=1))
         return 0
     if args.cmd == "build-vllm":
         wtypes = args.wtypes.split(",")
-        _, seconds = build_vllm_marlin(args.src, wtypes, args.jobs)
+        _, seconds = build_vllm_marlin(args.src, wtypes, args.jobs, record=True)
         print(f"vllm_marlin built for {wtypes} in {seconds:.1f} s", flush=True)
         if args.report:
             args.report.write_text(json.dumps({"seconds": round(seconds, 1), "wtypes": wtypes}))
         return 0
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    ms = [int(v) for v in args.m.split(",")]
-    seconds = humming_precompile(args.src, [(k, n, ms) for k, n in shapes], ready_prefix=args.ready_prefix)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else []
+    ms = [int(v) for v in args.m.split(",")] if args.m else []
+    moe_models = []
+    if args.moe:
+        import bench_moe
+
+        moe_ms = [int(v) for v in args.moe_m.split(",")]
+        moe_models = [(name, bench_moe.MODELS[name], moe_ms) for name in args.moe.split(",")]
+    seconds = humming_precompile(args.src, [(k, n, ms) for k, n in shapes], ready_prefix=args.ready_prefix,
+                                 moe_models=moe_models)
     print(f"humming kernels for {len(shapes)} shapes x {len(ms)} M compiled in {seconds:.1f} s", flush=True)
     if args.report:
         args.report.write_text(json.dumps({"seconds": round(seconds, 1), "shapes": args.shapes, "m": ms}))

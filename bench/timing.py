@@ -29,7 +29,7 @@ L2_MULTIPLE = 3  # inputs rotated past this many times the L2 cache
 LAUNCHES = 20  # calls per graph (and per plain-launch timing)
 ROUNDS = 5  # interleaved repeats per method and cell (the median is reported)
 FLUSH_MULTIPLE = 4  # an L2 flush writes this many times the L2 cache
-SPIN_NS = 200_000  # ahead of an isolated call's start event: longer than the host takes to queue the call
+SPIN_NS = 2_000_000  # ahead of an isolated call's start event: longer than the host takes to queue the call
 
 SCHEMA = 1
 FAMILIES = ("gemm", "moe", "repack", "checkpoint", "host", "torch_models", "pipeline")
@@ -231,20 +231,23 @@ class IsolatedTimer:
     """One call after an L2 flush (a write of FLUSH_MULTIPLE x L2), a spin kernel queued between the flush and the
     start event so the events bracket the call's device work; µs. For calls that allocate their outputs."""
 
-    def __init__(self, fn: Callable[[], object], l2_bytes: int):
+    def __init__(self, fn: Callable[[], object], l2_bytes: int, spin: bool = True):
         import torch
 
         self.torch = torch
         self.fn = fn
         self.flush = torch.empty(FLUSH_MULTIPLE * l2_bytes, dtype=torch.uint8, device="cuda")
-        self.spin_cycles = int(SPIN_NS * 2.1)  # cycles at up to 2.1 GHz: at least SPIN_NS
+        # cycles at up to 2.1 GHz: at least SPIN_NS; without the spin the host's time to issue the call shows where
+        # it exceeds the device's (an eager caller's view: the "plain" rows)
+        self.spin_cycles = int(SPIN_NS * 2.1) if spin else 0
         fn()  # warm-up
         torch.cuda.synchronize()
 
     def __call__(self) -> float:
         torch = self.torch
         self.flush.zero_()
-        torch.cuda._sleep(self.spin_cycles)
+        if self.spin_cycles:
+            torch.cuda._sleep(self.spin_cycles)
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         self.fn()
