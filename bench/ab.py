@@ -65,6 +65,17 @@ def policy_variant(default, fields: dict):
     return dataclasses.replace(default, **fields)
 
 
+def variants_of(new_mod, old_mod, default, specs) -> dict:
+    """name -> (module, policy or None): new (the default policy), old (its own defaults), one per --variant."""
+    variants = {"new": (new_mod, default), "old": (old_mod, None)}
+    for spec in specs:
+        name, fields = parse_variant(spec)
+        if name in variants:
+            raise ValueError(f"variant name {name!r} is taken (new and old are built in)")
+        variants[name] = (new_mod, policy_variant(default, fields))
+    return variants
+
+
 def load_old(old_dir: pathlib.Path):
     """OLD's workbench as package ``workbench_old``: its modules copied with their ``workbench`` imports renamed,
     OLD's kernel folders linked beside (the package finds its kernels relative to itself)."""
@@ -100,10 +111,7 @@ def ab_gemm(args, torch, old) -> list[dict]:
     from workbench.scalar_types import ScalarType
 
     old_gemm = importlib_module(old, "gemm")
-    variants = {"new": (gemm, DEFAULT_GEMM_POLICY), "old": (old_gemm, None)}
-    for spec in args.variant:
-        name, fields = parse_variant(spec)
-        variants[name] = (gemm, policy_variant(DEFAULT_GEMM_POLICY, fields))
+    variants = variants_of(gemm, old_gemm, DEFAULT_GEMM_POLICY, args.variant)
     dev = timing.device()
     rows = []
     layers = [tuple(int(v) for v in s.split("x")) for s in args.layers.split(",")] if args.layers else bg.LAYERS
@@ -154,10 +162,7 @@ def ab_moe(args, torch, old) -> list[dict]:
     from workbench.weight import MarlinWeight
 
     old_moe = importlib_module(old, "moe")
-    variants = {"new": (moe, DEFAULT_MOE_POLICY), "old": (old_moe, None)}
-    for spec in args.variant:
-        name, fields = parse_variant(spec)
-        variants[name] = (moe, policy_variant(DEFAULT_MOE_POLICY, fields))
+    variants = variants_of(moe, old_moe, DEFAULT_MOE_POLICY, args.variant)
     rng = np.random.default_rng(0)
     rows = []
     for model in args.models.split(","):

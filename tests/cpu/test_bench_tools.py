@@ -108,6 +108,11 @@ def test_ab_variants_parse_to_policy_replacements():
             ab.parse_variant(bad)
     with pytest.raises(ValueError, match="no_such_knob"):
         ab.policy_variant(DEFAULT_GEMM_POLICY, {"no_such_knob": 1})
+    v = ab.variants_of("new-module", "old-module", DEFAULT_GEMM_POLICY, ["nopdl:programmatic_launch=False"])
+    assert v["new"] == ("new-module", DEFAULT_GEMM_POLICY) and v["old"] == ("old-module", None)
+    assert v["nopdl"][0] == "new-module" and v["nopdl"][1].programmatic_launch is False
+    with pytest.raises(ValueError, match="taken"):
+        ab.variants_of("n", "o", DEFAULT_GEMM_POLICY, ["old:swap_max_m=0"])
 
 
 def test_ab_loads_an_old_tree_as_a_second_package(tmp_path):
