@@ -12,7 +12,8 @@ repack moves bits; their values do not change its cost), scales random fp16, qze
 
 Each repack runs in a fresh process (``python -m workbench repack``); its peak resident memory is the kernel's
 ``ru_maxrss`` for that child, and the constant is measured the same way for a process that only imports the
-workbench. Throughput = source bytes / wall seconds. Results: ``bench/results/checkpoint_repack_{cpu,gpu}.json``.
+workbench. Throughput = source bytes / wall seconds. Results: ``bench/results/checkpoint.json`` (schema:
+bench/README.md), one row per (backend, checkpoint); a run replaces its backend's rows and keeps the other's.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ LINEARS = {"self_attn.q_proj": (HIDDEN, HIDDEN), "self_attn.k_proj": (HIDDEN, KV
            "mlp.down_proj": (INTER, HIDDEN)}
 GROUP = 128
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-RESULT_FILE = {"numpy": "checkpoint_repack_cpu.json", "numba": "checkpoint_repack_gpu.json"}
+BACKENDS = ("numpy", "numba")
 
 
 def write_source(root: str, layers: int, with_embeddings: bool, seed: int = 0) -> tuple[int, int]:
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--workdir", default="/tmp/wb-bench-checkpoint")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints")
-    parser.add_argument("--backend", choices=tuple(RESULT_FILE), default="numpy",
+    parser.add_argument("--backend", choices=BACKENDS, default="numpy",
                         help="numpy: the CPU reference path; numba: the Numba kernels on the GPU")
     parser.add_argument("--results-dir", default=RESULTS_DIR)
     parser.add_argument("--generate", metavar="DIR", help=argparse.SUPPRESS)  # child: write a source and exit
@@ -134,19 +135,27 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(args.workdir, ignore_errors=True)
-    path_name = {"numpy": "CPU (NumPy) path", "numba": "GPU (Numba kernels) path"}[args.backend]
-    result = {"bench": f"checkpoint repack, {path_name}", "backend": args.backend,
+    import pathlib
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import timing
+
+    dev = None
+    if args.backend == "numba":
+        dev = timing.device()
+    for r in rows:  # the schema's keys: one call of `workbench repack` per row
+        r.update(method="ours", backend=args.backend, us=round(r["repack_seconds"] * 1e6, 1))
+    path = pathlib.Path(args.results_dir) / "checkpoint.json"
+    kept = []
+    if path.exists():
+        kept = [r for r in json.loads(path.read_text())["rows"] if r.get("backend") != args.backend]
+    method = {"shapes": "Llama-3-8B: hidden 4096, intermediate 14336, kv 1024, vocab 128256; GPTQ 4-bit g128 sym",
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python"
                          f" {platform.python_version()}, numpy {np.__version__}",
-              "shapes": "Llama-3-8B: hidden 4096, intermediate 14336, kv 1024, vocab 128256; GPTQ 4-bit g128 sym",
-              "rows": rows}
-    if args.backend == "numba":
-        from workbench import hardware
-
-        result["gpu"] = hardware.describe()
-    os.makedirs(args.results_dir, exist_ok=True)
-    with open(os.path.join(args.results_dir, RESULT_FILE[args.backend]), "w") as f:
-        json.dump(result, f, indent=2)
+              "measure": "wall seconds of one `python -m workbench repack` child; peak RSS = its ru_maxrss"}
+    timing.write_results(args.results_dir, "checkpoint",
+                         timing.meta(pathlib.Path(__file__).resolve().parent.parent, dev, None, method, {}),
+                         kept + rows)
     gib = 1024**3
     print("\n| checkpoint | source | largest tensor | repack | throughput | peak RSS | import-only RSS | verify |")
     print("|---|---|---|---|---|---|---|---|")

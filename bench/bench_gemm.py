@@ -1,332 +1,303 @@
-"""Marlin GEMM speed on the lent GPU, side by side with cuBLAS fp16 (torch.matmul) and tinygemm
-(torch._weight_int4pack_mm, bf16 W4 g128), in one run.
+"""Dense GEMM speed: ours beside cuBLAS fp16 and the peers (vLLM's Marlin, humming), same inputs, same run.
 
-    python bench/bench_gemm.py --out DIR [--quick]
+    python bench/bench_gemm.py [--out bench/results] [--m 1,16,32,64,128,256] [--wtypes u4b8,fe4m3fn,u4,u8b128]
+                               [--peers cublas,vllm_marlin,humming] [--peers-src _dev/peers_src]
+                               [--vllm-wtypes u4b8,fe4m3fn] [--launch graph,plain] [--budget-s 300]
 
-Method
-* Each measurement is a CUDA graph of R launches that cycle through enough copies of the inputs (weights,
-  activations, scales) to exceed 3x the L2 cache, so every launch reads its weights from HBM; the graph removes
-  Python launch overhead. Time = device events around graph replays / R.
-* On sm_90 ours launch as programmatic dependent launches (GemmPolicy.programmatic_launch): each launch in a
-  graph may start while the one before finishes. PLAIN_TOO's types are timed again with plain launches.
-* Weights for timing are random words (speed does not depend on their values); correctness is tests/gpu's job.
-* Bytes the kernel must move = weights + scales (+ zero points) + A + C. Effective GB/s = those bytes / time;
-  "% copy" compares it with a device-to-device copy (read + write) measured in the same run.
-Writes DIR/gemm_<gpu>.json, DIR/gemm_<gpu>.csv and DIR/gemm_<gpu>.md (the table for BENCHMARKS.md).
+Method: bench/timing.py (graphs and plain launches over inputs rotated past 3 x L2, interleaved medians). Weights are
+random words (speed does not depend on their values). vLLM's Marlin runs on our arrays (the format is the same
+bytes): per cell the two outputs are compared against twice the bound both must meet (``gemm.error_bound_factor``
+x |a| @ |W|, fp32 accumulation in different orders), reported as ``agree_vllm`` and ``err_ratio_vllm`` (largest
+|ours - vllm| / bound). humming gets its own random weights of the same type and shape (its layout differs).
+``us`` per call; ``gbs`` = (weights + scales [+ zero points] + A + C) bytes / time. ``pdl``: ours with
+programmatic dependent launches (the default on sm_90) or without (the GEMM before it in a graph cannot overlap).
+Writes OUT/gemm.json (schema: bench/README.md). ``--budget-s``: wall seconds after which remaining layers and
+optional types are skipped (the rows say what ran).
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import datetime
 import json
-import math
-import os
 import pathlib
 import sys
+import time
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from workbench import gemm  # noqa: E402
-from workbench.policy import DEFAULT_GEMM_POLICY, DEFAULT_MOE_POLICY  # noqa: E402
-from workbench.scalar_types import ScalarType as S  # noqa: E402
+import timing  # noqa: E402
 
-M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192))
-# (label, weight type, group size, activation dtype name)
-OURS = (
-    ("marlin u4b8 g128 fp16", S.U4B8, 128, "float16"),
-    ("marlin u4 g128+zp fp16", S.U4, 128, "float16"),
-    ("marlin u8b128 g128 fp16", S.U8B128, 128, "float16"),
-    ("marlin fe4m3fn chan fp16", S.FE4M3FN, -1, "float16"),
-    ("marlin u4b8 g128 bf16", S.U4B8, 128, "bfloat16"),
-)
-# Timed a second time with plain launches where ours launch programmatically (sm_90): a GEMM's programmatic launch
-# gains only after a kernel that lets it start early, as the GEMM before it in these graphs does; in a model the
-# kernel before is often one that does not (GemmPolicy.programmatic_launch), so both are reported.
-PLAIN_TOO = ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")
-L2_MULTIPLE = 3
-LAUNCHES_PER_GRAPH = 20
-REPLAYS = 5
+LAYERS = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192))  # (K, N)
+M_VALUES = (1, 16, 32, 64, 128, 256)
+GROUP = {"u4b8": 128, "u4": 128, "u8b128": 128, "fe4m3fn": -1}
 
 
-def l2_bytes(cp) -> int:
-    return int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["l2CacheSize"])
+def layer_name(k: int, n: int) -> str:
+    return f"{k}x{n}"
 
 
-# ours with plain launches (no programmatic dependent launch), beside the default's on sm_90
-PLAIN_POLICY = dataclasses.replace(DEFAULT_GEMM_POLICY, programmatic_launch=False)
-PLAIN_MOE_POLICY = dataclasses.replace(DEFAULT_MOE_POLICY, programmatic_launch=False, gemm=PLAIN_POLICY)
-
-
-def device_summary(cp):
-    """(name, SMs, L2 bytes, copy GB/s) of the current device, printed as the A/B and probe scripts start."""
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    sms = props["multiProcessorCount"]
-    copy_gbs = copy_bandwidth(cp)
-    print(f"{gpu}: {sms} SMs, copy {copy_gbs:.0f} GB/s", flush=True)
-    return gpu, sms, l2_bytes(cp), copy_gbs
-
-
-def copies_for(nbytes: int, l2: int) -> int:
-    return max(2, math.ceil(L2_MULTIPLE * l2 / max(nbytes, 1)))
-
-
-def time_cupy_graph(cp, launches) -> float:
-    """Mean µs per launch of `launches` (callables taking a stream), captured once as one graph."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        for f in launches[:2]:  # warm-up outside capture (first-use compilation, allocator)
-            f(stream)
-        stream.begin_capture()
-        for f in launches:
-            f(stream)
-        graph = stream.end_capture()
-        graph.launch(stream)
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        for _ in range(REPLAYS):
-            graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / (REPLAYS * len(launches))
-
-
-# The copy kernel of time_copy_graph: four 16-byte words per thread, each warp's loads coalesced.
-COPY_SOURCE = r"""
-extern "C" __global__ void copy_words(const int4* __restrict__ src, int4* __restrict__ dst, long long n) {
-  long long i = (long long)blockIdx.x * blockDim.x * 4 + threadIdx.x;
-  int4 v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) if (i + j * blockDim.x < n) v[j] = src[i + j * blockDim.x];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) if (i + j * blockDim.x < n) dst[i + j * blockDim.x] = v[j];
-}
-"""
-
-
-def time_copy_graph(cp, nbytes: int, l2: int) -> float:
-    """Mean µs of a device copy that moves ``nbytes`` (nbytes / 2 read, nbytes / 2 written), timed as the kernels
-    are: LAUNCHES_PER_GRAPH copies back to back in a graph, their buffers rotated past L2; the faster of a copy
-    kernel (COPY_SOURCE) and cudaMemcpyAsync (which a graph may hand to a copy engine). The copy ceiling at that
-    size: a launch's fixed costs weigh on a small copy as on a small GEMM."""
-    half = max(nbytes // 2 // 16 * 16, 16)
-    words = half // 16
-    pairs = [(cp.empty(half, dtype=np.uint8), cp.empty(half, dtype=np.uint8))
-             for _ in range(min(LAUNCHES_PER_GRAPH, copies_for(half, l2)))]
-    for src, _ in pairs:
-        src.fill(1)
-    kernel = cp.RawKernel(COPY_SOURCE, "copy_words")
-    blocks = -(-words // (256 * 4))
-    d2d = cp.cuda.runtime.memcpyDeviceToDevice
-
-    def pair(i):
-        return pairs[i % len(pairs)]
-
-    by_kernel = [(lambda s, i=i: kernel((blocks,), (256,), (pair(i)[0], pair(i)[1], np.int64(words)), stream=s))
-                 for i in range(LAUNCHES_PER_GRAPH)]
-    by_memcpy = [(lambda s, i=i: cp.cuda.runtime.memcpyAsync(pair(i)[1].data.ptr, pair(i)[0].data.ptr, half, d2d,
-                                                             s.ptr))
-                 for i in range(LAUNCHES_PER_GRAPH)]
-    return min(time_cupy_graph(cp, by_kernel), time_cupy_graph(cp, by_memcpy)) * (nbytes / (2 * half))
-
-
-def time_torch_graph(torch, launches) -> float:
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for f in launches[:2]:
-            f()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for f in launches:
-            f()
-    graph.replay()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) * 1e3 / (REPLAYS * len(launches))
-
-
-def copy_bandwidth(cp) -> float:
-    """GB/s of a 1 GiB device-to-device copy, counting bytes read + written."""
-    n = 1 << 30
-    src = cp.empty(n, dtype=np.uint8)
-    dst = cp.empty(n, dtype=np.uint8)
-    src.fill(1)
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        dst[...] = src
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        for _ in range(10):
-            cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, n, cp.cuda.runtime.memcpyDeviceToDevice,
-                                        stream.ptr)
-        stop.record(stream)
-        stop.synchronize()
-    seconds = cp.cuda.get_elapsed_time(start, stop) / 1e3 / 10
-    return 2 * n / seconds / 1e9
-
-
-def random_weight(cp, k, n, wt, gs, act_dtype, rng):
-    """A MarlinWeight-shaped set of device arrays with random contents (timing only)."""
-    from workbench.weight import MarlinWeight
-
-    pf = wt.pack_factor
-    ng = 1 if gs == -1 else k // gs
-    qweight = cp.asarray(rng.integers(0, 2**32, size=(k // 16, n * 16 // pf), dtype=np.uint32).view(np.int32))
-    scales = cp.asarray((rng.random((ng, n), dtype=np.float32) * 0.01 + 0.001).astype(act_dtype))
-    zeros = None
-    if wt.has_zero_points:
-        zeros = cp.asarray(rng.integers(0, 2**32, size=(ng, n // pf), dtype=np.uint32).view(np.int32))
-    return MarlinWeight(qweight, scales, zeros, None, None, k, n, gs, wt, np.dtype(act_dtype))
-
-
-def weight_bytes(k, n, wt, gs) -> int:
-    ng = 1 if gs == -1 else k // gs
-    b = k * n * wt.bits // 8 + ng * n * 2
-    if wt.has_zero_points:
-        b += ng * n * wt.bits // 8
+def weight_bytes(k: int, n: int, bits: int, group: int, zero_points: bool) -> int:
+    groups = 1 if group == -1 else k // group
+    b = k * n * bits // 8 + groups * n * 2
+    if zero_points:
+        b += groups * n * bits // 8
     return b
 
 
+def random_weight(torch, k, n, wt, group):
+    """A MarlinWeight of random device words and positive scales (timing only; FP8 bytes avoid the NaN codes so
+    outputs stay comparable)."""
+    from workbench.weight import MarlinWeight
+
+    pf = wt.pack_factor
+    ng = 1 if group == -1 else k // group
+    if wt.label == "fe4m3fn":
+        b = torch.randint(0, 256, (k // 16 * n * 16 // pf * 4,), dtype=torch.uint8, device="cuda")
+        b -= ((b & 0x7F) == 0x7F).to(torch.uint8)  # 0x7F / 0xFF (NaN) -> 0x7E / 0xFE (largest finite)
+        q = b.view(torch.int32).view(k // 16, n * 16 // pf)
+    else:
+        q = torch.randint(-2**31, 2**31 - 1, (k // 16, n * 16 // pf), dtype=torch.int32, device="cuda")
+    s = (torch.rand(ng, n, device="cuda") * 0.01 + 0.001).half()
+    z = torch.randint(-2**31, 2**31 - 1, (ng, n // pf), dtype=torch.int32, device="cuda") if wt.has_zero_points \
+        else None
+    return MarlinWeight(q, s, z, None, None, k, n, group, wt, np.dtype(np.float16))
+
+
+def abs_weight(torch, w):
+    """(weight, factor): a weight whose dequantized values bound |w| / factor from below, so that
+    factor x |a| @ dequant(weight) >= |a| @ |dequant(w)| (positive scales): FP8 with the sign cleared (factor 1);
+    biased integer codes as bias + |code - bias|, clamped to the largest code (|code - bias| = bias only for code
+    0: factor bias / (bias - 1)). None for zero-point types."""
+    wt = w.weight_type
+    q = w.qweight
+    if wt.has_zero_points:
+        return None
+    if wt.label == "fe4m3fn":
+        return dataclasses.replace(w, qweight=q & 0x7F7F7F7F), 1.0
+    bits, bias = wt.bits, wt.bias
+    mask = (1 << bits) - 1
+    q2 = torch.zeros_like(q)
+    for j in range(32 // bits):
+        code = (q >> (bits * j)) & mask
+        q2 |= ((code - bias).abs() + bias).clamp(max=mask) << (bits * j)
+    return dataclasses.replace(w, qweight=q2), bias / (bias - 1)
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=pathlib.Path)
-    parser.add_argument("--quick", action="store_true", help="two shapes, four M values (smoke run)")
-    args = parser.parse_args(argv)
-    import cupy as cp
-    import ml_dtypes
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"), type=pathlib.Path)
+    p.add_argument("--m", default=",".join(map(str, M_VALUES)))
+    p.add_argument("--layers", default="", help="KxN,... (default: the six layers)")
+    p.add_argument("--wtypes", default="u4b8,fe4m3fn,u4,u8b128", help="ours, in order of priority")
+    p.add_argument("--peers", default="cublas,vllm_marlin,humming")
+    p.add_argument("--peers-src", default=str(ROOT / "_dev" / "peers_src"), type=pathlib.Path)
+    p.add_argument("--vllm-wtypes", default="u4b8,fe4m3fn")
+    p.add_argument("--humming-wtypes", default="u4b8")
+    p.add_argument("--launch", default="graph,plain")
+    p.add_argument("--budget-s", type=float, default=0, help="skip what remains after this many seconds (0: none)")
+    p.add_argument("--append", action="store_true", help="add to the rows of an existing OUT/gemm.json")
+    p.add_argument("--humming-ready", help="PREFIX: time humming on a layer only once PREFIX.KxN exists (written "
+                                           "by `peers.py jit-humming --ready-prefix` when its kernels are compiled)")
+    args = p.parse_args(argv)
+    t_start = time.time()
     import torch
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    l2 = l2_bytes(cp)
-    copy_gbs = copy_bandwidth(cp)
-    print(f"{gpu}: {props['multiProcessorCount']} SMs, L2 {l2 / 2**20:.0f} MiB, copy {copy_gbs:.0f} GB/s", flush=True)
-    dtypes = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-    shapes = SHAPES[:1] + SHAPES[3:4] if args.quick else SHAPES
-    m_values = (1, 16, 64, 256) if args.quick else M_VALUES
-    rng = np.random.default_rng(0)
-    rows = []
-    sms = props["multiProcessorCount"]
-    programmatic = gemm.programmatic_launches(dev.id)
+    from workbench import gemm
+    from workbench.policy import DEFAULT_GEMM_POLICY
+    from workbench.scalar_types import ScalarType
 
-    for k, n in shapes:
-        # ---- inputs, rotated through enough copies to defeat L2 -------------------------------------------------
-        mmax = max(m_values)
-        fp16_w_bytes = k * n * 2
-        n_fp16 = copies_for(fp16_w_bytes, l2)
-        w16 = [torch.randn(k, n, device="cuda", dtype=torch.float16) * 0.01 for _ in range(n_fp16)]
-        tiny = None
+    ms = [int(v) for v in args.m.split(",")]
+    layers = [tuple(int(v) for v in s.split("x")) for s in args.layers.split(",")] if args.layers else list(LAYERS)
+    wtypes = args.wtypes.split(",")
+    peers = set(args.peers.split(",")) if args.peers else set()
+    launches = args.launch.split(",")
+    dev = timing.device()
+    ceil = timing.ceilings(dev)
+    print(f"{dev.name}: {dev.sms} SMs, L2 {dev.l2_bytes >> 20} MiB, ceilings {ceil}", flush=True)
+    notes, versions = {}, {}
+    if "cublas" in peers:
+        versions["cublas"] = f"torch {torch.__version__} (torch.matmul fp16)"
+
+    # ours: every kernel compiled up front, in parallel threads
+    t0 = time.time()
+    policy_pdl = DEFAULT_GEMM_POLICY
+    policy_nopdl = dataclasses.replace(DEFAULT_GEMM_POLICY, programmatic_launch=False)
+    programmatic = gemm.programmatic_launches(torch.cuda.current_device())
+    cfgs = [gemm.config_for(ScalarType.F16, ScalarType.parse(w), m, n, k, GROUP[w], False)
+            for w in wtypes for k, n in layers for m in ms]
+    gemm.precompile(cfgs, workers=16)
+    compile_key = "ours_compile_s_" + "_".join(wtypes)
+    notes[compile_key] = round(time.time() - t0, 1)
+    print(f"ours compiled {len(set(c.name_expression for c in cfgs))} kernels in {notes[compile_key]} s", flush=True)
+
+    vllm = None
+    vllm_wtypes = [w for w in args.vllm_wtypes.split(",") if w]
+    if "vllm_marlin" in peers:
+        import peers as peer_mod
+
         try:
-            n_tiny = copies_for(k * n // 2, l2)
-            packed = []
-            for _ in range(n_tiny):
-                q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
-                packed.append(torch._convert_weight_to_int4pack(q, 8))
-            sz = torch.rand(k // 128, n, 2, device="cuda", dtype=torch.bfloat16) * 0.01
-            tiny = (packed, sz)
-        except Exception as exc:  # tinygemm availability differs between torch builds
-            print(f"tinygemm unavailable: {exc!r}", flush=True)
+            ops, secs = peer_mod.build_vllm_marlin(args.peers_src, vllm_wtypes)
+            type_ids = {w: int(ops.type_id(w)) for w in vllm_wtypes}
+            vllm = peer_mod.vllm_gemm(ops, type_ids)
+            versions["vllm_marlin"] = peer_mod.peer_versions(args.peers_src).get("vllm_marlin", "unknown")
+            notes["vllm_marlin_load_s"] = round(secs, 1)
+            notes["vllm_marlin_build"] = peer_mod.vllm_build_record(vllm_wtypes)
+        except Exception as exc:  # a peer that does not build is reported, not fatal
+            notes["vllm_marlin"] = f"not built: {type(exc).__name__}: {str(exc)[-400:]}"
+            print(notes["vllm_marlin"], flush=True)
+    humming_ok = "humming" in peers
+    if humming_ok:
+        import peers as peer_mod
+
+        try:
+            peer_mod.humming_import(args.peers_src)
+            if args.humming_ready and pathlib.Path(f"{args.humming_ready}.json").exists():
+                notes["humming_jit"] = json.loads(pathlib.Path(f"{args.humming_ready}.json").read_text())
+            versions["humming"] = peer_mod.peer_versions(args.peers_src).get("humming", "unknown")
+        except Exception as exc:
+            humming_ok = False
+            notes["humming"] = f"not importable: {type(exc).__name__}: {exc}"
+            print(notes["humming"], flush=True)
+
+    rows, prior_notes = [], {}
+    if args.append and (args.out / "gemm.json").exists():
+        prior = json.loads((args.out / "gemm.json").read_text())
+        rows, prior_notes = prior["rows"], prior["meta"]["method"].get("notes", {})
+        versions = {**prior["meta"]["peers"], **versions}
+    notes = {**prior_notes, **notes}
+    workspace = torch.zeros(gemm.workspace_numel(dev.sms), dtype=torch.int32, device="cuda")
+    c_tmp = torch.empty(gemm.c_tmp_numel(dev.sms), dtype=torch.float32, device="cuda")
+    v_workspace = torch.zeros(dev.sms * 4, dtype=torch.int32, device="cuda")
+    skipped = []
+    for k, n in layers:
+        if args.budget_s and time.time() - t_start > args.budget_s:
+            skipped.append(layer_name(k, n))
+            continue
+        name = layer_name(k, n)
+        w16 = None
+        if "cublas" in peers:
+            w16 = [torch.randn(k, n, device="cuda", dtype=torch.float16) * 0.01
+                   for _ in range(timing.copies_for(k * n * 2, dev.l2_bytes))]
         ours = {}
-        for label, wt, gs, dt in OURS:
-            count = copies_for(weight_bytes(k, n, wt, gs), l2)
-            ours[label] = [random_weight(cp, k, n, wt, gs, dtypes[dt], rng) for _ in range(count)]
-
-        for m in m_values:
-            a16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(2)]
-            abf = [x.to(torch.bfloat16) for x in a16]
-            out16 = torch.empty(m, n, device="cuda", dtype=torch.float16)
-            base_bytes = m * k * 2 + m * n * 2
-
-            def record(method, us, nbytes, fp16_us=None):
-                gbs = nbytes / (us * 1e-6) / 1e9
-                row = dict(gpu=gpu, k=k, n=n, m=m, method=method, us=round(us, 3), gbs=round(gbs, 1),
-                           pct_copy=round(100 * gbs / copy_gbs, 1),
-                           speedup_vs_fp16=None if fp16_us is None else round(fp16_us / us, 3))
-                rows.append(row)
-                print(f"K={k:6d} N={n:6d} M={m:4d} {method:26s} {us:9.2f} us {gbs:7.0f} GB/s "
-                      f"{row['pct_copy']:5.1f}% copy  x{row['speedup_vs_fp16'] or 1:.2f}", flush=True)
-
-            launches = [(lambda i=i: torch.matmul(a16[i % 2], w16[i % n_fp16], out=out16))
-                        for i in range(LAUNCHES_PER_GRAPH)]
-            fp16_us = time_torch_graph(torch, launches)
-            record("cuBLAS fp16 (torch.matmul)", fp16_us, fp16_w_bytes + base_bytes, fp16_us)
-            if tiny is not None:
-                packed, sz = tiny
+        for w in wtypes:
+            wt = ScalarType.parse(w)
+            nb = weight_bytes(k, n, wt.bits, GROUP[w], wt.has_zero_points)
+            ours[w] = [random_weight(torch, k, n, wt, GROUP[w]) for _ in range(timing.copies_for(nb, dev.l2_bytes))]
+        hum = {}
+        if humming_ok and args.humming_ready and not pathlib.Path(f"{args.humming_ready}.{name}").exists():
+            notes[f"humming_{name}"] = "skipped: its kernels were not compiled in time"
+        elif humming_ok:
+            for w in args.humming_wtypes.split(","):
                 try:
-                    launches = [(lambda i=i: torch._weight_int4pack_mm(abf[i % 2], packed[i % len(packed)], 128, sz))
-                                for i in range(LAUNCHES_PER_GRAPH)]
-                    us = time_torch_graph(torch, launches)
-                    record("tinygemm bf16 (W4 g128)", us, k * n // 2 + k // 128 * n * 4 + base_bytes, fp16_us)
+                    nb = weight_bytes(k, n, 4, 128, False)
+                    hum[w] = peer_mod.HummingDense(args.peers_src, k, n, w, GROUP[w],
+                                                   timing.copies_for(nb, dev.l2_bytes))
                 except Exception as exc:
-                    print(f"tinygemm failed at M={m}: {exc!r}", flush=True)
-            torch.cuda.synchronize()
+                    notes[f"humming_{name}_{w}"] = f"{type(exc).__name__}: {str(exc)[-300:]}"
+                    print(notes[f"humming_{name}_{w}"], flush=True)
+        for m in ms:
+            a = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(2)]
+            io_bytes = m * k * 2 + m * n * 2
+            cells = {}  # (method, wtype, pdl) -> (launch list, bytes)
 
-            for label, wt, gs, dt in OURS:
-                ws_list = ours[label]
-                a = [cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(dtypes[dt])) for _ in range(2)]
-                c = cp.empty((m, n), dtype=dtypes[dt])
-                work = cp.zeros(gemm.workspace_numel(sms), dtype=np.int32)
-                c_tmp = cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32)
-                def launches(policy=DEFAULT_GEMM_POLICY):
-                    return [(lambda s, i=i: gemm.marlin_gemm(a[i % 2], ws_list[i % len(ws_list)], c=c,
-                                                             workspace=work, c_tmp=c_tmp, stream=s, policy=policy))
-                            for i in range(LAUNCHES_PER_GRAPH)]
-                us = time_cupy_graph(cp, launches())
-                record(label, us, weight_bytes(k, n, wt, gs) + base_bytes, fp16_us)
-                if programmatic and label in PLAIN_TOO:
-                    us = time_cupy_graph(cp, launches(PLAIN_POLICY))
-                    record(f"{label} (plain launch)", us, weight_bytes(k, n, wt, gs) + base_bytes, fp16_us)
-            del a16, abf
-        del w16, tiny, ours
+            def launch_list(f):
+                return [(lambda i=i: f(i)) for i in range(timing.LAUNCHES)]
+
+            if w16 is not None:
+                c16 = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                cells[("cublas", "fp16", None)] = (
+                    launch_list(lambda i: torch.matmul(a[i % 2], w16[i % len(w16)], out=c16)), k * n * 2 + io_bytes)
+            agree = {}
+            for w in wtypes:
+                ws = ours[w]
+                wt = ws[0].weight_type
+                nb = weight_bytes(k, n, wt.bits, GROUP[w], wt.has_zero_points) + io_bytes
+                c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+
+                def ours_call(i, c=c, ws=ws, pol=policy_pdl):
+                    return gemm.marlin_gemm(a[i % 2], ws[i % len(ws)], c=c, workspace=workspace, c_tmp=c_tmp,
+                                            policy=pol)
+
+                cells[("ours", w, programmatic)] = (launch_list(ours_call), nb)
+                if programmatic:
+                    cells[("ours", w, False)] = (launch_list(lambda i, f=ours_call: f(i, pol=policy_nopdl)), nb)
+                if vllm is not None and w in vllm_wtypes:
+                    cv = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                    cells[("vllm_marlin", w, None)] = (
+                        launch_list(lambda i, cv=cv, ws=ws: vllm(a[i % 2], ws[i % len(ws)], cv, v_workspace)), nb)
+                    agree[w] = compare(torch, gemm, a[0], ws[0], c, cv, workspace, c_tmp, v_workspace, vllm)
+            for w, h in hum.items():
+                ch = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                cells[("humming", w, None)] = (launch_list(lambda i, h=h, ch=ch: h.call(i, a[i % 2], ch, m)),
+                                               h.weight_bytes + io_bytes)
+            timers = {}
+            for key, (ls, _) in cells.items():
+                for launch in launches:
+                    if launch == "plain" and key[0] == "ours" and key[2] is False and programmatic:
+                        continue  # plain launches: the default policy only
+                    try:
+                        timers[key + (launch,)] = (timing.GraphTimer if launch == "graph" else timing.PlainTimer)(ls)
+                    except Exception as exc:
+                        notes[f"{key[0]}_{name}_{key[1]}_m{m}_{launch}"] = f"{type(exc).__name__}: {str(exc)[-300:]}"
+                        print(f"{key} {launch} failed: {exc!r}", flush=True)
+            stats = timing.interleaved(timers)
+            cublas_us = {launch: stats[("cublas", "fp16", None, launch)]["us"]
+                         for launch in launches if ("cublas", "fp16", None, launch) in stats}
+            for (method, w, pdl, launch), st in stats.items():
+                nb = cells[(method, w, pdl)][1]
+                row = dict(layer=name, n=n, k=k, m=m, wtype=w, group=GROUP.get(w, None), act="fp16", launch=launch,
+                           method=method, us=round(st["us"], 3), q1=round(st["q1"], 3), q3=round(st["q3"], 3),
+                           gbs=round(timing.gbs(nb, st["us"]), 1),
+                           pct_copy=round(100 * timing.gbs(nb, st["us"]) / ceil["copy_gbs"], 1))
+                if method == "ours":
+                    row["pdl"] = bool(pdl)
+                if launch in cublas_us:
+                    row["speedup_vs_cublas"] = round(cublas_us[launch] / st["us"], 3)
+                if method in ("ours", "vllm_marlin") and w in agree:
+                    row["agree_vllm"], row["err_ratio_vllm"] = agree[w]
+                rows.append(row)
+                print(f"{name:>11s} M={m:4d} {method:12s} {w:8s} {launch:5s} pdl={str(pdl):5s} {st['us']:9.2f} us "
+                      f"{row['gbs']:7.0f} GB/s x{row.get('speedup_vs_cublas', 0):.2f}"
+                      + (f" agree={agree[w]}" if method == "vllm_marlin" and w in agree else ""), flush=True)
+            del timers, cells
+        del w16, ours, hum
         torch.cuda.empty_cache()
-        cp.get_default_memory_pool().free_all_blocks()
-
-    meta = dict(gpu=gpu, sms=sms, l2_bytes=l2, copy_gbs=round(copy_gbs, 1),
-                date=datetime.date.today().isoformat(), commit=os.environ.get("BENCH_COMMIT", "unknown"),
-                torch=torch.__version__, cupy=cp.__version__, launches_per_graph=LAUNCHES_PER_GRAPH,
-                replays=REPLAYS, l2_multiple=L2_MULTIPLE,
-                # how ours launched: programmatic dependent launches back to back in the graphs (sm_90) or plain
-                programmatic_launch=programmatic)
-    tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.lower()).strip("_")
-    (args.out / f"gemm_{tag}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    with open(args.out / f"gemm_{tag}.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (args.out / f"gemm_{tag}.md").write_text(markdown_table(meta, rows))
+        meta = timing.meta(ROOT, dev, ceil, {"launch": launches, "programmatic_launch": programmatic,
+                                            "skipped_layers": skipped, "notes": notes, "wall_s": round(
+                                                time.time() - t_start, 1)}, versions)
+        timing.write_results(args.out, "gemm", meta, rows)  # after every layer: a cut-off run keeps what it measured
+    print(f"wrote {args.out / 'gemm.json'} ({len(rows)} rows) in {time.time() - t_start:.0f} s", flush=True)
     return 0
 
 
-def markdown_table(meta, rows) -> str:
-    """µs per (shape, M) with speedup over fp16 in parentheses; one column per method."""
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    lines = [f"GPU {meta['gpu']} ({meta['sms']} SMs), {meta['date']}, commit {meta['commit']}, device copy "
-             f"{meta['copy_gbs']:.0f} GB/s (read+write). Cells: µs (speedup over cuBLAS fp16, % of copy bandwidth). "
-             + ("Marlin launches: programmatic (the \"plain launch\" columns: the same kernels launched plainly)."
-                if meta.get("programmatic_launch") else "Marlin launches: plain."),
-             "", "| K×N | M | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
-    by_key = {}
-    for r in rows:
-        by_key.setdefault((r["k"], r["n"], r["m"]), {})[r["method"]] = r
-    for (k, n, m), cells in by_key.items():
-        vals = []
-        for meth in methods:
-            r = cells.get(meth)
-            vals.append("—" if r is None else f"{r['us']:.1f} (×{r['speedup_vs_fp16']:.2f}, {r['pct_copy']:.0f}%)")
-        lines.append(f"| {k}×{n} | {m} | " + " | ".join(vals) + " |")
-    return "\n".join(lines) + "\n"
+def compare(torch, gemm, a, w, c, cv, workspace, c_tmp, v_workspace, vllm):
+    """(agree, err_ratio): ours and vLLM's outputs on the same inputs against twice the bound each must meet,
+    e |a| @ |W| with e = gemm.error_bound_factor (fp32 accumulation in any order, one output rounding, Hopper's
+    dropped low bits); err_ratio = max |ours - vllm| / bound. |a| @ |W| comes from our kernel on abs_weight (its
+    own fp16 rounding: 2^-10 headroom); for zero-point types from |code - zero| <= 2^bits - 1 and each group's
+    largest scale (looser)."""
+    gemm.marlin_gemm(a, w, c=c, workspace=workspace, c_tmp=c_tmp)
+    vllm(a, w, cv, v_workspace)
+    torch.cuda.synchronize()
+    d = (c.float() - cv.float()).abs()
+    e = gemm.error_bound_factor(np.float16, w.size_k, output_roundings=1, weight_rounding=True)
+    wa = abs_weight(torch, w)
+    if wa is not None:
+        s = torch.empty_like(c)
+        gemm.marlin_gemm(a.abs(), wa[0], c=s, workspace=workspace, c_tmp=c_tmp)
+        torch.cuda.synchronize()
+        big_s = s.float() * wa[1] * (1 + 2 ** -10)
+    else:
+        group = w.size_k if w.group_size == -1 else w.group_size
+        a_groups = a.abs().float().view(a.shape[0], -1, group).sum(-1)  # (M, groups)
+        big_s = ((2 ** w.weight_type.bits - 1) * a_groups @ w.scales.float().abs().amax(1, keepdim=True))
+    bound = 2 * e * big_s + 2 ** -24
+    ratio = float((d / bound).max())
+    return bool(ratio <= 1.0), round(ratio, 4)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
 """The kernel-choice policy (workbench.gemm.choose_config / grid_blocks) on the H200's limits, pinned cell by cell
 to what round 6's configuration sweep measured (bench/results/sweep_head16b6c93_*, bench/NOTES_gemm.md "Round 6 —
-policy"), and the pre-round-6 policy (bench/ab_gemm.py's OLD_POLICY, variant new-oldpolicy) pinned to what HEAD
-chose, so that the A/B run times what it claims to."""
+policy"), and the pre-round-6 policy (OLD_POLICY below, the A/B variant that timed it) pinned to what HEAD chose,
+so that an A/B run given it times what it claims to."""
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import sys
 
 import pytest
@@ -14,8 +13,13 @@ from workbench import gemm
 from workbench.policy import DEFAULT_GEMM_POLICY
 from workbench.scalar_types import ScalarType as S
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-import ab_gemm  # noqa: E402  (no GPU import at module level)
+# the policy before round 6's sweep: 8 stages first for M <= 16, the (2, 4) tile first for 8-bit, aligned grids only
+# when no longer than the striped one (an A/B variant: bench/ab.py --variant with these fields)
+OLD_POLICY = dataclasses.replace(
+    DEFAULT_GEMM_POLICY, one_m_block_stages=((4, (8, 6, 4)), (8, (8, 6, 4))),
+    eight_bit_one_m_block_shapes=DEFAULT_GEMM_POLICY.small_m_shapes, aligned_max_longer=1.0,
+    aligned_max_longer_swap=1.0, two_blocks_min_steps_swap=DEFAULT_GEMM_POLICY.two_blocks_min_steps,
+    rows_wide_first=False)
 
 SMS, SMEM_LIMIT, SM_SMEM = 132, 232448, 233472  # H200
 GROUP = {S.U4B8: 128, S.U4: 128, S.U8B128: 128, S.FE4M3FN: -1}
@@ -83,7 +87,7 @@ def test_policy_choices(key, new, head):
 
 @pytest.mark.parametrize("key, new, head", CELLS, ids=lambda v: str(v) if not isinstance(v, tuple) else None)
 def test_old_policy_reproduces_head(key, new, head):
-    assert choice(*key, policy=ab_gemm.OLD_POLICY) == head
+    assert choice(*key, policy=OLD_POLICY) == head
 
 
 def test_aligned_grid_bound():
@@ -121,7 +125,7 @@ def test_every_choice_fits_and_divides(weight, m):
 
 
 def test_ab_variant_policy_leaves_the_default_alone():
-    """bench/ab_gemm.py's new-oldpolicy variant is a policy value: calls given it choose HEAD's configuration, calls
+    """The new-oldpolicy A/B variant is a policy value: calls given it choose HEAD's configuration, calls
     without it the default's, before and after."""
     def pick(policy=None):
         cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
@@ -129,7 +133,7 @@ def test_ab_variant_policy_leaves_the_default_alone():
         return cfg.stages, gemm.grid_blocks(cfg, 1, 14336, 4096, SMS, policy=policy)
 
     assert pick() == (6, 112)
-    assert pick(ab_gemm.OLD_POLICY) == (8, 132)
+    assert pick(OLD_POLICY) == (8, 132)
     assert pick() == (6, 112)
 
 
@@ -277,7 +281,7 @@ def test_pairs_long_range_exception_is_for_the_first_tile_without_act_order():
         assert pick(S.BF16, S.U4B8, m) == (1, 128)
         assert pick(S.F16, S.U4, m) == (1, 128)
         assert pick(S.F16, S.U4B8, m, per_row=True)[0] == 2
-    # round 16's rules, as a policy (bench/ab_gemm.py's variant new-r16pairs)
+    # round 16's rules, as a policy (the A/B variant new-r16pairs)
     r16 = replaced(pair_long_acts=(S.F16,), pair_long_zero_points=False, rows_wide_first=False)
     assert pick(S.BF16, S.U4B8, 8, policy=r16) == (2, 256) and pick(S.F16, S.U4, 16, policy=r16) == (2, 256)
     assert pick(S.F16, S.U4B8, 8, policy=r16) == (1, 128)
@@ -319,7 +323,7 @@ def test_late_scale_mirrors_the_kernel_rule():
 
 
 def test_eight_bit_row_pairs_switch():
-    """pair_two_block_eight_bit_rows off (bench/ab_gemm.py new-no8bitpairs): FP8 4096 x 14336 at M = 16 back to one
+    """pair_two_block_eight_bit_rows off (A/B variant new-no8bitpairs): FP8 4096 x 14336 at M = 16 back to one
     block per SM on 112 blocks in clusters of two."""
     p = replaced(pair_two_block_eight_bit_rows=False)
     assert pair_choice(S.FE4M3FN, 16, 4096, 14336, policy=p) == (4, 2, 4, 1, 112, 2)

@@ -1,0 +1,251 @@
+"""A/B timing of ours against a previous version of the tree, and of policy variants, in one process, on the same
+inputs, interleaved (GPU).
+
+    git archive REV | tar -x -C OLD          # OLD: a whole previous checkout
+    python bench/ab.py gemm --old-dir OLD [--m 1,16,64] [--layers 4096x14336,...] [--wtypes u4b8,fe4m3fn]
+                            [--variant nopdl:programmatic_launch=False ...] [--rounds 7] [--out DIR]
+    python bench/ab.py moe  --old-dir OLD [--m 1,8,64] [--models mixtral,dsv3] [--variant b1:blocks_per_sm=1 ...]
+
+OLD's ``workbench`` package is loaded as a second package, ``workbench_old`` (a copy whose ``workbench`` imports are
+renamed, beside links to OLD's kernel folders), so its kernels compile from OLD's sources. Variants: ``new`` (this
+tree, default policy), ``old`` (OLD, its defaults), and each ``--variant NAME:field=value,...``: this tree with
+``dataclasses.replace`` of its default policy (GemmPolicy for gemm, MoePolicy for moe; values are Python
+literals). Method: bench/timing.py's graphs, ``--rounds`` interleaved rounds, median and quartiles. Each variant's
+output is compared with old's: ``bits_equal_old`` (what a change that keeps the partition and the summation order
+must give) and ``max_rel_old`` = max |x - old| / max |old|. Writes OUT/ab_<family>.json (default: the current
+directory) and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import pathlib
+import re
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import timing  # noqa: E402
+
+IMPORT = re.compile(r"^(\s*(?:from|import)\s+)workbench\b", re.M)
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """"name:field=value,field=value" -> (name, {field: value}); values are Python literals."""
+    name, sep, body = spec.partition(":")
+    if not sep or not name or not body:
+        raise ValueError(f"variant {spec!r}: expected NAME:field=value[,field=value...]")
+    fields = {}
+    for item in re.split(r",(?=\s*\w+\s*=)", body):  # a comma inside a tuple value does not split
+        field, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"variant {spec!r}: {item!r} is not field=value")
+        try:
+            fields[field.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError) as exc:
+            raise ValueError(f"variant {spec!r}: {value!r} is not a Python literal") from exc
+    return name, fields
+
+
+def policy_variant(default, fields: dict):
+    """dataclasses.replace of ``default``; ValueError naming unknown fields (before any launch)."""
+    known = {f.name for f in dataclasses.fields(default)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"{type(default).__name__} has no field(s) {unknown}")
+    return dataclasses.replace(default, **fields)
+
+
+def variants_of(new_mod, old_mod, default, specs) -> dict:
+    """name -> (module, policy or None): new (the default policy), old (its own defaults), one per --variant."""
+    variants = {"new": (new_mod, default), "old": (old_mod, None)}
+    for spec in specs:
+        name, fields = parse_variant(spec)
+        if name in variants:
+            raise ValueError(f"variant name {name!r} is taken (new and old are built in)")
+        variants[name] = (new_mod, policy_variant(default, fields))
+    return variants
+
+
+def load_old(old_dir: pathlib.Path):
+    """OLD's workbench as package ``workbench_old``: its modules copied with their ``workbench`` imports renamed,
+    OLD's kernel folders linked beside (the package finds its kernels relative to itself)."""
+    old_dir = pathlib.Path(old_dir).resolve()
+    if not (old_dir / "workbench" / "__init__.py").exists():
+        raise FileNotFoundError(f"{old_dir} holds no workbench package (expected a whole previous checkout)")
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="ab_old_"))
+    dest = tmp / "workbench_old"
+    shutil.copytree(old_dir / "workbench", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for py in dest.rglob("*.py"):
+        text = py.read_text()
+        py.write_text(IMPORT.sub(r"\1workbench_old", text).replace("import_module(\"workbench.",
+                                                                   "import_module(\"workbench_old."))
+    for folder in ("kernels_cuda", "kernels_numba"):
+        if (old_dir / folder).exists():
+            (tmp / folder).symlink_to(old_dir / folder)
+    sys.path.insert(1, str(tmp))
+    import importlib
+
+    return importlib.import_module("workbench_old")
+
+
+def compare(torch, out, ref) -> dict:
+    out, ref = out.float(), ref.float()
+    scale = float(ref.abs().max()) or 1.0
+    return {"bits_equal_old": bool(torch.equal(out, ref)), "max_rel_old": float((out - ref).abs().max()) / scale}
+
+
+def ab_gemm(args, torch, old) -> list[dict]:
+    import bench_gemm as bg
+    from workbench import gemm
+    from workbench.policy import DEFAULT_GEMM_POLICY
+    from workbench.scalar_types import ScalarType
+
+    old_gemm = importlib_module(old, "gemm")
+    variants = variants_of(gemm, old_gemm, DEFAULT_GEMM_POLICY, args.variant)
+    dev = timing.device()
+    rows = []
+    layers = [tuple(int(v) for v in s.split("x")) for s in args.layers.split(",")] if args.layers else bg.LAYERS
+    workspace = torch.zeros(gemm.workspace_numel(dev.sms), dtype=torch.int32, device="cuda")
+    c_tmp = torch.empty(gemm.c_tmp_numel(dev.sms), dtype=torch.float32, device="cuda")
+    for k, n in layers:
+        for w in args.wtypes.split(","):
+            wt = ScalarType.parse(w)
+            nb = bg.weight_bytes(k, n, wt.bits, bg.GROUP[w], wt.has_zero_points)
+            ws = [bg.random_weight(torch, k, n, wt, bg.GROUP[w]) for _ in range(timing.copies_for(nb, dev.l2_bytes))]
+            ws_old = [old_weight(old, x) for x in ws]
+            for m in (int(v) for v in args.m.split(",")):
+                a = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(2)]
+                outs, timers = {}, {}
+                for name, (mod, pol) in variants.items():
+                    c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                    wl = ws_old if mod is old_gemm else ws
+                    kw = {} if pol is None else {"policy": pol}
+
+                    def call(i, mod=mod, c=c, wl=wl, kw=kw):
+                        return mod.marlin_gemm(a[i % 2], wl[i % len(wl)], c=c, workspace=workspace, c_tmp=c_tmp, **kw)
+
+                    call(0)
+                    torch.cuda.synchronize()
+                    outs[name] = c.clone()
+                    timers[name] = timing.GraphTimer([(lambda i=i, f=call: f(i)) for i in range(timing.LAUNCHES)])
+                stats = timing.interleaved(timers, args.rounds)
+                for name, st in stats.items():
+                    row = dict(layer=bg.layer_name(k, n), n=n, k=k, m=m, wtype=w, group=bg.GROUP[w], act="fp16",
+                               launch="graph", method=name, us=round(st["us"], 3), q1=round(st["q1"], 3),
+                               q3=round(st["q3"], 3), gbs=round(timing.gbs(nb + m * k * 2 + m * n * 2, st["us"]), 1),
+                               ratio_old=round(stats["old"]["us"] / st["us"], 4), **compare(torch, outs[name],
+                                                                                          outs["old"]))
+                    rows.append(row)
+                    print(f"{row['layer']:>11s} M={m:4d} {w:8s} {name:10s} {st['us']:9.2f} us  x{row['ratio_old']:.3f}"
+                          f" vs old  bits_equal={row['bits_equal_old']}", flush=True)
+    return rows
+
+
+def ab_moe(args, torch, old) -> list[dict]:
+    import cupy as cp
+
+    import bench_moe as bm
+    from workbench import moe
+    from workbench.formats.moe_align import moe_align_block_size as align_ref
+    from workbench.policy import DEFAULT_MOE_POLICY
+    from workbench.scalar_types import ScalarType
+    from workbench.weight import MarlinWeight
+
+    old_moe = importlib_module(old, "moe")
+    variants = variants_of(moe, old_moe, DEFAULT_MOE_POLICY, args.variant)
+    rng = np.random.default_rng(0)
+    rows = []
+    for model in args.models.split(","):
+        e, k, n, top_k = bm.MODELS[model]
+        words = cp.random.randint(-2**31, 2**31 - 1, size=(e, k // 16, n * 2), dtype=np.int64).astype(np.int32)
+        scales = (cp.random.random((e, k // bm.GROUP, n), dtype=np.float32) * 0.01 + 0.001).astype(np.float16)
+        new_w = MarlinWeight(words, scales, None, None, None, k, n, bm.GROUP, ScalarType.U4B8, np.dtype(np.float16),
+                             num_experts=e)
+        stacks = {"new": moe.MarlinExpertStack(new_w), "old": old_moe.MarlinExpertStack(old_weight(old, new_w))}
+        for m in (int(v) for v in args.m.split(",")):
+            block = moe.choose_block_size(m, top_k, e)
+            routings = bm.rotated_routings(rng, m, e, top_k, timing.LAUNCHES)
+            aligned = [tuple(cp.asarray(x) for x in align_ref(ids, block, e)) for ids in routings]
+            a = cp.asarray(rng.standard_normal((m, k), dtype=np.float32).astype(np.float16))
+            outs, timers = {}, {}
+            for name, (mod, pol) in variants.items():
+                stack = stacks["old" if mod is old_moe else "new"]
+                out = cp.zeros((m * top_k, n), dtype=np.float16)
+                kw = {} if pol is None else {"policy": pol}
+
+                def call(r, stack=stack, out=out, kw=kw):
+                    return stack.gemm_phase_fused(a, *r, out, m, block, top_k,
+                                                  stream=torch.cuda.current_stream().cuda_stream, **kw)
+
+                call(aligned[0])
+                torch.cuda.synchronize()
+                outs[name] = torch.from_dlpack(out).clone()
+                timers[name] = timing.GraphTimer([(lambda r=r, f=call: f(r)) for r in aligned])
+            stats = timing.interleaved(timers, args.rounds)
+            for name, st in stats.items():
+                row = dict(model=model, experts=e, topk=top_k, n=n, k=k, m=m, wtype="u4b8", group=bm.GROUP,
+                           act="fp16", launch="graph", method=name, us=round(st["us"], 3), q1=round(st["q1"], 3),
+                           q3=round(st["q3"], 3), ratio_old=round(stats["old"]["us"] / st["us"], 4),
+                           **compare(torch, outs[name], outs["old"]))
+                rows.append(row)
+                print(f"{model:8s} M={m:4d} {name:10s} {st['us']:9.2f} us  x{row['ratio_old']:.3f} vs old  "
+                      f"bits_equal={row['bits_equal_old']}", flush=True)
+    return rows
+
+
+def importlib_module(package, name: str):
+    import importlib
+
+    return importlib.import_module(f"{package.__name__}.{name}")
+
+
+def old_weight(old, w):
+    """The same arrays as OLD's MarlinWeight (its own class)."""
+    cls = importlib_module(old, "weight").MarlinWeight
+    return cls(**{f.name: getattr(w, f.name) for f in dataclasses.fields(cls) if hasattr(w, f.name)})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("family", choices=("gemm", "moe"))
+    p.add_argument("--old-dir", required=True, type=pathlib.Path)
+    p.add_argument("--out", default=".", type=pathlib.Path)
+    p.add_argument("--m", default=None, help="default: 1,16,64 (gemm), 1,8,64 (moe)")
+    p.add_argument("--layers", default="", help="gemm: KxN,... (default: bench_gemm's six)")
+    p.add_argument("--wtypes", default="u4b8,fe4m3fn", help="gemm")
+    p.add_argument("--models", default="mixtral,dsv3", help="moe")
+    p.add_argument("--variant", action="append", default=[], help="NAME:field=value,... (repeatable)")
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args(argv)
+    for spec in args.variant:  # bad variants fail here, before any GPU work
+        parse_variant(spec)
+    args.m = args.m or ("1,16,64" if args.family == "gemm" else "1,8,64")
+    t0 = time.time()
+    import torch
+
+    old = load_old(args.old_dir)
+    dev = timing.device()
+    rows = (ab_gemm if args.family == "gemm" else ab_moe)(args, torch, old)
+    meta = timing.meta(ROOT, dev, timing.ceilings(dev), {"old_dir": str(args.old_dir), "variants": args.variant,
+                                                        "rounds": args.rounds, "wall_s": round(time.time() - t0, 1)},
+                       {})
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"ab_{args.family}.json"
+    path.write_text(json.dumps({"schema": timing.SCHEMA, "family": f"ab_{args.family}", "meta": meta, "rows": rows},
+                               indent=1) + "\n")
+    print(f"wrote {path} ({len(rows)} rows)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
