@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     page_path = pathlib.Path(args.page)
     try:
         updated = splice(page_path.read_text(), tables_markdown(args.results), str(page_path))
-    except (ResultsSchemaError, ValueError) as exc:
+    except (ResultsSchemaError, ValueError, OSError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     if args.check:

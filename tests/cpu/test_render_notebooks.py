@@ -78,7 +78,7 @@ def test_teaching_notebooks_end_with_checked_exercises(name):
     assert "assert all(f.ok for f in feedback)" in "".join(solution["source"])
 
 
-@pytest.mark.parametrize("name", [n for n in EXPECTED if n != "07_performance"])
+@pytest.mark.parametrize("name", EXPECTED)
 def test_no_maintainers_asides_in_teaching_text(name):
     text = "\n".join("".join(c["source"]) for c in json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"])
     for aside in ("spec §", "round 1", "round 2", "NOTES_gemm", "warp step"):
