@@ -36,7 +36,8 @@ def test_a_valid_file_loads_and_a_missing_one_is_none(tmp_path):
     (lambda d: d["rows"][2].pop("us"), r"gemm.json: rows\[2\] lacks the required key 'us'"),
     (lambda d: d["rows"][0].update(m="1"), r"gemm.json: rows\[0\]\['m'\] must be an integer, got '1'"),
     (lambda d: d["rows"][1].update(gbs=True), r"rows\[1\]\['gbs'\] must be a number, got True"),
-    (lambda d: d["rows"][1].update(launch="eager"), r"rows\[1\]\['launch'\] is 'eager', not one of graph, plain, isolated"),
+    (lambda d: d["rows"][1].update(launch="eager"),
+     r"rows\[1\]\['launch'\] is 'eager', not one of graph, plain, isolated"),
     (lambda d: d["rows"][0].update(us=0.0), r"rows\[0\]\['us'\] must be a positive time"),
     (lambda d: d["meta"].pop("nvcc"), r"gemm.json: meta lacks the required key 'nvcc'"),
     (lambda d: d["meta"]["ceilings"].update(read_gbs=None), r"meta\['ceilings'\]\['read_gbs'\] must be a number"),
@@ -58,6 +59,10 @@ def test_null_ceilings_for_tensor_peaks_are_allowed_and_bad_json_is_named(tmp_pa
     doc = gemm_doc()
     doc["meta"]["ceilings"].update(mma_tflops=None, cublas_tflops=None)
     assert bench.validate_results(doc, "x") is doc
+    cpu = host_doc()  # a CPU-only run has no bandwidth ceilings; only the GPU families must carry them
+    cpu["meta"]["ceilings"] = dict.fromkeys(cpu["meta"]["ceilings"])
+    assert bench.validate_results(cpu, "x") is cpu and "No device ceilings." in bench.describe_run(cpu)
+    assert bench.compare_cells(cpu)[0]["pct_read"] is None
     (tmp_path / "moe.json").write_text("{not json")
     with pytest.raises(bench.ResultsSchemaError, match="moe.json: not valid JSON"):
         bench.load_family(tmp_path, "moe")

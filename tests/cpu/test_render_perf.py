@@ -84,6 +84,8 @@ def test_measured_roofline_places_every_graph_cell():
     moved = 2000.0 * 1e9 * 5e-6
     assert p["intensity"] == pytest.approx(2 * 4096 * 4096 / moved)
     assert p["tflops"] == pytest.approx(2 * 4096 * 4096 / 5e-6 / 1e12)
+    doc["rows"].append(dict(doc["rows"][0], pdl=False, us=6.0))  # a variant of ours: not a point of its own
+    assert roofline.roofline_points(doc) == points
     fig = roofline.render_roofline(doc)
     ax = fig.axes[0]
     assert sum(len(c.get_offsets()) for c in ax.collections) == len(points)

@@ -24,7 +24,6 @@ import pathlib
 import re
 from numbers import Real
 
-from workbench.render._draw import HTML, html_table
 
 SCHEMA_VERSION = 1
 FAMILIES = ("gemm", "moe", "repack", "checkpoint", "host", "torch_models", "pipeline")
@@ -34,8 +33,9 @@ OURS = "ours"
 _NUMBER = "number"
 _META_KEYS = {"gpu": str, "sms": int, "date": str, "commit": str, "torch": str, "cupy": str, "nvcc": str,
               "ceilings": dict, "method": dict, "peers": dict}
-_CEILING_KEYS = {"copy_gbs": _NUMBER, "read_gbs": _NUMBER, "mma_tflops": (_NUMBER, None),
+_CEILING_KEYS = {"copy_gbs": (_NUMBER, None), "read_gbs": (_NUMBER, None), "mma_tflops": (_NUMBER, None),
                  "cublas_tflops": (_NUMBER, None)}
+GPU_FAMILIES = ("gemm", "moe", "repack")  # their files must carry the bandwidth ceilings; a CPU run has none
 _COMMON_ROW_KEYS = {"method": str, "us": _NUMBER}
 ROW_KEYS = {
     "gemm": {"layer": str, "n": int, "k": int, "m": int, "wtype": str, "group": (int, None), "act": str,
@@ -101,8 +101,10 @@ def validate_results(doc, source: str = "results", family: str | None = None) ->
     if not _DATE.match(meta["date"]):
         raise ResultsSchemaError(f"{source}: meta['date'] must be YYYY-MM-DD, got {meta['date']!r}")
     _check_keys(meta["ceilings"], _CEILING_KEYS, "meta['ceilings']", source)
+    if doc["family"] in GPU_FAMILIES:
+        _check_keys(meta["ceilings"], {"copy_gbs": _NUMBER, "read_gbs": _NUMBER}, "meta['ceilings']", source)
     for name in ("copy_gbs", "read_gbs"):
-        if meta["ceilings"][name] <= 0:
+        if meta["ceilings"][name] is not None and meta["ceilings"][name] <= 0:
             raise ResultsSchemaError(f"{source}: meta['ceilings'][{name!r}] must be positive, got "
                                      f"{meta['ceilings'][name]!r}")
     keys = required_row_keys(doc["family"])
@@ -188,8 +190,9 @@ def compare_cells(doc: dict) -> list[dict]:
     """One entry per row of ours: ``{"row", "ratios": {peer: peer_us / ours_us}, "pct_read"}``.
 
     A ratio above 1 means ours is faster. A peer counts for a cell when it has a row with the same shape and the same
-    format (a baseline in BASELINES: the same shape only); a peer row timed with the same launch kind is preferred. ``pct_read`` is the row's ``gbs`` as % of the read ceiling measured in the
-    same run (None when the row has no ``gbs``).
+    format (a baseline in BASELINES: the same shape only); a peer row timed with the same launch kind is preferred.
+    ``pct_read`` is the row's ``gbs`` as % of the read ceiling measured in the same run (None without ``gbs`` or
+    a read ceiling).
     """
     family, rows = doc["family"], doc["rows"]
     shape = _identity_keys(family, rows)
@@ -211,8 +214,14 @@ def compare_cells(doc: dict) -> list[dict]:
             if chosen is not None:
                 ratios[peer] = float(chosen["us"]) / float(row["us"])
         gbs = row.get("gbs")
-        cells.append({"row": row, "ratios": ratios, "pct_read": 100.0 * gbs / read if gbs is not None else None})
+        pct_read = 100.0 * gbs / read if (gbs is not None and read) else None
+        cells.append({"row": row, "ratios": ratios, "pct_read": pct_read})
     return cells
+
+
+def is_variant(row: dict) -> bool:
+    """A row of ours timed with a non-default setting beside the default one (programmatic launches off)."""
+    return row.get("pdl") is False
 
 
 def config_label(row: dict) -> str:
@@ -223,7 +232,7 @@ def config_label(row: dict) -> str:
     if "act" in row and row["act"] != row.get("wtype"):  # a dense fp16 peer is just "fp16"
         parts.append(str(row["act"]))
     label = " ".join(parts)
-    if row.get("pdl") is False:  # ours without programmatic dependent launches, beside the default
+    if is_variant(row):  # ours without programmatic dependent launches, beside the default
         label += " no-PDL"
     return f"{label}, {row['launch']}" if "launch" in row else label
 
@@ -232,25 +241,14 @@ def describe_run(doc: dict) -> str:
     """One sentence: where and when the run was, its ceilings and its peers' sources."""
     meta = doc["meta"]
     c = meta["ceilings"]
-    ceilings = [f"device copy {c['copy_gbs']:.0f} GB/s", f"streaming read {c['read_gbs']:.0f} GB/s"]
+    ceilings = [f"{name} {c[key]:.0f} GB/s" for name, key in (("device copy", "copy_gbs"),
+                                                               ("streaming read", "read_gbs")) if c.get(key)]
     if c.get("mma_tflops"):
         ceilings.append(f"mma.sync fp16 {c['mma_tflops']:.0f} TFLOP/s")
     if c.get("cublas_tflops"):
         ceilings.append(f"cuBLAS fp16 {c['cublas_tflops']:.0f} TFLOP/s")
     peers = ", ".join(f"{k} = {v}" for k, v in meta["peers"].items()) or "none"
     return (f"{meta['gpu']} ({meta['sms']} SMs), {meta['date']}, commit {meta['commit']}; torch {meta['torch']}, "
-            f"CuPy {meta['cupy']}, nvcc {meta['nvcc']}. Ceilings measured in the same run: {', '.join(ceilings)}. "
-            f"Peers: {peers}.")
-
-
-def summary_html(results: dict[str, dict | None], results_dir="bench/results") -> HTML:
-    """One row per family: where its data comes from, or that it is missing."""
-    rows = []
-    for family, doc in results.items():
-        if doc is None:
-            rows.append((family, "—", "—", "missing: " + missing_note(family, results_dir)))
-        else:
-            meta = doc["meta"]
-            rows.append((family, f"{meta['gpu']}, {meta['date']}", len(doc["rows"]),
-                         ", ".join(peers_of(doc)) or "no peers"))
-    return HTML(html_table(["family", "GPU, date", "rows", "peers"], rows, caption=f"results under {results_dir}"))
+            f"CuPy {meta['cupy']}, nvcc {meta['nvcc']}. "
+            + (f"Ceilings measured in the same run: {', '.join(ceilings)}. " if ceilings else "No device ceilings. ")
+            + f"Peers: {peers}.")

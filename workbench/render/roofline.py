@@ -17,6 +17,7 @@ from matplotlib.patches import Rectangle
 from workbench.formats import marlin_tile as mt
 from workbench.formats.packing import pack_factor
 from workbench.render._draw import HTML, HIGHLIGHT, OKABE_ITO, html_table, new_figure
+from workbench.render.bench import is_variant
 from workbench.scalar_types import ScalarType
 
 ACT_BYTES = 2  # fp16 / bf16 activations and outputs
@@ -74,7 +75,8 @@ def ideal_speedup(n, k, m, wtype, group=-1, read_gbs=None, peak_tflops=None, ove
 # Loads per lane, from the index maps
 # ---------------------------------------------------------------------------------------------------------------
 LAYOUTS = ("gptq", "awq", "marlin")
-LAYOUT_NAMES = {"gptq": "GPTQ rows [K/pf, N]", "awq": "AWQ columns [K, N/pf]", "marlin": "Marlin tiles [K/16, N·16/pf]"}
+LAYOUT_NAMES = {"gptq": "GPTQ rows [K/pf, N]", "awq": "AWQ columns [K, N/pf]",
+                "marlin": "Marlin tiles [K/16, N·16/pf]"}
 
 
 def lane_elements(lane: int) -> tuple[np.ndarray, np.ndarray]:
@@ -201,11 +203,11 @@ def render_traffic_model(n: int = 4096, k: int = 4096, ms=(1, 2, 4, 8, 16, 32, 6
 # The measured roofline
 # ---------------------------------------------------------------------------------------------------------------
 def roofline_points(doc: dict, launch: str = "graph") -> list[dict]:
-    """One point per GEMM row timed with ``launch``: its method, format, flops per byte and achieved TFLOP/s. The
-    bytes are the row's own (``gbs`` × time: what the cell must move)."""
+    """One point per GEMM row timed with ``launch`` (variants of ours left out): its method, format, flops per byte
+    and achieved TFLOP/s. The bytes are the row's own (``gbs`` × time: what the cell must move)."""
     points = []
     for r in doc["rows"]:
-        if r.get("launch", launch) != launch:
+        if r.get("launch", launch) != launch or is_variant(r):
             continue
         seconds = float(r["us"]) * 1e-6
         moved = float(r["gbs"]) * 1e9 * seconds
@@ -258,7 +260,8 @@ def speedup_points(doc: dict, wtype: str = "u4b8", group: int = 128, act: str = 
     base = {(r["layer"], r["m"]): r for r in doc["rows"] if r["method"] == baseline}
     out = []
     for r in doc["rows"]:
-        if (r["method"], r["wtype"], r["group"], r["act"], r["launch"]) != ("ours", wtype, group, act, launch):
+        if (r["method"], r["wtype"], r["group"], r["act"], r["launch"]) != ("ours", wtype, group, act, launch) \
+                or is_variant(r):
             continue
         b = base.get((r["layer"], r["m"]))
         if b is None:
