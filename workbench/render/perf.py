@@ -116,9 +116,10 @@ def render_ratios(doc: dict, config: str | None = None):
     return fig
 
 
-def render_repack(doc: dict):
-    """Each repack op as % of a device copy of the same bytes, ours and peers side by side (one bar each)."""
-    rows = doc["rows"]
+def render_repack(doc: dict, launch: str = "isolated"):
+    """Each repack op as % of a device copy of the same bytes, ours and peers side by side (one bar each), from the
+    rows timed with ``launch`` (rows without a launch kind count for any)."""
+    rows = [r for r in doc["rows"] if r.get("launch", launch) == launch]
     labels = list(dict.fromkeys(f"{r['op']} {r['wtype']} {r['k']}×{r['n']}" for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
     fig, (ax,) = new_figure(7.0, 0.35 * len(labels) * max(1, len(methods)) / 1.5 + 1.2)
