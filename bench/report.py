@@ -18,15 +18,15 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workbench.render.bench import (FAMILIES, SHAPE_KEYS, ResultsSchemaError, compare_cells,  # noqa: E402
-                                    config_label, describe_run, load_family, missing_note, peers_of)
+from workbench.render.bench import (FAMILIES, GROUP_KEYS, SHAPE_KEYS, ResultsSchemaError,  # noqa: E402
+                                    compare_cells, config_label, describe_run, group_title, load_family,
+                                    missing_note, peers_of, sorted_cells)
 
 BEGIN = "<!-- tables: written by bench/report.py from bench/results/*.json; edit the results, not this -->"
 END = "<!-- end of tables -->"
 TITLES = {"gemm": "Dense GEMM", "moe": "Fused MoE", "repack": "Repack kernels", "checkpoint": "Checkpoint repack",
           "host": "Host time per call", "torch_models": "PyTorch models", "pipeline": "Checkpoint pipeline"}
-# per family: the keys that name a table (one table per value) and the keys that name a row inside it
-GROUP_BY = {"gemm": ("layer", "k", "n"), "moe": ("model", "experts", "topk", "k", "n"), "repack": ()}
+
 
 
 def _fmt_us(us: float) -> str:
@@ -37,41 +37,19 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def _group_title(family: str, key: tuple) -> str:
-    names = dict(zip(GROUP_BY[family], key))
-    if family == "gemm":
-        return f"{names['layer']}: K × N = {names['k']} × {names['n']}"
-    if family == "moe":
-        return (f"{names['model']}: {names['experts']} experts, top-{names['topk']}, "
-                f"K × N = {names['k']} × {names['n']}")
-    return ""
-
-
-LAUNCH_ORDER = ("graph", "plain", "isolated")
-
-
-def _format_of(row: dict) -> tuple:
-    return tuple(str(row.get(k)) for k in ("wtype", "group", "act"))
-
-
-def _row_order(row: dict, row_keys, formats) -> tuple:
-    """Format as the bench wrote them, then the default launch (graph, programmatic), its variants, then M."""
-    launch = LAUNCH_ORDER.index(row["launch"]) if row.get("launch") in LAUNCH_ORDER else len(LAUNCH_ORDER)
-    return (formats.index(_format_of(row)), launch, row.get("pdl") is False,
-            *[(str(type(row[k])), row[k]) for k in row_keys])
-
-
 def family_section(family: str, doc: dict) -> list[str]:
     """The markdown of one family: a line about the run, then its tables."""
     lines = [f"### {TITLES.get(family, family)}", "", describe_run(doc), ""]
-    method = doc["meta"]["method"]
+    # the timing settings (scalars and short lists; nested records such as build notes stay in the file)
+    method = {k: v for k, v in doc["meta"]["method"].items() if not isinstance(v, dict)}
     if method:
-        lines += ["Timing: " + "; ".join(f"{k} = {v}" for k, v in method.items()) + ".", ""]
+        lines += ["Timing: " + "; ".join(f"{k} = {(', '.join(map(str, v)) or 'none') if isinstance(v, list) else v}"
+                                         for k, v in method.items()) + ".", ""]
     cells = compare_cells(doc)
     if not cells:
         return lines + ["(no rows of ours in this file)", ""]
     peers = peers_of(doc)
-    group_keys = GROUP_BY.get(family, ())
+    group_keys = GROUP_KEYS.get(family, ())
     row_keys = [k for k in SHAPE_KEYS.get(family, ()) if k not in group_keys]
     if family not in SHAPE_KEYS:  # other families: every identifying key of the first row that is not measured
         row_keys = [k for k in cells[0]["row"] if k not in ("method", "us", "gbs", "pct_copy", "pct_read")
@@ -81,14 +59,13 @@ def family_section(family: str, doc: dict) -> list[str]:
     header = ([k if k != "m" else "M" for k in row_keys] + ["format, launch"] * (family in FORMAT_FAMILIES)
               + ["ours µs"] + ["GB/s", "% of read"] * has_gbs + ["% of copy"] * has_copy
               + [f"× {p}" for p in peers])
-    formats = list(dict.fromkeys(_format_of(c["row"]) for c in cells))  # in the order the bench wrote them
     groups = {}
     for c in cells:
         groups.setdefault(tuple(c["row"][k] for k in group_keys), []).append(c)
     for key, members in groups.items():
         if group_keys:
-            lines += [f"**{_group_title(family, key)}**", ""]
-        members = sorted(members, key=lambda c: _row_order(c["row"], row_keys, formats))
+            lines += [f"**{group_title(family, members[0]['row'])}**", ""]
+        members = sorted_cells(members, row_keys)
         rows = []
         for c in members:
             r = c["row"]

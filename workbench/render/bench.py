@@ -224,6 +224,39 @@ def is_variant(row: dict) -> bool:
     return row.get("pdl") is False
 
 
+# the keys that name one table (BENCHMARKS.md) or one panel (notebook 07) of a family
+GROUP_KEYS = {"gemm": ("layer", "k", "n"), "moe": ("model", "experts", "topk", "k", "n")}
+LAUNCH_ORDER = ("graph", "isolated", "plain")  # a family's timing method first, eager calls after
+
+
+def group_title(family: str, row: dict) -> str:
+    """The name of a row's table or panel: its layer (or model) and shape."""
+    shape = f"K × N = {row['k']} × {row['n']}"
+    if family == "gemm":
+        return shape if row["layer"] == f"{row['k']}x{row['n']}" else f"{row['layer']}: {shape}"
+    if family == "moe":
+        return f"{row['model']}: {row['experts']} experts, top-{row['topk']}, {shape}"
+    return ""
+
+
+def sorted_cells(cells: list[dict], keys=()) -> list[dict]:
+    """compare_cells' entries in reading order: each format of ours as the bench wrote them, its default launch
+    first (then its variants, then the other launch kinds), then by ``keys`` (e.g. M)."""
+    formats = list(dict.fromkeys(_format_of(c["row"]) for c in cells))
+
+    def order(c):
+        row = c["row"]
+        launch = LAUNCH_ORDER.index(row["launch"]) if row.get("launch") in LAUNCH_ORDER else len(LAUNCH_ORDER)
+        return (formats.index(_format_of(row)), launch, is_variant(row),
+                *[(str(type(row[k])), row[k]) for k in keys])
+
+    return sorted(cells, key=order)
+
+
+def _format_of(row: dict) -> tuple:
+    return tuple(str(row.get(k)) for k in ("wtype", "group", "act"))
+
+
 def config_label(row: dict) -> str:
     """``u4b8 g128 fp16, graph``-style label of a row's format and launch (keys it lacks are left out)."""
     parts = [str(row["wtype"])] if "wtype" in row else []

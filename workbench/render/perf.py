@@ -7,23 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.render._draw import HTML, OKABE_ITO, html_table, new_figure
-from workbench.render.bench import OURS, compare_cells, config_label, peers_of
-
-# the keys that name one panel of a family's charts
-PANEL_KEYS = {"gemm": ("layer", "k", "n"), "moe": ("model", "experts", "topk", "k", "n")}
-
-
-def _panel_title(family: str, key: tuple) -> str:
-    if family == "gemm":
-        return f"{key[0]}: {key[1]} × {key[2]}"
-    return f"{key[0]}: {key[1]} experts, top-{key[2]}, {key[3]} × {key[4]}"
+from workbench.render.bench import GROUP_KEYS, OURS, compare_cells, config_label, group_title, peers_of, sorted_cells
 
 
 def render_times(doc: dict, launch: str = "graph"):
     """Time per call against M, one panel per layer (GEMM) or model (MoE), one line per method and format timed
     with ``launch``; ours solid, peers dashed."""
     family = doc["family"]
-    keys = PANEL_KEYS[family]
+    keys = GROUP_KEYS[family]
     rows = [r for r in doc["rows"] if r.get("launch") == launch]
     panels = list(dict.fromkeys(tuple(r[k] for k in keys) for r in rows))
     cols = max(1, min(3, len(panels)))
@@ -42,7 +33,7 @@ def render_times(doc: dict, launch: str = "graph"):
         ax.set_yscale("log")
         ax.set_xlabel("M (tokens)")
         ax.set_ylabel("µs per call")
-        ax.set_title(_panel_title(family, panel), fontsize=8)
+        ax.set_title(group_title(family, dict(zip(keys, panel))), fontsize=8)
     if panels:
         axes[0].legend(fontsize=6, loc="upper left")
     for ax in axes[len(panels):]:
@@ -54,7 +45,7 @@ def ratio_summary(doc: dict, split_m: int = 16) -> list[tuple]:
     """Per format and launch of ours and per peer: the range of peer time ÷ our time over the cells with
     M ≤ ``split_m`` and over the larger ones (families without M: over all cells), and the range of % of the read
     ceiling. Rows: (format, peer, small-M range, large-M range, % of read range)."""
-    cells = compare_cells(doc)
+    cells = sorted_cells(compare_cells(doc))
     out = []
 
     def span(values, fmt):
@@ -93,7 +84,7 @@ def render_ratios(doc: dict, config: str | None = None):
     config = config or next((config_label(c["row"]) for c in cells), None)
     cells = [c for c in cells if config_label(c["row"]) == config]
     peers = [p for p in peers_of(doc) if any(p in c["ratios"] for c in cells)]
-    keys = PANEL_KEYS.get(family, ())
+    keys = GROUP_KEYS.get(family, ())
     fig, axes = new_figure(3.6 * max(1, len(peers)), 3.0, ncols=max(1, len(peers)), sharey=True)
     if not peers:
         axes[0].text(0.5, 0.5, f"no peer rows beside ours ({config})", ha="center", va="center")
@@ -105,7 +96,8 @@ def render_ratios(doc: dict, config: str | None = None):
             pts = sorted((c["row"]["m"], c["ratios"][peer]) for c in cells
                          if tuple(c["row"][k] for k in keys) == panel and peer in c["ratios"])
             if pts:
-                ax.plot(*zip(*pts), "o-", color=color, markersize=3, linewidth=1, label=_panel_title(family, panel))
+                ax.plot(*zip(*pts), "o-", color=color, markersize=3, linewidth=1,
+                        label=group_title(family, dict(zip(keys, panel))))
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -17,7 +17,7 @@ from matplotlib.patches import Rectangle
 from workbench.formats import marlin_tile as mt
 from workbench.formats.packing import pack_factor
 from workbench.render._draw import HTML, HIGHLIGHT, OKABE_ITO, html_table, new_figure
-from workbench.render.bench import is_variant
+from workbench.render.bench import OURS, group_title, is_variant
 from workbench.scalar_types import ScalarType
 
 ACT_BYTES = 2  # fp16 / bf16 activations and outputs
@@ -217,6 +217,10 @@ def roofline_points(doc: dict, launch: str = "graph") -> list[dict]:
     return points
 
 
+OURS_COLOR = OKABE_ITO[5]  # vermilion
+PEER_COLORS = [OKABE_ITO[i] for i in (4, 2, 6, 0, 1, 7)]  # no yellow: it vanishes on white
+
+
 def render_roofline(doc: dict, launch: str = "graph"):
     """Every GEMM cell of a results document under the roofs measured in the same run: the streaming-read ceiling
     (bytes/s × flops/byte) and the tensor peaks (mma.sync and cuBLAS fp16). One colour per method; the distance
@@ -238,11 +242,12 @@ def render_roofline(doc: dict, launch: str = "graph"):
             label=f"streaming read {ceilings['read_gbs']:.0f} GB/s")
     for (name, peak), style in zip(peaks, ("--", ":")):
         ax.axhline(peak, color="black", linestyle=style, linewidth=1, label=f"{name} {peak:.0f} TFLOP/s")
-    methods = list(dict.fromkeys(p["method"] for p in points))
-    for method, color in zip(methods, OKABE_ITO * 2):
+    peers = [m for m in dict.fromkeys(p["method"] for p in points) if m != OURS]
+    for method, color in [*zip(peers, PEER_COLORS * 2), (OURS, OURS_COLOR)]:  # ours drawn last, on top
         mine = [p for p in points if p["method"] == method]
-        ax.scatter([p["intensity"] for p in mine], [p["tflops"] for p in mine], s=12, color=color, label=method,
-                   marker="o" if method == "ours" else "s", alpha=0.8)
+        if mine:
+            ax.scatter([p["intensity"] for p in mine], [p["tflops"] for p in mine], s=14 if method == OURS else 10,
+                       color=color, label=method, marker="o" if method == OURS else "s", alpha=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("flops per byte moved (each cell's own bytes)")
@@ -254,10 +259,11 @@ def render_roofline(doc: dict, launch: str = "graph"):
 
 def speedup_points(doc: dict, wtype: str = "u4b8", group: int = 128, act: str = "fp16", launch: str = "graph",
                    baseline: str = "cublas") -> list[dict]:
-    """Per layer and M: ours (``wtype``/``group``/``act``) against the baseline's time, and the roofline's ideal for
-    the same cell with the ceilings of the run (read bandwidth, cuBLAS's peak for fp16, mma.sync's for ours)."""
+    """Per layer and M: ours (``wtype``/``group``/``act``) against the baseline's time with the same launch, and the
+    roofline's ideal for the same cell under the ceilings of the run (the read bandwidth; cuBLAS's peak for fp16,
+    mma.sync's for ours where the run measured it, else cuBLAS's too)."""
     c = doc["meta"]["ceilings"]
-    base = {(r["layer"], r["m"]): r for r in doc["rows"] if r["method"] == baseline}
+    base = {(r["layer"], r["m"]): r for r in doc["rows"] if r["method"] == baseline and r.get("launch") == launch}
     out = []
     for r in doc["rows"]:
         if (r["method"], r["wtype"], r["group"], r["act"], r["launch"]) != ("ours", wtype, group, act, launch) \
@@ -267,7 +273,8 @@ def speedup_points(doc: dict, wtype: str = "u4b8", group: int = 128, act: str = 
         if b is None:
             continue
         fp16 = ideal_time_s(r["n"], r["k"], r["m"], "fp16", None, c["read_gbs"], c.get("cublas_tflops"))
-        quant = ideal_time_s(r["n"], r["k"], r["m"], wtype, group, c["read_gbs"], c.get("mma_tflops"))
+        quant = ideal_time_s(r["n"], r["k"], r["m"], wtype, group, c["read_gbs"],
+                             c.get("mma_tflops") or c.get("cublas_tflops"))
         out.append({"layer": r["layer"], "k": r["k"], "n": r["n"], "m": r["m"],
                     "measured": float(b["us"]) / float(r["us"]), "ideal": fp16 / quant})
     return sorted(out, key=lambda p: (p["k"] * p["n"], p["layer"], p["m"]))
@@ -287,11 +294,11 @@ def render_speedup_vs_ideal(doc: dict, **select):
         mine = [p for p in points if p["layer"] == layer]
         ms = [p["m"] for p in mine]
         ax.plot(ms, [p["ideal"] for p in mine], "--", color="black", linewidth=1, label="roofline ideal")
-        ax.plot(ms, [p["measured"] for p in mine], "o-", color=OKABE_ITO[4], markersize=3, label="measured")
+        ax.plot(ms, [p["measured"] for p in mine], "o-", color=OURS_COLOR, markersize=3, label="measured")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ms, [str(m) for m in ms], fontsize=6)
-        ax.set_title(f"{layer}: {k} × {n}", fontsize=8)
+        ax.set_title(group_title("gemm", {"layer": layer, "k": k, "n": n}), fontsize=8)
         ax.set_xlabel("M")
     axes[0].set_ylabel("× over cuBLAS fp16")
     axes[0].legend(fontsize=6)
