@@ -128,3 +128,22 @@ def test_the_committed_page_has_the_markers_and_committed_results_follow_the_sch
     report.splice((ROOT / "BENCHMARKS.md").read_text(), "")
     for family, doc in bench.load_results(ROOT / "bench" / "results").items():
         assert doc is None or doc["family"] == family
+
+
+def test_report_orders_default_launch_then_variants_then_plain_and_names_variants(tmp_path):
+    doc = gemm_doc()
+    doc["rows"] += [dict(r, pdl=False, us=r["us"] * 1.2) for r in doc["rows"]
+                    if r["method"] == "ours" and r["launch"] == "graph" and r["wtype"] == "u4b8"]
+    doc["rows"].insert(0, doc["rows"].pop(1))  # a plain row first: the order must not follow the file's
+    results = tmp_path / "results"
+    results.mkdir()
+    _write(results, doc)
+    page = tmp_path / "BENCHMARKS.md"
+    page.write_text(f"{report.BEGIN}\n{report.END}\n")
+    assert report.main(["--results", str(results), "--page", str(page)]) == 0
+    labels = [line.split(" | ")[1] for line in page.read_text().splitlines() if line.startswith("| 1 ")
+              or line.startswith("| 16 ")]
+    assert labels == ["u4b8 g128 fp16, graph"] * 2 + ["u4b8 g128 fp16 no-PDL, graph"] * 2 + \
+        ["u4b8 g128 fp16, plain"] * 2 + ["u8b128 g128 fp16, graph"]
+    assert "**K × N" not in page.read_text() and "**down: K × N = 4096 × 4096**" in page.read_text()
+    assert bench.group_title("gemm", {"layer": "4096x4096", "k": 4096, "n": 4096}) == "K × N = 4096 × 4096"
