@@ -152,5 +152,5 @@ def test_notebook_07_runs_on_every_family_present_and_on_none(tmp_path, monkeypa
             (results / f"{doc['family']}.json").write_text(json.dumps(doc))
         namespace = {}
         for source in code:
-            exec(compile(source, "07_performance", "exec"), namespace)  # noqa: S102 - the notebook's own cells
+            exec(compile(source, "07_performance", "exec"), namespace)  # the notebook's own cells
         assert set(k for k, v in namespace["results"].items() if v is not None) == {d["family"] for d in docs}
