@@ -58,7 +58,7 @@ def test_every_render_returns_a_figure():
         render.render_awq_packing(8, 1, 8), render.render_scale_permutation(64, 5),
         render.render_scale_permutation(32), render.render_fp8_bit_move(), render.render_block_fp8_word(256, 128, 77),
         render.render_block_fp8_scale_map(256, 256, 3), render.render_gate_up_fusion(128, 64),
-        render.render_act_order(64, 16), render.render_bandwidth_chart([]),
+        render.render_act_order(64, 16),
     ]
     for fig in figures:
         assert isinstance(fig, Figure) and fig.axes
@@ -126,16 +126,6 @@ def test_bad_inputs_raise_value_errors():
         render.render_layout("int3", 16, 64)
     with pytest.raises(ValueError, match="color_by"):
         render.render_layout("u4b8", 16, 64, color_by="rainbow")
-
-
-def test_bench_reader_reports_missing_and_broken(tmp_path):
-    assert "No benchmark results" in render.bench_summary_html(render.load_bench_results(tmp_path / "none"))
-    (tmp_path / "a.json").write_text('{"meta": {"gpu": "x"}, "rows": [{"op": "r", "M": 1, "gbps": 2.5}]}')
-    (tmp_path / "b.json").write_text("{not json")
-    results = render.load_bench_results(tmp_path)
-    assert [r["file"] for r in results] == ["a.json", "b.json"]
-    assert results[0]["meta"] == {"gpu": "x"} and results[1]["error"].startswith("JSONDecodeError")
-    assert isinstance(render.render_bandwidth_chart(results), Figure)
 
 
 def test_quantization_errors_on_random_weights_order_types():

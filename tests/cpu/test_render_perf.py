@@ -1,68 +1,156 @@
-"""The benchmark charts of notebook 07, headless, on small synthetic documents in each script's schema."""
-import json
+"""The performance pictures of notebooks 00 and 07, headless: the byte model, the loads per lane from the index maps,
+and the measured charts on a small results document in the schema of bench/results."""
+from __future__ import annotations
 
-from workbench.render import perf
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
 
+from workbench.formats import marlin_tile as mt
+from workbench.formats.packing import pack_rows
+from workbench.render import perf, roofline
+from workbench.render.fingerprint import figure_fingerprint
 
-def _gemm_doc():
-    rows = []
-    for m in (1, 2, 4, 8, 16, 32, 64):
-        for method, us in (("cuBLAS fp16 (torch.matmul)", 10.0), ("tinygemm bf16 (W4 g128)", 2.0 * m),
-                           ("marlin u4b8 g128 fp16", 5.0), ("marlin u4b8 g128 bf16", 5.0 + m / 16),
-                           ("marlin fe4m3fn chan fp16", 8.0)):
-            rows.append({"k": 4096, "n": 4096, "m": m, "method": method, "us": us, "gbs": 1000.0,
-                         "speedup_vs_fp16": 10.0 / us})
-    return {"meta": {"gpu": "TEST", "commit": "abc", "copy_gbs": 4000.0}, "rows": rows}
-
-
-def test_gemm_chart_and_bars():
-    doc = _gemm_doc()
-    fig = perf.render_gemm_times(doc)
-    assert len([ax for ax in fig.axes if ax.lines]) == 1
-    html = perf.gemm_bars_html(doc)._repr_html_()
-    assert "×2.00 – ×2.00" in html  # INT4 vs fp16 at M <= 16: 10 / 5
-    assert "×1.25 – ×1.25" in html  # FP8: 10 / 8
-    assert "<td>1, 2</td>" in html  # tinygemm (2·M µs) beats 5 + M/16 µs only at M = 1, 2
-    assert "plain" not in html
+from bench_fixture import gemm_doc, repack_doc
 
 
-def test_gemm_bars_with_plain_launches_beside():
-    """bench_gemm's "(plain launch)" rows: their ranges in brackets after the programmatic ones; not in the chart."""
-    doc = _gemm_doc()
-    doc["rows"] += [dict(r, method=r["method"] + " (plain launch)", us=r["us"] + 1.0,
-                         speedup_vs_fp16=10.0 / (r["us"] + 1.0))
-                    for r in doc["rows"] if r["method"] in ("marlin u4b8 g128 fp16", "marlin fe4m3fn chan fp16")]
-    html = perf.gemm_bars_html(doc)._repr_html_()
-    assert "×2.00 – ×2.00 [plain ×1.67 – ×1.67]" in html and "×1.25 – ×1.25 [plain ×1.11 – ×1.11]" in html
-    labels = [line.get_label() for line in perf.render_gemm_times(doc).axes[0].lines]
-    assert not any("plain" in label for label in labels) and "marlin u4b8 g128 fp16" in labels
+def test_bytes_follow_the_format():
+    n, k = 4096, 4096
+    assert roofline.weight_bytes(n, k, "fp16") == 2 * n * k
+    assert roofline.weight_bytes(n, k, "u4b8", 128) == n * k // 2 + (k // 128) * n * 2
+    assert roofline.weight_bytes(n, k, "u4", 128) == n * k // 2 + (k // 128) * n * 2 + (k // 128) * n // 2
+    assert roofline.weight_bytes(n, k, "fe4m3fn", -1) == n * k + n * 2
+    assert roofline.gemm_bytes(n, k, 3, "u8b128", 128) == roofline.weight_bytes(n, k, "u8b128", 128) + 2 * 3 * (n + k)
+    with pytest.raises(ValueError, match="unknown weight type 'int3'"):
+        roofline.weight_bytes(n, k, "int3")
 
 
-def test_repack_and_moe_charts(tmp_path):
-    repack = {"rows": [{"transform": t, "shape": "64x128", "fraction_of_copy": f} for t, f in
-                       (("gptq_marlin_repack u4", 0.9), ("awq_marlin_repack u4", 0.2), ("direct u4 sweep", 0.5))]}
-    fig = perf.render_repack_bandwidth(repack)
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["gptq_marlin_repack u4", "awq_marlin_repack u4"]
-    moe = {"rows": [{"config": "x", "experts": 8, "k": 128, "n": 128, "top_k": 2, "m": m, "method": meth,
-                     "pct_copy": p} for m in (1, 8) for meth, p in (("fused", 30.0), ("batched", 5.0))]}
-    assert len(perf.render_moe_bandwidth(moe).axes[0].lines) == 3  # two paths + the bar
-    (tmp_path / "r.json").write_text(json.dumps(moe))
-    assert perf.load_result(tmp_path, "r.json") == moe and perf.load_result(tmp_path, "missing.json") is None
+def test_ideal_speedup_is_near_four_at_decode_and_falls_with_m():
+    s1 = roofline.ideal_speedup(8192, 8192, 1, "u4b8", 128)
+    assert 3.85 < s1 < 4.0  # the g128 scales cost 1/32 of the 4-bit codes
+    assert roofline.ideal_speedup(8192, 8192, 256, "u4b8", 128) < s1
+    # compute-bound at large M: with a peak in the model both formats hit it, and the speedup goes to 1
+    assert roofline.ideal_speedup(8192, 8192, 8192, "u4b8", 128, read_gbs=4000, peak_tflops=500) == pytest.approx(1.0)
 
 
-def test_repack_ab_chart():
-    rows = [{"shape": "8x8", "path": p, "variant": v, "fraction_of_copy": f}
-            for p, v, f in (("awq u4", "old staged", 0.2), ("awq u4", "new ktpt=1", 0.85), ("awq u4", "new ktpt=2", 0.8),
-                            ("act-order u4", "old staged", 0.1), ("act-order u4", "new ktpt=2", 0.26))]
-    ax = perf.render_repack_ab({"rows": rows}).axes[0]
-    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
-    assert widths == [10.0, 20.0, 26.0, 85.0]  # before and the best new shape per path
+def test_lane_elements_are_the_lanes_b_fragments():
+    """Every element of a 16×64 tile is fed by exactly one lane (the maps are a partition of the tile)."""
+    owner = np.full((mt.TILE_K, mt.TILE_N), -1)
+    for lane in range(mt.LANES):
+        k, n = roofline.lane_elements(lane)
+        assert (owner[k, n] == -1).all()
+        owner[k, n] = lane
+    assert (owner >= 0).all()
 
 
-def test_ablation_chart_one_bar_per_variant_and_cell():
-    rows = [{"k": 8, "n": 64, "m": m, "label": "marlin u4b8 g128 fp16", "variant": v, "us": us, "grid_kind": g}
-            for m in (1, 16) for v, us in (("base", 10.0 + m), ("sinkfinish", 6.0 + m)) for g in ("policy", "aligned")]
-    ax = perf.render_ablation({"rows": rows}).axes[0]
-    assert sorted(round(p.get_width(), 6) for p in ax.patches) == [7.0, 11.0, 22.0, 26.0]  # policy rows only
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["u4b8 g128 fp16 8×64 M=1", "u4b8 g128 fp16 8×64 M=16"]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["base", "sinkfinish"]
+@pytest.mark.parametrize("bits", [4, 8])
+def test_element_bytes_agree_with_the_packed_arrays(bits):
+    """The byte offsets the load count uses are where pack_rows / the Marlin repack really put each element."""
+    rng = np.random.default_rng()
+    codes = rng.integers(0, 2 ** bits, size=(mt.TILE_K, mt.TILE_N))
+    k, n = np.meshgrid(np.arange(mt.TILE_K), np.arange(mt.TILE_N), indexing="ij")
+    for layout, packed, field_of in (
+            ("gptq", pack_rows(codes, bits), lambda: k % (32 // bits)),
+            ("marlin", mt.marlin_repack_codes(codes, bits),
+             lambda: mt.marlin_kn_to_word_field(k, n, mt.TILE_N, bits)[1])):
+        words = packed.view(np.uint32).ravel()[roofline.element_byte(layout, k, n, bits) // 4]
+        assert np.array_equal((words >> (bits * field_of()).astype(np.uint32)) & (2 ** bits - 1), codes), layout
+
+
+def test_load_counts_per_lane():
+    four, eight = roofline.load_counts(4), roofline.load_counts(8)
+    assert (four["marlin"] == 1).all() and (eight["marlin"] == 2).all()  # one (two) 16-byte loads: the whole share
+    assert (four["gptq"] == 16).all() and (four["awq"] == 8).all() and (eight["gptq"] == 16).all()
+    assert "<td>100.0%</td>" in roofline.load_table_html()._repr_html_()
+    with pytest.raises(ValueError, match="unknown layout 'exl2'"):
+        roofline.element_byte("exl2", 0, 0, 4)
+
+
+def test_model_figures_draw_the_model():
+    fig = roofline.render_traffic_model(4096, 4096, (1, 16))
+    u8, u4, four = fig.axes[1].lines  # the two formats, then the 4× line
+    assert np.allclose(four.get_ydata(), 4.0) and u4.get_label() == "u4b8 g128"
+    assert np.allclose(u4.get_ydata(), [roofline.ideal_speedup(4096, 4096, m, "u4b8", 128) for m in (1, 16)])
+    lanes = roofline.render_lane_loads(4, lane=5)
+    assert "lane 5: 1 loads" in lanes.axes[2].get_title()
+    assert figure_fingerprint(lanes) != figure_fingerprint(roofline.render_lane_loads(4, lane=6))
+
+
+def test_measured_roofline_places_every_graph_cell():
+    doc = gemm_doc()
+    points = roofline.roofline_points(doc)
+    assert len(points) == sum(r["launch"] == "graph" for r in doc["rows"])
+    p = next(p for p in points if p["method"] == "ours" and p["m"] == 1 and p["wtype"] == "u4b8")
+    moved = 2000.0 * 1e9 * 5e-6
+    assert p["intensity"] == pytest.approx(2 * 4096 * 4096 / moved)
+    assert p["tflops"] == pytest.approx(2 * 4096 * 4096 / 5e-6 / 1e12)
+    doc["rows"].append(dict(doc["rows"][0], pdl=False, us=6.0))  # a variant of ours: not a point of its own
+    assert roofline.roofline_points(doc) == points
+    fig = roofline.render_roofline(doc)
+    ax = fig.axes[0]
+    assert sum(len(c.get_offsets()) for c in ax.collections) == len(points)
+    assert [line.get_ydata()[0] for line in ax.lines[1:]] == [400.0, 600.0]  # the two tensor peaks
+
+
+def test_speedup_against_ideal():
+    doc = gemm_doc()
+    doc["rows"] += [dict(r, launch="plain", us=r["us"] * 3) for r in doc["rows"] if r["method"] == "cublas"]
+    (one, sixteen) = roofline.speedup_points(doc)  # against cuBLAS timed the same way, not its plain calls
+    assert one["measured"] == pytest.approx(15.0 / 5.0) and sixteen["measured"] == pytest.approx(2.0)
+    assert 3.5 < one["ideal"] < 4.0
+    assert isinstance(roofline.render_speedup_vs_ideal(gemm_doc()), Figure)
+    doc = gemm_doc()
+    doc["rows"] = [r for r in doc["rows"] if r["method"] != "cublas"]
+    assert roofline.speedup_points(doc) == []
+    assert "no cells" in roofline.render_speedup_vs_ideal(doc).axes[0].texts[0].get_text()
+
+
+def test_measured_charts_and_ratio_table():
+    doc = gemm_doc()
+    fig = perf.render_times(doc)
+    labels = [line.get_label() for line in fig.axes[0].lines]
+    assert labels == ["ours u4b8 g128 fp16", "vllm_marlin u4b8 g128 fp16", "cublas fp16", "ours u8b128 g128 fp16"]
+    html = perf.ratio_summary_html(doc, split_m=8)._repr_html_()
+    assert "<tr><td>u4b8 g128 fp16, graph</td><td>cublas</td><td>×3.00</td><td>×2.00</td><td>80%</td></tr>" in html
+    assert "<tr><td>u8b128 g128 fp16, graph</td><td>vllm_marlin</td><td>—</td><td>—</td><td>90%</td></tr>" in html
+    assert "×1.00 – ×1.20" in perf.ratio_summary_html(doc)._repr_html_()  # M = 1 and 16 together
+    ratios = perf.render_ratios(doc)
+    assert [ax.get_title() for ax in ratios.axes] == ["vllm_marlin time ÷ ours", "cublas time ÷ ours"]
+    assert np.allclose(ratios.axes[1].lines[0].get_ydata(), [3.0, 2.0])
+    repack = repack_doc()
+    repack["rows"] += [dict(r, launch="plain", pct_copy=r["pct_copy"] / 2) for r in repack["rows"]]
+    bars = perf.render_repack(repack).axes[0]
+    assert sorted(round(p.get_width(), 6) for p in bars.patches) == [60.0, 90.0]  # the isolated calls only
+
+
+def _moe_doc():
+    doc = gemm_doc()
+    rows = [dict(model="mixtral", experts=8, topk=2, n=14336, k=4096, m=m, wtype="u4b8", group=128, act="fp16",
+                 launch="graph", method=method, us=us + m) for m in (1, 8) for method, us in (("ours", 20.0),
+                                                                                            ("humming", 26.0))]
+    return dict(doc, family="moe", rows=rows)
+
+
+def test_notebook_07_runs_on_every_family_present_and_on_none(tmp_path, monkeypatch):
+    """07's cells (magics left out) on a checkout with results for some families, then with none: nbval only ever
+    runs it on the committed files, so the other case is run here."""
+    import json
+    import pathlib
+
+    cells = json.loads((pathlib.Path(__file__).resolve().parents[2] / "notebooks" / "07_performance.ipynb")
+                       .read_text())["cells"]
+    code = ["\n".join(line for line in "".join(c["source"]).splitlines() if not line.startswith("%"))
+            for c in cells if c["cell_type"] == "code"]
+    (tmp_path / "pyproject.toml").write_text("")
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    for docs in ((gemm_doc(), repack_doc(), _moe_doc()), ()):
+        for path in results.glob("*.json"):
+            path.unlink()
+        for doc in docs:
+            (results / f"{doc['family']}.json").write_text(json.dumps(doc))
+        namespace = {}
+        for source in code:
+            exec(compile(source, "07_performance", "exec"), namespace)  # the notebook's own cells
+        assert set(k for k, v in namespace["results"].items() if v is not None) == {d["family"] for d in docs}

@@ -6,7 +6,7 @@ All layout facts come from ``workbench.formats``; nothing here re-implements a m
 from workbench.render._draw import HTML, html_table
 from workbench.render.accuracy import (errors_html, load_minilm_weights, minilm_path, quantization_errors,
                                        render_error_chart)
-from workbench.render.bench import bench_summary_html, load_bench_results, render_bandwidth_chart
+from workbench.render.bench import load_family, load_results, validate_results
 from workbench.render.fp8 import (block_scales_html, fp8_examples_html, render_block_fp8_scale_map,
                                   render_block_fp8_word, render_fp8_bit_move, render_gate_up_fusion)
 from workbench.render.packing import awq_order_html, qzeros_html, render_awq_packing, render_gptq_packing

@@ -1,150 +1,153 @@
-"""Benchmark data committed under ``bench/results/``: read whatever JSON is there and draw bandwidth against M.
+"""The benchmark results under ``bench/results/``: one file per family, its schema checked, its cells compared.
 
-The benchmark scripts own their schema; this reader only relies on a few field names and says which files it could
-not chart instead of guessing: a record is charted when it has an ``M`` (or ``m``) and one bandwidth field.
+``bench/results/<family>.json`` holds the current data of one family (the bench scripts write it; ``bench/report.py``
+turns it into the tables of ``BENCHMARKS.md`` and notebook 07 draws it). Every reader goes through
+``load_family``/``validate_results``, so a file that lacks a key fails with its path and the key's place named,
+instead of a KeyError somewhere in a table.
+
+Schema 1::
+
+    {"schema": 1, "family": "<family>",
+     "meta": {"gpu": str, "sms": int, "date": "YYYY-MM-DD", "commit": str, "torch": str, "cupy": str, "nvcc": str,
+              "ceilings": {"copy_gbs": float, "read_gbs": float, "mma_tflops": float | null,
+                           "cublas_tflops": float | null},
+              "method": {...}, "peers": {"<method>": "<owner/repo@commit or version>"}},
+     "rows": [{...}, ...]}
+
+``method`` is ``"ours"`` for this project's kernel and a short peer id otherwise; ``us`` is the median time per call
+in microseconds; ``gbs`` is the bytes the cell must move divided by that time.
 """
 from __future__ import annotations
 
 import json
 import pathlib
-
-import numpy as np
-
-from workbench.render._draw import HTML, html_table, new_figure
-
-BANDWIDTH_KEYS = ("gbps", "GB/s", "effective_gbps", "bandwidth_gbps", "eff_gbps", "gb_per_s", "GB_per_s")
-MB_KEYS = ("MB_per_s", "mb_per_s", "MB/s")  # read as GB/s / 1000
-SERIES_KEYS = ("impl", "kernel", "backend", "name", "op", "method")
-M_KEYS = ("M", "m", "size_m")
-COPY_KEYS = ("copy_gbps", "copy_GB/s", "copy_bandwidth_gbps", "memcpy_gbps")
+import re
+from numbers import Real
 
 
-def _records_of(doc) -> tuple[list[dict], dict]:
-    """(records, file-level metadata) of one JSON document."""
-    if isinstance(doc, list):
-        return [r for r in doc if isinstance(r, dict)], {}
-    if isinstance(doc, dict):
-        for key in ("results", "records", "rows", "data", "measurements"):
-            if isinstance(doc.get(key), list):
-                meta = {k: v for k, v in doc.items() if not isinstance(v, (list, dict))}
-                meta.update(doc.get("meta") if isinstance(doc.get("meta"), dict) else {})
-                return [r for r in doc[key] if isinstance(r, dict)], meta
-        return [], {k: v for k, v in doc.items() if not isinstance(v, (list, dict))}
-    return [], {}
+SCHEMA_VERSION = 1
+FAMILIES = ("gemm", "moe", "repack", "checkpoint", "host", "torch_models", "pipeline")
+OURS = "ours"
+
+# key -> accepted types ("number" = int or float, not bool); None in a tuple allows null
+_NUMBER = "number"
+_META_KEYS = {"gpu": str, "sms": int, "date": str, "commit": str, "torch": str, "cupy": str, "nvcc": str,
+              "ceilings": dict, "method": dict, "peers": dict}
+_CEILING_KEYS = {"copy_gbs": (_NUMBER, None), "read_gbs": (_NUMBER, None), "mma_tflops": (_NUMBER, None),
+                 "cublas_tflops": (_NUMBER, None)}
+GPU_FAMILIES = ("gemm", "moe", "repack")  # their files must carry the bandwidth ceilings; a CPU run has none
+_COMMON_ROW_KEYS = {"method": str, "us": _NUMBER}
+ROW_KEYS = {
+    "gemm": {"layer": str, "n": int, "k": int, "m": int, "wtype": str, "group": (int, None), "act": str,
+             "launch": str, "gbs": _NUMBER},
+    "moe": {"model": str, "experts": int, "topk": int, "n": int, "k": int, "m": int, "wtype": str,
+            "group": (int, None), "act": str, "launch": str},
+    "repack": {"op": str, "n": int, "k": int, "wtype": str, "gbs": _NUMBER, "pct_copy": _NUMBER},
+}
+# graph: calls replayed from a CUDA graph; plain: issued one by one from Python; isolated: one call after an L2 flush
+CHOICES = {"act": ("fp16", "bf16"), "launch": ("graph", "plain", "isolated")}
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 
 
-def load_bench_results(directory) -> list[dict]:
-    """One entry per JSON file: {"file", "records", "meta", "error"} (sorted by file name; unreadable files named)."""
-    directory = pathlib.Path(directory)
-    out = []
-    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-        try:
-            records, meta = _records_of(json.loads(path.read_text()))
-            out.append({"file": path.name, "records": records, "meta": meta, "error": None})
-        except (OSError, ValueError) as exc:
-            out.append({"file": path.name, "records": [], "meta": {}, "error": f"{type(exc).__name__}: {exc}"})
-    return out
+class ResultsSchemaError(ValueError):
+    """A results file that does not follow the schema; the message names the file and the offending key."""
 
 
-def _first(record: dict, keys) -> object:
-    for key in keys:
-        if key in record and record[key] is not None:
-            return record[key]
-    return None
+def _type_ok(value, accepted) -> bool:
+    for kind in accepted if isinstance(accepted, tuple) else (accepted,):
+        if kind is None and value is None:
+            return True
+        if kind == _NUMBER and isinstance(value, Real) and not isinstance(value, bool):
+            return True
+        if isinstance(kind, type) and isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return True
+    return False
 
 
-def bandwidth_gbps(record: dict) -> float | None:
-    """The record's effective bandwidth in GB/s (from a GB/s field, or an MB/s field / 1000), else None."""
-    gb = _first(record, BANDWIDTH_KEYS)
-    if isinstance(gb, (int, float)):
-        return float(gb)
-    mb = _first(record, MB_KEYS)
-    if not isinstance(mb, (int, float)):  # e.g. "repack_MB_per_s": the first field named in MB/s
-        mb = next((v for k, v in sorted(record.items()) if k.endswith("MB_per_s") and isinstance(v, (int, float))),
-                  None)
-    return float(mb) / 1000.0 if isinstance(mb, (int, float)) else None
+def _type_name(accepted) -> str:
+    names = {str: "a string", int: "an integer", dict: "an object", _NUMBER: "a number", None: "null"}
+    return " or ".join(names[k] for k in (accepted if isinstance(accepted, tuple) else (accepted,)))
 
 
-def chartable(record: dict) -> bool:
-    return bandwidth_gbps(record) is not None
+def _check_keys(obj: dict, keys: dict, where: str, source: str) -> None:
+    for key, accepted in keys.items():
+        if key not in obj:
+            raise ResultsSchemaError(f"{source}: {where} lacks the required key {key!r}")
+        if not _type_ok(obj[key], accepted):
+            raise ResultsSchemaError(f"{source}: {where}[{key!r}] must be {_type_name(accepted)}, "
+                                     f"got {obj[key]!r}")
 
 
-# result files the notebooks look for: file-name prefix -> who writes them
-EXPECTED = {"gemm": "the native GEMM benchmark (bench/bench_gemm.py, on a GPU)",
-            "repack": "the Numba repack benchmark (bench/bench_repack.py, on a GPU)"}
+def required_row_keys(family: str) -> dict:
+    """Required row keys of ``family`` and their types (every family needs ``method`` and ``us``)."""
+    return {**_COMMON_ROW_KEYS, **ROW_KEYS.get(family, {})}
 
 
-def missing_results(results: list[dict], expected=EXPECTED) -> list[str]:
-    """One sentence per expected result family with no ``<prefix>_*.json`` file."""
-    return [f"No {prefix}_*.json yet: {who} has not committed results." for prefix, who in expected.items()
-            if not any(r["file"].startswith(prefix) for r in results)]
+def validate_results(doc, source: str = "results", family: str | None = None) -> dict:
+    """``doc`` unchanged if it follows schema 1 (of ``family`` when given), else ResultsSchemaError naming ``source``
+    and the key: top-level keys, meta and its ceilings, every row's required keys and their types, ``act`` and
+    ``launch`` values, positive times."""
+    if not isinstance(doc, dict):
+        raise ResultsSchemaError(f"{source}: the document must be a JSON object, got {type(doc).__name__}")
+    _check_keys(doc, {"schema": int, "family": str, "meta": dict, "rows": list}, "the document", source)
+    if doc["schema"] != SCHEMA_VERSION:
+        raise ResultsSchemaError(f"{source}: schema {doc['schema']!r}; this reader knows schema {SCHEMA_VERSION}")
+    if doc["family"] not in FAMILIES:
+        raise ResultsSchemaError(f"{source}: family {doc['family']!r} is not one of {', '.join(FAMILIES)}")
+    if family is not None and doc["family"] != family:
+        raise ResultsSchemaError(f"{source}: holds family {doc['family']!r}, expected {family!r}")
+    meta = doc["meta"]
+    _check_keys(meta, _META_KEYS, "meta", source)
+    if not _DATE.match(meta["date"]):
+        raise ResultsSchemaError(f"{source}: meta['date'] must be YYYY-MM-DD, got {meta['date']!r}")
+    _check_keys(meta["ceilings"], _CEILING_KEYS, "meta['ceilings']", source)
+    if doc["family"] in GPU_FAMILIES:
+        _check_keys(meta["ceilings"], {"copy_gbs": _NUMBER, "read_gbs": _NUMBER}, "meta['ceilings']", source)
+    for name in ("copy_gbs", "read_gbs"):
+        if meta["ceilings"][name] is not None and meta["ceilings"][name] <= 0:
+            raise ResultsSchemaError(f"{source}: meta['ceilings'][{name!r}] must be positive, got "
+                                     f"{meta['ceilings'][name]!r}")
+    keys = required_row_keys(doc["family"])
+    for i, row in enumerate(doc["rows"]):
+        where = f"rows[{i}]"
+        if not isinstance(row, dict):
+            raise ResultsSchemaError(f"{source}: {where} must be an object, got {row!r}")
+        _check_keys(row, keys, where, source)
+        for key, allowed in CHOICES.items():
+            if key in keys and row[key] not in allowed:
+                raise ResultsSchemaError(f"{source}: {where}[{key!r}] is {row[key]!r}, not one of "
+                                         f"{', '.join(allowed)}")
+        if row["us"] <= 0:
+            raise ResultsSchemaError(f"{source}: {where}['us'] must be a positive time, got {row['us']!r}")
+    return doc
 
 
-def bench_summary_html(results: list[dict], directory: str = "bench/results", expected=EXPECTED) -> HTML:
-    missing = "".join(f"<p class='wb-bench-missing'>{m}</p>" for m in missing_results(results, expected))
-    if not results:
-        return HTML(f"<p class='wb-bench-missing'>No benchmark results under <code>{directory}</code> yet: the GEMM and "
-                    f"repack benchmarks (run on a GPU) write their JSON there.</p>{missing}")
-    rows = []
-    for entry in results:
-        n_chart = sum(chartable(r) for r in entry["records"])
-        keys = sorted({k for r in entry["records"] for k in r})
-        rows.append((entry["file"], len(entry["records"]), n_chart, entry["error"] or ", ".join(keys[:12])))
-    return HTML(html_table(["file", "records", "chartable", "fields (or error)"], rows,
-                           caption=f"benchmark data under {directory}") + missing)
+def results_path(results_dir, family: str) -> pathlib.Path:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown benchmark family {family!r}; expected one of {', '.join(FAMILIES)}")
+    return pathlib.Path(results_dir) / f"{family}.json"
 
 
-def render_bandwidth_chart(results: list[dict]):
-    """Effective GB/s: against M (one line per implementation) where records have M, else one bar per op.
+def load_family(results_dir, family: str) -> dict | None:
+    """The validated ``results_dir/<family>.json``, or None when that family has no file."""
+    path = results_path(results_dir, family)
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ResultsSchemaError(f"{path}: not valid JSON ({exc})") from exc
+    return validate_results(doc, str(path), family)
 
-    One panel per file and (K, N) shape; a device-copy ceiling, when the data has one, is drawn dashed.
-    """
-    panels = {}
-    for entry in results:
-        for r in entry["records"]:
-            if chartable(r):
-                shape = (r.get("K", r.get("k")), r.get("N", r.get("n")))
-                panels.setdefault((entry["file"], shape), []).append(r)
-    if not panels:
-        fig, (ax,) = new_figure(6, 1.2)
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no chartable benchmark records (need M and a GB/s field)", ha="center", va="center")
-        return fig
-    keys = sorted(panels, key=str)[:12]
-    cols = min(3, len(keys))
-    rows_n = -(-len(keys) // cols)
-    fig, axes = new_figure(4.2 * cols, 3.2 * rows_n, ncols=cols, nrows=rows_n)
-    for ax, key in zip(axes, keys):
-        recs = panels[key]
-        file, shape = key
-        title = f"{file}\nK×N = {shape[0]}×{shape[1]}" if shape[0] else file
-        if not any(isinstance(_first(r, M_KEYS), (int, float)) for r in recs):  # no M: one bar per op
-            names = [str(_first(r, SERIES_KEYS) or i) for i, r in enumerate(recs)]
-            ax.barh(range(len(recs)), [bandwidth_gbps(r) for r in recs])
-            ax.set_yticks(range(len(recs)))
-            ax.set_yticklabels(names, fontsize=7)
-            ax.set_xscale("log")
-            ax.set_xlabel("effective GB/s")
-            ax.set_title(title, fontsize=8)
-            continue
-        series = {}
-        for r in recs:
-            series.setdefault(str(_first(r, SERIES_KEYS) or "ours"), []).append(r)
-        for name, rs in sorted(series.items()):
-            rs = sorted(rs, key=lambda r: _first(r, M_KEYS))
-            ax.plot([_first(r, M_KEYS) for r in rs], [bandwidth_gbps(r) for r in rs], "o-", markersize=3,
-                    label=name)
-        ceilings = [c for c in (_first(r, COPY_KEYS) for r in recs) if isinstance(c, (int, float))]
-        if ceilings:
-            ax.axhline(float(np.median(ceilings)), color="black", linestyle="--", linewidth=1, label="device copy")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("M (tokens)")
-        ax.set_ylabel("effective GB/s")
-        ax.set_title(title, fontsize=8)
-        ax.legend(fontsize=6)
-    for ax in axes[len(keys):]:
-        ax.axis("off")
-    return fig
+
+def load_results(results_dir) -> dict[str, dict | None]:
+    """Every family, in FAMILIES order: its validated document, or None when its file is missing."""
+    return {family: load_family(results_dir, family) for family in FAMILIES}
+
+
+def missing_note(family: str, results_dir="bench/results") -> str:
+    return (f"No results for {family}: {pathlib.Path(results_dir) / (family + '.json')} is not there yet "
+            f"(run the {family} benchmark on a GPU, then python3 bench/report.py).")
 
 
 def repo_results_dir(start=None) -> pathlib.Path:
@@ -154,3 +157,131 @@ def repo_results_dir(start=None) -> pathlib.Path:
         if (folder / "pyproject.toml").is_file():
             return folder / "bench" / "results"
     return here / "bench" / "results"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cells: ours beside each peer
+# ---------------------------------------------------------------------------------------------------------------
+# What makes two rows the same measurement cell, per family. A peer that runs the Marlin formats is compared like for
+# like (same shape and format); a baseline that runs its own format (cuBLAS fp16, tinygemm's int4 with bf16) by shape
+# only: it is what a user would otherwise run for that layer.
+SHAPE_KEYS = {"gemm": ("layer", "n", "k", "m"), "moe": ("model", "experts", "topk", "n", "k", "m"),
+              "repack": ("op", "n", "k")}
+FORMAT_KEYS = {"gemm": ("wtype", "group", "act"), "moe": ("wtype", "group", "act"), "repack": ("wtype",)}
+BASELINES = ("cublas", "torch_fp16", "tinygemm")
+_MEASURED = ("method", "us", "gbs", "pct_copy", "pct_read")
+
+
+def _identity_keys(family: str, rows: list[dict]) -> tuple[str, ...]:
+    if family in SHAPE_KEYS:
+        return SHAPE_KEYS[family]
+    # other families: the keys every row has whose values are strings or integers (floats are measurements)
+    common = [k for k in rows[0] if all(k in r for r in rows)] if rows else []
+    return tuple(k for k in common if k not in _MEASURED and k != "launch"
+                 and all(isinstance(r[k], (str, int)) and not isinstance(r[k], bool) for r in rows))
+
+
+def peers_of(doc: dict) -> list[str]:
+    """The peer methods of a document, in the order their rows first appear."""
+    return [m for m in dict.fromkeys(r["method"] for r in doc["rows"]) if m != OURS]
+
+
+def compare_cells(doc: dict) -> list[dict]:
+    """One entry per row of ours: ``{"row", "ratios": {peer: peer_us / ours_us}, "pct_read"}``.
+
+    A ratio above 1 means ours is faster. A peer counts for a cell when it has a row with the same shape and the same
+    format (a baseline in BASELINES: the same shape only); a peer row timed with the same launch kind is preferred.
+    ``pct_read`` is the row's ``gbs`` as % of the read ceiling measured in the same run (None without ``gbs`` or
+    a read ceiling).
+    """
+    family, rows = doc["family"], doc["rows"]
+    shape = _identity_keys(family, rows)
+    fmt = FORMAT_KEYS.get(family, ())
+    read = doc["meta"]["ceilings"]["read_gbs"]
+    index = {}
+    for r in rows:
+        if r["method"] != OURS:
+            index.setdefault((r["method"], tuple(r.get(k) for k in shape)), []).append(r)
+    cells = []
+    for row in (r for r in rows if r["method"] == OURS):
+        ratios = {}
+        for peer in peers_of(doc):
+            candidates = index.get((peer, tuple(row.get(k) for k in shape)), [])
+            if peer not in BASELINES:
+                candidates = [c for c in candidates if all(c.get(k) == row.get(k) for k in fmt)]
+            same_launch = [c for c in candidates if c.get("launch") == row.get("launch")]
+            chosen = (same_launch or candidates or [None])[0]
+            if chosen is not None:
+                ratios[peer] = float(chosen["us"]) / float(row["us"])
+        gbs = row.get("gbs")
+        pct_read = 100.0 * gbs / read if (gbs is not None and read) else None
+        cells.append({"row": row, "ratios": ratios, "pct_read": pct_read})
+    return cells
+
+
+def is_variant(row: dict) -> bool:
+    """A row of ours timed with a non-default setting beside the default one (programmatic launches off)."""
+    return row.get("pdl") is False
+
+
+# the keys that name one table (BENCHMARKS.md) or one panel (notebook 07) of a family
+GROUP_KEYS = {"gemm": ("layer", "k", "n"), "moe": ("model", "experts", "topk", "k", "n")}
+LAUNCH_ORDER = ("graph", "isolated", "plain")  # a family's timing method first, eager calls after
+
+
+def group_title(family: str, row: dict) -> str:
+    """The name of a row's table or panel: its layer (or model) and shape."""
+    shape = f"K × N = {row['k']} × {row['n']}"
+    if family == "gemm":
+        return shape if row["layer"] == f"{row['k']}x{row['n']}" else f"{row['layer']}: {shape}"
+    if family == "moe":
+        return f"{row['model']}: {row['experts']} experts, top-{row['topk']}, {shape}"
+    return ""
+
+
+def sorted_cells(cells: list[dict], keys=()) -> list[dict]:
+    """compare_cells' entries in reading order: each format of ours as the bench wrote them, its default launch
+    first (then its variants, then the other launch kinds), then by ``keys`` (e.g. M)."""
+    formats = list(dict.fromkeys(_format_of(c["row"]) for c in cells))
+
+    def order(c):
+        row = c["row"]
+        launch = LAUNCH_ORDER.index(row["launch"]) if row.get("launch") in LAUNCH_ORDER else len(LAUNCH_ORDER)
+        return (formats.index(_format_of(row)), launch, is_variant(row),
+                *[(str(type(row[k])), row[k]) for k in keys])
+
+    return sorted(cells, key=order)
+
+
+def _format_of(row: dict) -> tuple:
+    return tuple(str(row.get(k)) for k in ("wtype", "group", "act"))
+
+
+def config_label(row: dict) -> str:
+    """``u4b8 g128 fp16, graph``-style label of a row's format and launch (keys it lacks are left out)."""
+    parts = [str(row["wtype"])] if "wtype" in row else []
+    if "group" in row and row["group"] is not None:
+        parts.append("chan" if row["group"] == -1 else f"g{row['group']}")
+    if "act" in row and row["act"] != row.get("wtype"):  # a dense fp16 peer is just "fp16"
+        parts.append(str(row["act"]))
+    label = " ".join(parts)
+    if is_variant(row):  # ours without programmatic dependent launches, beside the default
+        label += " no-PDL"
+    return f"{label}, {row['launch']}" if "launch" in row else label
+
+
+def describe_run(doc: dict) -> str:
+    """One sentence: where and when the run was, its ceilings and its peers' sources."""
+    meta = doc["meta"]
+    c = meta["ceilings"]
+    ceilings = [f"{name} {c[key]:.0f} GB/s" for name, key in (("device copy", "copy_gbs"),
+                                                               ("streaming read", "read_gbs")) if c.get(key)]
+    if c.get("mma_tflops"):
+        ceilings.append(f"mma.sync fp16 {c['mma_tflops']:.0f} TFLOP/s")
+    if c.get("cublas_tflops"):
+        ceilings.append(f"cuBLAS fp16 {c['cublas_tflops']:.0f} TFLOP/s")
+    peers = ", ".join(f"{k} = {v}" for k, v in meta["peers"].items()) or "none"
+    return (f"{meta['gpu']} ({meta['sms']} SMs), {meta['date']}, commit {meta['commit']}; torch {meta['torch']}, "
+            f"CuPy {meta['cupy']}, nvcc {meta['nvcc']}. "
+            + (f"Ceilings measured in the same run: {', '.join(ceilings)}. " if ceilings else "No device ceilings. ")
+            + f"Peers: {peers}.")
