@@ -463,3 +463,15 @@ def test_eager_bypass_is_taken_only_for_plain_untracked_tensors():
     assert _plain((x, 3)) and not _plain((x.to("meta"),)) and not _plain((torch.zeros(2, requires_grad=True),))
     with torch.no_grad():
         assert _plain((torch.zeros(2, requires_grad=True),))
+
+
+def test_every_op_has_its_kernel_at_the_autograd_key_and_eager_calls_agree(rng):
+    """One Python kernel per op at the Autograd key (no second Python layer that re-walks the arguments); a plain
+    eager call through the dispatcher, the Python wrapper's bypass and the functional op under tracked inputs agree."""
+    for op in ALL_OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"workbench::{op}", "Autograd"), op
+    s = torch.from_numpy(rng.standard_normal((2, 128)).astype(np.float16))
+    direct = OPS.marlin_permute_scales(s, 256, 128, 128)
+    assert torch.equal(direct, wt.marlin_permute_scales(s, 256, 128, 128))
+    tracked = OPS.marlin_permute_scales(s.clone().requires_grad_(True), 256, 128, 128)
+    assert tracked.requires_grad and torch.equal(tracked.detach(), direct)
