@@ -65,6 +65,7 @@ DECODER_CONFIG = dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, 
 DECODER_SEED = 1234
 DECODE_CACHE = 160  # static KV-cache length of the decode benchmark
 PROMPT, DECODE_STEPS = 16, 128
+DEVICE = "cuda"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -373,18 +374,18 @@ def host_rows() -> list[dict]:
 
     k = n = 4096
     w, _ = random_marlin_weight(k, n, "u4b8", 128, seed=0)
-    up = (lambda x: torch.from_numpy(np.ascontiguousarray(x)).cuda())
+    up = (lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(DEVICE))
     q, s = up(w.qweight.view(np.int32)), up(w.scales)
-    a = torch.randn(1, k, device="cuda").half()
-    ws = wt.make_workspace("cuda")
-    c = torch.empty(1, n, device="cuda", dtype=torch.float16)
+    a = torch.randn(1, k, device=DEVICE).half()
+    ws = wt.make_workspace(DEVICE)
+    c = torch.empty(1, n, device=DEVICE, dtype=torch.float16)
     tid = wt.vllm_id(w.weight_type)
     args = (q, None, s, None, None, None, None, None, ws, tid, 1, n, k, True, False, True, False)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ca, cq, cs, cws, cc = (cp.asarray(x) for x in (a, q, s, ws, c))
     cct = cp.empty(gemm.c_tmp_numel(sms), dtype=np.float32)
-    lin = wt.MarlinLinear.from_weight(w).cuda()
-    dense = nn.Linear(k, n, bias=False).half().cuda()
+    lin = wt.MarlinLinear.from_weight(w).to(DEVICE)
+    dense = nn.Linear(k, n, bias=False).half().to(DEVICE)
     ops = torch.ops.workbench
     cells = {
         "cupy gemm.gptq_marlin_gemm (c, c_tmp given)": lambda: gemm.gptq_marlin_gemm(
@@ -421,13 +422,13 @@ def quantized(linear: nn.Linear, weight_type: str, group: int):
     w = linear.weight.detach().float().cpu().numpy().T  # (K, N)
     q = quantize_weights(w, weight_type, group, act_dtype=np.float16)
     bias = None if linear.bias is None else linear.bias.detach().cpu()
-    ours = wt.MarlinLinear.from_weight(make_marlin_weight(q), bias).cuda()
+    ours = wt.MarlinLinear.from_weight(make_marlin_weight(q), bias).to(DEVICE)
     same = nn.Linear(linear.in_features, linear.out_features, bias=bias is not None).half()
     with torch.no_grad():
         same.weight.copy_(torch.from_numpy(np.ascontiguousarray(q.w_ref.T)).half())
         if bias is not None:
             same.bias.copy_(bias)
-    return ours, same.cuda()
+    return ours, same.to(DEVICE)
 
 
 def swap(model: nn.Module, weight_type: str, group: int) -> tuple[nn.Module, nn.Module, int]:
@@ -448,12 +449,12 @@ def swap(model: nn.Module, weight_type: str, group: int) -> tuple[nn.Module, nn.
 
 def minilm_rows(data: pathlib.Path) -> list[dict]:
     enc, t = load_encoder(data)
-    enc = enc.cuda().eval()
-    x, mask = t["embedded"].cuda().half(), t["attention_mask"].cuda()
+    enc = enc.to(DEVICE).eval()
+    x, mask = t["embedded"].to(DEVICE).half(), t["attention_mask"].to(DEVICE)
     rows = []
     with torch.no_grad():
         fp16 = enc(x, mask)
-        vs_hf = F.cosine_similarity(fp16, t["reference"].cuda(), dim=-1).min().item()
+        vs_hf = F.cosine_similarity(fp16, t["reference"].to(DEVICE), dim=-1).min().item()
         print(f"MiniLM fp16 (this file's encoder) vs transformers float32: min cosine {vs_hf:.6f}", flush=True)
         for weight_type, group in FORMATS:
             ours, same, count = swap(enc, weight_type, group)
@@ -491,9 +492,9 @@ def gpu_us(fn, reps: int = 20) -> float:
 
 def decode_loop(model: Decoder, prompt: torch.Tensor, steps: int, graph: bool):
     """Greedy decoding, one token a step on a static cache: (tokens, logits of every step, s per decoded token)."""
-    cache = model.new_cache(1, DECODE_CACHE, torch.float16, "cuda")
-    tok = torch.zeros((1, 1), dtype=torch.long, device="cuda")
-    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    cache = model.new_cache(1, DECODE_CACHE, torch.float16, DEVICE)
+    tok = torch.zeros((1, 1), dtype=torch.long, device=DEVICE)
+    pos = torch.zeros(1, dtype=torch.long, device=DEVICE)
     step = (lambda: model(tok, pos, cache))
     if graph:
         side = torch.cuda.Stream()
@@ -529,8 +530,8 @@ def decode_loop(model: Decoder, prompt: torch.Tensor, steps: int, graph: bool):
 
 def decoder_rows() -> list[dict]:
     c = DECODER_CONFIG
-    base = load_decoder(c, decoder_state(c)).half().cuda().eval()
-    prompt = torch.from_numpy(np.random.default_rng(11).integers(0, c["vocab_size"], (1, PROMPT))).cuda()
+    base = load_decoder(c, decoder_state(c)).half().to(DEVICE).eval()
+    prompt = torch.from_numpy(np.random.default_rng(11).integers(0, c["vocab_size"], (1, PROMPT))).to(DEVICE)
     rows = []
     with torch.no_grad():
         ref_tokens, ref_logits, _ = decode_loop(base, prompt, DECODE_STEPS, graph=False)
@@ -568,9 +569,9 @@ def decoder_rows() -> list[dict]:
 
 def forced_logits(model, prompt, tokens):
     """Logits of every step when ``model`` is fed the prompt then ``tokens`` (the previous step's choice)."""
-    cache = model.new_cache(1, DECODE_CACHE, torch.float16, "cuda")
+    cache = model.new_cache(1, DECODE_CACHE, torch.float16, DEVICE)
     seq = torch.cat([prompt, tokens], dim=1)
-    out = [model(seq[:, i:i + 1], torch.tensor([i], device="cuda"), cache)[:, -1] for i in range(seq.shape[1])]
+    out = [model(seq[:, i:i + 1], torch.tensor([i], device=DEVICE), cache)[:, -1] for i in range(seq.shape[1])]
     return torch.stack(out)
 
 
@@ -602,7 +603,38 @@ def meta() -> dict:
             "peers": {"torch_fp16": f"torch {torch.__version__} nn.Linear (cuBLAS)"}}
 
 
+def precompile(data: pathlib.Path, parts: list[str]) -> None:
+    """Compile every kernel instantiation the run launches up front, in parallel threads (each takes seconds in
+    NVRTC; one after another they would be most of the run)."""
+    from workbench import gemm
+
+    shapes = []  # (m, n, k, weight type)
+    if "minilm" in parts:
+        cfg = json.loads((data / "minilm.json").read_text())
+        d, f = cfg["hidden"], cfg["intermediate"]
+        from safetensors import safe_open
+
+        with safe_open(str(data / "minilm.safetensors"), "pt") as t:
+            b, length = t.get_slice("attention_mask").get_shape()
+        rows = b * length
+        shapes += [(rows, n, k, wtype) for n, k in ((d, d), (f, d), (d, f)) for wtype, _ in FORMATS]
+    if "decoder" in parts:
+        c = DECODER_CONFIG
+        d, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+        kv = c["num_key_value_heads"] * d // c["num_attention_heads"]
+        shapes += [(1, n, k, wtype) for n, k in ((d, d), (kv, d), (f, d), (d, f), (v, d)) for wtype, _ in FORMATS]
+    if "host" in parts:
+        shapes.append((1, 4096, 4096, "u4b8"))
+    from workbench.scalar_types import ScalarType
+
+    act = gemm.act_scalar_type(np.float16)
+    t0 = time.perf_counter()
+    gemm.precompile([gemm.config_for(act, ScalarType.parse(wtype), m, n, k, 128, False) for m, n, k, wtype in shapes], 0, workers=16)
+    print(f"precompiled {len(shapes)} shapes' kernels in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
 def run(data: pathlib.Path, out: pathlib.Path, parts: list[str]) -> int:
+    precompile(data, parts)
     rows = []
     if "minilm" in parts:
         rows += minilm_rows(data)
