@@ -278,17 +278,22 @@ def prepare(data: pathlib.Path) -> None:
         out = model(**batch).last_hidden_state
         m = batch["attention_mask"][..., None].float()
         reference = F.normalize((out * m).sum(1) / m.sum(1), dim=-1)
-    tensors = {"embedded": embedded.contiguous(), "attention_mask": batch["attention_mask"].to(torch.int32),
-               "reference": reference.contiguous()}
+        words = model.embeddings.word_embeddings(batch["input_ids"])
+    tensors = {"embedded": embedded.contiguous(), "inputs_embeds": words.contiguous(),
+               "token_type_ids": batch["token_type_ids"].to(torch.int32),
+               "attention_mask": batch["attention_mask"].to(torch.int32), "reference": reference.contiguous()}
     for name, value in model.state_dict().items():
         if name.startswith("encoder."):
             tensors[name] = value.half() if value.dim() == 2 else value.float()
+        elif name.startswith("embeddings.") and "word_embeddings" not in name:  # (the words come embedded)
+            tensors[name] = value.float() if value.is_floating_point() else value
     data.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(data / "minilm.safetensors"))
     cfg = model.config
     (data / "minilm.json").write_text(json.dumps({
         "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
-        "heads": cfg.num_attention_heads, "eps": cfg.layer_norm_eps, "sentences": SENTENCES}))
+        "heads": cfg.num_attention_heads, "eps": cfg.layer_norm_eps, "vocab": cfg.vocab_size,
+        "positions": cfg.max_position_embeddings, "type_vocab": cfg.type_vocab_size, "sentences": SENTENCES}))
     print(f"wrote {data}/minilm.safetensors ({(data / 'minilm.safetensors').stat().st_size / 2**20:.1f} MiB)")
 
 
@@ -396,6 +401,8 @@ def host_rows() -> list[dict]:
             a, q, s, None, None, None, ws, "u4b8", 1, n, k),
         "torch.ops.workbench.gptq_marlin_gemm (c allocated)": lambda: ops.gptq_marlin_gemm(a, None, *args),
         "torch.ops.workbench.marlin_gemm (c allocated)": lambda: ops.marlin_gemm(a, None, *args),
+        "torch.ops.workbench.gptq_marlin_gemm.default (the dispatcher, c allocated)":
+            lambda: ops.gptq_marlin_gemm.default(a, None, *args),
         "torch.ops.workbench.gptq_marlin_gemm_out (c given)": lambda: ops.gptq_marlin_gemm_out(a, c, *args),
         "workbench.torch.gptq_marlin_gemm (c allocated)": lambda: wt.gptq_marlin_gemm(a, None, *args),
         "workbench.torch.gptq_marlin_gemm (c given)": lambda: wt.gptq_marlin_gemm(a, c, *args),
@@ -413,61 +420,92 @@ def host_rows() -> list[dict]:
     return rows
 
 
-def quantized(linear: nn.Linear, weight_type: str, group: int):
-    """(MarlinLinear, the fp16 nn.Linear holding the same dequantized weight) for ``linear`` (fp16, on CUDA)."""
+def swap(model: nn.Module, weight_type: str, group: int) -> tuple[nn.Module, nn.Module, int]:
+    """Two copies of ``model``: every nn.Linear swapped for a MarlinLinear by ``replace_linears`` (the reference
+    quantizer's weights, given by name), and every nn.Linear holding that weight dequantized, in fp16."""
+    import copy
+
     import workbench.torch as wt
     from workbench.quantize import quantize_weights
     from workbench.weight import make_marlin_weight
 
-    w = linear.weight.detach().float().cpu().numpy().T  # (K, N)
-    q = quantize_weights(w, weight_type, group, act_dtype=np.float16)
-    bias = None if linear.bias is None else linear.bias.detach().cpu()
-    ours = wt.MarlinLinear.from_weight(make_marlin_weight(q), bias).to(DEVICE)
-    same = nn.Linear(linear.in_features, linear.out_features, bias=bias is not None).half()
-    with torch.no_grad():
-        same.weight.copy_(torch.from_numpy(np.ascontiguousarray(q.w_ref.T)).half())
-        if bias is not None:
-            same.bias.copy_(bias)
-    return ours, same.to(DEVICE)
-
-
-def swap(model: nn.Module, weight_type: str, group: int) -> tuple[nn.Module, nn.Module, int]:
-    """Two copies of ``model``: every nn.Linear a MarlinLinear, and every nn.Linear the dequantized fp16 one."""
-    import copy
-
-    ours, same = copy.deepcopy(model), copy.deepcopy(model)
-    count = 0
-    for name, module in list(model.named_modules()):
+    weights, same = {}, copy.deepcopy(model)
+    for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            a, b = quantized(module, weight_type, group)
-            parent, _, child = name.rpartition(".")
-            setattr(ours.get_submodule(parent), child, a)
-            setattr(same.get_submodule(parent), child, b)
-            count += 1
-    return ours, same, count
+            q = quantize_weights(module.weight.detach().float().cpu().numpy().T, weight_type, group,
+                                 act_dtype=np.float16)  # (K, N) = (in, out)
+            weights[name] = make_marlin_weight(q)
+            with torch.no_grad():
+                same.get_submodule(name).weight.copy_(torch.from_numpy(np.ascontiguousarray(q.w_ref.T)).half())
+    ours = copy.deepcopy(model)
+    report = wt.replace_linears(ours, "*", weight_type, group, weights=weights)
+    if report.skipped or len(report.replaced) != len(weights):
+        raise RuntimeError(f"not every Linear was swapped: {report}")
+    return ours, same, len(report.replaced)
+
+
+def hf_encoder(data: pathlib.Path) -> tuple[nn.Module, dict, dict]:
+    """transformers' BertModel (no pooler) with MiniLM's carried weights, fp16 on the GPU; the word embeddings come
+    looked up (``inputs_embeds``), so the vocabulary table stays home."""
+    from safetensors.torch import load_file
+    from transformers import BertConfig, BertModel
+
+    cfg = json.loads((data / "minilm.json").read_text())
+    t = load_file(str(data / "minilm.safetensors"))
+    config = BertConfig(vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], num_hidden_layers=cfg["layers"],
+                        num_attention_heads=cfg["heads"], intermediate_size=cfg["intermediate"],
+                        max_position_embeddings=cfg["positions"], type_vocab_size=cfg["type_vocab"],
+                        layer_norm_eps=cfg["eps"], hidden_act="gelu")
+    model = BertModel(config, add_pooling_layer=False)
+    own = {k: v for k, v in t.items() if k.startswith(("encoder.", "embeddings."))}
+    missing, unexpected = model.load_state_dict(own, strict=False)
+    if unexpected or [k for k in missing if "word_embeddings" not in k and "position_ids" not in k]:
+        raise RuntimeError(f"MiniLM weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
+    model = model.half().to(DEVICE).eval()
+    inputs = {"inputs_embeds": t["inputs_embeds"].half().to(DEVICE),
+              "token_type_ids": t["token_type_ids"].long().to(DEVICE),
+              "attention_mask": t["attention_mask"].long().to(DEVICE)}
+    return model, inputs, t
+
+
+def pooled(model: nn.Module, inputs: dict) -> torch.Tensor:
+    """sentence-transformers' all-MiniLM-L6-v2 head: the mean over real tokens, L2-normalised."""
+    h = model(**inputs).last_hidden_state.float()
+    m = inputs["attention_mask"][..., None].float()
+    return F.normalize((h * m).sum(1) / m.sum(1), dim=-1)
 
 
 def minilm_rows(data: pathlib.Path) -> list[dict]:
-    enc, t = load_encoder(data)
-    enc = enc.to(DEVICE).eval()
-    x, mask = t["embedded"].to(DEVICE).half(), t["attention_mask"].to(DEVICE)
+    """All-MiniLM-L6-v2 in transformers' BertModel (where transformers is installed; else this file's Encoder,
+    which ``validate`` checks against it) with every Linear swapped."""
+    try:
+        enc, inputs, t = hf_encoder(data)
+        impl = "transformers BertModel"
+        forward = (lambda model: pooled(model, inputs))
+        mask = inputs["attention_mask"]
+    except ImportError:
+        enc, t = load_encoder(data)
+        enc = enc.to(DEVICE).eval()
+        x, mask = t["embedded"].to(DEVICE).half(), t["attention_mask"].to(DEVICE)
+        impl = "bench_torch.Encoder"
+        forward = (lambda model: model(x, mask))
     rows = []
     with torch.no_grad():
-        fp16 = enc(x, mask)
+        fp16 = forward(enc)
         vs_hf = F.cosine_similarity(fp16, t["reference"].to(DEVICE), dim=-1).min().item()
-        print(f"MiniLM fp16 (this file's encoder) vs transformers float32: min cosine {vs_hf:.6f}", flush=True)
+        print(f"MiniLM fp16 ({impl}) vs transformers float32 on CPU: min cosine {vs_hf:.6f}", flush=True)
         for weight_type, group in FORMATS:
             ours, same, count = swap(enc, weight_type, group)
-            e_ours, e_same = ours(x, mask), same(x, mask)
+            e_ours, e_same = forward(ours), forward(same)
             kernel = F.cosine_similarity(e_ours, e_same, dim=-1).min().item()
             fmt = F.cosine_similarity(e_ours, fp16, dim=-1).min().item()
             fmt_ref = F.cosine_similarity(e_same, fp16, dim=-1).min().item()
-            us_ours = gpu_us(lambda: ours(x, mask))
-            us_fp16 = gpu_us(lambda: enc(x, mask))
+            us_ours = gpu_us(lambda: forward(ours))
+            us_fp16 = gpu_us(lambda: forward(enc))
             print(f"MiniLM {weight_type} g{group}: {count} Linears swapped; min cosine vs dequantized fp16 "
                   f"{kernel:.6f} (kernels), vs original fp16 {fmt:.6f} (format; the dequantized fp16 model: "
                   f"{fmt_ref:.6f}); {us_ours:.0f} us vs fp16 {us_fp16:.0f} us per batch", flush=True)
-            rows.append({"cell": "minilm", "model": "all-MiniLM-L6-v2", "sentences": len(SENTENCES),
+            rows.append({"cell": "minilm", "model": "all-MiniLM-L6-v2", "impl": impl, "sentences": len(SENTENCES),
                          "tokens": int(mask.sum()), "wtype": weight_type, "group": group, "act": "fp16",
                          "linears": count, "bias": "added in torch after the GEMM",
                          "cos_vs_dequant_fp16_min": round(kernel, 7), "cos_vs_fp16_min": round(fmt, 7),

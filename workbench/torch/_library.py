@@ -55,6 +55,7 @@ def define(name: str, schema: str, *, fake: Callable, cpu: Callable, cuda: Calla
     LIB.impl(name, cuda, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", pad(fake), lib=LIB)
     LIB.impl(name, _autograd_kernel(op, name, cpu, cuda, mutates), "Autograd", with_keyset=True)
+    _fast_packet(name, cpu, cuda)
     return op
 
 
@@ -109,13 +110,18 @@ def _padding(op):
 
 
 _TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
 _NOT_TENSORS = frozenset((type(None), int, bool, float, str, list, tuple))  # (isinstance(x, Tensor) is slow)
 
 
 def _eager_device(args) -> str | None:
     """"cuda" or "cpu" (the backend the dispatcher would pick: CUDA if any tensor is on it) when the eager bypass
-    may run, else None: a tensor subclass (fake, functional, ...), a tensor on another device (meta, ...), or a tensor
-    that autograd would track. (Reads only the cheap attributes: this runs on every eager call.)"""
+    may run, else None: a TorchDispatchMode is active (it must see the op), a tensor subclass (fake, functional,
+    ...), a tensor on another device (meta, ...), or a tensor that autograd would track. (Reads only the cheap
+    attributes: this runs on every eager call.)"""
+    if _dispatch_modes():
+        return None
     grad = torch.is_grad_enabled()
     device = "cpu"
     for x in args:
@@ -138,13 +144,35 @@ def _plain(args) -> bool:
 
 def bypass(op, impl: Callable) -> Callable:
     """The function to call ``op`` through: the registered op while compiling (Dynamo folds ``is_compiling()``
-    and records the op node), else ``impl`` directly for plain tensors, else the dispatcher."""
+    and records the op node) or under a TorchFunctionMode, else ``impl`` directly for plain tensors, else the
+    dispatcher."""
 
     @functools.wraps(impl)
     def call(*args):
-        if torch.compiler.is_compiling() or not _plain(args):
+        if torch.compiler.is_compiling() or _function_modes() or _eager_device(args) is None:
             return op(*args)
         return impl(*args)
 
     call.op = op
     return call
+
+
+def _fast_packet(name: str, cpu: Callable, cuda: Callable) -> None:
+    """Let ``torch.ops.workbench.<name>(...)`` itself (the OpOverloadPacket vLLM-style callers use) skip the
+    dispatcher for plain eager tensors: its call target becomes a function that runs the kernel on the positional
+    arguments, and hands everything else (keyword arguments, tracing, modes, fake and tracked tensors) to the
+    packet's own target unchanged. ``OpOverload``s (``.default``), which tracing, ``opcheck`` and compiled graphs
+    call, are untouched."""
+    packet = getattr(getattr(torch.ops, NAMESPACE), name)
+    through_dispatcher = packet._op
+
+    def call(*args, **kwargs):
+        if kwargs or torch.compiler.is_compiling() or _function_modes():
+            return through_dispatcher(*args, **kwargs)
+        device = _eager_device(args)
+        if device is None:
+            return through_dispatcher(*args)
+        return (cuda if device == "cuda" else cpu)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    packet._op = call  # (set before anything hashes the packet: its hash is its target's)

@@ -171,11 +171,12 @@ class _GemmPlan:
     """A dense GEMM call whose every check passed: the runtime's prepared launch for it and what a call needs
     besides the addresses (kept under the key of the call's shapes, strides, dtypes, devices and flags)."""
 
-    __slots__ = ("prepared", "device", "index", "sms", "uses_c_tmp", "act_order", "has_zeros")
+    __slots__ = ("prepared", "device", "index", "sms", "uses_c_tmp", "act_order", "has_zeros", "c_tmp")
 
     def __init__(self, prepared, device: torch.device, sms: int, uses_c_tmp: bool, act_order: bool, has_zeros: bool):
         self.prepared, self.device, self.index, self.sms = prepared, device, device.index, sms
         self.uses_c_tmp, self.act_order, self.has_zeros = uses_c_tmp, act_order, has_zeros
+        self.c_tmp: dict[int, int] = {}  # stream -> address of that stream's partial-sum buffer (_c_tmp keeps it)
 
 
 _GEMM_PLANS: dict[tuple, _GemmPlan] = {}
@@ -265,7 +266,11 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
     stream = torch._C._cuda_getCurrentRawStream(plan.index)  # (torch.cuda.current_stream builds a Stream object)
     if c is None:
         c = torch.empty((size_m, size_n), dtype=a.dtype, device=plan.device)
-    c_tmp = _c_tmp(plan.device, stream, plan.sms).data_ptr() if plan.uses_c_tmp else 0
+    c_tmp = 0
+    if plan.uses_c_tmp:
+        c_tmp = plan.c_tmp.get(stream)
+        if c_tmp is None:
+            c_tmp = plan.c_tmp[stream] = _c_tmp(plan.device, stream, plan.sms).data_ptr()
     if plan.act_order:
         a_tmp = torch.empty((size_m, size_k), dtype=a.dtype, device=plan.device)
         a_tmp_ptr, g_ptr, p_ptr = a_tmp.data_ptr(), g_idx.data_ptr(), perm.data_ptr()
@@ -298,6 +303,7 @@ def _define_gemm(op: str):
 
 
 _marlin_gemm, _marlin_gemm_out = _define_gemm("marlin_gemm")
+marlin_gemm_functional = _marlin_gemm  # the functional op with every argument given (modules' per-call path)
 _gptq_marlin_gemm, _gptq_marlin_gemm_out = _define_gemm("gptq_marlin_gemm")
 
 
@@ -433,8 +439,10 @@ def _moe_run(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros
         stack = _expert_stack(a, b_q_weight, b_scales, zeros, weight, experts, group_size, size_n, size_k, is_k_full)
         # vLLM sizes sorted_token_ids as numel + E * (block - 1), not always a multiple of the block; the kernel
         # reads only the first num_tokens_post_padded entries, a multiple of the block and never above that size.
-        whole_blocks = sorted_token_ids.shape[0] - sorted_token_ids.shape[0] % int(moe_block_size)
-        stack.gemm_phase_fused(v(a), v(sorted_token_ids[:whole_blocks]), v(expert_ids), v(num_tokens_past_padded),
+        # expert_ids (ceil(size / block) entries in vLLM's sizing) is cut to one entry per whole block to match.
+        whole_blocks = sorted_token_ids.shape[0] // int(moe_block_size)
+        stack.gemm_phase_fused(v(a), v(sorted_token_ids[:whole_blocks * int(moe_block_size)]),
+                               v(expert_ids[:whole_blocks]), v(num_tokens_past_padded),
                                v(c),
                                int(size_m), int(moe_block_size), int(top_k),
                                topk_weights=v(topk_weights) if mul_topk_weights else None, stream=stream)
@@ -618,11 +626,12 @@ def _packed_along_n(rows, size_n, bits):
 
 def _device_operand(name: str, x: torch.Tensor):
     """A CUDA tensor as the Numba kernels take it: an empty perm is no perm, and bfloat16 (which torch's
-    ``__cuda_array_interface__`` does not export) travels as its int16 bit patterns (the layout ops move values)."""
+    ``__cuda_array_interface__`` does not export) travels as its uint16 bit patterns, the raw-bits dtype the layout
+    ops take for 16-bit scales (they move values, never compute on them)."""
     if name == "perm" and x.numel() == 0:
         return None
     x = x.detach()  # torch's __cuda_array_interface__ refuses a tensor that autograd tracks
-    return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    return x.view(torch.uint16) if x.dtype == torch.bfloat16 else x
 
 
 def _layout_op(name: str, schema: str, run, out_meta, tensors: tuple[str, ...]):
