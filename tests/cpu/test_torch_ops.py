@@ -475,3 +475,37 @@ def test_every_op_has_its_kernel_at_the_autograd_key_and_eager_calls_agree(rng):
     assert torch.equal(direct, wt.marlin_permute_scales(s, 256, 128, 128))
     tracked = OPS.marlin_permute_scales(s.clone().requires_grad_(True), 256, 128, 128)
     assert tracked.requires_grad and torch.equal(tracked.detach(), direct)
+
+
+def test_modes_see_the_op_the_eager_fast_paths_step_aside():
+    """Under a TorchDispatchMode or TorchFunctionMode the packet and the Python functions take the dispatcher, so the
+    mode sees the op (a fast path that skipped it would hide the call from profilers, fake modes, ...)."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class SeenFunctions(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    s = torch.randn(2, 128).half()
+    plain = OPS.marlin_permute_scales(s, 256, 128, 128)
+    for mode in (Seen(), SeenFunctions()):
+        with mode:
+            a = OPS.marlin_permute_scales(s, 256, 128, 128)
+            b = wt.marlin_permute_scales(s, 256, 128, 128)
+        assert sum("marlin_permute_scales" in op for op in mode.ops) >= 2, mode.ops
+        assert torch.equal(a, plain) and torch.equal(b, plain)
