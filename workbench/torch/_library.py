@@ -1,14 +1,20 @@
 """How every ``workbench::`` op is registered: one ``torch.library.Library``, a schema, kernels, a fake, autograd.
 
 Registration is the low-level ``Library.define`` + ``Library.impl`` rather than ``torch.library.custom_op``: the
-schema is written out (vLLM's, argument for argument) and each crossing of the dispatcher into Python is paid once.
-``custom_op`` and ``register_autograd`` each add a Python kernel at the Autograd key that walks every argument and
-dispatches again; here the kernel at the Autograd key *is* the implementation for plain eager tensors (one
-crossing), and redispatches below autograd only for what tracing hands it (fake, functional and meta tensors).
-``bypass(op, impl)`` returns the function Python callers use: under ``torch.compile`` it is the registered op (so the
-graph keeps one opaque node with its fake), in eager mode it calls the implementation directly when every tensor is
-a plain CPU/CUDA tensor that autograd does not track (no dispatcher crossing at all). (quack's
-``_torch_library_op.py`` does the same for ``custom_op``.) bench/bench_torch.py measures the three ways in.
+schema is written out (vLLM's, argument for argument) and a call crosses from Python into the dispatcher and back at
+most once. ``custom_op`` and ``register_autograd`` each add a Python kernel at the Autograd key that walks every
+argument and dispatches again; here the kernel at the Autograd key *is* the implementation for plain eager tensors,
+and redispatches below autograd only for what tracing hands it (fake, functional and meta tensors).
+
+Two eager fast paths skip the dispatcher altogether when every tensor is a plain CPU/CUDA tensor that autograd does
+not track, nothing is tracing and no TorchDispatchMode / TorchFunctionMode is active (a mode must see the op):
+
+* ``torch.ops.workbench.<op>(...)``, the OpOverloadPacket a vLLM-style caller uses (``_fast_packet``);
+* the Python functions of ``workbench.torch`` (``bypass``; quack's ``_torch_library_op.py`` does the same for
+  ``custom_op``).
+
+``OpOverload``s (``torch.ops.workbench.<op>.default``), which tracing, ``opcheck`` and compiled graphs call, always
+go through the dispatcher. bench/bench_torch.py measures the ways in against the CuPy path.
 
 Inference only: a functional op called on inputs that autograd tracks returns outputs whose backward raises;
 mutating ops (``*_out``, ``moe_align_block_size``) cannot carry a backward, so their kernels refuse inputs that

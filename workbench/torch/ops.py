@@ -14,12 +14,12 @@ Mirrors vLLM at commit 7bcae67b5de3f155e70026695285de25d096b801 (``csrc/torch_bi
 * ``marlin_to_gptq_qweight``, ``marlin_to_awq_qweight``, ``marlin_unpermute_scales`` (CPU, CUDA): the inverses.
 
 Layout ops run ``workbench.ops``: the NumPy reference on CPU tensors, the Numba kernels on CUDA tensors (on the
-current torch stream, the result copied into a tensor from torch's allocator). The GEMMs call the public CuPy entry
-points of ``workbench.gemm`` / ``workbench.moe`` through DLPack views, with the current torch stream as CuPy's
-stream; outputs, ``a_tmp`` and the partial sums come from torch's caching allocator (a MoE expert stack's own
-scratch and moe_align's intermediate arrays still come from CuPy's pool). The kernel runtime
-(``workbench.cuda``) already takes torch tensors and streams for the dense GEMM; moving these ops onto it drops the
-DLPack hop.
+current torch stream, the result copied into a tensor from torch's allocator). The dense GEMM keeps a plan per call
+signature and launches the runtime's prepared launch (``workbench.gemm.plan_marlin_gemm``) on the tensors' addresses
+and the current torch stream. The MoE GEMM and moe_align call the public CuPy entry points of ``workbench.moe``
+through DLPack views, with the current torch stream as CuPy's stream. Outputs, ``a_tmp`` and the partial sums come
+from torch's caching allocator (a MoE expert stack's own scratch and moe_align's intermediate arrays still come
+from CuPy's pool).
 
 Each op has a fake implementation: output metadata plus every check that reads no values (shapes, dtypes,
 devices, the unimplemented arguments), so ``torch.compile(fullgraph=True)`` traces it with a symbolic M and bad input
@@ -27,7 +27,7 @@ fails while tracing. Checks that need values (a permutation's entries, the route
 
 The module-level functions (``marlin_gemm(...)``, ``gptq_marlin_repack(...)``, ...) are what Python callers use: they
 also take a ScalarType object for ``b_q_type``, route a given ``c`` to the ``_out`` op, and skip the dispatcher in
-eager mode (``_library.bypass``).
+eager mode (``_library.bypass``), as ``torch.ops.workbench.<op>(...)`` itself does (``_library._fast_packet``).
 """
 from __future__ import annotations
 
