@@ -509,3 +509,20 @@ def test_modes_see_the_op_the_eager_fast_paths_step_aside():
             b = wt.marlin_permute_scales(s, 256, 128, 128)
         assert sum("marlin_permute_scales" in op for op in mode.ops) >= 2, mode.ops
         assert torch.equal(a, plain) and torch.equal(b, plain)
+
+
+def test_gemm_plan_key_separates_what_the_checks_read():
+    """The dense GEMM's plan key (metadata only, so it is built on CPU tensors here): flags by truth value, every
+    tensor's shape, strides, dtype and device, vLLM's empty-tensor "none" apart from None; no key for other types."""
+    from workbench.torch.ops import _gemm_key
+
+    a, q = torch.zeros((4, 256), dtype=torch.float16), torch.zeros((16, 256), dtype=torch.int32)
+    s, ws = torch.zeros((2, 128), dtype=torch.float16), torch.zeros(64, dtype=torch.int32)
+
+    def key(a=a, zeros=None, is_k_full=True, size_m=4):
+        return _gemm_key(a, None, q, s, zeros, None, None, ws, U4B8, size_m, 128, 256, is_k_full, False, True)
+
+    assert key() == key(is_k_full=1) and key() != key(is_k_full=False) and key(is_k_full=0) == key(is_k_full=False)
+    assert key() != key(a=torch.zeros((256, 4), dtype=torch.float16).t()) != key(a=a.to(torch.bfloat16))
+    assert key() != key(zeros=torch.empty(0, dtype=torch.int32))
+    assert key(is_k_full=1.0) is None and key(size_m=torch.tensor(4)) is None

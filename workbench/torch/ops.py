@@ -182,6 +182,7 @@ class _GemmPlan:
 _GEMM_PLANS: dict[tuple, _GemmPlan] = {}
 MAX_GEMM_PLANS = 4096  # a serving loop sees a few dozen shapes; the bound keeps a sweep finite
 _TENSOR = torch.Tensor
+_FLAG_TYPES = (bool, int)  # flags the key holds as bool(flag), as the plan is made with them
 
 
 def _meta(x):
@@ -197,13 +198,14 @@ def _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_t
     the ints: True and 1.0 compare equal to 1 but are checked differently."""
     if (type(size_m) is not int or type(size_n) is not int or type(size_k) is not int or type(b_q_type) is not int
             or type(a) is not _TENSOR or type(b_q_weight) is not _TENSOR or type(b_scales) is not _TENSOR
-            or type(workspace) is not _TENSOR):
+            or type(workspace) is not _TENSOR or type(is_k_full) not in _FLAG_TYPES
+            or type(use_atomic_add) not in _FLAG_TYPES or type(use_fp32_reduce) not in _FLAG_TYPES):
         return None
     return (a.shape, a.stride(), a.dtype, a.get_device(), b_q_weight.shape, b_q_weight.stride(), b_q_weight.dtype,
             b_q_weight.get_device(), b_scales.shape, b_scales.stride(), b_scales.dtype, b_scales.get_device(),
             workspace.shape, workspace.stride(), workspace.dtype, workspace.get_device(), _meta(c), _meta(b_zeros), _meta(g_idx),
-            _meta(perm), b_q_type, size_m, size_n, size_k, is_k_full is True, use_atomic_add is True,
-            use_fp32_reduce is True)
+            _meta(perm), b_q_type, size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add),
+            bool(use_fp32_reduce))
 
 
 def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm,
