@@ -463,3 +463,66 @@ def test_eager_bypass_is_taken_only_for_plain_untracked_tensors():
     assert _plain((x, 3)) and not _plain((x.to("meta"),)) and not _plain((torch.zeros(2, requires_grad=True),))
     with torch.no_grad():
         assert _plain((torch.zeros(2, requires_grad=True),))
+
+
+def test_every_op_has_its_kernel_at_the_autograd_key_and_eager_calls_agree(rng):
+    """One Python kernel per op at the Autograd key (no second Python layer that re-walks the arguments); a plain
+    eager call through the dispatcher, the Python wrapper's bypass and the functional op under tracked inputs agree."""
+    for op in ALL_OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"workbench::{op}", "Autograd"), op
+    s = torch.from_numpy(rng.standard_normal((2, 128)).astype(np.float16))
+    direct = OPS.marlin_permute_scales(s, 256, 128, 128)
+    assert torch.equal(direct, wt.marlin_permute_scales(s, 256, 128, 128))
+    tracked = OPS.marlin_permute_scales(s.clone().requires_grad_(True), 256, 128, 128)
+    assert tracked.requires_grad and torch.equal(tracked.detach(), direct)
+
+
+def test_modes_see_the_op_the_eager_fast_paths_step_aside():
+    """Under a TorchDispatchMode or TorchFunctionMode the packet and the Python functions take the dispatcher, so the
+    mode sees the op (a fast path that skipped it would hide the call from profilers, fake modes, ...)."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class SeenFunctions(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    s = torch.randn(2, 128).half()
+    plain = OPS.marlin_permute_scales(s, 256, 128, 128)
+    for mode in (Seen(), SeenFunctions()):
+        with mode:
+            a = OPS.marlin_permute_scales(s, 256, 128, 128)
+            b = wt.marlin_permute_scales(s, 256, 128, 128)
+        assert sum("marlin_permute_scales" in op for op in mode.ops) >= 2, mode.ops
+        assert torch.equal(a, plain) and torch.equal(b, plain)
+
+
+def test_gemm_plan_key_separates_what_the_checks_read():
+    """The dense GEMM's plan key (metadata only, so it is built on CPU tensors here): flags by truth value, every
+    tensor's shape, strides, dtype and device, vLLM's empty-tensor "none" apart from None; no key for other types."""
+    from workbench.torch.ops import _gemm_key
+
+    a, q = torch.zeros((4, 256), dtype=torch.float16), torch.zeros((16, 256), dtype=torch.int32)
+    s, ws = torch.zeros((2, 128), dtype=torch.float16), torch.zeros(64, dtype=torch.int32)
+
+    def key(a=a, zeros=None, is_k_full=True, size_m=4):
+        return _gemm_key(a, None, q, s, zeros, None, None, ws, U4B8, size_m, 128, 256, is_k_full, False, True)
+
+    assert key() == key(is_k_full=1) and key() != key(is_k_full=False) and key(is_k_full=0) == key(is_k_full=False)
+    assert key() != key(a=torch.zeros((256, 4), dtype=torch.float16).t()) != key(a=a.to(torch.bfloat16))
+    assert key() != key(zeros=torch.empty(0, dtype=torch.int32))
+    assert key(is_k_full=1.0) is None and key(size_m=torch.tensor(4)) is None

@@ -196,6 +196,7 @@ class MarlinLinear(_MarlinBuffers):
         self.in_features, self.out_features = layout.size_k, layout.size_n
         self.register_buffer("bias", torch.zeros(layout.size_n, dtype=act_dtype) if bias else None)
         self._type_id = vllm_id(layout.weight_type)
+        self._is_k_full = layout.is_k_full
 
     @classmethod
     def from_weight(cls, weight: MarlinWeight, bias=None) -> "MarlinLinear":
@@ -237,20 +238,23 @@ class MarlinLinear(_MarlinBuffers):
         return module.to(linear.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _needs_cuda(type(self).__name__, x)
+        if not x.is_cuda:  # (the attribute, not x.device: this runs on every call)
+            _needs_cuda(type(self).__name__, x)
         k, n = self.in_features, self.out_features
         if x.shape[-1] != k:
             raise ValueError(f"{type(self).__name__}: x has {x.shape[-1]} features (shape {tuple(x.shape)}), the "
                              f"layer takes in_features = {k}")
-        rows = x.reshape(-1, k)
+        rows = x if x.dim() == 2 else x.reshape(-1, k)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        layout = self._layouts[""]
-        y = ops.marlin_gemm(rows, None, self.qweight, None, self.scales, None, None, self.zeros, self.g_idx, self.perm,
-                            self.workspace, self._type_id, rows.shape[0], n, k, layout.is_k_full, False, True, False)
-        if self.bias is not None:
-            y = y + self.bias  # no bias epilogue in the dense kernel yet: added here, rounded once more
-        return y.reshape(*x.shape[:-1], n)
+        b = self._buffers  # (the dict itself: nn.Module.__getattr__ is slow on the per-call path)
+        y = ops.marlin_gemm_functional(rows, None, b["qweight"], None, b["scales"], None, None, b["zeros"],
+                                       b["g_idx"], b["perm"], b["workspace"], self._type_id, rows.shape[0], n, k,
+                                       self._is_k_full, False, True, False)
+        bias = b["bias"]
+        if bias is not None:
+            y = y + bias  # no bias epilogue in the dense kernel yet: added here, rounded once more
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
     def extra_repr(self) -> str:
         layout = self._layouts[""]

@@ -14,12 +14,12 @@ Mirrors vLLM at commit 7bcae67b5de3f155e70026695285de25d096b801 (``csrc/torch_bi
 * ``marlin_to_gptq_qweight``, ``marlin_to_awq_qweight``, ``marlin_unpermute_scales`` (CPU, CUDA): the inverses.
 
 Layout ops run ``workbench.ops``: the NumPy reference on CPU tensors, the Numba kernels on CUDA tensors (on the
-current torch stream, the result copied into a tensor from torch's allocator). The GEMMs call the public CuPy entry
-points of ``workbench.gemm`` / ``workbench.moe`` through DLPack views, with the current torch stream as CuPy's
-stream; outputs, ``a_tmp`` and the partial sums come from torch's caching allocator (a MoE expert stack's own
-scratch and moe_align's intermediate arrays still come from CuPy's pool). The kernel runtime
-(``workbench.cuda``) already takes torch tensors and streams for the dense GEMM; moving these ops onto it drops the
-DLPack hop.
+current torch stream, the result copied into a tensor from torch's allocator). The dense GEMM keeps a plan per call
+signature and launches the runtime's prepared launch (``workbench.gemm.plan_marlin_gemm``) on the tensors' addresses
+and the current torch stream. The MoE GEMM and moe_align call the public CuPy entry points of ``workbench.moe``
+through DLPack views, with the current torch stream as CuPy's stream. Outputs, ``a_tmp`` and the partial sums come
+from torch's caching allocator (a MoE expert stack's own scratch and moe_align's intermediate arrays still come
+from CuPy's pool).
 
 Each op has a fake implementation: output metadata plus every check that reads no values (shapes, dtypes,
 devices, the unimplemented arguments), so ``torch.compile(fullgraph=True)`` traces it with a symbolic M and bad input
@@ -27,7 +27,7 @@ fails while tracing. Checks that need values (a permutation's entries, the route
 
 The module-level functions (``marlin_gemm(...)``, ``gptq_marlin_repack(...)``, ...) are what Python callers use: they
 also take a ScalarType object for ``b_q_type``, route a given ``c`` to the ``_out`` op, and skip the dispatcher in
-eager mode (``_library.bypass``).
+eager mode (``_library.bypass``), as ``torch.ops.workbench.<op>(...)`` itself does (``_library._fast_packet``).
 """
 from __future__ import annotations
 
@@ -167,30 +167,120 @@ def _c_given(op: str) -> str:
             f"function workbench.torch.{op}, which routes a given c there")
 
 
-def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
-              b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float):
-    """Checks, output and scratch from torch's allocator, then ``gemm.gptq_marlin_gemm`` on DLPack views."""
+class _GemmPlan:
+    """A dense GEMM call whose every check passed: the runtime's prepared launch for it and what a call needs
+    besides the addresses (kept under the key of the call's shapes, strides, dtypes, devices and flags)."""
+
+    __slots__ = ("prepared", "device", "index", "sms", "uses_c_tmp", "act_order", "has_zeros", "c_tmp")
+
+    def __init__(self, prepared, device: torch.device, sms: int, uses_c_tmp: bool, act_order: bool, has_zeros: bool):
+        self.prepared, self.device, self.index, self.sms = prepared, device, device.index, sms
+        self.uses_c_tmp, self.act_order, self.has_zeros = uses_c_tmp, act_order, has_zeros
+        self.c_tmp: dict[int, int] = {}  # stream -> address of that stream's partial-sum buffer (_c_tmp keeps it)
+
+
+_GEMM_PLANS: dict[tuple, _GemmPlan] = {}
+MAX_GEMM_PLANS = 4096  # a serving loop sees a few dozen shapes; the bound keeps a sweep finite
+_TENSOR = torch.Tensor
+_FLAG_TYPES = (bool, int)  # flags the key holds as bool(flag), as the plan is made with them
+
+
+def _meta(x):
+    """What the checks read of an optional tensor (an empty one is vLLM's "none", kept apart by its shape)."""
+    if x is None:
+        return None
+    return x.shape, x.stride(), x.dtype, x.get_device()
+
+
+def _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
+              is_k_full, use_atomic_add, use_fp32_reduce):
+    """The plan key, or None where an argument is not of the cached kind (then every check runs). Exact types for
+    the ints: True and 1.0 compare equal to 1 but are checked differently."""
+    if (type(size_m) is not int or type(size_n) is not int or type(size_k) is not int or type(b_q_type) is not int
+            or type(a) is not _TENSOR or type(b_q_weight) is not _TENSOR or type(b_scales) is not _TENSOR
+            or type(workspace) is not _TENSOR or type(is_k_full) not in _FLAG_TYPES
+            or type(use_atomic_add) not in _FLAG_TYPES or type(use_fp32_reduce) not in _FLAG_TYPES):
+        return None
+    return (a.shape, a.stride(), a.dtype, a.get_device(), b_q_weight.shape, b_q_weight.stride(), b_q_weight.dtype,
+            b_q_weight.get_device(), b_scales.shape, b_scales.stride(), b_scales.dtype, b_scales.get_device(),
+            workspace.shape, workspace.stride(), workspace.dtype, workspace.get_device(), _meta(c), _meta(b_zeros), _meta(g_idx),
+            _meta(perm), b_q_type, size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add),
+            bool(use_fp32_reduce))
+
+
+def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm,
+               workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
+               is_zp_float) -> _GemmPlan | None:
+    """Every check (this surface's, then the runtime's own on views of the tensors), then the prepared launch
+    from ``gemm.plan_marlin_gemm``; None for size_m = 0 (nothing to launch)."""
+    from workbench import cuda as rt
     from workbench import gemm
+    from workbench.weight import MarlinWeight
 
     weight = check_gemm(op, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm,
                         workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
                         is_zp_float)
-    device = a.device
-    if c is None:
-        c = torch.empty((size_m, size_n), dtype=a.dtype, device=device)
     if size_m == 0:
-        return c
+        return None
+    device = a.device
     act_order = not (T.is_empty(g_idx) and T.is_empty(perm))
-    stream = _stream_ptr(device)
+    zeros = None if T.is_empty(b_zeros) else b_zeros
     sms = _sms(device)
-    c_tmp = _c_tmp(device, stream, sms) if use_fp32_reduce and not use_atomic_add else None
+    uses_c_tmp = bool(use_fp32_reduce) and not use_atomic_add
+    stream = _stream_ptr(device)
+    out = c if c is not None else torch.empty((size_m, size_n), dtype=a.dtype, device=device)
+    c_tmp = _c_tmp(device, stream, sms) if uses_c_tmp else None
     a_tmp = torch.empty((size_m, size_k), dtype=a.dtype, device=device) if act_order else None
-    v = T.cupy_view
-    with torch.cuda.device(device), T.cupy_stream(stream):
-        gemm.gptq_marlin_gemm(v(a), v(b_q_weight), v(b_scales), None if T.is_empty(b_zeros) else v(b_zeros),
-                              v(g_idx) if act_order else None, v(perm) if act_order else None, v(workspace), weight,
-                              int(size_m), int(size_n), int(size_k), bool(is_k_full), bool(use_atomic_add),
-                              bool(use_fp32_reduce), c=v(c), c_tmp=v(c_tmp), a_tmp=v(a_tmp), stream=stream, sms=sms)
+    v = (lambda x, name: rt.as_device_array(x, name))
+    layer = MarlinWeight(v(b_q_weight, "b_q_weight"), v(b_scales, "b_scales"), v(zeros, "b_zeros"),
+                         v(g_idx, "g_idx") if act_order else None, v(perm, "perm") if act_order else None,
+                         int(size_k), int(size_n), -1, weight, T.numpy_dtype(a.dtype, "a"), bool(is_k_full))
+    prepared = gemm.plan_marlin_gemm(v(a, "a"), layer, c=v(out, "c"), workspace=v(workspace, "workspace"),
+                                     c_tmp=v(c_tmp, "c_tmp"), a_tmp=v(a_tmp, "a_tmp"), is_k_full=bool(is_k_full),
+                                     use_atomic_add=bool(use_atomic_add), use_fp32_reduce=bool(use_fp32_reduce),
+                                     stream=stream, sms=sms)
+    plan = _GemmPlan(prepared, device, sms, uses_c_tmp, act_order, zeros is not None)
+    if key is not None:
+        if len(_GEMM_PLANS) >= MAX_GEMM_PLANS:
+            _GEMM_PLANS.clear()
+        _GEMM_PLANS[key] = plan
+    return plan
+
+
+def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
+              b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float):
+    """The call's plan (every check on the first call with its shapes, strides, dtypes, devices and flags; the
+    unimplemented arguments every call), output and scratch from torch's allocator, then the runtime's prepared
+    launch on the tensors' addresses and the current torch stream. Repeated calls re-check only what can change
+    under an equal key: the addresses (non-null, 16-byte aligned: ``PreparedLaunch.launch``)."""
+    if b_bias is not None or a_scales is not None or global_scale is not None or is_zp_float:
+        T.require_unimplemented_absent(op, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale,
+                                       is_zp_float=is_zp_float)
+    key = _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
+                    is_k_full, use_atomic_add, use_fp32_reduce)
+    plan = _GEMM_PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _plan_gemm(op, key, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx,
+                          perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add,
+                          use_fp32_reduce, is_zp_float)
+        if plan is None:  # size_m = 0
+            return c if c is not None else torch.empty((0, size_n), dtype=a.dtype, device=a.device)
+    stream = torch._C._cuda_getCurrentRawStream(plan.index)  # (torch.cuda.current_stream builds a Stream object)
+    if c is None:
+        c = torch.empty((size_m, size_n), dtype=a.dtype, device=plan.device)
+    c_tmp = 0
+    if plan.uses_c_tmp:
+        c_tmp = plan.c_tmp.get(stream)
+        if c_tmp is None:
+            c_tmp = plan.c_tmp[stream] = _c_tmp(plan.device, stream, plan.sms).data_ptr()
+    if plan.act_order:
+        a_tmp = torch.empty((size_m, size_k), dtype=a.dtype, device=plan.device)
+        a_tmp_ptr, g_ptr, p_ptr = a_tmp.data_ptr(), g_idx.data_ptr(), perm.data_ptr()
+    else:
+        a_tmp_ptr = g_ptr = p_ptr = 0
+    plan.prepared.launch(a.data_ptr(), b_q_weight.data_ptr(), c.data_ptr(), c_tmp, b_scales.data_ptr(),
+                         b_zeros.data_ptr() if plan.has_zeros else 0, g_ptr, p_ptr, a_tmp_ptr, workspace.data_ptr(),
+                         stream)
     return c
 
 
@@ -215,6 +305,7 @@ def _define_gemm(op: str):
 
 
 _marlin_gemm, _marlin_gemm_out = _define_gemm("marlin_gemm")
+marlin_gemm_functional = _marlin_gemm  # the functional op with every argument given (modules' per-call path)
 _gptq_marlin_gemm, _gptq_marlin_gemm_out = _define_gemm("gptq_marlin_gemm")
 
 
@@ -350,8 +441,10 @@ def _moe_run(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros
         stack = _expert_stack(a, b_q_weight, b_scales, zeros, weight, experts, group_size, size_n, size_k, is_k_full)
         # vLLM sizes sorted_token_ids as numel + E * (block - 1), not always a multiple of the block; the kernel
         # reads only the first num_tokens_post_padded entries, a multiple of the block and never above that size.
-        whole_blocks = sorted_token_ids.shape[0] - sorted_token_ids.shape[0] % int(moe_block_size)
-        stack.gemm_phase_fused(v(a), v(sorted_token_ids[:whole_blocks]), v(expert_ids), v(num_tokens_past_padded),
+        # expert_ids (ceil(size / block) entries in vLLM's sizing) is cut to one entry per whole block to match.
+        whole_blocks = sorted_token_ids.shape[0] // int(moe_block_size)
+        stack.gemm_phase_fused(v(a), v(sorted_token_ids[:whole_blocks * int(moe_block_size)]),
+                               v(expert_ids[:whole_blocks]), v(num_tokens_past_padded),
                                v(c),
                                int(size_m), int(moe_block_size), int(top_k),
                                topk_weights=v(topk_weights) if mul_topk_weights else None, stream=stream)
@@ -535,11 +628,12 @@ def _packed_along_n(rows, size_n, bits):
 
 def _device_operand(name: str, x: torch.Tensor):
     """A CUDA tensor as the Numba kernels take it: an empty perm is no perm, and bfloat16 (which torch's
-    ``__cuda_array_interface__`` does not export) travels as its int16 bit patterns (the layout ops move values)."""
+    ``__cuda_array_interface__`` does not export) travels as its uint16 bit patterns, the raw-bits dtype the layout
+    ops take for 16-bit scales (they move values, never compute on them)."""
     if name == "perm" and x.numel() == 0:
         return None
     x = x.detach()  # torch's __cuda_array_interface__ refuses a tensor that autograd tracks
-    return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    return x.view(torch.uint16) if x.dtype == torch.bfloat16 else x
 
 
 def _layout_op(name: str, schema: str, run, out_meta, tensors: tuple[str, ...]):

@@ -76,6 +76,8 @@ def from_vllm_id(type_id: int) -> ScalarType:
 def as_type_id(value: Any) -> int:
     """What a Python caller may give as ``b_q_type``: our ScalarType or its label, a vLLM id, or any object with an
     integer ``.id`` (vLLM's own ScalarType) -> the vLLM id (checked to name a known type)."""
+    if type(value) is int and value in _BY_ID:  # (a known id as it is: the per-call case)
+        return value
     if isinstance(value, (ScalarType, str)):
         return vllm_id(value)
     type_id = getattr(value, "id", value)
