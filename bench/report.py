@@ -49,27 +49,33 @@ def family_section(family: str, doc: dict) -> list[str]:
     if not cells:
         return lines + ["(no rows of ours in this file)", ""]
     peers = peers_of(doc)
-    group_keys = GROUP_KEYS.get(family, ())
-    row_keys = [k for k in SHAPE_KEYS.get(family, ()) if k not in group_keys]
-    if family not in SHAPE_KEYS:  # other families: every identifying key of the first row that is not measured
-        row_keys = [k for k in cells[0]["row"] if k not in ("method", "us", "gbs", "pct_copy", "pct_read")
-                    and isinstance(cells[0]["row"][k], (str, int)) and not isinstance(cells[0]["row"][k], bool)]
     has_gbs = any(c["pct_read"] is not None for c in cells)
     has_copy = family == "repack"  # a repack's ceiling is a copy; the other families compare with the read
-    header = ([k if k != "m" else "M" for k in row_keys] + ["format, launch"] * (family in FORMAT_FAMILIES)
-              + ["ours µs"] + ["GB/s", "% of read"] * has_gbs + ["% of copy"] * has_copy
-              + [f"× {p}" for p in peers])
+    group_keys = GROUP_KEYS.get(family, ())
+    if family not in SHAPE_KEYS:  # other families write several kinds of row: one table per kind (`cell`)
+        group_keys = ("cell",) if all("cell" in c["row"] for c in cells) else ()
     groups = {}
     for c in cells:
         groups.setdefault(tuple(c["row"][k] for k in group_keys), []).append(c)
     for key, members in groups.items():
-        if group_keys:
+        if family in SHAPE_KEYS:
+            row_keys = [k for k in SHAPE_KEYS[family] if k not in group_keys]
+        else:  # every identifying key of the kind's first row that is not measured
+            first = members[0]["row"]
+            row_keys = [k for k in first if k not in ("method", "us", "gbs", "pct_copy", "pct_read", "cell")
+                        and isinstance(first[k], (str, int)) and not isinstance(first[k], bool)]
+        header = ([k if k != "m" else "M" for k in row_keys] + ["format, launch"] * (family in FORMAT_FAMILIES)
+                  + ["ours µs"] + ["GB/s", "% of read"] * has_gbs + ["% of copy"] * has_copy
+                  + [f"× {p}" for p in peers])
+        if group_keys == ("cell",):
+            lines += [f"**{key[0]}**", ""]
+        elif group_keys:
             lines += [f"**{group_title(family, members[0]['row'])}**", ""]
         members = sorted_cells(members, row_keys)
         rows = []
         for c in members:
             r = c["row"]
-            cols = [str(r[k]) for k in row_keys] + [config_label(r)] * (family in FORMAT_FAMILIES)
+            cols = [str(r.get(k, "—")) for k in row_keys] + [config_label(r)] * (family in FORMAT_FAMILIES)
             cols.append(_fmt_us(float(r["us"])))
             if has_gbs:
                 cols += [f"{r['gbs']:.0f}" if r.get("gbs") is not None else "—",

@@ -248,7 +248,7 @@ def sorted_cells(cells: list[dict], keys=()) -> list[dict]:
         row = c["row"]
         launch = LAUNCH_ORDER.index(row["launch"]) if row.get("launch") in LAUNCH_ORDER else len(LAUNCH_ORDER)
         return (formats.index(_format_of(row)), launch, is_variant(row),
-                *[(str(type(row[k])), row[k]) for k in keys])
+                *[(str(type(row.get(k))), row.get(k, "")) for k in keys])
 
     return sorted(cells, key=order)
 
