@@ -42,8 +42,8 @@ backends.KERNELS.update(FP4_KERNELS)
 
 BYTES = (np.uint8,)
 __all__ = ["fp4_marlin_repack", "marlin_to_fp4", "mxfp8_marlin_repack", "marlin_to_mxfp8",
-           "nvfp4_marlin_process_scales", "mxfp4_marlin_process_scales", "mxfp8_marlin_process_scales", "nvfp4_marlin_process_global_scale",
-           "nvfp4_scale_factor", "nvfp4_marlin_scales", "marlin_to_nvfp4_scales", "mx_marlin_scales",
+           "nvfp4_marlin_process_scales", "mxfp4_marlin_process_scales", "mxfp8_marlin_process_scales",
+           "nvfp4_marlin_process_global_scale", "nvfp4_scale_factor", "nvfp4_marlin_scales", "marlin_to_nvfp4_scales", "mx_marlin_scales",
            "marlin_to_mx_scales", "nvfp4_marlin_global_scale"]
 
 
