@@ -42,7 +42,7 @@ class MarlinTensors:
     zeros: np.ndarray | None  # (ng, N/pf) int32
     g_idx: np.ndarray | None  # (K,) int32, sorted
     perm: np.ndarray | None  # (K,) int32
-    extra: dict = field(default_factory=dict)  # suffix -> tensor, the layer's extra_marlin_tensors (NVFP4: global_scale)
+    extra: dict = field(default_factory=dict)  # suffix -> tensor of the layer's extra_marlin_tensors (global_scale)
 
 
 # ---------------------------------------------------------------------------------------------------------------

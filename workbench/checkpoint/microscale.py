@@ -276,7 +276,8 @@ def compare_with_source(src, spec, expert: int, m, column_block: int | None = No
         if getattr(m, attr) is not None:
             problems.append(f"{where}: a {spec.microscale} layer carries {attr}")
     if m.scales.dtype != np.uint8:
-        return problems + [f"{where}: scales are {m.scales.dtype}, expected uint8 ({record(spec)['scale_encoding']})"], 0
+        encoding = record(spec)["scale_encoding"]
+        return problems + [f"{where}: scales are {m.scales.dtype}, expected uint8 ({encoding})"], 0
     sf = layer_scale_factor(src, spec)
     block = column_block or COLUMN_BLOCK
     inverse = ops.marlin_to_fp4 if f.element_bits == 4 else ops.marlin_to_mxfp8

@@ -78,7 +78,8 @@ def layer_tensors(spec: LayerSpec) -> list[PlannedTensor]:
     if spec.act_order:
         out += [PlannedTensor(f"{spec.name}.g_idx", "I32", lead + (spec.size_k,)),
                 PlannedTensor(f"{spec.name}.perm", "I32", lead + (spec.size_k,))]
-    out += [PlannedTensor(f"{spec.name}.{suffix}", tag, lead + shape) for suffix, tag, shape in spec.extra_marlin_tensors]
+    out += [PlannedTensor(f"{spec.name}.{suffix}", tag, lead + shape)
+            for suffix, tag, shape in spec.extra_marlin_tensors]
     return out
 
 
