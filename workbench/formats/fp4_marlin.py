@@ -209,7 +209,8 @@ def s0e5m3_to_float(raw) -> np.ndarray:
     raw = np.asarray(raw)
     require_dtype(raw, (np.uint8, E4M3), "S0E5M3 bytes")
     half = (raw.view(np.uint8).astype(np.uint16) << np.uint16(7)).view(np.float16)
-    return half.astype(np.float64) / 2.0 ** S0E5M3_SHIFT
+    with np.errstate(invalid="ignore"):  # bytes 0xF9.. are fp16 NaN: they stay NaN (no forward step writes them)
+        return half.astype(np.float64) / 2.0 ** S0E5M3_SHIFT
 
 
 def nvfp4_marlin_unprocess_scales(raw, scale_factor: float = 1.0) -> np.ndarray:
