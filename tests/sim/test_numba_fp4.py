@@ -141,3 +141,21 @@ def test_stacked_scales_name_the_expert(rng):
     with pytest.raises(ValueError, match=r"weight_scale\[1, 3, 2\] = 0x7f is E4M3's NaN \(1 such\)"):
         kf.nvfp4_marlin_scales(codes, 64, 64, BF16, sf)
     assert ms.E8M0_NAN == 0xFF
+
+
+def test_repack_of_a_compressed_tensors_checkpoint_on_the_numba_backend(tmp_path):
+    """The whole checkpoint route on the kernels: the same bytes as the NumPy route, and verify passes."""
+    import os
+
+    import workbench
+    from workbench.checkpoint import repack, verify
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "ct_nvfp4")
+    quiet = {"progress": False, "log": lambda msg: None}
+    repack(src, str(tmp_path / "numba"), backend="numba", **quiet)
+    repack(src, str(tmp_path / "numpy"), backend="numpy", **quiet)
+    a, b = workbench.load(str(tmp_path / "numba")), workbench.load(str(tmp_path / "numpy"))
+    for name in a:
+        assert np.array_equal(a[name].qweight, b[name].qweight) and np.array_equal(a[name].scales, b[name].scales)
+        assert np.array_equal(a[name].global_scale, b[name].global_scale)
+    assert verify(str(tmp_path / "numba"), src, progress=False).ok
