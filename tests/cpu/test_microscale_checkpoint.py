@@ -308,6 +308,12 @@ def test_contradicting_tensors_are_refused_at_inspect(change, match, tmp_path):
     _refused(src, tmp_path, match)
 
 
+def test_a_group_without_its_own_format_takes_the_checkpoints(tmp_path):
+    src = _copy(_fixture("ct_nvfp4"), str(tmp_path / "src"),
+                config=lambda c: c["quantization_config"]["config_groups"]["group_0"].update(format=None))
+    assert {s.microscale for s in inspect(src).layers} == {"nvfp4"}
+
+
 @pytest.mark.parametrize("edit,match", [
     (lambda c: c["quantization_config"]["config_groups"]["group_0"]["weights"].update(group_size=32),
      r"group_size = 32, but nvfp4 groups are 16"),

@@ -159,3 +159,18 @@ def test_repack_of_a_compressed_tensors_checkpoint_on_the_numba_backend(tmp_path
         assert np.array_equal(a[name].qweight, b[name].qweight) and np.array_equal(a[name].scales, b[name].scales)
         assert np.array_equal(a[name].global_scale, b[name].global_scale)
     assert verify(str(tmp_path / "numba"), src, progress=False).ok
+
+
+def test_device_arrays_stay_on_the_device(rng):
+    from numba import cuda
+
+    packed = rng.integers(0, 256, size=(64, 8), dtype=np.uint8)
+    scales = rng.integers(0x08, 0x60, size=(64, 1), dtype=np.uint8)
+    q = ops.fp4_marlin_repack(cuda.to_device(packed), 16, 64)  # backend "auto": the device array picks the kernels
+    s, sf = ops.nvfp4_marlin_scales(cuda.to_device(scales), 16, 64, BF16)
+    assert not isinstance(q, np.ndarray) and not isinstance(s, np.ndarray)
+    assert np.array_equal(_host(q).view(np.int32), fm.fp4_marlin_repack(packed, 16, 64))
+    assert (np.array_equal(_host(s), fm.nvfp4_marlin_scales(scales, 16, 64, BF16)[0]) and
+            sf == fm.nvfp4_marlin_scales(scales, 16, 64, BF16)[1])
+    with pytest.raises(TypeError, match="nvfp4_marlin_process_scales on the device needs a_dtype"):
+        ops.nvfp4_marlin_process_scales(cuda.to_device(scales.T.copy()))

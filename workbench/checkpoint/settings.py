@@ -189,7 +189,7 @@ def _parse_compressed_tensors(qc: dict, origin: str) -> Settings:
     kinds = set()  # source format of each group: one checkpoint holds one
     for gname, entry in ({} if config_groups is None else _object(config_groups, origin, "config_groups")).items():
         entry = _object(entry, origin, f"config_groups.{gname}")
-        fmt = entry.get("format", global_format)
+        fmt = entry.get("format") or global_format  # a group's null format defers to the checkpoint's
         weights = entry.get("weights")
         if not weights:
             continue
