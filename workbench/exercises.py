@@ -322,3 +322,23 @@ def _(fn):
     inputs = [(k, n) for k in range(16) for n in range(16)]
     return _check_map(fn, inputs, expected, ("lane", "h", "r", "half"),
                       "lane = 4 (n % 8) + (k % 8) // 2; h is the column half, r the row half, half the row's parity.")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 10 — microscaling
+# ---------------------------------------------------------------------------------------------------------------
+@exercise("10.s0e5m3", "Which S0E5M3 byte does the NVFP4 scale 3.0 (E4M3 byte 0x44) become for fp16 activations? "
+                       "(an int)")
+def _(answer):
+    from workbench.formats import fp4_marlin
+
+    raw, _ = fp4_marlin.nvfp4_marlin_process_scales(np.full((1, 64), 0x44, np.uint8), a_dtype=np.float16)
+    expected = int(raw[0, 0])
+    ok = int(answer) == expected
+    return ok, "correct" if ok else "not right: a normal E4M3 byte gains 120 (its exponent re-biased by 15)"
+
+
+@exercise("10.e8m0", "Which E8M0 code scales a group by 1/8? (an int)")
+def _(answer):
+    ok = float(np.ldexp(1.0, int(answer) - 127)) == 0.125
+    return ok, "correct" if ok else "not right: code c stands for 2^(c − 127)"

@@ -454,3 +454,4 @@ def stack_gptq_experts_to_marlin(qweights: Sequence[Any], scales: Sequence[Any],
           (8, True): ScalarType.U8}[(bits, asymmetric)]
     return MarlinWeight(qweight, scale_stack, zeros, None, None, size_k, n_per_expert, group_size, wt, act,
                         num_experts=num_experts)
+from workbench.ops_fp4 import *  # noqa: E402,F401,F403  (the microscaled formats' ops: workbench/ops_fp4.py)

@@ -26,13 +26,15 @@ WRONG = {  # exercise -> (a wrong answer, a phrase the feedback must contain)
     "08.lop3": (0x64016401, "not right"),
     "08.values": ((-7.0, -8.0, -8.0, 7.0), "b[0][1] low and b[0][1] high are not right"),
     "08.register_of": (lambda k, n: (0, 0, 0, 0), "at (0, 1): lane is not right"),
+    "10.s0e5m3": (0x44, "gains 120"),
+    "10.e8m0": (119, "2^(c − 127)"),
 }
 
 
 def test_every_exercise_has_a_solution_and_a_wrong_answer_test():
     assert set(ex.EXERCISES) == set(SOLUTIONS) == set(WRONG)
     notebooks = {name.split(".")[0] for name in ex.EXERCISES}
-    assert notebooks == {"00", "01", "02", "03", "04", "05", "06", "08"}
+    assert notebooks == {"00", "01", "02", "03", "04", "05", "06", "08", "10"}
 
 
 @pytest.mark.parametrize("exercise_id", sorted(SOLUTIONS))

@@ -9,7 +9,7 @@ import pytest
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 EXPECTED = ["00_tour", "01_gptq_awq_packing", "02_marlin_tile", "03_scales_zero_points", "04_fp8_block_fp8",
             "05_act_order_moe", "06_accuracy", "07_performance", "08_registers_teaching_kernel", "09_pytorch",
-            "explorer"]
+            "10_microscaling", "explorer"]
 # the teaching notebooks: every figure fingerprinted, exercises at the end (07 draws measured results, which change
 # with every benchmark run: its model figure is fingerprinted, its last cell checks the measured ones; 09 shows the
 # torch surface, not a format)

@@ -49,6 +49,7 @@ def _check_wanted(wanted, names, path) -> None:
 def _load_source(path, wanted, backend: str) -> dict:
     import numpy as np
 
+    from workbench.checkpoint import microscale
     from workbench.checkpoint.repack import check_repackable, choose_backend, convert_layer
     from workbench.weight import MarlinWeight
 
@@ -63,6 +64,14 @@ def _load_source(path, wanted, backend: str) -> dict:
         parts = [convert_layer(src, spec, e, ops_backend) for e in range(max(spec.num_experts, 1))]
         stack = (lambda attr: None if getattr(parts[0], attr) is None else
                  (np.stack([getattr(p, attr) for p in parts]) if spec.num_experts else getattr(parts[0], attr)))
+        if spec.microscale:
+            extra = [p.extra.get("global_scale") for p in parts]
+            g = None if extra[0] is None else (np.stack(extra) if spec.num_experts else extra[0])
+            result[spec.name] = microscale.marlin_weight(stack("qweight"), stack("scales"), g, spec.size_k,
+                                                         spec.size_n, spec.group_size, spec.weight_type,
+                                                         spec.act_dtype, spec.num_experts or None,
+                                                         spec.manifest_extras)
+            continue
         result[spec.name] = MarlinWeight(stack("qweight"), stack("scales"), stack("zeros"), stack("g_idx"),
                                          stack("perm"), spec.size_k, spec.size_n, spec.group_size, spec.weight_type,
                                          np.dtype(spec.act_dtype), True, spec.num_experts or None)

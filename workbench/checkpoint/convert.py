@@ -12,14 +12,16 @@ Per source format (codes are the unsigned stored values; b = bits, pf = 32 / b):
 | AWQ | ``qweight`` -> ``awq_marlin_repack`` | ``awq_to_marlin_zero_points`` |
 | compressed-tensors | ``weight_packed`` [N, K/pf] is GPTQ's [K/pf, N] transposed (same field order; code = q + 2^(b-1) = u4b8/u8b128 code) -> ``gptq_marlin_repack`` | ``weight_zero_point`` [N/pf, ng] packed along N with the same offset -> codes -> ``marlin_zero_points`` |
 | block-FP8 | E4M3 bytes [N, K] -> ``block_fp8_group128_repack`` | none; ``block_fp8_group128_scales`` folds 2^8 into fp16 scales |
+| NVFP4, MXFP4, MXFP8 | ``workbench/checkpoint/microscale.py`` | none |
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from workbench import ops
+from workbench.checkpoint import microscale
 from workbench.checkpoint.layers import LayerSpec, Part
 from workbench.checkpoint.safetensors_io import CheckpointError
 from workbench.checkpoint.settings import AWQ, CT, FP8, GPTQ, GPTQ_V2
@@ -40,6 +42,7 @@ class MarlinTensors:
     zeros: np.ndarray | None  # (ng, N/pf) int32
     g_idx: np.ndarray | None  # (K,) int32, sorted
     perm: np.ndarray | None  # (K,) int32
+    extra: dict = field(default_factory=dict)  # suffix -> tensor of the layer's extra_marlin_tensors (global_scale)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -114,7 +117,10 @@ SCALE_ROLE = {GPTQ: "scales", GPTQ_V2: "scales", AWQ: "scales", CT: "weight_scal
 
 def nonfinite_scales(src: SourceCheckpoint, spec: LayerSpec) -> list[str]:
     """A warning when a layer's scales hold NaN or Inf (the ops take any float, but such a scale turns a whole group
-    of outputs into NaN): one line per layer however many experts, naming the first such scale and the count."""
+    of outputs into NaN): one line per layer however many experts, naming the first such scale and the count.
+    Microscaled scales are codes: the conversion refuses a NaN code by position instead."""
+    if spec.microscale:
+        return []
     found, first = 0, None
     for segs in spec.parts:
         for part in segs:
@@ -233,6 +239,8 @@ def _layer_g_idx(src: SourceCheckpoint, spec: LayerSpec, segments: list[Part]) -
 def to_marlin(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str,
               column_block: int | None = None) -> MarlinTensors:
     """Marlin tensors of dense layer ``spec`` (expert = 0) or of one expert of a stack; segments fused along N."""
+    if spec.microscale:
+        return microscale.to_marlin(src, spec, expert, backend, column_block)
     segments = spec.parts[expert]
     g_idx_ckpt = _layer_g_idx(src, spec, segments) if spec.source_format != FP8 else None
     g_idx = perm = None
@@ -346,6 +354,8 @@ def compare_with_source(src: SourceCheckpoint, spec: LayerSpec, expert: int, m: 
                         column_block: int | None = None) -> tuple[list[str], int]:
     """(every way the Marlin tensors fail to unpack to the source tensors, number of differing elements); an empty
     list = bit-exact. Streamed in column blocks: memory is the source and Marlin tensors plus one block."""
+    if spec.microscale:
+        return microscale.compare_with_source(src, spec, expert, m, column_block)
     fmt, bits, k, g = spec.source_format, spec.bits, spec.size_k, spec.group_size
     pf = 32 // bits
     where = spec.name + (f" expert {expert}" if spec.num_experts else "")

@@ -13,6 +13,7 @@ ng = number of groups):
 | AWQ (AutoAWQ GEMM) | ``P.qweight`` I32 [K, N/pf] (along N, interleaved), ``P.qzeros`` I32 [ng, N/pf], ``P.scales`` [ng, N] |
 | compressed-tensors pack-quantized | ``P.weight_packed`` I32 [N, K/pf] (along K, code = q + 2^(b-1)), ``P.weight_scale`` [N, ng], ``P.weight_shape`` I32/I64 [2] = (N, K), ``P.weight_zero_point`` I32 [N/pf, ng] (asymmetric only; packed along N, same offset), ``P.weight_g_idx`` I32 [K] (actorder="group") |
 | block-FP8 (DeepSeek-V3) | ``P.weight`` F8_E4M3 [N, K], ``P.weight_scale_inv`` F32/BF16 [ceil(N/bn), ceil(K/bk)] |
+| microscaled (NVFP4, MXFP4, MXFP8) | ``workbench/checkpoint/microscale.py`` |
 
 ``P.bias`` and every other tensor are carried over untouched.
 """
@@ -24,8 +25,10 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from workbench.checkpoint.safetensors_io import CheckpointError
-from workbench.checkpoint.settings import AWQ, CT, FP8, GPTQ, GPTQ_V2, Settings, WeightArgs, parse_settings
+from workbench.checkpoint import microscale
+from workbench.checkpoint.safetensors_io import CheckpointError, dtype_tag
+from workbench.checkpoint.settings import (AWQ, CT, CT_FP4, CT_MXFP8, FP8, GPT_OSS_MXFP4, GPTQ, GPTQ_V2,
+                                           MICROSCALE_SOURCES, MODELOPT_NVFP4, Settings, WeightArgs, parse_settings)
 from workbench.checkpoint.source import SourceCheckpoint
 from workbench.scalar_types import SUPPORTED_GROUP_SIZES, ScalarType
 
@@ -36,11 +39,24 @@ ROLES = {
     CT: {"weight_packed": "weight_packed", "weight_scale": "weight_scale", "weight_shape": "weight_shape",
          "weight_zero_point": "weight_zero_point", "weight_g_idx": "weight_g_idx"},
     FP8: {"weight_scale_inv": "weight_scale_inv", "weight": "weight"},
+    CT_FP4: {"weight_packed": "weight_packed", "weight_scale": "weight_scale",
+             "weight_global_scale": "weight_global_scale"},
+    CT_MXFP8: {"weight_scale": "weight_scale", "weight": "weight"},
+    MODELOPT_NVFP4: {"weight_scale_2": "weight_scale_2", "weight": "weight", "weight_scale": "weight_scale"},
+    GPT_OSS_MXFP4: {"blocks": "_blocks", "scales": "_scales"},  # stacked tensors <stack>_blocks, <stack>_scales
 }
 ROLES[GPTQ_V2] = ROLES[GPTQ]
-ANCHORS = {"qweight": (GPTQ, GPTQ_V2, AWQ), "weight_packed": (CT,), "weight_scale_inv": (FP8,)}
-MARLIN_SUFFIXES = ("qweight", "scales", "zeros", "g_idx", "perm")  # the tensors a Marlin layer may hold
-FORMAT_FAMILY = {GPTQ: "GPTQ/AWQ", GPTQ_V2: "GPTQ/AWQ", AWQ: "GPTQ/AWQ", CT: "compressed-tensors", FP8: "block-FP8"}
+ANCHORS = {"qweight": (GPTQ, GPTQ_V2, AWQ), "weight_packed": (CT, CT_FP4), "weight_scale_inv": (FP8,),
+           "weight_scale": (CT_MXFP8, CT, CT_FP4, MODELOPT_NVFP4), "weight_scale_2": (MODELOPT_NVFP4,),
+           "gate_up_proj_blocks": (GPT_OSS_MXFP4,), "down_proj_blocks": (GPT_OSS_MXFP4,)}
+# the tensors a Marlin layer may hold (global_scale: NVFP4's, one fp32 per layer or expert)
+MARLIN_SUFFIXES = ("qweight", "scales", "zeros", "g_idx", "perm", "global_scale")
+FORMAT_FAMILY = {GPTQ: "GPTQ/AWQ", GPTQ_V2: "GPTQ/AWQ", AWQ: "GPTQ/AWQ", CT: "compressed-tensors", FP8: "block-FP8",
+                 CT_FP4: "compressed-tensors FP4", CT_MXFP8: "compressed-tensors MXFP8",
+                 MODELOPT_NVFP4: "ModelOpt NVFP4", GPT_OSS_MXFP4: "gpt-oss MXFP4"}
+# tensors of a quantized prefix that are carried over untouched: the bias, and the activation-quantization scales of
+# W4A4 / W8A8 checkpoints (a W4A16 / W8A16 Marlin layer reads activations as they are)
+PASSTHROUGH_SUFFIXES = ("bias", "input_scale", "input_global_scale")
 
 # expert projections: ...experts.<e>.<proj>; Mixtral names w1 (gate), w3 (up), w2 (down)
 EXPERT_RE = re.compile(r"^(?P<base>.+)\.experts\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|gate_up_proj|w1|w2|w3)$")
@@ -64,6 +80,7 @@ class Part:
     size_n: int = 0
     num_groups: int = 0
     scale_dtype: str = ""
+    index: int | None = None  # stacked source tensors (gpt-oss): this part is slice [index] of each
 
 
 @dataclass
@@ -79,6 +96,9 @@ class LayerSpec:
     parts: list[list[Part]]  # [expert or the one dense slot][N segment]
     act_dtype: np.dtype
     problems: list[str] = field(default_factory=list)
+    microscale: str | None = None  # "nvfp4", "mxfp4", "mxfp8" (workbench.formats.microscale)
+    extra_record: dict = field(default_factory=dict)  # what the manifest says beyond the common keys
+    cache: dict = field(default_factory=dict)  # values read once per layer (NVFP4's shared scale factor)
 
     @property
     def bits(self) -> int:
@@ -90,7 +110,22 @@ class LayerSpec:
 
     @property
     def source_tensors(self) -> list[str]:
-        return [name for segs in self.parts for p in segs for name in p.tensors.values()]
+        return list(dict.fromkeys(name for segs in self.parts for p in segs for name in p.tensors.values()))
+
+    @property
+    def marlin_scales_tag(self) -> str:
+        """safetensors dtype of the Marlin scales: the activation dtype, or raw bytes for the microscaled formats."""
+        return "U8" if self.microscale else dtype_tag(self.act_dtype)
+
+    @property
+    def manifest_extras(self) -> dict:
+        """What the manifest records about this layer beyond the common keys (microscaled layers only)."""
+        return microscale.record(self) if self.microscale else {}
+
+    @property
+    def extra_marlin_tensors(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(suffix, dtype tag, shape without the expert axis) of the Marlin tensors beyond the common ones."""
+        return [("global_scale", "F32", (1,))] if self.microscale == "nvfp4" else []
 
 
 @dataclass
@@ -133,25 +168,33 @@ def discover(src: SourceCheckpoint) -> Plan:
     anchor = next(iter(ROLES[fmt]))
     roles = ROLES[fmt]
     parts: dict[str, Part] = {}
-    for prefix in sorted(anchors.get(anchor, []), key=_natural_key):
+    if fmt == GPT_OSS_MXFP4:
+        parts = microscale.gpt_oss_parts(src, names)
+    for prefix in [] if fmt == GPT_OSS_MXFP4 else sorted(anchors.get(anchor, []), key=_natural_key):
         tensors = {role: f"{prefix}.{suffix}" for role, suffix in roles.items() if f"{prefix}.{suffix}" in names}
         parts[prefix] = Part(prefix, tensors)
     used = {n for p in parts.values() for n in p.tensors.values()}
     # a quantization tensor whose prefix has no anchor is an orphan (e.g. qzeros without qweight)
-    quant_suffixes = {s for s in roles.values() if s != "weight"}
+    quant_suffixes = {s for s in roles.values() if s != "weight"} if fmt != GPT_OSS_MXFP4 else set(ANCHORS)
     for name in sorted(names - used):
         prefix, _, suffix = name.rpartition(".")
-        if suffix in quant_suffixes:
+        if suffix in quant_suffixes or (fmt == GPT_OSS_MXFP4 and suffix.endswith(("_blocks", "_scales"))):
             raise CheckpointError(f"{src.describe(name)} has no matching {prefix}.{anchor}: extra tensor")
-        if prefix in parts and suffix not in ("bias",):
+        if prefix in parts and suffix not in PASSTHROUGH_SUFFIXES:
             raise CheckpointError(f"{src.describe(name)} is not a {fmt} tensor of quantized layer {prefix!r}:"
                                   " extra tensor")
     if fmt != FP8:
         _check_no_stray_fp8(src, names, used)
     for part in parts.values():
         args = settings.args_for(part.prefix)
-        _shape_part(src, part, fmt, args)
-    layers = _group_layers(src, settings, parts)
+        if fmt in MICROSCALE_SOURCES:
+            microscale.shape_part(src, part, fmt, args)
+        else:
+            _shape_part(src, part, fmt, args)
+    if fmt == GPT_OSS_MXFP4:
+        layers = [microscale.gpt_oss_layer(src, settings, part, _make_layer) for part in parts.values()]
+    else:
+        layers = _group_layers(src, settings, parts)
     passthrough = sorted(names - used, key=_natural_key)
     reserved = {f"{spec.name}.{suffix}": spec.name for spec in layers for suffix in MARLIN_SUFFIXES}
     for name in passthrough:
@@ -279,6 +322,8 @@ def _shape_part(src: SourceCheckpoint, part: Part, fmt: str, args: WeightArgs) -
 
 
 def _weight_type(fmt: str, args: WeightArgs) -> ScalarType:
+    if args.microscale:
+        return ScalarType.FE2M1F if args.bits == 4 else ScalarType.FE4M3FN
     if fmt == FP8:
         return ScalarType.FE4M3FN
     if args.symmetric and fmt != AWQ:
@@ -299,7 +344,9 @@ def _problems(spec: LayerSpec, args: WeightArgs) -> list[str]:
     if len(segments) > 1 and any(s % MARLIN_TILE_N for s in segments):
         out.append(f"fused segments of N = {segments} are not each divisible by {MARLIN_TILE_N} (each segment is"
                    " converted on its own into whole Marlin tiles)")
-    if spec.source_format == FP8:
+    if spec.microscale:
+        out += microscale.problems(spec)
+    elif spec.source_format == FP8:
         if args.block != (128, 128):
             out.append(f"weight_block_size = {list(args.block)} is not [128, 128] (Marlin block-FP8 groups)")
     elif g not in SUPPORTED_GROUP_SIZES:
@@ -397,10 +444,13 @@ def _make_layer(src, settings: Settings, name: str, parts: list[list[Part]], num
                     f" {args}) in {src.root}; parts of one stack must agree"
                 )
     fmt = settings.source_format
-    act_dtype = np.dtype(np.float16) if fmt == FP8 else ACT_DTYPES[first.scale_dtype]
+    if args.microscale:
+        act_dtype = microscale.act_dtype_for(src, args)
+    else:
+        act_dtype = np.dtype(np.float16) if fmt == FP8 else ACT_DTYPES[first.scale_dtype]
     # one group over all of K needs no act-order: every row order gives the same groups (vLLM drops it too)
     act_order = args.act_order and first.num_groups > 1
     spec = LayerSpec(name, fmt, _weight_type(fmt, args), args.group_size, act_order, first.size_k,
-                     sum(p.size_n for p in parts[0]), num_experts, parts, act_dtype)
+                     sum(p.size_n for p in parts[0]), num_experts, parts, act_dtype, microscale=args.microscale)
     spec.problems = _problems(spec, args)
     return spec

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import workbench
+from workbench.checkpoint import microscale
 from workbench.checkpoint.convert import MarlinTensors
 from workbench.checkpoint.files import CheckpointError, is_regular, read_json, short_repr
 from workbench.checkpoint.layers import MARLIN_SUFFIXES
@@ -35,12 +36,18 @@ class MarlinCheckpoint:
 
     def tensors(self, name: str, expert: int | None = None) -> MarlinTensors:
         index = expert if self.layers[name]["num_experts"] else None
-        return MarlinTensors(*(self._read(name, s, index) for s in ("qweight", "scales", "zeros", "g_idx", "perm")))
+        extra = {s: t for s in ("global_scale",) if (t := self._read(name, s, index)) is not None}
+        return MarlinTensors(*(self._read(name, s, index) for s in ("qweight", "scales", "zeros", "g_idx", "perm")),
+                             extra=extra)
 
     def weight(self, name: str) -> MarlinWeight:
         rec = self.layers[name]
         qweight, scales, zeros, g_idx, perm = (self._read(name, s) for s in ("qweight", "scales", "zeros", "g_idx",
                                                                               "perm"))
+        if "microscale" in rec:  # NVFP4 / MXFP4 / MXFP8: uint8 scales, NVFP4's global scale
+            return microscale.marlin_weight(qweight, scales, self._read(name, "global_scale"), rec["size_k"],
+                                            rec["size_n"], rec["group_size"], ScalarType.parse(rec["weight_type"]),
+                                            rec["act_dtype"], rec["num_experts"] or None, rec)
         return MarlinWeight(qweight, scales, zeros, g_idx, perm, rec["size_k"], rec["size_n"], rec["group_size"],
                             ScalarType.parse(rec["weight_type"]), np.dtype(scales.dtype), True,
                             rec["num_experts"] or None)

@@ -31,8 +31,8 @@ import workbench
 from workbench.checkpoint.convert import nonfinite_scales, to_marlin
 from workbench.checkpoint.layers import LayerSpec, Plan, discover
 from workbench.checkpoint.output import MARKER, OutputDir, OutputError, read_marker
-from workbench.checkpoint.safetensors_io import (CheckpointError, PlannedTensor, StreamingWriter, dtype_tag,
-                                                 encode_header, planned_header)
+from workbench.checkpoint.safetensors_io import (CheckpointError, PlannedTensor, StreamingWriter, encode_header,
+                                                 planned_header)
 from workbench.checkpoint.source import CONFIG_FILES, INDEX_NAME, SourceCheckpoint, open_source
 from workbench.repacked_config import write_config
 from workbench.text import count
@@ -72,12 +72,14 @@ def layer_tensors(spec: LayerSpec) -> list[PlannedTensor]:
     pf = 32 // spec.bits
     ng = spec.parts[0][0].num_groups
     out = [PlannedTensor(f"{spec.name}.qweight", "I32", lead + (spec.size_k // 16, spec.size_n * 16 // pf)),
-           PlannedTensor(f"{spec.name}.scales", dtype_tag(spec.act_dtype), lead + (ng, spec.size_n))]
+           PlannedTensor(f"{spec.name}.scales", spec.marlin_scales_tag, lead + (ng, spec.size_n))]
     if spec.weight_type.has_zero_points:
         out.append(PlannedTensor(f"{spec.name}.zeros", "I32", lead + (ng, spec.size_n // pf)))
     if spec.act_order:
         out += [PlannedTensor(f"{spec.name}.g_idx", "I32", lead + (spec.size_k,)),
                 PlannedTensor(f"{spec.name}.perm", "I32", lead + (spec.size_k,))]
+    out += [PlannedTensor(f"{spec.name}.{suffix}", tag, lead + shape)
+            for suffix, tag, shape in spec.extra_marlin_tensors]
     return out
 
 
@@ -88,7 +90,7 @@ def layer_record(spec: LayerSpec) -> dict:
         "group_size": spec.group_size, "act_order": spec.act_order, "size_k": spec.size_k, "size_n": spec.size_n,
         "num_experts": spec.num_experts, "act_dtype": np.dtype(spec.act_dtype).name,
         "segments": [[p.prefix, p.size_n] for p in spec.parts[0]],
-        "tensors": [t.name for t in layer_tensors(spec)],
+        "tensors": [t.name for t in layer_tensors(spec)], **spec.manifest_extras,
     }
 
 
@@ -251,6 +253,8 @@ def _write_shard(src: SourceCheckpoint, path: str, shard: list[_Unit], plan: Pla
                 if spec.act_order:
                     writer.write(f"{spec.name}.g_idx", m.g_idx, e)
                     writer.write(f"{spec.name}.perm", m.perm, e)
+                for suffix, value in m.extra.items():
+                    writer.write(f"{spec.name}.{suffix}", value, e)
                 bar.update(per_expert)
         writer.close()
     except BaseException:

@@ -6,6 +6,9 @@
 | AutoAWQ | ``config.json["quantization_config"]`` or ``quant_config.json`` | ``quant_method="awq"``, ``bits``/``w_bit``, ``group_size``/``q_group_size``, ``zero_point``, ``version`` (``gemm``) |
 | llm-compressor | ``config.json["quantization_config"]`` | ``quant_method="compressed-tensors"``, ``format="pack-quantized"``, ``config_groups.*.{targets, weights: {num_bits, type, symmetric, strategy, group_size, actorder}}``, ``ignore`` |
 | DeepSeek-V3 style | ``config.json["quantization_config"]`` | ``quant_method="fp8"``, ``fmt="e4m3"``, ``weight_block_size=[128, 128]`` |
+| llm-compressor / compressed-tensors, microscaled | ``config.json["quantization_config"]`` | ``quant_method="compressed-tensors"``, ``format`` = ``nvfp4-pack-quantized``, ``mxfp4-pack-quantized`` or ``mxfp8-quantized`` (per group or global), ``weights: {num_bits, type="float", strategy, group_size}`` |
+| NVIDIA ModelOpt NVFP4 | ``config.json["quantization_config"]`` or ``hf_quant_config.json["quantization"]`` | ``quant_method="modelopt"`` (or the file), ``quant_algo="NVFP4"``, ``group_size=16``, ``exclude_modules`` |
+| gpt-oss (OpenAI, transformers) | ``config.json["quantization_config"]`` | ``quant_method="mxfp4"``, ``modules_to_not_convert`` |
 """
 from __future__ import annotations
 
@@ -15,7 +18,14 @@ from dataclasses import dataclass
 from workbench.checkpoint.files import CheckpointError, short_repr
 
 GPTQ, GPTQ_V2, AWQ, CT, FP8 = "gptq", "gptq_v2", "awq", "compressed-tensors", "block-fp8"
+# microscaled sources (workbench/checkpoint/microscale.py): one checkpoint holds one of them
+CT_FP4, CT_MXFP8 = "compressed-tensors-fp4", "compressed-tensors-mxfp8"
+MODELOPT_NVFP4, GPT_OSS_MXFP4 = "modelopt-nvfp4", "gpt-oss-mxfp4"
+MICROSCALE_SOURCES = (CT_FP4, CT_MXFP8, MODELOPT_NVFP4, GPT_OSS_MXFP4)
 SUPPORTED_BITS = (4, 8)
+# compressed-tensors format -> (microscaled format, source format, num_bits, group size)
+CT_MICROSCALE = {"nvfp4-pack-quantized": ("nvfp4", CT_FP4, 4, 16), "mxfp4-pack-quantized": ("mxfp4", CT_FP4, 4, 32),
+                 "mxfp8-quantized": ("mxfp8", CT_MXFP8, 8, 32)}
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,7 @@ class WeightArgs:
     symmetric: bool
     act_order: bool  # desc_act / actorder="group": a g_idx tensor decides the groups
     block: tuple[int, int] | None = None  # block-FP8 (block_n, block_k)
+    microscale: str | None = None  # "nvfp4", "mxfp4" or "mxfp8" (workbench.formats.microscale)
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,7 @@ class Settings:
     ignore: tuple[str, ...] = ()
 
     def args_for(self, prefix: str) -> WeightArgs:
-        if self.source_format != CT:
+        if self.source_format not in (CT, CT_FP4, CT_MXFP8):
             return self.default
         for targets, args in self.groups:
             if any(_target_matches(t, prefix) for t in targets):
@@ -124,6 +135,11 @@ def parse_settings(quant_config: dict, origin: str) -> Settings | None:
         return Settings(AWQ, origin, WeightArgs(bits, group, False, False))
     if method == "compressed-tensors":
         return _parse_compressed_tensors(qc, origin)
+    if method == "modelopt":
+        return _parse_modelopt(qc, origin)
+    if method == "mxfp4":  # gpt-oss: MXFP4 experts, every other layer unquantized
+        _strings(qc.get("modules_to_not_convert"), origin, "modules_to_not_convert")
+        return Settings(GPT_OSS_MXFP4, origin, WeightArgs(4, 32, True, False, microscale="mxfp4"))
     if method == "fp8":
         block = qc.get("weight_block_size")
         if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
@@ -134,23 +150,58 @@ def parse_settings(quant_config: dict, origin: str) -> Settings | None:
             raise CheckpointError(f"{origin}: fp8 fmt = {fmt!r} is unsupported (Marlin FP8 is E4M3)")
         return Settings(FP8, origin, WeightArgs(8, block[1], True, False, (block[0], block[1])))
     raise CheckpointError(f"{origin}: quant_method = {qc.get('quant_method')!r} is not gptq, awq,"
-                          " compressed-tensors or fp8")
+                          " compressed-tensors, fp8, modelopt or mxfp4")
+
+
+def _parse_modelopt(qc: dict, origin: str) -> Settings:
+    """ModelOpt's settings, from config.json (flat) or hf_quant_config.json (under "quantization")."""
+    algo = qc.get("quant_algo")
+    if str(algo).upper() != "NVFP4":
+        raise CheckpointError(f"{origin}: ModelOpt quant_algo = {algo!r} is unsupported (only NVFP4 weights)")
+    group = qc.get("group_size", 16)
+    if group != 16 or isinstance(group, bool):
+        raise CheckpointError(f"{origin}: ModelOpt NVFP4 group_size = {group!r}; NVFP4 groups are 16")
+    ignore = _strings(qc.get("exclude_modules", qc.get("ignore")), origin, "exclude_modules")
+    return Settings(MODELOPT_NVFP4, origin, WeightArgs(4, 16, True, False, microscale="nvfp4"), ignore=ignore)
+
+
+def _ct_microscale_group(gname: str, fmt: str, weights: dict, origin: str) -> WeightArgs:
+    """A compressed-tensors config group in one of the microscaled formats; its weights must say the same."""
+    name, _, bits, group = CT_MICROSCALE[fmt]
+    key = f"config_groups.{gname}.weights"
+    if str(weights.get("type")).lower() != "float":
+        raise CheckpointError(f"{origin}: {key}.type = {weights.get('type')!r}, but format {fmt!r} holds floats")
+    if weights.get("num_bits") != bits:
+        raise CheckpointError(f"{origin}: {key}.num_bits = {weights.get('num_bits')!r}, but format {fmt!r} holds"
+                              f" {bits}-bit elements")
+    if weights.get("group_size") != group:
+        raise CheckpointError(f"{origin}: {key}.group_size = {weights.get('group_size')!r}, but {name} groups are"
+                              f" {group}")
+    if not _flag(weights.get("symmetric"), True, origin, f"{key}.symmetric"):
+        raise CheckpointError(f"{origin}: {key}.symmetric = false; {name} has no zero points")
+    return WeightArgs(bits, group, True, False, microscale=name)
 
 
 def _parse_compressed_tensors(qc: dict, origin: str) -> Settings:
     groups = []
     global_format = qc.get("format")
     config_groups = qc.get("config_groups")
+    kinds = set()  # source format of each group: one checkpoint holds one
     for gname, entry in ({} if config_groups is None else _object(config_groups, origin, "config_groups")).items():
         entry = _object(entry, origin, f"config_groups.{gname}")
-        fmt = entry.get("format", global_format)
+        fmt = entry.get("format") or global_format  # a group's null format defers to the checkpoint's
         weights = entry.get("weights")
         if not weights:
             continue
         weights = _object(weights, origin, f"config_groups.{gname}.weights")
+        if fmt in CT_MICROSCALE:
+            kinds.add(CT_MICROSCALE[fmt][1])
+            groups.append((_targets(entry, gname, origin), _ct_microscale_group(gname, fmt, weights, origin)))
+            continue
+        kinds.add(CT)
         if fmt != "pack-quantized":
-            raise CheckpointError(f"{origin}: config_groups.{gname} has format {fmt!r}; only 'pack-quantized' is"
-                                  " supported")
+            raise CheckpointError(f"{origin}: config_groups.{gname} has format {fmt!r}; only 'pack-quantized',"
+                                  f" {', '.join(map(repr, CT_MICROSCALE))} are supported")
         if str(weights.get("type", "int")).lower() != "int":
             raise CheckpointError(f"{origin}: config_groups.{gname}.weights.type = {weights.get('type')!r}"
                                   " (pack-quantized holds int codes)")
@@ -167,15 +218,22 @@ def _parse_compressed_tensors(qc: dict, origin: str) -> Settings:
         args = WeightArgs(_bits(weights.get("num_bits"), origin, f"{key}.num_bits"), group,
                           _flag(weights.get("symmetric"), True, origin, f"{key}.symmetric"),
                           actorder == "group" and group != -1)
-        targets = _strings(entry.get("targets"), origin, f"config_groups.{gname}.targets")
-        for target in targets:
-            if target.startswith("re:"):
-                try:
-                    re.compile(target[3:])
-                except re.error as exc:
-                    raise CheckpointError(f"{origin}: config_groups.{gname}.targets: {target!r} is not a regular"
-                                          f" expression ({exc})") from None
-        groups.append((targets, args))
+        groups.append((_targets(entry, gname, origin), args))
     if not groups:
         raise CheckpointError(f"{origin}: compressed-tensors config has no config_groups with weights")
-    return Settings(CT, origin, None, tuple(groups), _strings(qc.get("ignore"), origin, "ignore"))
+    if len(kinds) > 1:
+        raise CheckpointError(f"{origin}: config_groups mix {sorted(kinds)} layers; one checkpoint of one kind is"
+                              " supported")
+    return Settings(kinds.pop(), origin, None, tuple(groups), _strings(qc.get("ignore"), origin, "ignore"))
+
+
+def _targets(entry: dict, gname: str, origin: str) -> tuple[str, ...]:
+    targets = _strings(entry.get("targets"), origin, f"config_groups.{gname}.targets")
+    for target in targets:
+        if target.startswith("re:"):
+            try:
+                re.compile(target[3:])
+            except re.error as exc:
+                raise CheckpointError(f"{origin}: config_groups.{gname}.targets: {target!r} is not a regular"
+                                      f" expression ({exc})") from None
+    return targets

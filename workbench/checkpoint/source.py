@@ -5,7 +5,8 @@ Layouts understood (what the producing tools write):
 * ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``
   (``{"metadata": {...}, "weight_map": {tensor: file}}``), or a single ``.safetensors`` path;
 * quantization settings from ``config.json["quantization_config"]`` (transformers / Optimum / llm-compressor /
-  DeepSeek-V3), else ``quantize_config.json`` (AutoGPTQ, GPTQModel), else ``quant_config.json`` (AutoAWQ).
+  DeepSeek-V3), else ``quantize_config.json`` (AutoGPTQ, GPTQModel), else ``quant_config.json`` (AutoAWQ), else
+  ``hf_quant_config.json`` (NVIDIA ModelOpt: its ``quantization`` object, read as ``quant_method = "modelopt"``).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from workbench.checkpoint.files import CheckpointError, is_regular, kind_of, rea
 from workbench.checkpoint.safetensors_io import SafetensorsFile, TensorInfo
 
 INDEX_NAME = "model.safetensors.index.json"
-CONFIG_FILES = ("quantize_config.json", "quant_config.json")
+CONFIG_FILES = ("quantize_config.json", "quant_config.json", "hf_quant_config.json")
+MODELOPT_CONFIG = "hf_quant_config.json"
 
 
 @dataclass
@@ -130,12 +132,16 @@ def open_source(path: str | os.PathLike) -> SourceCheckpoint:
     if qc is not None and not isinstance(qc, dict):
         raise CheckpointError(f"{config_path}: quantization_config is a {type(qc).__name__}, expected an object")
     if qc:
+        if str(qc.get("quant_method", "")).lower() == "modelopt" and "quantization" in qc:
+            qc = _modelopt_settings(qc, config_path)
         quant_config, source = qc, f"{config_path} (quantization_config)"
     for fname in CONFIG_FILES:
         fpath = os.path.join(root, fname)
         extra_cfg = _optional_json(fpath, fname)
         if extra_cfg is None:
             continue
+        if fname == MODELOPT_CONFIG:
+            extra_cfg = _modelopt_settings(extra_cfg, fpath)
         if not quant_config:
             quant_config, source = extra_cfg, fpath
         else:
@@ -147,6 +153,14 @@ def open_source(path: str | os.PathLike) -> SourceCheckpoint:
             if is_regular(full) and not entry.endswith(".safetensors") and entry != INDEX_NAME:
                 other.append(entry)
     return SourceCheckpoint(root, files, where, config, quant_config, source, other)
+
+
+def _modelopt_settings(cfg: dict, where: str) -> dict:
+    """ModelOpt keeps its settings under "quantization" (config.json may hold them flat or the same way)."""
+    inner = cfg.get("quantization", cfg)
+    if not isinstance(inner, dict):
+        raise CheckpointError(f"{where}: quantization is a {type(inner).__name__}, expected an object")
+    return {"quant_method": "modelopt", **inner}
 
 
 def _check_agree(a: dict, a_src: str, b: dict, b_src: str) -> None:
