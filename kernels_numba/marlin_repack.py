@@ -54,7 +54,7 @@ import functools
 import numpy as np
 from numba import cuda, int32, uint32, uint64
 
-from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array
+from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array, jit
 from workbench.formats._checks import (check_bits, check_permutation_values, check_tile_sizes, permutation_message,
                                        require_native_byte_order)
 from workbench.formats.fp8 import E4M3
@@ -455,12 +455,12 @@ def direct_unpack_kernel_source(bits: int, target: str, k_tiles_per_thread: int 
 @functools.lru_cache(maxsize=None)
 def _direct_repack_kernel(bits: int, source: str, k_tiles_per_thread: int | None = None,
                           threads: int = DIRECT_THREADS):
-    return cuda.jit(direct_repack_kernel_source(bits, source, k_tiles_per_thread, threads))
+    return jit(direct_repack_kernel_source(bits, source, k_tiles_per_thread, threads))
 
 
 @functools.lru_cache(maxsize=None)
 def _direct_unpack_kernel(bits: int, target: str, k_tiles_per_thread: int | None = None):
-    return cuda.jit(direct_unpack_kernel_source(bits, target, k_tiles_per_thread))
+    return jit(direct_unpack_kernel_source(bits, target, k_tiles_per_thread))
 
 
 # Round 3, Marlin -> GPTQ 8-bit / FP8 raw bits (77% of copy in round 2, worse with more k-tiles per thread): in
@@ -512,7 +512,7 @@ def paired_unpack_8bit_kernel_source(k_tiles_per_thread: int | None = None):
 
 @functools.lru_cache(maxsize=None)
 def _paired_unpack_8bit_kernel(k_tiles_per_thread: int | None = None):
-    return cuda.jit(paired_unpack_8bit_kernel_source(k_tiles_per_thread))
+    return jit(paired_unpack_8bit_kernel_source(k_tiles_per_thread))
 
 
 def paired_unpack_grid(size_k: int, size_n: int, experts: int, k_tiles_per_thread: int | None = None):
@@ -789,7 +789,7 @@ def gptq_to_npacked_kernel_source(bits: int):
 
 @functools.lru_cache(maxsize=None)
 def _npacked_kernel(bits: int):
-    return cuda.jit(gptq_to_npacked_kernel_source(bits))
+    return jit(gptq_to_npacked_kernel_source(bits))
 
 
 def npacked_grid(size_k: int, size_n: int, bits: int, experts: int):
@@ -810,7 +810,7 @@ def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: in
     ``stream``; ``temp`` is the N-packed intermediate [1, K, N/pf] (allocated here when None)."""
     pf = 32 // bits
     if temp is None:
-        temp = cuda.device_array((1, size_k, size_n // pf), np.uint32, stream=stream)
+        temp = Arrays(stream).empty((1, size_k, size_n // pf), np.uint32)
     ktpt = ACT_ORDER_PASS2_K_TILES_PER_THREAD[bits]
     nfast = ACT_ORDER_PASS2_N_FASTEST if n_fastest is None else n_fastest
     nfast = nfast and grid_n_fastest_fits(size_k, ktpt)
@@ -1089,13 +1089,13 @@ def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | No
 
 @functools.lru_cache(maxsize=None)
 def _perm_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
-    return cuda.jit(perm_repack_kernel_source(bits, k_tiles_per_thread, threads))
+    return jit(perm_repack_kernel_source(bits, k_tiles_per_thread, threads))
 
 
 @functools.lru_cache(maxsize=None)
 def _awq_direct_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS,
                               natural_order: bool = False, gathered: bool = False, n_fastest: bool = False):
-    return cuda.jit(awq_direct_repack_kernel_source(bits, k_tiles_per_thread, threads, natural_order, gathered,
+    return jit(awq_direct_repack_kernel_source(bits, k_tiles_per_thread, threads, natural_order, gathered,
                                                     n_fastest))
 
 
@@ -1110,12 +1110,12 @@ def _awq_direct_unpack_kernel(bits: int, wide_stores: bool | None = None, transp
 
 @functools.lru_cache(maxsize=None)
 def _awq_direct_unpack_kernel_built(bits: int, wide: bool, use_transpose: bool, nfast: bool):
-    return cuda.jit(awq_direct_unpack_kernel_source(bits, wide, use_transpose, nfast))
+    return jit(awq_direct_unpack_kernel_source(bits, wide, use_transpose, nfast))
 
 
 @functools.lru_cache(maxsize=None)
 def _transpose_repack_kernel(inverse: bool = False, inverse_mode: str | None = None):
-    return cuda.jit(transpose_repack_kernel_source(inverse, inverse_mode))
+    return jit(transpose_repack_kernel_source(inverse, inverse_mode))
 
 
 def perm_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS):
@@ -1382,32 +1382,32 @@ def zero_fill_kernel_source():
 
 @functools.lru_cache(maxsize=None)
 def _gather_rows_kernel(bits: int):
-    return cuda.jit(gather_rows_kernel_source(bits))
+    return jit(gather_rows_kernel_source(bits))
 
 
 @functools.lru_cache(maxsize=None)
 def _invert_perm_kernel():
-    return cuda.jit(invert_perm_kernel_source())
+    return jit(invert_perm_kernel_source())
 
 
 @functools.lru_cache(maxsize=None)
 def _check_perm_kernel():
-    return cuda.jit(check_perm_kernel_source())
+    return jit(check_perm_kernel_source())
 
 
 @functools.lru_cache(maxsize=None)
 def _zero_fill_kernel():
-    return cuda.jit(zero_fill_kernel_source())
+    return jit(zero_fill_kernel_source())
 
 
 @functools.lru_cache(maxsize=None)
 def _repack_kernel(bits: int, source: str, tiles_per_block: int = TILES_PER_BLOCK, threads: int = THREADS):
-    return cuda.jit(repack_kernel_source(bits, source, tiles_per_block, threads))
+    return jit(repack_kernel_source(bits, source, tiles_per_block, threads))
 
 
 @functools.lru_cache(maxsize=None)
 def _unpack_kernel(bits: int, target: str):
-    return cuda.jit(unpack_kernel_source(bits, target))
+    return jit(unpack_kernel_source(bits, target))
 
 
 def compile_targets():

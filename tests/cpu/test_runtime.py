@@ -32,7 +32,7 @@ def test_arg_block_table_points_at_each_parameter_in_order():
     array[at] = 99
     assert ctypes.c_int32.from_address(table[4]).value == 99
     with pytest.raises(ValueError, match="one 'p'"):
-        rt.ArgBlock("pq")
+        rt.ArgBlock("px")
     with pytest.raises(ValueError, match="2 values for 6 parameters"):
         block.set([1, 2])
 
