@@ -261,6 +261,9 @@ class _RuntimeArrays:
                                  f"pass a contiguous array")
             owner = v.base if isinstance(v, DeviceArray) else v
             device = v.data.device_id
+            said = getattr(x, "device", None)  # an array that names its device (torch-like) is taken at its word
+            if getattr(said, "type", None) == "cuda":
+                device = said.index if said.index is not None else 0
             if self.device is None:
                 current = _current_device()
                 if device != current:
