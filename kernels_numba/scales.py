@@ -390,13 +390,14 @@ def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, 
     return _zero_points_inverse(zp_packed, size_n, num_bits, "gptq_v1", stream)
 
 
-def gptq_qzeros_not_symmetric(qzeros_stacked, bits: int = 4, *, stream=None):
-    """int32 [E, ...] v1 qzeros -> bool [E]: expert e has a stored zero other than 2^(b-1) - 1 (host result)."""
+def gptq_qzeros_not_symmetric(qzeros_stacked, bits: int = 4, *, stream=None, experts: int | None = None):
+    """int32 [E, ...] v1 qzeros -> bool [E]: expert e has a stored zero other than 2^(b-1) - 1 (host result).
+    ``experts=1`` reads any shape as one matrix."""
     bits = check_bits(bits)
     arrays = Arrays(stream)
     d = arrays.take(qzeros_stacked, "qzeros", np.uint32)
-    experts = d.shape[0]
-    words = d.reshape((experts, int(np.prod(d.shape[1:]))))
+    experts = d.shape[0] if experts is None else experts
+    words = d.reshape((experts, int(np.prod(d.shape)) // experts))
     field = (1 << (bits - 1)) - 1
     symmetric_word = sum(field << (bits * j) for j in range(32 // bits))
     flags = arrays.take(np.zeros(experts, np.int32), "flags")
@@ -408,9 +409,7 @@ def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4, *, stream=None) -
     """True when every v1 stored zero is 2^(b-1) - 1 (symmetric GPTQ); an empty tensor is not symmetric."""
     if int(np.prod(qzeros.shape)) == 0:
         return False
-    shape = tuple(qzeros.shape)
-    flat = qzeros.reshape((1, int(np.prod(shape))))
-    return not bool(gptq_qzeros_not_symmetric(flat, num_bits, stream=stream)[0])
+    return not bool(gptq_qzeros_not_symmetric(qzeros, num_bits, stream=stream, experts=1)[0])
 
 
 # ---------------------------------------------------------------------------------------------------------------
