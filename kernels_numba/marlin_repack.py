@@ -23,7 +23,8 @@ Kernel shapes (the wrappers use the first three; the staged one stays for compar
 * **round 3**: act-order on one matrix in two passes (GPTQ rows -> N-packed rows through a shared tile, then the
   direct AWQ kernel in natural field order reading rows through perm); Marlin -> AWQ and Marlin -> GPTQ 8-bit
   write 8-byte words (two adjacent packed words per store). Each keeps its round-2 form behind a module switch
-  (ACT_ORDER_TWO_PASS, AWQ_UNPACK_WIDE_STORES, PAIRED_UNPACK_8BIT, TRANSPOSE_INVERSE_MODE) for the A/B.
+  (``workbench.policy.RepackPolicy``: act_order_two_pass, awq_unpack_wide_stores, paired_unpack_8bit,
+  transpose_inverse_mode; every wrapper takes ``policy=``) for the A/B.
 * **staged** (round 1's kernel for act-order, AWQ and the AWQ inverse): one block = one k-tile × up to 8 n-tiles
   of one expert::
 
@@ -58,6 +59,9 @@ from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array,
 from workbench.formats._checks import (check_bits, check_permutation_values, check_tile_sizes, permutation_message,
                                        require_native_byte_order)
 from workbench.formats.fp8 import E4M3
+from workbench.policy import DEFAULT_REPACK_POLICY, REPACK_GLOBALS, RepackPolicy, install_deprecated_globals
+
+_policy = DEFAULT_REPACK_POLICY  # what calls without policy= use (the old module switches write it, deprecated)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
@@ -198,11 +202,9 @@ def gptq_word_8bit(mstage, h, n):
 DIRECT_THREADS = 128  # 4 tiles (4-bit, 32 lanes each) or 2 tiles (8-bit, 64 lanes each) per block
 # k-tiles a thread loads before its first store. Measured on the H200 (8192×28672, bench/results, 2026-11-29):
 # 4-bit 74% of the copy bandwidth at 1, 80% at 2, 86% at 4; 8-bit 91% at 1, 95% at 2, 94% at 4.
-DIRECT_K_TILES_PER_THREAD = {4: 4, 8: 2}
 # The same for the inverse (Marlin -> GPTQ rows / FP8 raw bits), measured in the round-2 A/B (H200, 8192×28672,
 # bench/results/repack_ab_2026-11-29_NVIDIA_H200.json): 4-bit 74% at 1, 85% at 2, 92% at 4; 8-bit 77% at 1, 73% at
 # 2, 71% at 4.
-DIRECT_UNPACK_K_TILES_PER_THREAD = {4: 4, 8: 1}
 
 
 @cuda.jit(device=True, inline=True)
@@ -346,7 +348,7 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
                                 threads: int = DIRECT_THREADS):
     """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .].
 
-    ``k_tiles_per_thread`` (default DIRECT_K_TILES_PER_THREAD[bits]) makes each thread issue the loads of that many
+    ``k_tiles_per_thread`` (default: the policy's direct_k_tiles_per_thread) makes each thread issue the loads of that many
     k-tiles before its first store (memory parallelism per thread); it and ``threads`` are parameters for the
     benchmark's sweep.
     """
@@ -354,7 +356,7 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
         raise ValueError(f"direct repack has no {bits}-bit source {source!r}")
     four_bit = bits == 4
     row_major = source == "row_major_bytes"
-    ktpt = k_tiles_per_thread or DIRECT_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("direct_k_tiles_per_thread", bits)
 
     @cuda.jit(device=True, inline=True)
     def load_k_tile(src, perm, e, kt, n, words, i):
@@ -382,14 +384,14 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
 def direct_unpack_kernel_source(bits: int, target: str, k_tiles_per_thread: int | None = None):
     """Marlin [E, K/16, .] -> target "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]).
 
-    ``k_tiles_per_thread`` (default DIRECT_UNPACK_K_TILES_PER_THREAD[bits]): the Marlin words of that many k-tiles
+    ``k_tiles_per_thread`` (default: the policy's direct_unpack_k_tiles_per_thread): the Marlin words of that many k-tiles
     are loaded before the first store, as in the forward kernel.
     """
     if target not in ("gptq", "row_major_bytes") or (target == "row_major_bytes" and bits != 8):
         raise ValueError(f"direct unpack has no {bits}-bit target {target!r}")
     four_bit, _, tiles_per_block, lane_shift, wpt = direct_layout(bits, DIRECT_THREADS)
     row_major = target == "row_major_bytes"
-    ktpt = k_tiles_per_thread or DIRECT_UNPACK_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("direct_unpack_k_tiles_per_thread", bits)
     held = 4 * ktpt
 
     def unpack_direct(marlin, out, size_n):
@@ -470,14 +472,12 @@ def _direct_unpack_kernel(bits: int, target: str, k_tiles_per_thread: int | None
 # GPTQ row as one 8-byte store of both columns into the output viewed as uint64 [E, K/4, N/2]: a warp store
 # instruction covers 256 contiguous bytes (one n-tile's row), loads stay 4 full 32-byte sectors per instruction.
 # Lanes: slot (= 2*warp + half) fastest, then pair; 32 lanes per n-tile, 4 n-tiles per 128-thread block.
-PAIRED_UNPACK_8BIT = True  # False: the round-2 direct unpack (kept for the A/B)
-PAIRED_UNPACK_K_TILES_PER_THREAD = 1
 
 
 def paired_unpack_8bit_kernel_source(k_tiles_per_thread: int | None = None):
     """Marlin W8 [E, K/16, 4N] -> GPTQ 8-bit words viewed as uint64 [E, K/4, N/2] (two columns per 8-byte word)."""
     tiles_per_block = DIRECT_THREADS // 32
-    ktpt = k_tiles_per_thread or PAIRED_UNPACK_K_TILES_PER_THREAD
+    ktpt = k_tiles_per_thread or _policy.paired_unpack_k_tiles_per_thread
     held = 8 * ktpt
 
     def unpack_paired(marlin, out, size_n):
@@ -516,7 +516,7 @@ def _paired_unpack_8bit_kernel(k_tiles_per_thread: int | None = None):
 
 
 def paired_unpack_grid(size_k: int, size_n: int, experts: int, k_tiles_per_thread: int | None = None):
-    ktpt = k_tiles_per_thread or PAIRED_UNPACK_K_TILES_PER_THREAD
+    ktpt = k_tiles_per_thread or _policy.paired_unpack_k_tiles_per_thread
     return (-(-(size_k // TILE_K) // ktpt), -(-(size_n // TILE_N) // (DIRECT_THREADS // 32)), experts)
 
 
@@ -524,7 +524,7 @@ def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_t
                 threads: int = DIRECT_THREADS):
     """Launch grid of the direct repack (the direct unpack uses k_tiles_per_thread = 1)."""
     tiles_per_block = threads // (32 if bits == 4 else 64)
-    k_tiles_per_thread = k_tiles_per_thread or DIRECT_K_TILES_PER_THREAD[bits]
+    k_tiles_per_thread = k_tiles_per_thread or _policy.per_bits("direct_k_tiles_per_thread", bits)
     return (-(-(size_k // TILE_K) // k_tiles_per_thread), -(-(size_n // TILE_N) // tiles_per_block), experts)
 
 
@@ -539,13 +539,12 @@ def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_t
 # holds, from pf different k-tiles), which the L2 serves: blockIdx.x (k) runs fastest, so the blocks in flight
 # share one column strip of the source.
 # Measured (round-2 A/B, H200, 8192×28672): 4-bit 23% of copy at 1, 26% at 2; 8-bit 35% at 1, 34% at 2.
-PERM_K_TILES_PER_THREAD = {4: 2, 8: 1}
 
 
 def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
     """GPTQ words [E, K/pf, N] with rows gathered through perm int32 [E, K] -> Marlin [E, K/16, .], direct shape."""
     four_bit = bits == 4
-    ktpt = k_tiles_per_thread or PERM_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("perm_k_tiles_per_thread", bits)
 
     @cuda.jit(device=True, inline=True)
     def gather_k_tile(src, perm, e, kt, n, words, i):
@@ -601,10 +600,8 @@ def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, 
 # 2*warp, 2*warp+1; Marlin words 16*col + lane. 8-bit: lane = 8*row2 + slot (32 lanes per tile, slot = 2*warp +
 # half), columns 16*warp + 8*half + {0..7} = AWQ words 2*slot, 2*slot+1; Marlin words 32*col + lane.
 # Measured (round-2 A/B, H200, 8192×28672): 4-bit 84% of copy at 1, 81% at 2, 80% at 4; 8-bit 89% / 83% / 82%.
-AWQ_K_TILES_PER_THREAD = {4: 1, 8: 1}
 # Grid order of the forward AWQ repack: n-blocks fastest, so the blocks in flight write whole Marlin rows (measured,
 # round-4 A/B, H200, 8192x28672: u4 87.7% -> 96.7% of copy, u8 89.6% -> 98.6%); False keeps the k-fastest grid.
-AWQ_REPACK_N_FASTEST = True
 
 
 def awq_layout(bits: int, threads: int):
@@ -647,7 +644,7 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
     grid is (n-blocks, k-blocks, E) instead of (k-blocks, n-blocks, E) (see awq_grid).
     """
     four_bit, tiles_per_block, lane_shift, wpt = awq_layout(bits, threads)
-    ktpt = k_tiles_per_thread or AWQ_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("awq_k_tiles_per_thread", bits)
     held = 8 * ktpt
 
     @cuda.jit(device=True, inline=True)
@@ -723,8 +720,6 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
 #   pass 2  the direct AWQ kernel in natural field order with its rows read through perm (whole rows: coalesced).
 # The intermediate is one layer's size. For stacked experts the wrapper keeps the one-pass kernel (one launch for
 # all experts, no temporary), so peak extra device memory stays 0 there; see _launch_repack.
-ACT_ORDER_TWO_PASS = True  # False: the round-2 one-pass gather for single matrices too
-ACT_ORDER_PASS2_K_TILES_PER_THREAD = {4: 2, 8: 1}  # measured (round-3 A/B, H200): u4 2 > 1 by 3%, u8 1 > 2 by 2%
 NPACK_THREADS = 128
 NPACK_TILE_WORDS = TILE_K * NPACK_THREADS  # one k-tile x pf*NPACK_THREADS columns = 16*128 words for both widths
 NPACK_STAGE_WORDS = NPACK_TILE_WORDS + NPACK_TILE_WORDS // 32  # one pad word per 32: conflict-free strided reads
@@ -801,18 +796,18 @@ def npacked_grid(size_k: int, size_n: int, bits: int, experts: int):
 # written front to back (the k-fastest grid spread both over a ~1 KiB-wide column strip of every row).
 # (Round 3 measured column strips of both passes, 8 / 16 MiB of intermediate, at 0.1-1% of copy: 6-250 ms per layer
 # for a few dozen launches on strided views, far beyond launch overhead; cause not investigated; removed.)
-ACT_ORDER_PASS2_N_FASTEST = True
 
 
 def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: int, stream, temp=None,
-                              n_fastest: bool | None = None):
+                              n_fastest: bool | None = None, policy: RepackPolicy | None = None):
     """Two-pass act-order repack of one matrix (src [1, K/pf, N], perm [1, K], out [1, K/16, N*16/pf]) on
     ``stream``; ``temp`` is the N-packed intermediate [1, K, N/pf] (allocated here when None)."""
+    p = policy or _policy
     pf = 32 // bits
     if temp is None:
         temp = Arrays(stream).empty((1, size_k, size_n // pf), np.uint32)
-    ktpt = ACT_ORDER_PASS2_K_TILES_PER_THREAD[bits]
-    nfast = ACT_ORDER_PASS2_N_FASTEST if n_fastest is None else n_fastest
+    ktpt = p.per_bits("act_order_pass2_k_tiles_per_thread", bits)
+    nfast = p.act_order_pass2_n_fastest if n_fastest is None else n_fastest
     nfast = nfast and grid_n_fastest_fits(size_k, ktpt)
     pass1 = _npacked_kernel(bits)
     pass2 = _awq_direct_repack_kernel(bits, ktpt, DIRECT_THREADS, True, True, nfast)
@@ -828,20 +823,17 @@ def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: in
 # viewed as uint64 [E, K, N/pf/2]: a warp store instruction then covers 64 contiguous bytes of each of its 4 rows
 # (4-bit; 8-bit: 128 bytes of each of 2 rows), full sectors, half the store instructions.
 # Measured (round-3 A/B, H200): u4 68 -> 73% on the 70B layers but 91.5% on 64 x 2048 x 1408; u8 78 -> 88 / 97%.
-AWQ_UNPACK_WIDE_STORES = True
 # Round 4. Why the stack runs at 91.5% and the 70B layers at 73% with the same kernel, bytes and instructions: the
 # grid order. blockIdx.x (fastest) ran over k-tiles, so the ~2000 blocks resident at a time covered every k-tile of
 # only ~4 n-blocks: reads of a ~16 KiB piece of each of the 512 Marlin rows and writes of a ~1 KiB-wide column strip
 # of each of the 8192 AWQ rows (row pitch 14 KiB). In the stack a whole expert (128 k-tiles x 3 n-blocks, rows of
 # 704 bytes) is one contiguous 1.4 MB block of output, so the resident blocks stream through memory. With
-# AWQ_UNPACK_N_FASTEST the grid is (n-blocks, k-tiles, E): the resident blocks cover ~40 whole Marlin rows and ~600
+# awq_unpack_n_fastest the grid is (n-blocks, k-tiles, E): the resident blocks cover ~40 whole Marlin rows and ~600
 # whole AWQ rows, both contiguous, as in the stack.
-AWQ_UNPACK_N_FASTEST = True
 # Round 4, compute: the round-3 body built each AWQ word from 8 (u4) / 4 (u8) single-field extracts (shift, mask,
 # shift, or per field: 64 / 32 extracts per thread). The fields a thread moves form an 8 x 8 nibble (u4) or two 4 x 4
 # byte (u8) matrices: AWQ word p, field f = Marlin word col(f), field p. With the Marlin words loaded in field order
 # f, a 3-stage (2-stage) mask-and-shift transpose (the one of pass 1) gives all AWQ words: 4 ops per pair and stage.
-AWQ_UNPACK_TRANSPOSE = True
 
 
 @cuda.jit(device=True, inline=True)
@@ -870,9 +862,9 @@ def awq_direct_unpack_kernel_source(bits: int, wide_stores: bool | None = None, 
     [E, K, N/pf/2]): the direct AWQ repack backwards, one k-tile a thread. ``transpose``: fields moved by the
     transpose network instead of one at a time; ``n_fastest``: grid (n-blocks, K/16, E) instead of (K/16, n-blocks,
     E). The defaults are the module switches."""
-    wide = AWQ_UNPACK_WIDE_STORES if wide_stores is None else wide_stores
-    use_transpose = AWQ_UNPACK_TRANSPOSE if transpose is None else transpose
-    nfast = AWQ_UNPACK_N_FASTEST if n_fastest is None else n_fastest
+    wide = _policy.awq_unpack_wide_stores if wide_stores is None else wide_stores
+    use_transpose = _policy.awq_unpack_transpose if transpose is None else transpose
+    nfast = _policy.awq_unpack_n_fastest if n_fastest is None else n_fastest
     four_bit, tiles_per_block, lane_shift, wpt = awq_layout(bits, DIRECT_THREADS)
     col_shift = 4 if four_bit else 5
     t_dist, t_shift, t_mask = transpose_stages(bits)
@@ -964,7 +956,6 @@ TRANSPOSE_LOADS_PER_THREAD = TILE_N * TRANSPOSE_ROW_WORDS // TRANSPOSE_THREADS  
 # as 16 loads then 16 stores), barrier, then each thread builds its 16 row-major words from 2 staged Marlin words
 # each and stores them row-contiguously (a warp writes one row's 128 bytes). Every global access is a whole line.
 TRANSPOSE_INVERSE_MODES = ("round2", "loads_first", "loads_first_barrier", "staged_marlin")
-TRANSPOSE_INVERSE_MODE = "staged_marlin"
 MARLIN_TILE_STRIDE = 257  # staged words per k-tile (256 + 1 pad: the 8 k-tiles of a row's words hit 8 banks)
 
 
@@ -972,7 +963,7 @@ def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | No
     """Row-major words [E, N, K/4] -> Marlin W8 [E, K/16, 4N] (``inverse``: the reverse)."""
     groups = TRANSPOSE_THREADS // 64
     per_group = TRANSPOSE_K_TILES // groups
-    mode = inverse_mode or TRANSPOSE_INVERSE_MODE
+    mode = inverse_mode or _policy.transpose_inverse_mode
     if mode not in TRANSPOSE_INVERSE_MODES:
         raise ValueError(f"inverse_mode = {mode!r} is not one of {TRANSPOSE_INVERSE_MODES}")
     loads_first = mode != "round2"
@@ -1102,9 +1093,9 @@ def _awq_direct_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, 
 def _awq_direct_unpack_kernel(bits: int, wide_stores: bool | None = None, transpose: bool | None = None,
                               n_fastest: bool | None = None):
     # None means the module switch; resolved here so the cache key names the kernel actually built
-    wide = AWQ_UNPACK_WIDE_STORES if wide_stores is None else wide_stores
-    use_transpose = AWQ_UNPACK_TRANSPOSE if transpose is None else transpose
-    nfast = AWQ_UNPACK_N_FASTEST if n_fastest is None else n_fastest
+    wide = _policy.awq_unpack_wide_stores if wide_stores is None else wide_stores
+    use_transpose = _policy.awq_unpack_transpose if transpose is None else transpose
+    nfast = _policy.awq_unpack_n_fastest if n_fastest is None else n_fastest
     return _awq_direct_unpack_kernel_built(bits, wide, use_transpose, nfast)
 
 
@@ -1119,14 +1110,14 @@ def _transpose_repack_kernel(inverse: bool = False, inverse_mode: str | None = N
 
 
 def perm_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS):
-    return direct_grid(size_k, size_n, bits, experts, k_tiles_per_thread or PERM_K_TILES_PER_THREAD[bits], threads)
+    return direct_grid(size_k, size_n, bits, experts, k_tiles_per_thread or _policy.per_bits("perm_k_tiles_per_thread", bits), threads)
 
 
 def awq_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS, n_fastest=False):
     """Launch grid of the direct AWQ repack (the unpack: k_tiles_per_thread = 1, DIRECT_THREADS): (k-blocks,
     n-blocks, E), or (n-blocks, k-blocks, E) for the kernels built with n_fastest (check grid_n_fastest_fits)."""
     tiles_per_block = threads // (16 if bits == 4 else 32)
-    ktpt = k_tiles_per_thread or AWQ_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("awq_k_tiles_per_thread", bits)
     k_blocks = -(-(size_k // TILE_K) // ktpt)
     n_blocks = -(-(size_n // TILE_N) // tiles_per_block)
     return (n_blocks, k_blocks, experts) if n_fastest else (k_blocks, n_blocks, experts)
@@ -1432,7 +1423,7 @@ def compile_targets():
         for source in ("gptq", "row_major_bytes"):
             if source == "row_major_bytes" and bits == 4:
                 continue
-            for ktpt in sorted({1, DIRECT_K_TILES_PER_THREAD[bits]}):
+            for ktpt in sorted({1, _policy.per_bits("direct_k_tiles_per_thread", bits)}):
                 yield (f"direct_repack[{bits}-bit,{source},ktpt={ktpt}]", direct_repack_kernel_source(bits, source,
                                                                                                        ktpt),
                        (u32_3d, u32_3d, types.int64))
@@ -1452,7 +1443,7 @@ def compile_targets():
         yield f"npacked[{bits}-bit]", gptq_to_npacked_kernel_source(bits), (u32_3d, u32_3d, types.int64)
         for nfast in (False, True):
             yield (f"awq_natural_gathered[{bits}-bit,n_fastest={nfast}]",
-                   awq_direct_repack_kernel_source(bits, ACT_ORDER_PASS2_K_TILES_PER_THREAD[bits], natural_order=True,
+                   awq_direct_repack_kernel_source(bits, _policy.per_bits("act_order_pass2_k_tiles_per_thread", bits), natural_order=True,
                                                    gathered=True, n_fastest=nfast),
                    (u32_3d, i32_2d, u32_3d, types.int64))
         yield (f"awq_direct_repack[{bits}-bit,n_fastest=True]", awq_direct_repack_kernel_source(bits, n_fastest=True),
@@ -1463,10 +1454,10 @@ def compile_targets():
         yield f"transpose_tile[inverse={inverse}]", transpose_repack_kernel_source(inverse), (u32_3d, u32_3d,
                                                                                                 types.int64)
     for mode in TRANSPOSE_INVERSE_MODES:
-        if mode != TRANSPOSE_INVERSE_MODE:
+        if mode != _policy.transpose_inverse_mode:
             yield (f"transpose_tile[inverse=True,mode={mode}]", transpose_repack_kernel_source(True, mode),
                    (u32_3d, u32_3d, types.int64))
-    for ktpt in sorted({1, 2, PAIRED_UNPACK_K_TILES_PER_THREAD}):
+    for ktpt in sorted({1, 2, _policy.paired_unpack_k_tiles_per_thread}):
         yield f"paired_unpack_8bit[ktpt={ktpt}]", paired_unpack_8bit_kernel_source(ktpt), (u32_3d, u64_3d, types.int64)
 
 
@@ -1489,35 +1480,43 @@ def _check_sizes(size_k: int, size_n: int, bits: int) -> tuple[int, int, int]:
     return size_k, size_n, check_bits(bits)
 
 
-def uses_two_pass(source: str, experts: int) -> bool:
+def uses_two_pass(source: str, experts: int, policy: RepackPolicy | None = None) -> bool:
     """Whether the act-order repack goes through the two-pass route (it needs an N-packed temporary [1, K, N/pf])."""
-    return source == "gptq_perm" and ACT_ORDER_TWO_PASS and experts == 1
+    return source == "gptq_perm" and (policy or _policy).act_order_two_pass and experts == 1
 
 
-def weight_repack_launch(src, perm, out, bits: int, source: str, size_k: int, size_n: int, stream, temp=None):
+def weight_repack_launch(src, perm, out, bits: int, source: str, size_k: int, size_n: int, stream, temp=None,
+                         policy: RepackPolicy | None = None):
     """The kernel and grid the wrappers use for one (stacked) weight repack, as a zero-argument launch, so that the
     benchmark times exactly what the wrappers run. GPTQ rows go through the direct kernel, act-order through the
     two-pass repack for one matrix (``temp``: see uses_two_pass) and the one-pass perm gather for stacked experts,
     AWQ through the direct AWQ kernel, row-major FP8 through the shared-memory transpose tile."""
+    p = policy or _policy
     experts = src.shape[0]
     if source == "gptq":
-        grid = direct_grid(size_k, size_n, bits, experts)
-        return lambda: _direct_repack_kernel(bits, source)[grid, DIRECT_THREADS, stream](src, out, size_n)
-    if uses_two_pass(source, experts):
-        return lambda: launch_act_order_two_pass(src, perm, out, size_k, size_n, bits, stream, temp)
+        ktpt = p.per_bits("direct_k_tiles_per_thread", bits)
+        grid = direct_grid(size_k, size_n, bits, experts, ktpt)
+        kernel = _direct_repack_kernel(bits, source, ktpt)
+        return lambda: kernel[grid, DIRECT_THREADS, stream](src, out, size_n)
+    if uses_two_pass(source, experts, p):
+        return lambda: launch_act_order_two_pass(src, perm, out, size_k, size_n, bits, stream, temp, policy=p)
     if source == "gptq_perm":
-        grid = perm_grid(size_k, size_n, bits, experts)
-        return lambda: _perm_repack_kernel(bits)[grid, DIRECT_THREADS, stream](src, perm, out, size_n)
+        ktpt = p.per_bits("perm_k_tiles_per_thread", bits)
+        grid = perm_grid(size_k, size_n, bits, experts, ktpt)
+        kernel = _perm_repack_kernel(bits, ktpt)
+        return lambda: kernel[grid, DIRECT_THREADS, stream](src, perm, out, size_n)
     if source == "awq":
-        nfast = AWQ_REPACK_N_FASTEST and grid_n_fastest_fits(size_k, AWQ_K_TILES_PER_THREAD[bits])
-        grid = awq_grid(size_k, size_n, bits, experts, n_fastest=nfast)
-        return lambda: _awq_direct_repack_kernel(bits, n_fastest=nfast)[grid, DIRECT_THREADS, stream](src, out, size_n)
+        ktpt = p.per_bits("awq_k_tiles_per_thread", bits)
+        nfast = p.awq_repack_n_fastest and grid_n_fastest_fits(size_k, ktpt)
+        grid = awq_grid(size_k, size_n, bits, experts, ktpt, n_fastest=nfast)
+        kernel = _awq_direct_repack_kernel(bits, ktpt, n_fastest=nfast)
+        return lambda: kernel[grid, DIRECT_THREADS, stream](src, out, size_n)
     grid = transpose_grid(size_k, size_n, experts)
     return lambda: _transpose_repack_kernel(False)[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
 
 
 def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool,
-                   staged: bool = False):
+                   staged: bool = False, policy: RepackPolicy | None = None):
     """The repack through weight_repack_launch's kernel; ``staged=True`` forces the staged kernel (kept for the
     benchmark's comparison and tested like the rest)."""
     experts = src.shape[0]
@@ -1530,8 +1529,8 @@ def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: in
         grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
         _repack_kernel(bits, source)[grid, THREADS, stream](src, perm, out, size_n)
     else:
-        temp = arrays.empty((1, size_k, size_n // pf), np.uint32) if uses_two_pass(source, experts) else None
-        weight_repack_launch(src, perm, out, bits, source, size_k, size_n, stream, temp)()
+        temp = arrays.empty((1, size_k, size_n // pf), np.uint32) if uses_two_pass(source, experts, policy) else None
+        weight_repack_launch(src, perm, out, bits, source, size_k, size_n, stream, temp, policy)()
     return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
 
 
@@ -1588,7 +1587,7 @@ def _take_perm(arrays: Arrays, perm, size_k: int, experts: int):
 
 
 def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,
-                       staged: bool = False):
+                       staged: bool = False, policy: RepackPolicy | None = None):
     """GPTQ qweight int32 [K/pf, N] (or [E, K/pf, N]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...]).
 
     ``perm`` (int32 [K] or [E, K], or None/empty): Marlin row k takes checkpoint row perm[k] (act-order). With a
@@ -1603,18 +1602,19 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
     perm_d, verdict = _take_perm(arrays, perm, size_k, src.shape[0])
     has_perm = perm_d is not None
     result = _launch_repack(arrays, src, perm_d, num_bits, "gptq_perm" if has_perm else "gptq", size_k, size_n,
-                            stacked, staged)
+                            stacked, staged, policy)
     verdict()
     return result
 
 
-def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False):
+def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False,
+                      policy: RepackPolicy | None = None):
     """AWQ qweight int32 [K, N/pf] (or [E, K, N/pf]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...])."""
     size_k, size_n, num_bits = _check_sizes(size_k, size_n, num_bits)
     pf = 32 // num_bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k, size_n // pf)
-    return _launch_repack(arrays, src, None, num_bits, "awq", size_k, size_n, stacked, staged)
+    return _launch_repack(arrays, src, None, num_bits, "awq", size_k, size_n, stacked, staged, policy)
 
 
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, stream=None):
@@ -1661,35 +1661,39 @@ def unpack_shape(target: str, size_k: int, size_n: int, bits: int, experts: int)
     raise ValueError(f"unpack target {target!r} is not one of 'gptq', 'awq', 'row_major_bytes'")
 
 
-def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: int, stream):
+def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: int, stream,
+                         policy: RepackPolicy | None = None):
     """The kernel and grid the wrappers use for one (stacked) inverse repack Marlin [E, K/16, N*16/pf] -> ``out``
     (uint32, unpack_shape), as a zero-argument launch, so that the benchmark times exactly what the wrappers run.
     AWQ goes through the direct AWQ unpack (8-byte stores, transpose, n-fastest grid where it fits), row-major FP8
     through the inverse transpose tile, 8-bit GPTQ / FP8 raw bits through the paired kernel, 4-bit GPTQ through the
     direct unpack. Rows come out in Marlin order (an act-order perm is undone by the caller)."""
+    p = policy or _policy
     experts = src.shape[0]
     if target == "awq":
-        nfast = AWQ_UNPACK_N_FASTEST and grid_n_fastest_fits(size_k)
+        nfast = p.awq_unpack_n_fastest and grid_n_fastest_fits(size_k)
         grid = awq_grid(size_k, size_n, bits, experts, 1, DIRECT_THREADS, nfast)
-        kernel = _awq_direct_unpack_kernel(bits, AWQ_UNPACK_WIDE_STORES, AWQ_UNPACK_TRANSPOSE, nfast)
-        target_words = out.view(np.uint64) if AWQ_UNPACK_WIDE_STORES else out  # N/pf is even (N % 64 == 0)
+        kernel = _awq_direct_unpack_kernel(bits, p.awq_unpack_wide_stores, p.awq_unpack_transpose, nfast)
+        target_words = out.view(np.uint64) if p.awq_unpack_wide_stores else out  # N/pf is even (N % 64 == 0)
         return lambda: kernel[grid, DIRECT_THREADS, stream](src, target_words, size_n)
     if target == "row_major_bytes":
-        kernel = _transpose_repack_kernel(True, TRANSPOSE_INVERSE_MODE)  # mode named in the cache key
+        kernel = _transpose_repack_kernel(True, p.transpose_inverse_mode)  # mode named in the cache key
         grid = transpose_grid(size_k, size_n, experts)
         return lambda: kernel[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
-    if bits == 8 and PAIRED_UNPACK_8BIT:
-        kernel = _paired_unpack_8bit_kernel()
-        grid = paired_unpack_grid(size_k, size_n, experts)
+    if bits == 8 and p.paired_unpack_8bit:
+        ktpt = p.paired_unpack_k_tiles_per_thread
+        kernel = _paired_unpack_8bit_kernel(ktpt)
+        grid = paired_unpack_grid(size_k, size_n, experts, ktpt)
         out64 = out.view(np.uint64)  # two GPTQ columns per 8-byte store
         return lambda: kernel[grid, DIRECT_THREADS, stream](src, out64, size_n)
-    kernel = _direct_unpack_kernel(bits, target)
-    grid = direct_grid(size_k, size_n, bits, experts, DIRECT_UNPACK_K_TILES_PER_THREAD[bits])
+    ktpt = p.per_bits("direct_unpack_k_tiles_per_thread", bits)
+    kernel = _direct_unpack_kernel(bits, target, ktpt)
+    grid = direct_grid(size_k, size_n, bits, experts, ktpt)
     return lambda: kernel[grid, DIRECT_THREADS, stream](src, out, size_n)
 
 
 def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream, perm=None,
-                   staged: bool = False):
+                   staged: bool = False, policy: RepackPolicy | None = None):
     size_k, size_n, bits = _check_sizes(size_k, size_n, bits)
     pf = 32 // bits
     arrays = Arrays(stream)
@@ -1703,7 +1707,7 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
         grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
         _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
     else:
-        weight_unpack_launch(src, out, bits, target, size_k, size_n, arrays.stream)()
+        weight_unpack_launch(src, out, bits, target, size_k, size_n, arrays.stream, policy)()
     if perm_d is not None:  # rows come out in Marlin order; put row perm[k] back at checkpoint row perm[k]
         inverse_perm = arrays.empty(perm_d.shape, np.int32)
         _invert_perm_kernel()[_grid_stride(experts * size_k), THREADS, arrays.stream](perm_d, inverse_perm)
@@ -1720,21 +1724,26 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
 
 
 def marlin_to_gptq_qweight(qweight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,
-                           staged: bool = False):
+                           staged: bool = False, policy: RepackPolicy | None = None):
     """Inverse of gptq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> GPTQ int32 [K/pf, N] (perm undone if given)."""
-    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm, staged)
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm, staged, policy)
 
 
-def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False):
+def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False,
+                          policy: RepackPolicy | None = None):
     """Inverse of awq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> AWQ int32 [K, N/pf]."""
-    return _launch_unpack(qweight, size_k, size_n, num_bits, "awq", stream, staged=staged)
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "awq", stream, staged=staged, policy=policy)
 
 
-def marlin_to_fp8_raw_bits(qweight, size_k: int, size_n: int, *, stream=None):
+def marlin_to_fp8_raw_bits(qweight, size_k: int, size_n: int, *, stream=None, policy: RepackPolicy | None = None):
     """Inverse of fp8_marlin_repack_raw_bits: Marlin int32 [K/16, 4N] -> K-major words int32 [K/4, N]."""
-    return _launch_unpack(qweight, size_k, size_n, 8, "gptq", stream)
+    return _launch_unpack(qweight, size_k, size_n, 8, "gptq", stream, policy=policy)
 
 
-def marlin_to_block_fp8_row_major(qweight, size_k: int, size_n: int, *, stream=None, staged: bool = False):
+def marlin_to_block_fp8_row_major(qweight, size_k: int, size_n: int, *, stream=None, staged: bool = False,
+                                  policy: RepackPolicy | None = None):
     """Inverse of block_fp8_group128_repack: Marlin int32 [K/16, 4N] -> row-major bytes uint8 [N, K]."""
-    return _launch_unpack(qweight, size_k, size_n, 8, "row_major_bytes", stream, staged=staged)
+    return _launch_unpack(qweight, size_k, size_n, 8, "row_major_bytes", stream, staged=staged, policy=policy)
+
+
+install_deprecated_globals(__name__, REPACK_GLOBALS, "workbench.policy.DEFAULT_REPACK_POLICY", "_policy")

@@ -169,8 +169,9 @@ def test_the_recorder_sees_a_drifted_grid(bench, launches, rng):
     wrapper_launches = list(launches)
     launches.clear()
     out = cuda.device_array(kr.unpack_shape("awq", k, n, 4, 1), np.uint32)
-    nfast = not (kr.AWQ_UNPACK_N_FASTEST and kr.grid_n_fastest_fits(k))  # the grid order the wrapper did not use
-    kernel = kr._awq_direct_unpack_kernel(4, kr.AWQ_UNPACK_WIDE_STORES, kr.AWQ_UNPACK_TRANSPOSE, nfast)
+    policy = kr._policy
+    nfast = not (policy.awq_unpack_n_fastest and kr.grid_n_fastest_fits(k))  # the grid order the wrapper did not use
+    kernel = kr._awq_direct_unpack_kernel(4, policy.awq_unpack_wide_stores, policy.awq_unpack_transpose, nfast)
     grid = kr.awq_grid(k, n, 4, 1, 1, kr.DIRECT_THREADS, nfast)
     kernel[grid, kr.DIRECT_THREADS, cuda.default_stream()](d_marlin, out.view(np.uint64), n)
     assert launches != wrapper_launches

@@ -3,6 +3,8 @@
 Shapes: one to four 16×64 tiles, plus a column chunk that is not a multiple of the kernel's 512-column block, and
 stacked experts. Fresh random codes every run; every output buffer starts as the poison pattern 0xA5A5A5A5.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -12,6 +14,7 @@ from kernels_numba._launch import POISON_BYTE, poison_outputs
 from workbench import ops
 from workbench.formats import fp8 as fp8_fmt
 from workbench.formats import marlin_tile, packing
+from workbench.policy import RepackPolicy
 
 # (K, N): 1 tile, 4 tiles (2×2), and 576 = 9 n-tiles, which crosses the kernels' 512-column block edge.
 # The simulator runs one Python thread per CUDA thread (256 per block), so shapes stay this small on CI.
@@ -324,27 +327,27 @@ def test_npacked_pass_of_the_two_pass_act_order(bits, rng):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("route", ["one-pass", "two-pass", "two-pass k-fastest"])
-def test_act_order_wrapper_routes(bits, route, rng, monkeypatch):
+def test_act_order_wrapper_routes(bits, route, rng):
     """gptq_marlin_repack with a perm on one matrix: the one-pass gather and the two-pass route with pass 2 on an
     n-fastest (default) or k-fastest grid; K = 48 (a partial k-block at 2 k-tiles per thread), N = 576."""
-    monkeypatch.setattr(kr, "ACT_ORDER_TWO_PASS", route != "one-pass")
-    monkeypatch.setattr(kr, "ACT_ORDER_PASS2_N_FASTEST", route == "two-pass")
+    policy = dataclasses.replace(RepackPolicy(), act_order_two_pass=route != "one-pass",
+                                 act_order_pass2_n_fastest=route == "two-pass")
     k, n = 48, 576
     codes = _codes(rng, k, n, bits)
     perm = rng.permutation(k).astype(np.int32)
     with poison_outputs():
-        got = kr.gptq_marlin_repack(packing.pack_rows(codes, bits), perm, k, n, bits)
+        got = kr.gptq_marlin_repack(packing.pack_rows(codes, bits), perm, k, n, bits, policy=policy)
     assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits, perm))
 
 
 @pytest.mark.parametrize("n_fastest", [False, True])
-def test_awq_repack_wrapper_on_both_grid_orders(n_fastest, rng, monkeypatch):
+def test_awq_repack_wrapper_on_both_grid_orders(n_fastest, rng):
     """The AWQ repack wrapper with the grid-order switch both ways (True is the default): K = 48, N = 320."""
-    monkeypatch.setattr(kr, "AWQ_REPACK_N_FASTEST", n_fastest)
+    policy = dataclasses.replace(RepackPolicy(), awq_repack_n_fastest=n_fastest)
     k, n, bits = 48, 320, 4
     codes = _codes(rng, k, n, bits)
     with poison_outputs():
-        got = kr.awq_marlin_repack(packing.awq_pack(codes, bits), k, n, bits)
+        got = kr.awq_marlin_repack(packing.awq_pack(codes, bits), k, n, bits, policy=policy)
     assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
 
 
@@ -361,19 +364,17 @@ def test_awq_repack_on_an_n_fastest_grid(rng):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_round3_switches_off_give_the_round2_kernels_exactly(bits, rng, monkeypatch):
+def test_round3_switches_off_give_the_round2_kernels_exactly(bits, rng):
     """The A/B's old variants stay reachable through the wrappers: Marlin -> AWQ with 4-byte stores, Marlin -> GPTQ
     8-bit through the direct unpack."""
-    monkeypatch.setattr(kr, "AWQ_UNPACK_WIDE_STORES", False)
-    monkeypatch.setattr(kr, "AWQ_UNPACK_TRANSPOSE", False)
-    monkeypatch.setattr(kr, "AWQ_UNPACK_N_FASTEST", False)
-    monkeypatch.setattr(kr, "PAIRED_UNPACK_8BIT", False)
+    policy = dataclasses.replace(RepackPolicy(), awq_unpack_wide_stores=False, awq_unpack_transpose=False,
+                                 awq_unpack_n_fastest=False, paired_unpack_8bit=False)
     k, n = 32, 128
     codes = _codes(rng, k, n, bits)
     marlin = marlin_tile.marlin_repack_codes(codes, bits)
     with poison_outputs():
-        awq = kr.marlin_to_awq_qweight(marlin, k, n, bits)
-        gptq = kr.marlin_to_gptq_qweight(marlin, None, k, n, bits)
+        awq = kr.marlin_to_awq_qweight(marlin, k, n, bits, policy=policy)
+        gptq = kr.marlin_to_gptq_qweight(marlin, None, k, n, bits, policy=policy)
     assert np.array_equal(awq, packing.awq_pack(codes, bits))
     assert np.array_equal(gptq, packing.pack_rows(codes, bits))
 
@@ -401,3 +402,19 @@ def test_n_fastest_grids_fall_back_when_k_blocks_exceed_grid_y(bits, rng, monkey
     assert grid_orders == [False, False]  # the inverse's grid and pass 2's, both k-fastest
     assert np.array_equal(awq, packing.awq_pack(codes, bits))
     assert np.array_equal(act_order, marlin_tile.marlin_repack_codes(codes, bits, perm))
+
+
+def test_old_module_switches_are_deprecated_shims_over_the_policy():
+    """Setting an old switch warns and changes the default policy; reading it warns and reads the policy."""
+    saved = kr._policy
+    try:
+        with pytest.warns(DeprecationWarning, match="act_order_two_pass"):
+            kr.ACT_ORDER_TWO_PASS = False
+        assert kr._policy == dataclasses.replace(saved, act_order_two_pass=False)
+        with pytest.warns(DeprecationWarning, match="perm_k_tiles_per_thread"):
+            assert kr.PERM_K_TILES_PER_THREAD == {4: 2, 8: 1}
+        with pytest.warns(DeprecationWarning):
+            kr.PERM_K_TILES_PER_THREAD = {4: 1, 8: 1}
+        assert kr._policy.per_bits("perm_k_tiles_per_thread", 4) == 1
+    finally:
+        kr.__dict__["_policy"] = saved
