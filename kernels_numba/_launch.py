@@ -40,6 +40,10 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from workbench.cuda import arrays as _rta
+from workbench.cuda import launch as _rtl
+from workbench.cuda import streams as _rts
+
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
 POISON_BYTE = 0xA5  # 0xA5A5A5A5 as a word: not a valid result of any transform of fresh random data
 _poison_depth = 0
@@ -76,9 +80,9 @@ def is_device_array(x: Any) -> bool:
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         return isinstance(x, FakeCUDAArray) or hasattr(x, "__cuda_array_interface__")
-    from workbench.cuda.arrays import torch_tensor_type
-
-    if isinstance(x, torch_tensor_type()):  # (torch's interface property raises TypeError for bfloat16)
+    if type(x) is _rta.cupy_array_type() or type(x) is _rta.DeviceArray:
+        return True
+    if isinstance(x, _rta.torch_tensor_type()):  # (torch's interface property raises TypeError for bfloat16)
         return x.is_cuda
     return hasattr(x, "__cuda_array_interface__")
 
@@ -182,10 +186,9 @@ class KernelArray:
 
     def copy_to_host(self, stream: Any = 0) -> np.ndarray:
         """A NumPy copy, after the work queued on ``stream`` (a raw handle or any stream object)."""
-        from workbench.cuda.streams import stream_handle
-
+        _not_replayable()  # a result read back (a verdict): the call's outcome depends on values
         host = np.empty(self.shape, self.dtype)
-        handle = stream_handle(stream)
+        handle = _rts.stream_handle(stream)
         cu = _driver()
         if self.nbytes:
             _check(cu.cuMemcpyDtoHAsync(host.ctypes.data, self.ptr, self.nbytes, handle), "cuMemcpyDtoHAsync")
@@ -235,9 +238,7 @@ class _RuntimeArrays:
         """The raw stream handle of the call (resolved on first use: ``None`` means the current stream of the
         framework the inputs came from)."""
         if self._stream is None:
-            from workbench.cuda.streams import stream_handle
-
-            self._stream = stream_handle(self._stream_arg, self.framework or "cupy", self.device)
+            self._stream = _rts.stream_handle(self._stream_arg, self.framework or "cupy", self.device)
         return self._stream
 
     def _device_of_call(self) -> int:
@@ -250,16 +251,14 @@ class _RuntimeArrays:
         if type(x) is KernelArray:
             d = x
         elif is_device_array(x):
-            from workbench.cuda.arrays import DeviceArray, as_device_array, cupy_array_type, framework_of
-
-            framework = framework_of(x)
-            v = as_device_array(x, name)
+            framework = _rta.framework_of(x)
+            v = _rta.as_device_array(x, name)
             flags = v.flags
             contiguous = flags["C_CONTIGUOUS"] if not isinstance(flags, dict) else flags.get("C_CONTIGUOUS", True)
             if not contiguous:
                 raise ValueError(f"{name} is not C-contiguous (shape {tuple(v.shape)}, strides {v.strides}); "
                                  f"pass a contiguous array")
-            owner = v.base if isinstance(v, DeviceArray) else v
+            owner = v.base if isinstance(v, _rta.DeviceArray) else v
             device = v.data.device_id
             said = getattr(x, "device", None)  # an array that names its device (torch-like) is taken at its word
             if getattr(said, "type", None) == "cuda":
@@ -273,7 +272,7 @@ class _RuntimeArrays:
             elif device != self.device:
                 raise ValueError(f"{name} is on cuda:{device}, the call's other arrays on cuda:{self.device}")
             if self.framework is None:
-                self.framework = framework if type(v) is not cupy_array_type() else "cupy"
+                self.framework = framework if type(v) is not _rta.cupy_array_type() else "cupy"
             self.any_device = True
             d = KernelArray(v.data.ptr, tuple(v.shape), np.dtype(v.dtype), owner, device)
         else:
@@ -282,6 +281,7 @@ class _RuntimeArrays:
                 a = a.view(np.uint16)  # ml_dtypes.bfloat16: move the raw bits
             a = np.ascontiguousarray(a)
             d = self._alloc(a.shape, a.dtype)
+            _not_replayable()  # host data in the call: a replay could not reproduce it
             if a.nbytes:
                 _check(_driver().cuMemcpyHtoDAsync(d.ptr, a.ctypes.data, a.nbytes, self.stream), "cuMemcpyHtoDAsync")
         if view_dtype is not None and d.dtype != np.dtype(view_dtype):
@@ -289,39 +289,20 @@ class _RuntimeArrays:
         return d
 
     def _alloc(self, shape: tuple, dtype) -> KernelArray:
-        """Device memory for ``shape`` x ``dtype`` from the pool of the call's framework (torch: the caching
-        allocator, else CuPy's pool; Numba's allocator where CuPy is missing), on the call's stream."""
+        """Device memory for ``shape`` x ``dtype`` from the pool of the call's framework, on the call's stream."""
         dtype = np.dtype(dtype)
         shape = tuple(int(s) for s in shape)
-        nbytes = max(1, math.prod(shape) * dtype.itemsize)
         device = self._device_of_call()
-        if self.framework == "torch":
-            import torch
-
-            if torch.cuda.current_stream(device).cuda_stream == self.stream:
-                owner = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
-            else:  # the caching allocator keys blocks by the stream current at allocation: make it the launch's
-                with torch.cuda.stream(torch.cuda.ExternalStream(self.stream, device=device)):
-                    owner = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
-            ptr = owner.data_ptr()
-        else:
-            try:
-                from workbench.cuda.arrays import cupy
-                from workbench.cuda.streams import cupy_stream
-
-                cp = cupy()
-            except RuntimeError:  # no CuPy: Numba's own allocation
-                owner = cuda.device_array(nbytes, np.uint8)
-                ptr = int(owner.__cuda_array_interface__["data"][0])
-            else:
-                with cp.cuda.Device(device), cupy_stream(self.stream):
-                    owner = cp.empty(nbytes, dtype=np.uint8)
-                ptr = owner.data.ptr
+        owner, ptr = _allocate(self.framework, device, self.stream, math.prod(shape) * dtype.itemsize)
+        rec = _recording()
+        if rec is not None:
+            rec.allocs.append((ptr, max(1, math.prod(shape) * dtype.itemsize)))
         return KernelArray(ptr, shape, dtype, owner, device)
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> KernelArray:
         d = self._alloc(shape, dtype)
         if _poison_depth and d.nbytes:
+            _not_replayable()
             _check(_driver().cuMemsetD8Async(d.ptr, POISON_BYTE, d.nbytes, self.stream), "cuMemsetD8Async")
         return d
 
@@ -333,6 +314,7 @@ class _RuntimeArrays:
         reused in stream order), else in a new buffer."""
         if into is None or into.shape != host.shape or into.dtype != host.dtype:
             into = self._alloc(host.shape, host.dtype)
+        _not_replayable()
         if host.nbytes:
             _check(_driver().cuMemcpyHtoDAsync(into.ptr, host.ctypes.data, host.nbytes, self.stream),
                    "cuMemcpyHtoDAsync")
@@ -345,22 +327,58 @@ class _RuntimeArrays:
             d = d.view(dtype)
         if not self.any_device:
             return d.copy_to_host(self.stream)
-        owner = d.owner
-        if self.framework == "torch":
-            import torch
+        result = _wrap(self.framework, d)
+        rec = _recording()
+        if rec is not None:
+            rec.give(self, d, result)
+        return result
 
-            if isinstance(owner, torch.Tensor) and owner.dtype == torch.uint8 and owner.data_ptr() == d.ptr:
-                return owner[:d.nbytes].view(_torch_dtype(d.dtype)).view(d.shape)
-            return torch.as_tensor(d, device=f"cuda:{d.device}")
-        try:
-            from workbench.cuda.arrays import cupy
 
-            cp = cupy()
-        except RuntimeError:
-            return cuda.as_cuda_array(d)
-        if type(owner) is cp.ndarray:
-            return cp.ndarray(d.shape, d.dtype, cp.cuda.MemoryPointer(owner.data.mem, d.ptr - owner.data.mem.ptr))
-        return cp.asarray(d)
+def _allocate(framework: str | None, device: int, stream: int, nbytes: int) -> tuple[Any, int]:
+    """(owner, address) of ``nbytes`` of device memory from ``framework``'s pool (torch: the caching allocator,
+    else CuPy's pool; Numba's allocator where CuPy is missing), in ``stream``'s order."""
+    nbytes = max(1, nbytes)
+    if framework == "torch":
+        import torch
+
+        if torch.cuda.current_stream(device).cuda_stream == stream:
+            owner = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+        else:  # the caching allocator keys blocks by the stream current at allocation: make it the launch's
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+                owner = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+        return owner, owner.data_ptr()
+    try:
+        cp = _rta.cupy()
+    except RuntimeError:  # no CuPy: Numba's own allocation
+        owner = cuda.device_array(nbytes, np.uint8)
+        return owner, int(owner.__cuda_array_interface__["data"][0])
+    if cp.cuda.runtime.getDevice() == device and cp.cuda.get_current_stream().ptr == stream:
+        return _cupy_bytes(cp, nbytes)  # (the common case: the call runs on CuPy's current stream and device)
+    with cp.cuda.Device(device), _rts.cupy_stream(stream):
+        return _cupy_bytes(cp, nbytes)
+
+
+def _cupy_bytes(cp, nbytes: int) -> tuple[Any, int]:
+    owner = cp.empty(nbytes, dtype=np.uint8)
+    return owner, owner.data.ptr
+
+
+def _wrap(framework: str | None, d: KernelArray):
+    """``d`` as an array of ``framework`` (torch: a tensor; else CuPy, or Numba without CuPy), sharing its memory."""
+    owner = d.owner
+    if framework == "torch":
+        import torch
+
+        if isinstance(owner, torch.Tensor) and owner.dtype == torch.uint8 and owner.data_ptr() == d.ptr:
+            return owner[:d.nbytes].view(_torch_dtype(d.dtype)).view(d.shape)
+        return torch.as_tensor(d, device=f"cuda:{d.device}")
+    try:
+        cp = _rta.cupy()
+    except RuntimeError:
+        return cuda.as_cuda_array(d)
+    if type(owner) is cp.ndarray:
+        return cp.ndarray(d.shape, d.dtype, cp.cuda.MemoryPointer(owner.data.mem, d.ptr - owner.data.mem.ptr))
+    return cp.asarray(d)
 
 
 class _SimulatorArrays:
@@ -432,10 +450,8 @@ class _Plan:
     __slots__ = ("args", "launch", "lock")
 
     def __init__(self, function: int, kinds: str):
-        from workbench.cuda.launch import ArgBlock, Launch
-
-        self.args = ArgBlock(kinds)
-        self.launch = Launch(function, 1, 1, 0)
+        self.args = _rtl.ArgBlock(kinds)
+        self.launch = _rtl.Launch(function, 1, 1, 0)
         self.lock = threading.Lock()
 
 
@@ -481,7 +497,7 @@ class RuntimeKernel:
     def launch(self, grid, block, stream, args) -> None:
         if _dispatcher_depth:
             return self._dispatcher_launch(grid, block, stream, args)
-        key, values = [], []
+        key, values, ptr_slots = [], [], []
         for a in args:
             t = type(a)
             if t is KernelArray:
@@ -502,25 +518,20 @@ class RuntimeKernel:
                 values.append(int(a))
                 continue
             key.append((a.dtype, len(shape)))
+            ptr_slots.append(len(values) + 4)
             values += (0, 0, math.prod(shape), item, a.ptr)
             values += shape
             values += _c_strides(shape, item)
-        from workbench.cuda.streams import stream_handle
-
-        handle = stream if type(stream) is int else stream_handle(stream)
+        handle = stream if type(stream) is int else _rts.stream_handle(stream)
         key.append(_current_device())
         key = tuple(key)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._compile(key, args, len(values))
-        from workbench.cuda.launch import launch_kernel
-
-        with plan.lock:
-            plan.args.wides[:] = values
-            plan.launch.set_grid(grid if isinstance(grid, int) else tuple(grid))
-            if plan.launch.threads != block:
-                plan.launch = type(plan.launch)(plan.launch.function, grid, block, 0)
-            launch_kernel(plan.launch, handle, plan.args.address)
+        rec = _recording()
+        if rec is not None:
+            rec.launch(plan, values, ptr_slots, grid, block, handle)
+        _launch_plan(plan, grid, block, handle, values)
 
     def _compile(self, key: tuple, args, nvalues: int) -> _Plan:
         from numba import from_dtype, typeof, types
@@ -540,7 +551,21 @@ class RuntimeKernel:
         return plan
 
     def _dispatcher_launch(self, grid, block, stream, args) -> None:
+        _not_replayable()
         self.dispatcher[grid, block, _numba_stream(stream)](*args)
+
+
+def _launch_plan(plan: _Plan, grid, block, handle: int, values: list) -> None:
+    """One launch of a compiled kernel: its argument block filled with ``values`` (under the plan's lock: the
+    launch copies the block before it returns), its grid and block set, on the raw stream ``handle``."""
+    with plan.lock:
+        plan.args.wides[:] = values
+        launch = plan.launch
+        if launch.threads != block:
+            launch = plan.launch = type(launch)(launch.function, grid, block, 0)
+        elif launch.grid != grid:
+            launch.set_grid(grid if isinstance(grid, int) else tuple(grid))
+        _rtl.launch_kernel(launch, handle, plan.args.address)
 
 
 _external_streams: dict[int, Any] = {}
@@ -551,9 +576,7 @@ def _numba_stream(stream: Any):
 
     if isinstance(stream, Stream):
         return stream
-    from workbench.cuda.streams import stream_handle
-
-    handle = stream_handle(stream) if stream is not None else 0
+    handle = _rts.stream_handle(stream) if stream is not None else 0
     if handle == 0:
         return cuda.default_stream()
     s = _external_streams.get(handle)
@@ -570,6 +593,125 @@ def runtime_kernel(dispatcher):
 def jit(function):
     """``cuda.jit`` for a kernel (not a device function), launched through the runtime on a GPU."""
     return runtime_kernel(cuda.jit(function))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# call plans: an op's first call with some argument metadata is recorded (its allocations and launches); the next
+# call with the same metadata replays them with the new addresses (workbench.backends.run_planned decides when)
+# ---------------------------------------------------------------------------------------------------------------
+_local = threading.local()
+
+
+def _recording() -> _Recording | None:
+    return getattr(_local, "recording", None)
+
+
+def _not_replayable() -> None:
+    rec = getattr(_local, "recording", None)
+    if rec is not None:
+        rec.ok = False
+
+
+class _Recording:
+    """What one op call did on the GPU path, in terms a replay can redo: allocations (sizes), launches (the
+    compiled plan, the argument values, which of them are addresses of which input or allocation), the result
+    (which allocation, its shape and dtype, the framework it was handed back in). Host uploads, readbacks, poison
+    and Numba-dispatcher launches make it not replayable (``ok`` False)."""
+
+    def __init__(self, inputs: list[tuple[int, int]]):
+        self.inputs = inputs  # (address, nbytes) of the op's device array arguments, in order
+        self.allocs: list[tuple[int, int]] = []
+        self.launches: list[tuple] = []
+        self.given = None
+        self.stream: int | None = None
+        spans = sorted((base, base + max(1, n)) for base, n in inputs)
+        # inputs that share memory: a replay could not tell which one a launch argument came from
+        self.ok = all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+    def _locate(self, ptr: int):
+        for kind, table in ((0, self.inputs), (1, self.allocs)):
+            for i, (base, nbytes) in enumerate(table):
+                if base <= ptr < base + nbytes:
+                    return kind, i, ptr - base
+        return None
+
+    def _same_stream(self, handle: int) -> None:
+        if self.stream is None:
+            self.stream = handle
+        elif self.stream != handle:
+            self.ok = False
+
+    def launch(self, plan: _Plan, values: list, ptr_slots: list, grid, block, handle: int) -> None:
+        self._same_stream(handle)
+        subs = []
+        for slot in ptr_slots:
+            where = self._locate(values[slot])
+            if where is None:
+                self.ok = False
+                return
+            subs.append((slot,) + where)
+        self.launches.append((plan, list(values), tuple(subs), grid, block))
+
+    def give(self, arrays: _RuntimeArrays, d: KernelArray, result) -> None:
+        where = self._locate(d.ptr)
+        if self.given is not None or where is None or where[0] != 1:
+            self.ok = False
+            return
+        self._same_stream(arrays.stream)
+        self.given = (result, where[1], where[2], d.shape, d.dtype, arrays.framework, arrays.device,
+                      arrays._stream_arg is None)
+
+    def plan(self, result) -> CallPlan | None:
+        if not (self.ok and self.launches and self.given is not None and self.given[0] is result):
+            return None
+        _, index, offset, shape, dtype, framework, device, _ = self.given
+        return CallPlan([n for _, n in self.allocs], self.launches, (index, offset, shape, dtype), framework, device)
+
+
+@contextlib.contextmanager
+def recording(inputs: list[tuple[int, int]]):
+    """Record the op call run inside the block (this thread); yields the _Recording."""
+    rec = _Recording(inputs)
+    _local.recording = rec
+    try:
+        yield rec
+    finally:
+        _local.recording = None
+
+
+def replay_allowed() -> bool:
+    """No poison, no dispatcher comparison, no recording in progress (an op called inside another op's call)."""
+    return not (_poison_depth or _dispatcher_depth or getattr(_local, "recording", None) is not None)
+
+
+class CallPlan:
+    """A recorded op call (see _Recording) replayed for new input addresses: the same allocations from the same
+    framework's pool, the same launches with the addresses substituted, the result wrapped the same way."""
+
+    __slots__ = ("allocs", "launches", "out", "framework", "device")
+
+    def __init__(self, allocs, launches, out, framework, device):
+        self.allocs, self.launches, self.out = allocs, launches, out
+        self.framework, self.device = framework, device
+
+    def __call__(self, ptrs: list[int], stream: Any):
+        """The op's result for inputs at ``ptrs`` on ``stream``; None when the current device is not the
+        recorded one (the caller takes the full path, which says why)."""
+        if _current_device() != self.device:
+            return None
+        handle = _rts.stream_handle(stream, self.framework or "cupy", self.device)
+        owners, bases = [], []
+        for nbytes in self.allocs:
+            owner, ptr = _allocate(self.framework, self.device, handle, nbytes)
+            owners.append(owner)
+            bases.append(ptr)
+        for plan, template, subs, grid, block in self.launches:
+            values = template.copy()
+            for slot, kind, index, offset in subs:
+                values[slot] = (ptrs if kind == 0 else bases)[index] + offset
+            _launch_plan(plan, grid, block, handle, values)
+        index, offset, shape, dtype = self.out
+        return _wrap(self.framework, KernelArray(bases[index] + offset, shape, dtype, owners[index], self.device))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from workbench.cuda import arrays as _rta
 from workbench.formats._checks import require_array
 
 BACKENDS = ("auto", "numpy", "numba")
@@ -55,12 +56,10 @@ KERNELS = {
 
 
 def is_device_array(x: Any) -> bool:
-    from workbench.cuda.arrays import DeviceArray, cupy_array_type, torch_tensor_type
-
     t = type(x)
-    if t is DeviceArray or t is cupy_array_type():
+    if t is _rta.DeviceArray or t is _rta.cupy_array_type():
         return True
-    if isinstance(x, torch_tensor_type()):  # (torch's interface property raises TypeError for bfloat16)
+    if isinstance(x, _rta.torch_tensor_type()):  # (torch's interface property raises TypeError for bfloat16)
         return x.is_cuda
     if hasattr(x, "__cuda_array_interface__"):
         return True
@@ -142,19 +141,17 @@ def normalize(x: Any, name: str | None = None) -> Any:
         if not x.dtype.isnative:
             x = x.astype(x.dtype.newbyteorder("="))
         return np.ascontiguousarray(x)
-    from workbench.cuda.arrays import DeviceArray, as_device_array, cupy_array_type, torch_tensor_type
-
     t = type(x)
-    if t is cupy_array_type() or t is DeviceArray:
+    if t is _rta.cupy_array_type() or t is _rta.DeviceArray:
         return x
-    torch_cuda = isinstance(x, torch_tensor_type()) and x.is_cuda
-    if torch_cuda or (not isinstance(x, torch_tensor_type()) and hasattr(x, "__cuda_array_interface__")
+    torch_cuda = isinstance(x, _rta.torch_tensor_type()) and x.is_cuda
+    if torch_cuda or (not isinstance(x, _rta.torch_tensor_type()) and hasattr(x, "__cuda_array_interface__")
                       and not t.__module__.startswith("numba")):
         if ensure_numba_target() == "simulator":
             from numba import cuda
 
             return cuda.as_cuda_array(x)
-        return as_device_array(x, name or "array")
+        return _rta.as_device_array(x, name or "array")
     if name is not None and not is_device_array(x):
         require_array(x, name)
     return x
@@ -194,3 +191,83 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
     return MarlinWeight(qweight, scale_stack, zeros, None, None, size_k, n_per_expert, group_size, wt,
                         np.dtype(act_dtype), num_experts=len(qweights) if isinstance(qweights, (list, tuple))
                         else int(qweights.shape[0]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# call plans: a device call's verdict and launches, kept per argument metadata
+# ---------------------------------------------------------------------------------------------------------------
+_PLAIN = (int, bool, float, str, type(None), np.integer, np.floating, np.dtype, type)
+_SCALARS = frozenset((int, bool, float, str, type(None)))
+_plans: dict[tuple, Any] = {}  # key -> (CallPlan or None = "always the full path", repack policy it was made under)
+
+
+def _array_key(x: Any):
+    """(metadata, address, nbytes) of a device array whose framework gives them cheaply, else None."""
+    t = type(x)
+    if t is _rta.cupy_array_type():
+        return ("cupy", x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
+    if t is _rta.DeviceArray:
+        return (x.framework, x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
+    if isinstance(x, _rta.torch_tensor_type()) and x.is_cuda:
+        return (("torch", tuple(x.shape), x.dtype, x.stride(), x.device.index), x.data_ptr(),
+                x.numel() * x.element_size())
+    return None
+
+
+def plan_key(op_name: str, backend: str, args: tuple, kwargs: dict):
+    """(key, [(address, nbytes)]) for an op call whose arrays are all device arrays (CuPy, torch, DeviceArray) and
+    whose other arguments are plain scalars or dtypes; None otherwise (NumPy inputs, lists: the full path)."""
+    key, inputs = [op_name, backend], []
+    for a in args:
+        if type(a) in _SCALARS or isinstance(a, _PLAIN):
+            key.append((type(a), a))
+            continue
+        found = _array_key(a)
+        if found is None:
+            return None
+        key.append(found[0])
+        inputs.append(found[1:])
+    for name, a in kwargs.items():
+        if not isinstance(a, _PLAIN):
+            return None
+        key.append((name, type(a), a))
+    if not inputs:
+        return None
+    return tuple(key), inputs
+
+
+def _repack_policy():
+    module = sys.modules.get("kernels_numba.marlin_repack")
+    return None if module is None else module.__dict__.get("_policy")
+
+
+def run_planned(op: Callable[..., Any], args: tuple, kwargs: dict, backend: str, stream: Any) -> Any:
+    """``op(*args, backend=backend, stream=stream, **kwargs)``; on device arrays through its call plan: the first
+    call with some argument metadata runs in full (every check, then the kernels) while being recorded, later calls
+    with the same metadata (shapes, dtypes, strides, devices, scalar values) replay its launches on the new
+    addresses. Calls whose outcome depends on values (a device perm's check, zero-point codes: a verdict read
+    back) always run in full."""
+    found = plan_key(op.__name__, backend, args, kwargs)
+    if found is None or ensure_numba_target() != "gpu":
+        return op(*args, backend=backend, stream=stream, **kwargs)
+    key, inputs = found
+    _launch = sys.modules.get("kernels_numba._launch")
+    if _launch is None:
+        from kernels_numba import _launch
+    if not _launch.replay_allowed():
+        if _launch._recording() is not None:
+            _launch._not_replayable()  # an op inside a recorded op: the outer call is not replayed
+        return op(*args, backend=backend, stream=stream, **kwargs)
+    entry = _plans.get(key)
+    policy = _repack_policy()
+    if entry is not None and entry[1] is policy:
+        plan = entry[0]
+        if plan is None:
+            return op(*args, backend=backend, stream=stream, **kwargs)
+        result = plan([ptr for ptr, _ in inputs], stream)
+        if result is not None:
+            return result
+    with _launch.recording(inputs) as rec:
+        result = op(*args, backend=backend, stream=stream, **kwargs)
+    _plans[key] = (rec.plan(result), _repack_policy())
+    return result
