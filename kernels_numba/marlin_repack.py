@@ -11,7 +11,7 @@ permutation". Four checkpoint layouts feed it:
     FP8 raw bits   [K/4, N]   = GPTQ 8-bit with the E4M3 bytes as codes
     block FP8      [N, K]     row-major bytes (transpose fused: 4 consecutive k of row n = one little-endian word)
 
-Kernel shapes (the wrappers use the first three; the staged one stays for comparison and tests):
+Kernel shapes:
 
 * **direct** (GPTQ rows, FP8 raw bits, and their inverses): one thread reads the 4 source words that hold
   everything for 4 output words (see "Direct kernels" below) and writes them; no shared memory, no barrier.
@@ -19,27 +19,11 @@ Kernel shapes (the wrappers use the first three; the staged one stays for compar
   act-order (the thread gathers its 16 rows through perm, one field per load) and AWQ (8 AWQ words in, 8 Marlin
   words out, and back).
 * **transpose tile** (row-major FP8 [N, K] and back): 64 rows × 128 bytes through shared memory with whole-row
-  accesses, then the direct 8-bit pack.
-* **round 3**: act-order on one matrix in two passes (GPTQ rows -> N-packed rows through a shared tile, then the
-  direct AWQ kernel in natural field order reading rows through perm); Marlin -> AWQ and Marlin -> GPTQ 8-bit
-  write 8-byte words (two adjacent packed words per store). Each keeps its round-2 form behind a module switch
-  (``workbench.policy.RepackPolicy``: act_order_two_pass, awq_unpack_wide_stores, paired_unpack_8bit,
-  transpose_inverse_mode; every wrapper takes ``policy=``) for the A/B.
-* **staged** (round 1's kernel for act-order, AWQ and the AWQ inverse): one block = one k-tile × up to 8 n-tiles
-  of one expert::
-
-    global source ──(phase 1: coalesced loads, any layout)──► shared "GPTQ form"  stage[h][j]
-                                                               h = 0..16/pf-1 (rows of the k-tile, pf per word)
-                                                               j = 0..511     (columns of the chunk)
-    shared stage ──(phase 2: one output word per thread-step)──► Marlin words, consecutive threads → consecutive
-                                                                  words (fully coalesced 4-byte stores)
-
-In the staged kernel phase 2 never loops over fields: in the GPTQ form the 8 codes a 4-bit Marlin word needs sit in 4 staged words
-as 4 byte-pairs (rows k, k+1 of columns n and n+8 in the low k-half, the same in the high half), and an 8-bit word
-takes 2 bytes from each of 2 staged words. The staged inverse runs the same picture backwards: Marlin words are
-staged, the GPTQ form is rebuilt from them, and then written as AWQ words. The staged kernel also has GPTQ-row and
-row-major sources/targets (``staged=True``): the benchmark compares them with the direct kernel (first H200 run:
-the staged GPTQ u4 repack reached 29% of the copy bandwidth), and the tests keep them correct.
+  accesses, then the direct 8-bit pack; the inverse stages whole Marlin tiles first.
+* **two-pass act-order** on one matrix (GPTQ rows -> N-packed rows through a shared tile, then the direct AWQ
+  kernel in natural field order reading rows through perm); Marlin -> AWQ and Marlin -> GPTQ 8-bit write 8-byte
+  words (two adjacent packed words per store). The launch shapes and routes are ``workbench.policy.RepackPolicy``
+  (every wrapper takes ``policy=``).
 
 Every kernel takes a leading expert axis (E, ...) so a stack of experts is one launch (grid z = expert).
 
@@ -68,15 +52,8 @@ _policy = DEFAULT_REPACK_POLICY  # what calls without policy= use (the old modul
 # ---------------------------------------------------------------------------------------------------------------
 TILE_K = 16  # rows of a Marlin tile (the k extent of mma.m16n8k16)
 TILE_N = 64  # columns of a Marlin tile (four 16-wide sub-blocks)
-TILES_PER_BLOCK = 8  # n-tiles per block: 8 KiB of 8-bit stage, 8 words per thread in flight (memory parallelism)
-CHUNK_N = TILE_N * TILES_PER_BLOCK  # 512 columns per block
-CHUNK_SHIFT = 9  # log2(CHUNK_N)
-STAGE_ROWS = 4  # staged GPTQ-form rows per k-tile: 16/pf, at most 4 (8-bit)
-STAGE_WORDS = STAGE_ROWS * CHUNK_N  # shared-array sizes must be compile-time constants (tooling.md)
-MARLIN_STAGE_WORDS = TILES_PER_BLOCK * 256  # staged Marlin words of one block in the inverse (8-bit: 256 per tile)
 THREADS = 256  # 8 warps: enough to cover load latency with 8 independent loads each
 
-SOURCES = ("gptq", "gptq_perm", "awq", "row_major_bytes")
 
 
 def _consts(bits: int):
@@ -92,7 +69,7 @@ def _consts(bits: int):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Device helpers: a row read through a permutation, one Marlin word from the staged GPTQ form, and back
+# Device helpers: a row read through a permutation
 # ---------------------------------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
 def perm_row(perm, e, k):
@@ -103,91 +80,6 @@ def perm_row(perm, e, k):
     if v >= 0 and v < perm.shape[1]:
         return int32(v)
     return int32(0)
-
-
-@cuda.jit(device=True, inline=True)
-def marlin_word_4bit(stage, t, wit, row_stride):
-    """Marlin 4-bit word ``wit`` of local tile ``t`` from the GPTQ form (2 staged rows of ``row_stride`` columns).
-
-    wit = 4*lane + warp, lane = 4*col + row2; the word holds rows k0+{0,1,8,9} (k0 = 2*row2) of columns n, n+8
-    (n = 16*warp + col). In the GPTQ form rows k0, k0+1 are byte row2 of staged row 0, rows k0+8, k0+9 byte row2 of
-    staged row 1; the field order (dk, dn) = (0,0) (8,0) (0,8) (8,8) (1,0) (9,0) (1,8) (9,8) takes low nibbles first.
-    """
-    lane = wit >> 2
-    warp = wit & 3
-    col = lane >> 2
-    row2 = lane & 3
-    n = (t << 6) + (warp << 4) + col
-    shift = uint32(row2 << 3)
-    a = uint32(stage[n] >> shift) & uint32(0xFF)  # rows k0, k0+1   of column n
-    b = uint32(stage[row_stride + n] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n
-    c = uint32(stage[n + 8] >> shift) & uint32(0xFF)  # rows k0, k0+1   of column n+8
-    d = uint32(stage[row_stride + n + 8] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n+8
-    low = (a & uint32(0xF)) | ((b & uint32(0xF)) << uint32(4)) | ((c & uint32(0xF)) << uint32(8)) | (
-        (d & uint32(0xF)) << uint32(12))
-    high = (a >> uint32(4)) | ((b >> uint32(4)) << uint32(4)) | ((c >> uint32(4)) << uint32(8)) | (
-        (d >> uint32(4)) << uint32(12))
-    return uint32(low | uint32(high << uint32(16)))
-
-
-@cuda.jit(device=True, inline=True)
-def marlin_word_8bit(stage, t, wit, row_stride):
-    """Marlin 8-bit word ``wit`` of local tile ``t`` from the GPTQ form (4 staged rows of ``row_stride`` columns).
-
-    wit = 8*lane + 2*warp + half, lane = 4*col + row2; the word holds rows k0, k0+8, k0+1, k0+9 (k0 = 2*row2) of
-    column n = 16*warp + col + 8*half: bytes row2%2*2 + {0, 1} of staged rows row2//2 (k0, k0+1) and 2 + row2//2.
-    """
-    lane = wit >> 3
-    slot = wit & 7
-    col = lane >> 2
-    row2 = lane & 3
-    n = (t << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
-    p = stage[(row2 >> 1) * row_stride + n]  # rows 4*(row2//2) .. +3: holds k0, k0+1
-    q = stage[(2 + (row2 >> 1)) * row_stride + n]  # 8 rows further: holds k0+8, k0+9
-    s = uint32((row2 & 1) << 4)
-    return uint32(
-        (uint32(p >> s) & uint32(0xFF))
-        | ((uint32(q >> s) & uint32(0xFF)) << uint32(8))
-        | ((uint32(p >> uint32(s + uint32(8))) & uint32(0xFF)) << uint32(16))
-        | ((uint32(q >> uint32(s + uint32(8))) & uint32(0xFF)) << uint32(24))
-    )
-
-
-@cuda.jit(device=True, inline=True)
-def gptq_word_4bit(mstage, h, n):
-    """Inverse of marlin_word_4bit: GPTQ-form word (h = 0/1, local column n) from staged Marlin words."""
-    t = n >> 6
-    nn = n & 63
-    warp = nn >> 4
-    half = (nn >> 3) & 1
-    col = nn & 7
-    sh = uint32((2 * half + h) << 2)  # bit of field 2*half + h (low k-half of the pair)
-    base = (t << 7) + (col << 4) + warp
-    out = uint32(0)
-    for row2 in range(4):
-        m = mstage[base + (row2 << 2)]
-        pair = (uint32(m >> sh) & uint32(0xF)) | ((uint32(m >> uint32(sh + uint32(16))) & uint32(0xF)) << uint32(4))
-        out = out | uint32(pair << uint32(row2 << 3))
-    return out
-
-
-@cuda.jit(device=True, inline=True)
-def gptq_word_8bit(mstage, h, n):
-    """Inverse of marlin_word_8bit: GPTQ-form word (h = 0..3, local column n) from staged Marlin words."""
-    t = n >> 6
-    nn = n & 63
-    warp = nn >> 4
-    half = (nn >> 3) & 1
-    col = nn & 7
-    hk = h >> 1
-    lane = (col << 2) + ((h & 1) << 1)
-    base = (t << 8) + (warp << 1) + half
-    out = uint32(0)
-    for f in range(4):
-        m = mstage[base + ((lane + (f >> 1)) << 3)]
-        byte = uint32(m >> uint32((((f & 1) << 1) + hk) << 3)) & uint32(0xFF)
-        out = out | uint32(byte << uint32(f << 3))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -257,13 +149,6 @@ def gptq_word_from_marlin_8bit(mw, i, r):
     a = mw[i + 2 * (r & 1)]
     b = mw[i + 2 * (r & 1) + 1]
     return gptq_half_from_marlin_8bit(a, r >> 1) | uint32(gptq_half_from_marlin_8bit(b, r >> 1) << uint32(16))
-
-
-@cuda.jit(device=True, inline=True)
-def stage_words_from_marlin_8bit(stage, s, mw, i):
-    """The 4 GPTQ-form words of one column, rebuilt from its Marlin words mw[i..i+3], into stage[s..s+3]."""
-    for r in range(4):
-        stage[s + r] = gptq_word_from_marlin_8bit(mw, i, r)
 
 
 def direct_layout(bits: int, threads: int):
@@ -940,36 +825,18 @@ TRANSPOSE_ROW_STRIDE = TRANSPOSE_ROW_WORDS + 1  # padding: a module constant (sh
 TRANSPOSE_STAGE_WORDS = TILE_N * TRANSPOSE_ROW_STRIDE
 TRANSPOSE_THREADS = 128  # 2 groups of 64 lanes, each group 4 of the block's 8 k-tiles
 TRANSPOSE_LOADS_PER_THREAD = TILE_N * TRANSPOSE_ROW_WORDS // TRANSPOSE_THREADS  # 16: warp i reads rows i, i+4, ..
-# Round 3: the inverse (Marlin -> row-major, 46% of copy in round 2) already stores whole 128-byte rows from the
-# stage; what it lacked is loads in flight. Its per-k-tile loop (4 Marlin loads, then 4 shared stores, under a
-# bounds branch) kept 4 loads per thread outstanding (PTX: ld.global x4 / st.shared x4, repeated). With
-# ``inverse_mode`` "loads_first" the thread issues all 4*per_group = 16 Marlin loads before the first shared store,
-# as the forward tile does with its 16 row loads; "loads_first_barrier" puts a barrier between the loads and the
-# shared stores (a guard, in case ptxas interleaves them again: the PTX of "loads_first" is already 16 loads, then
-# stores without it; ptxas may or may not hoist: the A/B decides); "round2" is the round-2 kernel (kept for the A/B).
-# Round 4 (loads_first measured 65% of copy at all three shapes, loads_first_barrier the same): the SASS (ptxas
-# 13.0, sm_90) of "loads_first" issues the 16 Marlin loads as 8 + 8 around the first shared stores, and every
-# Marlin load instruction of a warp touches 4 runs of 32 bytes in 4 different 128-byte lines (lanes own columns).
-# "staged_marlin" turns the tile around: the block's 8 k-tiles x 256 Marlin words (8 contiguous KiB runs of 1 KiB)
-# are copied raw into shared memory with 16 fully coalesced loads per thread (a warp reads one 128-byte line per
-# instruction, no arithmetic between the loads and the shared stores: the forward tile's shape, which ptxas keeps
-# as 16 loads then 16 stores), barrier, then each thread builds its 16 row-major words from 2 staged Marlin words
-# each and stores them row-contiguously (a warp writes one row's 128 bytes). Every global access is a whole line.
-TRANSPOSE_INVERSE_MODES = ("round2", "loads_first", "loads_first_barrier", "staged_marlin")
+# The inverse (Marlin -> row-major) turns the tile around: the block's 8 k-tiles x 256 Marlin words (8 contiguous
+# KiB runs of 1 KiB) are copied raw into shared memory with 16 fully coalesced loads per thread (a warp reads one
+# 128-byte line per instruction, no arithmetic between the loads and the shared stores, which ptxas keeps as 16
+# loads then 16 stores), barrier, then each thread builds its 16 row-major words from 2 staged Marlin words each
+# and stores them row-contiguously (a warp writes one row's 128 bytes). Every global access is a whole line.
 MARLIN_TILE_STRIDE = 257  # staged words per k-tile (256 + 1 pad: the 8 k-tiles of a row's words hit 8 banks)
 
 
-def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | None = None):
+def transpose_repack_kernel_source(inverse: bool = False):
     """Row-major words [E, N, K/4] -> Marlin W8 [E, K/16, 4N] (``inverse``: the reverse)."""
     groups = TRANSPOSE_THREADS // 64
     per_group = TRANSPOSE_K_TILES // groups
-    mode = inverse_mode or _policy.transpose_inverse_mode
-    if mode not in TRANSPOSE_INVERSE_MODES:
-        raise ValueError(f"inverse_mode = {mode!r} is not one of {TRANSPOSE_INVERSE_MODES}")
-    loads_first = mode != "round2"
-    barrier_after_loads = mode == "loads_first_barrier"
-    staged_marlin = mode == "staged_marlin"
-    held_marlin = 4 * per_group  # Marlin words a thread holds: 16
 
     def transpose_repack(src, out, size_n):
         """Grid (ceil(K/16 / TRANSPOSE_K_TILES), N/64, E), TRANSPOSE_THREADS threads."""
@@ -1015,7 +882,7 @@ def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | No
                     out[e, kt0 + ktl, o + 8] = marlin_words_8bit(p0, p2, 1)
                     out[e, kt0 + ktl, o + 16] = marlin_words_8bit(p1, p3, 2)
                     out[e, kt0 + ktl, o + 24] = marlin_words_8bit(p1, p3, 3)
-        elif staged_marlin:
+        else:
             # raw copy: flat word i = j*256 + m of the block's k-tile j, Marlin word m of tile nt; a k-tile past K
             # reloads the last one (no branch; its row words are never stored)
             held = cuda.local.array(TRANSPOSE_LOADS_PER_THREAD, dtype=uint32)
@@ -1046,34 +913,6 @@ def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | No
                 r = (tid >> 5) + it * (TRANSPOSE_THREADS >> 5)
                 if w < row_words:  # unsigned indices: no wraparound code (see awq_direct_unpack_kernel_source)
                     out[uint64(e), uint64((nt << 6) + r), uint64(4 * kt0 + w)] = held[it]
-        else:
-            mw = cuda.local.array(held_marlin, dtype=uint32)  # [j][row2]: registers after unrolling
-            if loads_first:
-                # no branch between the loads and the shared stores (a per-k-tile bounds branch let LLVM merge
-                # each k-tile's loads with its stores again): a k-tile past the end reloads the last one, its
-                # stage columns are never stored (row_words)
-                for j in range(per_group):
-                    ktc = min(kt0 + group + groups * j, k_tiles - 1)
-                    for row2 in range(4):
-                        mw[4 * j + row2] = src[e, ktc, o + 8 * row2]
-                if barrier_after_loads:
-                    cuda.syncthreads()
-                for j in range(per_group):
-                    stage_words_from_marlin_8bit(stage, n_local * TRANSPOSE_ROW_STRIDE + 4 * (group + groups * j),
-                                                 mw, 4 * j)
-            else:  # round 2: each k-tile unpacked before the next one's loads (4 loads in flight)
-                for j in range(per_group):
-                    ktl = group + groups * j
-                    if kt0 + ktl < k_tiles:
-                        for row2 in range(4):
-                            mw[4 * j + row2] = src[e, kt0 + ktl, o + 8 * row2]
-                        stage_words_from_marlin_8bit(stage, n_local * TRANSPOSE_ROW_STRIDE + 4 * ktl, mw, 4 * j)
-            cuda.syncthreads()
-            w = tid & (TRANSPOSE_ROW_WORDS - 1)
-            for it in range(TRANSPOSE_LOADS_PER_THREAD):
-                r = (tid >> 5) + it * (TRANSPOSE_THREADS >> 5)
-                if w < row_words:
-                    out[e, (nt << 6) + r, 4 * kt0 + w] = stage[r * TRANSPOSE_ROW_STRIDE + w]
 
     return transpose_repack
 
@@ -1105,8 +944,8 @@ def _awq_direct_unpack_kernel_built(bits: int, wide: bool, use_transpose: bool, 
 
 
 @functools.lru_cache(maxsize=None)
-def _transpose_repack_kernel(inverse: bool = False, inverse_mode: str | None = None):
-    return jit(transpose_repack_kernel_source(inverse, inverse_mode))
+def _transpose_repack_kernel(inverse: bool = False):
+    return jit(transpose_repack_kernel_source(inverse))
 
 
 def perm_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS):
@@ -1137,156 +976,6 @@ def transpose_grid(size_k, size_n, experts):
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels (built per (bits, source) so pack factors and branches are compile-time constants)
 # ---------------------------------------------------------------------------------------------------------------
-def repack_kernel_source(bits: int, source: str, tiles_per_block: int = TILES_PER_BLOCK, threads: int = THREADS):
-    """The Python function of the forward repack kernel for ``bits`` and ``source`` (not yet compiled).
-
-    ``tiles_per_block``/``threads`` exist for the benchmark's launch-shape sweep; the wrappers use the constants.
-    """
-    if source not in SOURCES:
-        raise ValueError(f"source = {source!r} is not one of {SOURCES}")
-    c = _consts(bits)
-    pf, log_pf, rows, mask, wpt, wpt_shift = c["pf"], c["log_pf"], c["rows"], c["mask"], c["wpt"], c["wpt_shift"]
-    half_pf = pf // 2
-    four_bit = bits == 4
-    chunk_n = TILE_N * tiles_per_block  # columns per block
-    chunk_shift = chunk_n.bit_length() - 1
-    stage_words = STAGE_ROWS * chunk_n  # a closure constant: a valid shared-array size for the real compiler
-    src_gptq = source == "gptq"
-    src_perm = source == "gptq_perm"
-    src_awq = source == "awq"
-
-    def repack(src, perm, out, size_n):
-        """src: see SOURCES, with a leading expert axis; perm int32 [E, K] (gptq_perm only);
-        out uint32 [E, K/16, N*16/pf]. Grid (K/16, ceil(N/chunk_n), E), ``threads`` threads."""
-        stage = cuda.shared.array(stage_words, dtype=uint32)  # GPTQ form of this k-tile × column chunk
-        kt = cuda.blockIdx.x
-        chunk = cuda.blockIdx.y
-        e = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        n_base = chunk << chunk_shift
-        cols = min(chunk_n, size_n - n_base)
-
-        # phase 1: source -> GPTQ form, stage[h*chunk_n + j] = codes of rows kt*16 + h*pf + (0..pf-1), column j
-        for i in range(tid, rows * chunk_n, threads):
-            if src_gptq:
-                h = i >> chunk_shift
-                j = i & (chunk_n - 1)
-                if j < cols:
-                    stage[i] = src[e, kt * rows + h, n_base + j]
-            elif src_perm:
-                h = i >> chunk_shift
-                j = i & (chunk_n - 1)
-                if j < cols:
-                    word = uint32(0)
-                    for f in range(pf):
-                        k_src = perm_row(perm, e, kt * TILE_K + h * pf + f)  # Marlin row k holds checkpoint row perm[k]
-                        w = src[e, k_src >> log_pf, n_base + j]
-                        code = uint32(w >> uint32((k_src & (pf - 1)) * bits)) & uint32(mask)
-                        word = word | uint32(code << uint32(f * bits))
-                    stage[i] = word
-            elif src_awq:
-                h = i >> chunk_shift
-                j = i & (chunk_n - 1)
-                if j < cols:
-                    n = n_base + j
-                    i_col = n & (pf - 1)
-                    field = (i_col >> 1) + half_pf * (i_col & 1)  # AWQ keeps column c*pf + i in field AWQ_UNDO[i]
-                    word = uint32(0)
-                    for f in range(pf):
-                        w = src[e, kt * TILE_K + h * pf + f, n >> log_pf]
-                        code = uint32(w >> uint32(field * bits)) & uint32(mask)
-                        word = word | uint32(code << uint32(f * bits))
-                    stage[i] = word
-            else:  # row-major bytes [N, K] viewed as words [N, K/4]: 4 consecutive threads read one row's 16 bytes
-                j = i >> 2
-                h = i & 3
-                if j < cols:
-                    stage[h * chunk_n + j] = src[e, n_base + j, kt * 4 + h]
-        cuda.syncthreads()
-
-        # phase 2: GPTQ form -> Marlin words; the chunk's tiles are consecutive in the output row
-        tiles = cols >> 6
-        out_base = (chunk * tiles_per_block) << wpt_shift
-        for o in range(tid, tiles_per_block * wpt, threads):
-            t = o >> wpt_shift
-            if t < tiles:
-                if four_bit:
-                    out[e, kt, out_base + o] = marlin_word_4bit(stage, t, o & (wpt - 1), chunk_n)
-                else:
-                    out[e, kt, out_base + o] = marlin_word_8bit(stage, t, o & (wpt - 1), chunk_n)
-
-    return repack
-
-
-def unpack_kernel_source(bits: int, target: str):
-    """The Python function of the inverse kernel: Marlin [E, K/16, N*16/pf] -> ``target`` layout."""
-    if target not in ("gptq", "awq", "row_major_bytes"):
-        raise ValueError(f"target = {target!r} is not one of gptq, awq, row_major_bytes")
-    c = _consts(bits)
-    pf, log_pf, rows, mask, wpt, wpt_shift = c["pf"], c["log_pf"], c["rows"], c["mask"], c["wpt"], c["wpt_shift"]
-    half_pf = pf // 2
-    words_per_awq_row = CHUNK_N // pf
-    awq_row_shift = 6 if bits == 4 else 7  # log2(words_per_awq_row)
-    four_bit = bits == 4
-    to_gptq = target == "gptq"
-    to_awq = target == "awq"
-
-    def unpack(marlin, out, size_n):
-        """marlin uint32 [E, K/16, N*16/pf] -> out (gptq [E,K/pf,N] | awq [E,K,N/pf] | row-major words [E,N,K/4])."""
-        mstage = cuda.shared.array(MARLIN_STAGE_WORDS, dtype=uint32)
-        stage = cuda.shared.array(STAGE_WORDS, dtype=uint32)  # GPTQ form (AWQ target only)
-        kt = cuda.blockIdx.x
-        chunk = cuda.blockIdx.y
-        e = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        n_base = chunk << CHUNK_SHIFT
-        cols = min(CHUNK_N, size_n - n_base)
-        tiles = cols >> 6
-        in_base = (chunk * TILES_PER_BLOCK) << wpt_shift
-
-        # phase 1: the chunk's Marlin words (contiguous in row kt) -> shared
-        for o in range(tid, TILES_PER_BLOCK * wpt, THREADS):
-            if (o >> wpt_shift) < tiles:
-                mstage[o] = marlin[e, kt, in_base + o]
-        cuda.syncthreads()
-
-        # phase 2: Marlin -> GPTQ form (written straight out for GPTQ and row-major targets)
-        for i in range(tid, rows * CHUNK_N, THREADS):
-            if to_gptq or to_awq:
-                h = i >> CHUNK_SHIFT
-                j = i & (CHUNK_N - 1)
-            else:
-                j = i >> 2
-                h = i & 3
-            if j < cols:
-                if four_bit:
-                    word = gptq_word_4bit(mstage, h, j)
-                else:
-                    word = gptq_word_8bit(mstage, h, j)
-                if to_gptq:
-                    out[e, kt * rows + h, n_base + j] = word
-                elif to_awq:
-                    stage[i] = word
-                else:
-                    out[e, n_base + j, kt * 4 + h] = word
-
-        # phase 3 (AWQ only): GPTQ form -> AWQ words (k, c): field f holds column c*pf + AWQ_ORDER[f]
-        if to_awq:
-            cuda.syncthreads()
-            for i in range(tid, TILE_K * words_per_awq_row, THREADS):
-                r = i >> awq_row_shift
-                cw = i & (words_per_awq_row - 1)
-                if (cw << log_pf) < cols:
-                    h = r >> log_pf
-                    shift = uint32((r & (pf - 1)) * bits)
-                    word = uint32(0)
-                    for f in range(pf):
-                        order = ((f & (half_pf - 1)) << 1) + (f >> (log_pf - 1))  # AWQ_ORDER[f]
-                        code = uint32(stage[h * CHUNK_N + (cw << log_pf) + order] >> shift) & uint32(mask)
-                        word = word | uint32(code << uint32(f * bits))
-                    out[e, kt * TILE_K + r, (n_base >> log_pf) + cw] = word
-
-    return unpack
 
 
 def gather_rows_kernel_source(bits: int):
@@ -1391,16 +1080,6 @@ def _zero_fill_kernel():
     return jit(zero_fill_kernel_source())
 
 
-@functools.lru_cache(maxsize=None)
-def _repack_kernel(bits: int, source: str, tiles_per_block: int = TILES_PER_BLOCK, threads: int = THREADS):
-    return jit(repack_kernel_source(bits, source, tiles_per_block, threads))
-
-
-@functools.lru_cache(maxsize=None)
-def _unpack_kernel(bits: int, target: str):
-    return jit(unpack_kernel_source(bits, target))
-
-
 def compile_targets():
     """(name, python function, argument types) of every kernel variant here, for the offline compile check."""
     from numba import types
@@ -1409,16 +1088,6 @@ def compile_targets():
     i32_2d = types.Array(types.int32, 2, "C")
     u64_3d = types.Array(types.uint64, 3, "C")  # outputs written as 8-byte words (two packed words per store)
     for bits in (4, 8):
-        for source in SOURCES:
-            if source == "row_major_bytes" and bits == 4:
-                continue
-            yield (f"repack[{bits}-bit,{source}]", repack_kernel_source(bits, source),
-                   (u32_3d, i32_2d, u32_3d, types.int64))
-        for target in ("gptq", "awq", "row_major_bytes"):
-            if target == "row_major_bytes" and bits == 4:
-                continue
-            yield (f"unpack[{bits}-bit,{target}]", unpack_kernel_source(bits, target),
-                   (u32_3d, u32_3d, types.int64))
         yield f"gather_rows[{bits}-bit]", gather_rows_kernel_source(bits), (u32_3d, i32_2d, u32_3d)
         for source in ("gptq", "row_major_bytes"):
             if source == "row_major_bytes" and bits == 4:
@@ -1453,10 +1122,6 @@ def compile_targets():
     for inverse in (False, True):
         yield f"transpose_tile[inverse={inverse}]", transpose_repack_kernel_source(inverse), (u32_3d, u32_3d,
                                                                                                 types.int64)
-    for mode in TRANSPOSE_INVERSE_MODES:
-        if mode != _policy.transpose_inverse_mode:
-            yield (f"transpose_tile[inverse=True,mode={mode}]", transpose_repack_kernel_source(True, mode),
-                   (u32_3d, u32_3d, types.int64))
     for ktpt in sorted({1, 2, _policy.paired_unpack_k_tiles_per_thread}):
         yield f"paired_unpack_8bit[ktpt={ktpt}]", paired_unpack_8bit_kernel_source(ktpt), (u32_3d, u64_3d, types.int64)
 
@@ -1516,21 +1181,13 @@ def weight_repack_launch(src, perm, out, bits: int, source: str, size_k: int, si
 
 
 def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool,
-                   staged: bool = False, policy: RepackPolicy | None = None):
-    """The repack through weight_repack_launch's kernel; ``staged=True`` forces the staged kernel (kept for the
-    benchmark's comparison and tested like the rest)."""
+                   policy: RepackPolicy | None = None):
+    """The repack through weight_repack_launch's kernel (the one the benchmark times)."""
     experts = src.shape[0]
     pf = 32 // bits
     out = arrays.empty((experts, size_k // TILE_K, size_n * TILE_K // pf), np.uint32)
-    stream = arrays.stream
-    if staged:
-        if perm is None:
-            perm = arrays.take(np.zeros((1, 1), np.int32), "perm")
-        grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
-        _repack_kernel(bits, source)[grid, THREADS, stream](src, perm, out, size_n)
-    else:
-        temp = arrays.empty((1, size_k, size_n // pf), np.uint32) if uses_two_pass(source, experts, policy) else None
-        weight_repack_launch(src, perm, out, bits, source, size_k, size_n, stream, temp, policy)()
+    temp = arrays.empty((1, size_k, size_n // pf), np.uint32) if uses_two_pass(source, experts, policy) else None
+    weight_repack_launch(src, perm, out, bits, source, size_k, size_n, arrays.stream, temp, policy)()
     return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
 
 
@@ -1587,7 +1244,7 @@ def _take_perm(arrays: Arrays, perm, size_k: int, experts: int):
 
 
 def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,
-                       staged: bool = False, policy: RepackPolicy | None = None):
+                       policy: RepackPolicy | None = None):
     """GPTQ qweight int32 [K/pf, N] (or [E, K/pf, N]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...]).
 
     ``perm`` (int32 [K] or [E, K], or None/empty): Marlin row k takes checkpoint row perm[k] (act-order). With a
@@ -1602,19 +1259,19 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
     perm_d, verdict = _take_perm(arrays, perm, size_k, src.shape[0])
     has_perm = perm_d is not None
     result = _launch_repack(arrays, src, perm_d, num_bits, "gptq_perm" if has_perm else "gptq", size_k, size_n,
-                            stacked, staged, policy)
+                            stacked, policy)
     verdict()
     return result
 
 
-def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False,
+def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None,
                       policy: RepackPolicy | None = None):
     """AWQ qweight int32 [K, N/pf] (or [E, K, N/pf]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...])."""
     size_k, size_n, num_bits = _check_sizes(size_k, size_n, num_bits)
     pf = 32 // num_bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k, size_n // pf)
-    return _launch_repack(arrays, src, None, num_bits, "awq", size_k, size_n, stacked, staged, policy)
+    return _launch_repack(arrays, src, None, num_bits, "awq", size_k, size_n, stacked, policy)
 
 
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, stream=None):
@@ -1626,7 +1283,7 @@ def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, st
     return _launch_repack(arrays, src, None, 8, "gptq", size_k, size_n, stacked)
 
 
-def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=None, staged: bool = False):
+def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=None):
     """Row-major E4M3 bytes uint8 [N, K] (or [E, N, K]) -> Marlin W8 int32 [K/16, 4N], transpose fused."""
     size_k, size_n, _ = _check_sizes(size_k, size_n, 8)
     arrays = Arrays(stream)
@@ -1642,7 +1299,7 @@ def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=Non
                          f" or (experts, {size_n}, {size_k})")
     stacked = len(shape) == 3
     words = d.reshape((shape[0] if stacked else 1, size_n, size_k)).view(np.uint32)  # [E, N, K/4]
-    return _launch_repack(arrays, words, None, 8, "row_major_bytes", size_k, size_n, stacked, staged)
+    return _launch_repack(arrays, words, None, 8, "row_major_bytes", size_k, size_n, stacked)
 
 
 def _grid_stride(total: int) -> int:
@@ -1677,7 +1334,7 @@ def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: 
         target_words = out.view(np.uint64) if p.awq_unpack_wide_stores else out  # N/pf is even (N % 64 == 0)
         return lambda: kernel[grid, DIRECT_THREADS, stream](src, target_words, size_n)
     if target == "row_major_bytes":
-        kernel = _transpose_repack_kernel(True, p.transpose_inverse_mode)  # mode named in the cache key
+        kernel = _transpose_repack_kernel(True)
         grid = transpose_grid(size_k, size_n, experts)
         return lambda: kernel[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
     if bits == 8 and p.paired_unpack_8bit:
@@ -1693,7 +1350,7 @@ def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: 
 
 
 def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream, perm=None,
-                   staged: bool = False, policy: RepackPolicy | None = None):
+                   policy: RepackPolicy | None = None):
     size_k, size_n, bits = _check_sizes(size_k, size_n, bits)
     pf = 32 // bits
     arrays = Arrays(stream)
@@ -1703,11 +1360,7 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
     shape = unpack_shape(target, size_k, size_n, bits, experts)
     perm_d, verdict = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else (None, lambda: None)
     out = arrays.empty(shape, np.uint32)
-    if staged:
-        grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
-        _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
-    else:
-        weight_unpack_launch(src, out, bits, target, size_k, size_n, arrays.stream, policy)()
+    weight_unpack_launch(src, out, bits, target, size_k, size_n, arrays.stream, policy)()
     if perm_d is not None:  # rows come out in Marlin order; put row perm[k] back at checkpoint row perm[k]
         inverse_perm = arrays.empty(perm_d.shape, np.int32)
         _invert_perm_kernel()[_grid_stride(experts * size_k), THREADS, arrays.stream](perm_d, inverse_perm)
@@ -1724,15 +1377,15 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
 
 
 def marlin_to_gptq_qweight(qweight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,
-                           staged: bool = False, policy: RepackPolicy | None = None):
+                           policy: RepackPolicy | None = None):
     """Inverse of gptq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> GPTQ int32 [K/pf, N] (perm undone if given)."""
-    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm, staged, policy)
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm, policy)
 
 
-def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False,
+def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None,
                           policy: RepackPolicy | None = None):
     """Inverse of awq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> AWQ int32 [K, N/pf]."""
-    return _launch_unpack(qweight, size_k, size_n, num_bits, "awq", stream, staged=staged, policy=policy)
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "awq", stream, policy=policy)
 
 
 def marlin_to_fp8_raw_bits(qweight, size_k: int, size_n: int, *, stream=None, policy: RepackPolicy | None = None):
@@ -1740,10 +1393,10 @@ def marlin_to_fp8_raw_bits(qweight, size_k: int, size_n: int, *, stream=None, po
     return _launch_unpack(qweight, size_k, size_n, 8, "gptq", stream, policy=policy)
 
 
-def marlin_to_block_fp8_row_major(qweight, size_k: int, size_n: int, *, stream=None, staged: bool = False,
+def marlin_to_block_fp8_row_major(qweight, size_k: int, size_n: int, *, stream=None,
                                   policy: RepackPolicy | None = None):
     """Inverse of block_fp8_group128_repack: Marlin int32 [K/16, 4N] -> row-major bytes uint8 [N, K]."""
-    return _launch_unpack(qweight, size_k, size_n, 8, "row_major_bytes", stream, staged=staged, policy=policy)
+    return _launch_unpack(qweight, size_k, size_n, 8, "row_major_bytes", stream, policy=policy)
 
 
 install_deprecated_globals(__name__, REPACK_GLOBALS, "workbench.policy.DEFAULT_REPACK_POLICY", "_policy")

@@ -15,6 +15,11 @@ picks the implementation. Before any work, on either backend, each op applies th
   fit ``num_bits``; host NaN/Inf scales are kept with a RuntimeWarning. Device values are checked on the device by
   the kernels that read them (``kernels_numba``): the same rule and message, raised before the result is returned,
   and no value can make a kernel read out of bounds.
+
+On device arrays (CuPy, PyTorch) an op's checks and launches are kept as a call plan per argument metadata
+(``backends.run_planned``): a repeated call with the same shapes, dtypes, strides, devices and scalars costs its
+launches and output allocation alone. Outputs come from the caller's framework pool (torch tensors for torch
+inputs, CuPy arrays otherwise).
 """
 from __future__ import annotations
 

@@ -357,8 +357,6 @@ class RepackPolicy(_Hashed):
     paired_unpack_8bit: bool = True
     # paired kernel k-tiles per thread: 1 fastest of {1, 2} (repack_ab_r3)
     paired_unpack_k_tiles_per_thread: int = 1
-    # Marlin -> row-major FP8 inverse tile: "staged_marlin" 94.4% vs "loads_first" 65.1% of copy (repack_ab_r4)
-    transpose_inverse_mode: str = "staged_marlin"
 
     def per_bits(self, field: str, bits: int) -> int:
         """A per-width field's value for ``bits``."""
@@ -372,6 +370,5 @@ REPACK_GLOBALS: dict[str, tuple[str, Any, Any]] = {
         "AWQ_K_TILES_PER_THREAD", "ACT_ORDER_PASS2_K_TILES_PER_THREAD")},
     **{name: (name.lower(), *_same) for name in (
         "AWQ_REPACK_N_FASTEST", "ACT_ORDER_TWO_PASS", "ACT_ORDER_PASS2_N_FASTEST", "AWQ_UNPACK_WIDE_STORES",
-        "AWQ_UNPACK_TRANSPOSE", "AWQ_UNPACK_N_FASTEST", "PAIRED_UNPACK_8BIT", "PAIRED_UNPACK_K_TILES_PER_THREAD",
-        "TRANSPOSE_INVERSE_MODE")},
+        "AWQ_UNPACK_TRANSPOSE", "AWQ_UNPACK_N_FASTEST", "PAIRED_UNPACK_8BIT", "PAIRED_UNPACK_K_TILES_PER_THREAD")},
 }

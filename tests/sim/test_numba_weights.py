@@ -53,22 +53,6 @@ def test_gptq_marlin_repack_matches_reference(bits, k, n, act_order, rng):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("k,n", SMALL_SHAPES)
-def test_staged_variants_of_the_direct_paths(bits, k, n, rng):
-    """The shared-memory (staged) kernel's GPTQ-row and row-major paths, kept for the benchmark, stay exact."""
-    codes = _codes(rng, k, n, bits)
-    qweight = packing.pack_rows(codes, bits)
-    expected = marlin_tile.marlin_repack_codes(codes, bits)
-    with poison_outputs():
-        assert np.array_equal(kr.gptq_marlin_repack(qweight, None, k, n, bits, staged=True), expected)
-        assert np.array_equal(kr.marlin_to_gptq_qweight(expected, None, k, n, bits, staged=True), qweight)
-        if bits == 8:
-            row_major = np.ascontiguousarray(codes.T)
-            assert np.array_equal(kr.block_fp8_group128_repack(row_major, k, n, staged=True), expected)
-            assert np.array_equal(kr.marlin_to_block_fp8_row_major(expected, k, n, staged=True), row_major)
-
-
-@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("k,n", SHAPES)
 def test_awq_marlin_repack_matches_reference(bits, k, n, rng):
     codes = _codes(rng, k, n, bits)
@@ -175,22 +159,6 @@ def test_direct_kernel_with_several_k_tiles_per_thread(bits, source, k_tiles_per
     assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_staged_kernel_still_exact_on_act_order_and_awq(bits, rng):
-    """The staged kernel is no longer the default for act-order and AWQ; the benchmark compares against it."""
-    k, n = 32, 128
-    codes = _codes(rng, k, n, bits)
-    perm = rng.permutation(k).astype(np.int32)
-    with poison_outputs():
-        got_perm = kr.gptq_marlin_repack(packing.pack_rows(codes, bits), perm, k, n, bits, staged=True)
-        got_awq = kr.awq_marlin_repack(packing.awq_pack(codes, bits), k, n, bits, staged=True)
-        marlin = marlin_tile.marlin_repack_codes(codes, bits)
-        back_awq = kr.marlin_to_awq_qweight(marlin, k, n, bits, staged=True)
-    assert np.array_equal(got_perm, marlin_tile.marlin_repack_codes(codes, bits, perm))
-    assert np.array_equal(got_awq, marlin)
-    assert np.array_equal(back_awq, packing.awq_pack(codes, bits))
-
-
 def _run_kernel(kernel, grid, threads, out_shape, inputs, size_n, out_view=None):
     """Launch ``kernel(*inputs, out, size_n)`` with a poisoned uint32 output (passed viewed as ``out_view``, e.g.
     uint64 for kernels that store 8-byte words); return the output as int32."""
@@ -269,13 +237,13 @@ def test_direct_unpack_with_several_k_tiles_per_thread(bits, target, k_tiles_per
 # ---------------------------------------------------------------------------------------------------------------
 # Round 3 variants: every one against the reference, poisoned outputs, several experts, partial blocks
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", kr.TRANSPOSE_INVERSE_MODES)
-def test_transpose_tile_inverse_modes(mode, rng):
-    """Marlin -> row-major FP8, every inverse mode: K = 144 (one full block of 8 k-tiles, one with 1), 2 experts."""
+def test_transpose_tile_inverse(rng):
+    """Marlin -> row-major FP8 through the inverse tile: K = 144 (one full block of 8 k-tiles, one with 1), 2
+    experts."""
     experts, k, n = 2, 144, 128
     raws = [rng.integers(0, 256, size=(n, k), dtype=np.uint8) for _ in range(experts)]
     marlin = np.stack([marlin_tile.marlin_repack_codes(np.ascontiguousarray(r.T), 8) for r in raws]).view(np.uint32)
-    got = _run_kernel(kr._transpose_repack_kernel(True, mode), kr.transpose_grid(k, n, experts),
+    got = _run_kernel(kr._transpose_repack_kernel(True), kr.transpose_grid(k, n, experts),
                       kr.TRANSPOSE_THREADS, (experts, n, k // 4), [marlin], n)
     for e in range(experts):
         assert np.array_equal(got[e].view(np.uint8), raws[e])
