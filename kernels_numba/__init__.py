@@ -10,7 +10,8 @@ accepts a leading expert axis, so a stack of experts is one launch.
 * ``moe``           — the stacked-experts loader (one launch per tensor for device stacks; one-expert staging
                       for host inputs)
 * ``float_bits``    — float32 → f16/bf16 rounding in integer arithmetic (bit-identical in both worlds)
-* ``_launch``       — device-array, stream and poison plumbing shared by the wrappers
+* ``_launch``       — device-array, stream and poison plumbing shared by the wrappers, and the launch of every
+                      kernel through the project's runtime (``workbench.cuda``) on a GPU; call plans of the ops
 * ``teaching_gemm`` — a short, readable Marlin GEMM (u4b8 / u8b128) for notebook 08: the mma step emulated per
                       lane through shared memory; not dispatched by any op
 

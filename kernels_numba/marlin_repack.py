@@ -11,7 +11,7 @@ permutation". Four checkpoint layouts feed it:
     FP8 raw bits   [K/4, N]   = GPTQ 8-bit with the E4M3 bytes as codes
     block FP8      [N, K]     row-major bytes (transpose fused: 4 consecutive k of row n = one little-endian word)
 
-Kernel shapes (the wrappers use the first three; the staged one stays for comparison and tests):
+Kernel shapes:
 
 * **direct** (GPTQ rows, FP8 raw bits, and their inverses): one thread reads the 4 source words that hold
   everything for 4 output words (see "Direct kernels" below) and writes them; no shared memory, no barrier.
@@ -19,26 +19,11 @@ Kernel shapes (the wrappers use the first three; the staged one stays for compar
   act-order (the thread gathers its 16 rows through perm, one field per load) and AWQ (8 AWQ words in, 8 Marlin
   words out, and back).
 * **transpose tile** (row-major FP8 [N, K] and back): 64 rows × 128 bytes through shared memory with whole-row
-  accesses, then the direct 8-bit pack.
-* **round 3**: act-order on one matrix in two passes (GPTQ rows -> N-packed rows through a shared tile, then the
-  direct AWQ kernel in natural field order reading rows through perm); Marlin -> AWQ and Marlin -> GPTQ 8-bit
-  write 8-byte words (two adjacent packed words per store). Each keeps its round-2 form behind a module switch
-  (ACT_ORDER_TWO_PASS, AWQ_UNPACK_WIDE_STORES, PAIRED_UNPACK_8BIT, TRANSPOSE_INVERSE_MODE) for the A/B.
-* **staged** (round 1's kernel for act-order, AWQ and the AWQ inverse): one block = one k-tile × up to 8 n-tiles
-  of one expert::
-
-    global source ──(phase 1: coalesced loads, any layout)──► shared "GPTQ form"  stage[h][j]
-                                                               h = 0..16/pf-1 (rows of the k-tile, pf per word)
-                                                               j = 0..511     (columns of the chunk)
-    shared stage ──(phase 2: one output word per thread-step)──► Marlin words, consecutive threads → consecutive
-                                                                  words (fully coalesced 4-byte stores)
-
-In the staged kernel phase 2 never loops over fields: in the GPTQ form the 8 codes a 4-bit Marlin word needs sit in 4 staged words
-as 4 byte-pairs (rows k, k+1 of columns n and n+8 in the low k-half, the same in the high half), and an 8-bit word
-takes 2 bytes from each of 2 staged words. The staged inverse runs the same picture backwards: Marlin words are
-staged, the GPTQ form is rebuilt from them, and then written as AWQ words. The staged kernel also has GPTQ-row and
-row-major sources/targets (``staged=True``): the benchmark compares them with the direct kernel (first H200 run:
-the staged GPTQ u4 repack reached 29% of the copy bandwidth), and the tests keep them correct.
+  accesses, then the direct 8-bit pack; the inverse stages whole Marlin tiles first.
+* **two-pass act-order** on one matrix (GPTQ rows -> N-packed rows through a shared tile, then the direct AWQ
+  kernel in natural field order reading rows through perm); Marlin -> AWQ and Marlin -> GPTQ 8-bit write 8-byte
+  words (two adjacent packed words per store). The launch shapes and routes are ``workbench.policy.RepackPolicy``
+  (every wrapper takes ``policy=``).
 
 Every kernel takes a leading expert axis (E, ...) so a stack of experts is one launch (grid z = expert).
 
@@ -54,25 +39,21 @@ import functools
 import numpy as np
 from numba import cuda, int32, uint32, uint64
 
-from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array
+from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array, jit
 from workbench.formats._checks import (check_bits, check_permutation_values, check_tile_sizes, permutation_message,
                                        require_native_byte_order)
 from workbench.formats.fp8 import E4M3
+from workbench.policy import DEFAULT_REPACK_POLICY, REPACK_GLOBALS, RepackPolicy, install_deprecated_globals
+
+_policy = DEFAULT_REPACK_POLICY  # what calls without policy= use (the old module switches write it, deprecated)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
 # ---------------------------------------------------------------------------------------------------------------
 TILE_K = 16  # rows of a Marlin tile (the k extent of mma.m16n8k16)
 TILE_N = 64  # columns of a Marlin tile (four 16-wide sub-blocks)
-TILES_PER_BLOCK = 8  # n-tiles per block: 8 KiB of 8-bit stage, 8 words per thread in flight (memory parallelism)
-CHUNK_N = TILE_N * TILES_PER_BLOCK  # 512 columns per block
-CHUNK_SHIFT = 9  # log2(CHUNK_N)
-STAGE_ROWS = 4  # staged GPTQ-form rows per k-tile: 16/pf, at most 4 (8-bit)
-STAGE_WORDS = STAGE_ROWS * CHUNK_N  # shared-array sizes must be compile-time constants (tooling.md)
-MARLIN_STAGE_WORDS = TILES_PER_BLOCK * 256  # staged Marlin words of one block in the inverse (8-bit: 256 per tile)
 THREADS = 256  # 8 warps: enough to cover load latency with 8 independent loads each
 
-SOURCES = ("gptq", "gptq_perm", "awq", "row_major_bytes")
 
 
 def _consts(bits: int):
@@ -88,7 +69,7 @@ def _consts(bits: int):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Device helpers: a row read through a permutation, one Marlin word from the staged GPTQ form, and back
+# Device helpers: a row read through a permutation
 # ---------------------------------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
 def perm_row(perm, e, k):
@@ -99,91 +80,6 @@ def perm_row(perm, e, k):
     if v >= 0 and v < perm.shape[1]:
         return int32(v)
     return int32(0)
-
-
-@cuda.jit(device=True, inline=True)
-def marlin_word_4bit(stage, t, wit, row_stride):
-    """Marlin 4-bit word ``wit`` of local tile ``t`` from the GPTQ form (2 staged rows of ``row_stride`` columns).
-
-    wit = 4*lane + warp, lane = 4*col + row2; the word holds rows k0+{0,1,8,9} (k0 = 2*row2) of columns n, n+8
-    (n = 16*warp + col). In the GPTQ form rows k0, k0+1 are byte row2 of staged row 0, rows k0+8, k0+9 byte row2 of
-    staged row 1; the field order (dk, dn) = (0,0) (8,0) (0,8) (8,8) (1,0) (9,0) (1,8) (9,8) takes low nibbles first.
-    """
-    lane = wit >> 2
-    warp = wit & 3
-    col = lane >> 2
-    row2 = lane & 3
-    n = (t << 6) + (warp << 4) + col
-    shift = uint32(row2 << 3)
-    a = uint32(stage[n] >> shift) & uint32(0xFF)  # rows k0, k0+1   of column n
-    b = uint32(stage[row_stride + n] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n
-    c = uint32(stage[n + 8] >> shift) & uint32(0xFF)  # rows k0, k0+1   of column n+8
-    d = uint32(stage[row_stride + n + 8] >> shift) & uint32(0xFF)  # rows k0+8, k0+9 of column n+8
-    low = (a & uint32(0xF)) | ((b & uint32(0xF)) << uint32(4)) | ((c & uint32(0xF)) << uint32(8)) | (
-        (d & uint32(0xF)) << uint32(12))
-    high = (a >> uint32(4)) | ((b >> uint32(4)) << uint32(4)) | ((c >> uint32(4)) << uint32(8)) | (
-        (d >> uint32(4)) << uint32(12))
-    return uint32(low | uint32(high << uint32(16)))
-
-
-@cuda.jit(device=True, inline=True)
-def marlin_word_8bit(stage, t, wit, row_stride):
-    """Marlin 8-bit word ``wit`` of local tile ``t`` from the GPTQ form (4 staged rows of ``row_stride`` columns).
-
-    wit = 8*lane + 2*warp + half, lane = 4*col + row2; the word holds rows k0, k0+8, k0+1, k0+9 (k0 = 2*row2) of
-    column n = 16*warp + col + 8*half: bytes row2%2*2 + {0, 1} of staged rows row2//2 (k0, k0+1) and 2 + row2//2.
-    """
-    lane = wit >> 3
-    slot = wit & 7
-    col = lane >> 2
-    row2 = lane & 3
-    n = (t << 6) + ((slot >> 1) << 4) + col + ((slot & 1) << 3)
-    p = stage[(row2 >> 1) * row_stride + n]  # rows 4*(row2//2) .. +3: holds k0, k0+1
-    q = stage[(2 + (row2 >> 1)) * row_stride + n]  # 8 rows further: holds k0+8, k0+9
-    s = uint32((row2 & 1) << 4)
-    return uint32(
-        (uint32(p >> s) & uint32(0xFF))
-        | ((uint32(q >> s) & uint32(0xFF)) << uint32(8))
-        | ((uint32(p >> uint32(s + uint32(8))) & uint32(0xFF)) << uint32(16))
-        | ((uint32(q >> uint32(s + uint32(8))) & uint32(0xFF)) << uint32(24))
-    )
-
-
-@cuda.jit(device=True, inline=True)
-def gptq_word_4bit(mstage, h, n):
-    """Inverse of marlin_word_4bit: GPTQ-form word (h = 0/1, local column n) from staged Marlin words."""
-    t = n >> 6
-    nn = n & 63
-    warp = nn >> 4
-    half = (nn >> 3) & 1
-    col = nn & 7
-    sh = uint32((2 * half + h) << 2)  # bit of field 2*half + h (low k-half of the pair)
-    base = (t << 7) + (col << 4) + warp
-    out = uint32(0)
-    for row2 in range(4):
-        m = mstage[base + (row2 << 2)]
-        pair = (uint32(m >> sh) & uint32(0xF)) | ((uint32(m >> uint32(sh + uint32(16))) & uint32(0xF)) << uint32(4))
-        out = out | uint32(pair << uint32(row2 << 3))
-    return out
-
-
-@cuda.jit(device=True, inline=True)
-def gptq_word_8bit(mstage, h, n):
-    """Inverse of marlin_word_8bit: GPTQ-form word (h = 0..3, local column n) from staged Marlin words."""
-    t = n >> 6
-    nn = n & 63
-    warp = nn >> 4
-    half = (nn >> 3) & 1
-    col = nn & 7
-    hk = h >> 1
-    lane = (col << 2) + ((h & 1) << 1)
-    base = (t << 8) + (warp << 1) + half
-    out = uint32(0)
-    for f in range(4):
-        m = mstage[base + ((lane + (f >> 1)) << 3)]
-        byte = uint32(m >> uint32((((f & 1) << 1) + hk) << 3)) & uint32(0xFF)
-        out = out | uint32(byte << uint32(f << 3))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -198,11 +94,9 @@ def gptq_word_8bit(mstage, h, n):
 DIRECT_THREADS = 128  # 4 tiles (4-bit, 32 lanes each) or 2 tiles (8-bit, 64 lanes each) per block
 # k-tiles a thread loads before its first store. Measured on the H200 (8192×28672, bench/results, 2026-11-29):
 # 4-bit 74% of the copy bandwidth at 1, 80% at 2, 86% at 4; 8-bit 91% at 1, 95% at 2, 94% at 4.
-DIRECT_K_TILES_PER_THREAD = {4: 4, 8: 2}
 # The same for the inverse (Marlin -> GPTQ rows / FP8 raw bits), measured in the round-2 A/B (H200, 8192×28672,
 # bench/results/repack_ab_2026-11-29_NVIDIA_H200.json): 4-bit 74% at 1, 85% at 2, 92% at 4; 8-bit 77% at 1, 73% at
 # 2, 71% at 4.
-DIRECT_UNPACK_K_TILES_PER_THREAD = {4: 4, 8: 1}
 
 
 @cuda.jit(device=True, inline=True)
@@ -255,13 +149,6 @@ def gptq_word_from_marlin_8bit(mw, i, r):
     a = mw[i + 2 * (r & 1)]
     b = mw[i + 2 * (r & 1) + 1]
     return gptq_half_from_marlin_8bit(a, r >> 1) | uint32(gptq_half_from_marlin_8bit(b, r >> 1) << uint32(16))
-
-
-@cuda.jit(device=True, inline=True)
-def stage_words_from_marlin_8bit(stage, s, mw, i):
-    """The 4 GPTQ-form words of one column, rebuilt from its Marlin words mw[i..i+3], into stage[s..s+3]."""
-    for r in range(4):
-        stage[s + r] = gptq_word_from_marlin_8bit(mw, i, r)
 
 
 def direct_layout(bits: int, threads: int):
@@ -346,7 +233,7 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
                                 threads: int = DIRECT_THREADS):
     """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .].
 
-    ``k_tiles_per_thread`` (default DIRECT_K_TILES_PER_THREAD[bits]) makes each thread issue the loads of that many
+    ``k_tiles_per_thread`` (default: the policy's direct_k_tiles_per_thread) makes each thread issue the loads of that many
     k-tiles before its first store (memory parallelism per thread); it and ``threads`` are parameters for the
     benchmark's sweep.
     """
@@ -354,7 +241,7 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
         raise ValueError(f"direct repack has no {bits}-bit source {source!r}")
     four_bit = bits == 4
     row_major = source == "row_major_bytes"
-    ktpt = k_tiles_per_thread or DIRECT_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("direct_k_tiles_per_thread", bits)
 
     @cuda.jit(device=True, inline=True)
     def load_k_tile(src, perm, e, kt, n, words, i):
@@ -382,14 +269,14 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
 def direct_unpack_kernel_source(bits: int, target: str, k_tiles_per_thread: int | None = None):
     """Marlin [E, K/16, .] -> target "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]).
 
-    ``k_tiles_per_thread`` (default DIRECT_UNPACK_K_TILES_PER_THREAD[bits]): the Marlin words of that many k-tiles
+    ``k_tiles_per_thread`` (default: the policy's direct_unpack_k_tiles_per_thread): the Marlin words of that many k-tiles
     are loaded before the first store, as in the forward kernel.
     """
     if target not in ("gptq", "row_major_bytes") or (target == "row_major_bytes" and bits != 8):
         raise ValueError(f"direct unpack has no {bits}-bit target {target!r}")
     four_bit, _, tiles_per_block, lane_shift, wpt = direct_layout(bits, DIRECT_THREADS)
     row_major = target == "row_major_bytes"
-    ktpt = k_tiles_per_thread or DIRECT_UNPACK_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("direct_unpack_k_tiles_per_thread", bits)
     held = 4 * ktpt
 
     def unpack_direct(marlin, out, size_n):
@@ -455,12 +342,12 @@ def direct_unpack_kernel_source(bits: int, target: str, k_tiles_per_thread: int 
 @functools.lru_cache(maxsize=None)
 def _direct_repack_kernel(bits: int, source: str, k_tiles_per_thread: int | None = None,
                           threads: int = DIRECT_THREADS):
-    return cuda.jit(direct_repack_kernel_source(bits, source, k_tiles_per_thread, threads))
+    return jit(direct_repack_kernel_source(bits, source, k_tiles_per_thread, threads))
 
 
 @functools.lru_cache(maxsize=None)
 def _direct_unpack_kernel(bits: int, target: str, k_tiles_per_thread: int | None = None):
-    return cuda.jit(direct_unpack_kernel_source(bits, target, k_tiles_per_thread))
+    return jit(direct_unpack_kernel_source(bits, target, k_tiles_per_thread))
 
 
 # Round 3, Marlin -> GPTQ 8-bit / FP8 raw bits (77% of copy in round 2, worse with more k-tiles per thread): in
@@ -470,14 +357,12 @@ def _direct_unpack_kernel(bits: int, target: str, k_tiles_per_thread: int | None
 # GPTQ row as one 8-byte store of both columns into the output viewed as uint64 [E, K/4, N/2]: a warp store
 # instruction covers 256 contiguous bytes (one n-tile's row), loads stay 4 full 32-byte sectors per instruction.
 # Lanes: slot (= 2*warp + half) fastest, then pair; 32 lanes per n-tile, 4 n-tiles per 128-thread block.
-PAIRED_UNPACK_8BIT = True  # False: the round-2 direct unpack (kept for the A/B)
-PAIRED_UNPACK_K_TILES_PER_THREAD = 1
 
 
 def paired_unpack_8bit_kernel_source(k_tiles_per_thread: int | None = None):
     """Marlin W8 [E, K/16, 4N] -> GPTQ 8-bit words viewed as uint64 [E, K/4, N/2] (two columns per 8-byte word)."""
     tiles_per_block = DIRECT_THREADS // 32
-    ktpt = k_tiles_per_thread or PAIRED_UNPACK_K_TILES_PER_THREAD
+    ktpt = k_tiles_per_thread or _policy.paired_unpack_k_tiles_per_thread
     held = 8 * ktpt
 
     def unpack_paired(marlin, out, size_n):
@@ -512,11 +397,11 @@ def paired_unpack_8bit_kernel_source(k_tiles_per_thread: int | None = None):
 
 @functools.lru_cache(maxsize=None)
 def _paired_unpack_8bit_kernel(k_tiles_per_thread: int | None = None):
-    return cuda.jit(paired_unpack_8bit_kernel_source(k_tiles_per_thread))
+    return jit(paired_unpack_8bit_kernel_source(k_tiles_per_thread))
 
 
 def paired_unpack_grid(size_k: int, size_n: int, experts: int, k_tiles_per_thread: int | None = None):
-    ktpt = k_tiles_per_thread or PAIRED_UNPACK_K_TILES_PER_THREAD
+    ktpt = k_tiles_per_thread or _policy.paired_unpack_k_tiles_per_thread
     return (-(-(size_k // TILE_K) // ktpt), -(-(size_n // TILE_N) // (DIRECT_THREADS // 32)), experts)
 
 
@@ -524,7 +409,7 @@ def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_t
                 threads: int = DIRECT_THREADS):
     """Launch grid of the direct repack (the direct unpack uses k_tiles_per_thread = 1)."""
     tiles_per_block = threads // (32 if bits == 4 else 64)
-    k_tiles_per_thread = k_tiles_per_thread or DIRECT_K_TILES_PER_THREAD[bits]
+    k_tiles_per_thread = k_tiles_per_thread or _policy.per_bits("direct_k_tiles_per_thread", bits)
     return (-(-(size_k // TILE_K) // k_tiles_per_thread), -(-(size_n // TILE_N) // tiles_per_block), experts)
 
 
@@ -539,13 +424,12 @@ def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_t
 # holds, from pf different k-tiles), which the L2 serves: blockIdx.x (k) runs fastest, so the blocks in flight
 # share one column strip of the source.
 # Measured (round-2 A/B, H200, 8192×28672): 4-bit 23% of copy at 1, 26% at 2; 8-bit 35% at 1, 34% at 2.
-PERM_K_TILES_PER_THREAD = {4: 2, 8: 1}
 
 
 def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
     """GPTQ words [E, K/pf, N] with rows gathered through perm int32 [E, K] -> Marlin [E, K/16, .], direct shape."""
     four_bit = bits == 4
-    ktpt = k_tiles_per_thread or PERM_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("perm_k_tiles_per_thread", bits)
 
     @cuda.jit(device=True, inline=True)
     def gather_k_tile(src, perm, e, kt, n, words, i):
@@ -601,10 +485,8 @@ def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, 
 # 2*warp, 2*warp+1; Marlin words 16*col + lane. 8-bit: lane = 8*row2 + slot (32 lanes per tile, slot = 2*warp +
 # half), columns 16*warp + 8*half + {0..7} = AWQ words 2*slot, 2*slot+1; Marlin words 32*col + lane.
 # Measured (round-2 A/B, H200, 8192×28672): 4-bit 84% of copy at 1, 81% at 2, 80% at 4; 8-bit 89% / 83% / 82%.
-AWQ_K_TILES_PER_THREAD = {4: 1, 8: 1}
 # Grid order of the forward AWQ repack: n-blocks fastest, so the blocks in flight write whole Marlin rows (measured,
 # round-4 A/B, H200, 8192x28672: u4 87.7% -> 96.7% of copy, u8 89.6% -> 98.6%); False keeps the k-fastest grid.
-AWQ_REPACK_N_FASTEST = True
 
 
 def awq_layout(bits: int, threads: int):
@@ -647,7 +529,7 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
     grid is (n-blocks, k-blocks, E) instead of (k-blocks, n-blocks, E) (see awq_grid).
     """
     four_bit, tiles_per_block, lane_shift, wpt = awq_layout(bits, threads)
-    ktpt = k_tiles_per_thread or AWQ_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("awq_k_tiles_per_thread", bits)
     held = 8 * ktpt
 
     @cuda.jit(device=True, inline=True)
@@ -723,8 +605,6 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
 #   pass 2  the direct AWQ kernel in natural field order with its rows read through perm (whole rows: coalesced).
 # The intermediate is one layer's size. For stacked experts the wrapper keeps the one-pass kernel (one launch for
 # all experts, no temporary), so peak extra device memory stays 0 there; see _launch_repack.
-ACT_ORDER_TWO_PASS = True  # False: the round-2 one-pass gather for single matrices too
-ACT_ORDER_PASS2_K_TILES_PER_THREAD = {4: 2, 8: 1}  # measured (round-3 A/B, H200): u4 2 > 1 by 3%, u8 1 > 2 by 2%
 NPACK_THREADS = 128
 NPACK_TILE_WORDS = TILE_K * NPACK_THREADS  # one k-tile x pf*NPACK_THREADS columns = 16*128 words for both widths
 NPACK_STAGE_WORDS = NPACK_TILE_WORDS + NPACK_TILE_WORDS // 32  # one pad word per 32: conflict-free strided reads
@@ -789,7 +669,7 @@ def gptq_to_npacked_kernel_source(bits: int):
 
 @functools.lru_cache(maxsize=None)
 def _npacked_kernel(bits: int):
-    return cuda.jit(gptq_to_npacked_kernel_source(bits))
+    return jit(gptq_to_npacked_kernel_source(bits))
 
 
 def npacked_grid(size_k: int, size_n: int, bits: int, experts: int):
@@ -801,18 +681,18 @@ def npacked_grid(size_k: int, size_n: int, bits: int, experts: int):
 # written front to back (the k-fastest grid spread both over a ~1 KiB-wide column strip of every row).
 # (Round 3 measured column strips of both passes, 8 / 16 MiB of intermediate, at 0.1-1% of copy: 6-250 ms per layer
 # for a few dozen launches on strided views, far beyond launch overhead; cause not investigated; removed.)
-ACT_ORDER_PASS2_N_FASTEST = True
 
 
 def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: int, stream, temp=None,
-                              n_fastest: bool | None = None):
+                              n_fastest: bool | None = None, policy: RepackPolicy | None = None):
     """Two-pass act-order repack of one matrix (src [1, K/pf, N], perm [1, K], out [1, K/16, N*16/pf]) on
     ``stream``; ``temp`` is the N-packed intermediate [1, K, N/pf] (allocated here when None)."""
+    p = policy or _policy
     pf = 32 // bits
     if temp is None:
-        temp = cuda.device_array((1, size_k, size_n // pf), np.uint32, stream=stream)
-    ktpt = ACT_ORDER_PASS2_K_TILES_PER_THREAD[bits]
-    nfast = ACT_ORDER_PASS2_N_FASTEST if n_fastest is None else n_fastest
+        temp = Arrays(stream).empty((1, size_k, size_n // pf), np.uint32)
+    ktpt = p.per_bits("act_order_pass2_k_tiles_per_thread", bits)
+    nfast = p.act_order_pass2_n_fastest if n_fastest is None else n_fastest
     nfast = nfast and grid_n_fastest_fits(size_k, ktpt)
     pass1 = _npacked_kernel(bits)
     pass2 = _awq_direct_repack_kernel(bits, ktpt, DIRECT_THREADS, True, True, nfast)
@@ -828,20 +708,17 @@ def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: in
 # viewed as uint64 [E, K, N/pf/2]: a warp store instruction then covers 64 contiguous bytes of each of its 4 rows
 # (4-bit; 8-bit: 128 bytes of each of 2 rows), full sectors, half the store instructions.
 # Measured (round-3 A/B, H200): u4 68 -> 73% on the 70B layers but 91.5% on 64 x 2048 x 1408; u8 78 -> 88 / 97%.
-AWQ_UNPACK_WIDE_STORES = True
 # Round 4. Why the stack runs at 91.5% and the 70B layers at 73% with the same kernel, bytes and instructions: the
 # grid order. blockIdx.x (fastest) ran over k-tiles, so the ~2000 blocks resident at a time covered every k-tile of
 # only ~4 n-blocks: reads of a ~16 KiB piece of each of the 512 Marlin rows and writes of a ~1 KiB-wide column strip
 # of each of the 8192 AWQ rows (row pitch 14 KiB). In the stack a whole expert (128 k-tiles x 3 n-blocks, rows of
 # 704 bytes) is one contiguous 1.4 MB block of output, so the resident blocks stream through memory. With
-# AWQ_UNPACK_N_FASTEST the grid is (n-blocks, k-tiles, E): the resident blocks cover ~40 whole Marlin rows and ~600
+# awq_unpack_n_fastest the grid is (n-blocks, k-tiles, E): the resident blocks cover ~40 whole Marlin rows and ~600
 # whole AWQ rows, both contiguous, as in the stack.
-AWQ_UNPACK_N_FASTEST = True
 # Round 4, compute: the round-3 body built each AWQ word from 8 (u4) / 4 (u8) single-field extracts (shift, mask,
 # shift, or per field: 64 / 32 extracts per thread). The fields a thread moves form an 8 x 8 nibble (u4) or two 4 x 4
 # byte (u8) matrices: AWQ word p, field f = Marlin word col(f), field p. With the Marlin words loaded in field order
 # f, a 3-stage (2-stage) mask-and-shift transpose (the one of pass 1) gives all AWQ words: 4 ops per pair and stage.
-AWQ_UNPACK_TRANSPOSE = True
 
 
 @cuda.jit(device=True, inline=True)
@@ -870,9 +747,9 @@ def awq_direct_unpack_kernel_source(bits: int, wide_stores: bool | None = None, 
     [E, K, N/pf/2]): the direct AWQ repack backwards, one k-tile a thread. ``transpose``: fields moved by the
     transpose network instead of one at a time; ``n_fastest``: grid (n-blocks, K/16, E) instead of (K/16, n-blocks,
     E). The defaults are the module switches."""
-    wide = AWQ_UNPACK_WIDE_STORES if wide_stores is None else wide_stores
-    use_transpose = AWQ_UNPACK_TRANSPOSE if transpose is None else transpose
-    nfast = AWQ_UNPACK_N_FASTEST if n_fastest is None else n_fastest
+    wide = _policy.awq_unpack_wide_stores if wide_stores is None else wide_stores
+    use_transpose = _policy.awq_unpack_transpose if transpose is None else transpose
+    nfast = _policy.awq_unpack_n_fastest if n_fastest is None else n_fastest
     four_bit, tiles_per_block, lane_shift, wpt = awq_layout(bits, DIRECT_THREADS)
     col_shift = 4 if four_bit else 5
     t_dist, t_shift, t_mask = transpose_stages(bits)
@@ -948,37 +825,18 @@ TRANSPOSE_ROW_STRIDE = TRANSPOSE_ROW_WORDS + 1  # padding: a module constant (sh
 TRANSPOSE_STAGE_WORDS = TILE_N * TRANSPOSE_ROW_STRIDE
 TRANSPOSE_THREADS = 128  # 2 groups of 64 lanes, each group 4 of the block's 8 k-tiles
 TRANSPOSE_LOADS_PER_THREAD = TILE_N * TRANSPOSE_ROW_WORDS // TRANSPOSE_THREADS  # 16: warp i reads rows i, i+4, ..
-# Round 3: the inverse (Marlin -> row-major, 46% of copy in round 2) already stores whole 128-byte rows from the
-# stage; what it lacked is loads in flight. Its per-k-tile loop (4 Marlin loads, then 4 shared stores, under a
-# bounds branch) kept 4 loads per thread outstanding (PTX: ld.global x4 / st.shared x4, repeated). With
-# ``inverse_mode`` "loads_first" the thread issues all 4*per_group = 16 Marlin loads before the first shared store,
-# as the forward tile does with its 16 row loads; "loads_first_barrier" puts a barrier between the loads and the
-# shared stores (a guard, in case ptxas interleaves them again: the PTX of "loads_first" is already 16 loads, then
-# stores without it; ptxas may or may not hoist: the A/B decides); "round2" is the round-2 kernel (kept for the A/B).
-# Round 4 (loads_first measured 65% of copy at all three shapes, loads_first_barrier the same): the SASS (ptxas
-# 13.0, sm_90) of "loads_first" issues the 16 Marlin loads as 8 + 8 around the first shared stores, and every
-# Marlin load instruction of a warp touches 4 runs of 32 bytes in 4 different 128-byte lines (lanes own columns).
-# "staged_marlin" turns the tile around: the block's 8 k-tiles x 256 Marlin words (8 contiguous KiB runs of 1 KiB)
-# are copied raw into shared memory with 16 fully coalesced loads per thread (a warp reads one 128-byte line per
-# instruction, no arithmetic between the loads and the shared stores: the forward tile's shape, which ptxas keeps
-# as 16 loads then 16 stores), barrier, then each thread builds its 16 row-major words from 2 staged Marlin words
-# each and stores them row-contiguously (a warp writes one row's 128 bytes). Every global access is a whole line.
-TRANSPOSE_INVERSE_MODES = ("round2", "loads_first", "loads_first_barrier", "staged_marlin")
-TRANSPOSE_INVERSE_MODE = "staged_marlin"
+# The inverse (Marlin -> row-major) turns the tile around: the block's 8 k-tiles x 256 Marlin words (8 contiguous
+# KiB runs of 1 KiB) are copied raw into shared memory with 16 fully coalesced loads per thread (a warp reads one
+# 128-byte line per instruction, no arithmetic between the loads and the shared stores, which ptxas keeps as 16
+# loads then 16 stores), barrier, then each thread builds its 16 row-major words from 2 staged Marlin words each
+# and stores them row-contiguously (a warp writes one row's 128 bytes). Every global access is a whole line.
 MARLIN_TILE_STRIDE = 257  # staged words per k-tile (256 + 1 pad: the 8 k-tiles of a row's words hit 8 banks)
 
 
-def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | None = None):
+def transpose_repack_kernel_source(inverse: bool = False):
     """Row-major words [E, N, K/4] -> Marlin W8 [E, K/16, 4N] (``inverse``: the reverse)."""
     groups = TRANSPOSE_THREADS // 64
     per_group = TRANSPOSE_K_TILES // groups
-    mode = inverse_mode or TRANSPOSE_INVERSE_MODE
-    if mode not in TRANSPOSE_INVERSE_MODES:
-        raise ValueError(f"inverse_mode = {mode!r} is not one of {TRANSPOSE_INVERSE_MODES}")
-    loads_first = mode != "round2"
-    barrier_after_loads = mode == "loads_first_barrier"
-    staged_marlin = mode == "staged_marlin"
-    held_marlin = 4 * per_group  # Marlin words a thread holds: 16
 
     def transpose_repack(src, out, size_n):
         """Grid (ceil(K/16 / TRANSPOSE_K_TILES), N/64, E), TRANSPOSE_THREADS threads."""
@@ -1024,7 +882,7 @@ def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | No
                     out[e, kt0 + ktl, o + 8] = marlin_words_8bit(p0, p2, 1)
                     out[e, kt0 + ktl, o + 16] = marlin_words_8bit(p1, p3, 2)
                     out[e, kt0 + ktl, o + 24] = marlin_words_8bit(p1, p3, 3)
-        elif staged_marlin:
+        else:
             # raw copy: flat word i = j*256 + m of the block's k-tile j, Marlin word m of tile nt; a k-tile past K
             # reloads the last one (no branch; its row words are never stored)
             held = cuda.local.array(TRANSPOSE_LOADS_PER_THREAD, dtype=uint32)
@@ -1055,78 +913,50 @@ def transpose_repack_kernel_source(inverse: bool = False, inverse_mode: str | No
                 r = (tid >> 5) + it * (TRANSPOSE_THREADS >> 5)
                 if w < row_words:  # unsigned indices: no wraparound code (see awq_direct_unpack_kernel_source)
                     out[uint64(e), uint64((nt << 6) + r), uint64(4 * kt0 + w)] = held[it]
-        else:
-            mw = cuda.local.array(held_marlin, dtype=uint32)  # [j][row2]: registers after unrolling
-            if loads_first:
-                # no branch between the loads and the shared stores (a per-k-tile bounds branch let LLVM merge
-                # each k-tile's loads with its stores again): a k-tile past the end reloads the last one, its
-                # stage columns are never stored (row_words)
-                for j in range(per_group):
-                    ktc = min(kt0 + group + groups * j, k_tiles - 1)
-                    for row2 in range(4):
-                        mw[4 * j + row2] = src[e, ktc, o + 8 * row2]
-                if barrier_after_loads:
-                    cuda.syncthreads()
-                for j in range(per_group):
-                    stage_words_from_marlin_8bit(stage, n_local * TRANSPOSE_ROW_STRIDE + 4 * (group + groups * j),
-                                                 mw, 4 * j)
-            else:  # round 2: each k-tile unpacked before the next one's loads (4 loads in flight)
-                for j in range(per_group):
-                    ktl = group + groups * j
-                    if kt0 + ktl < k_tiles:
-                        for row2 in range(4):
-                            mw[4 * j + row2] = src[e, kt0 + ktl, o + 8 * row2]
-                        stage_words_from_marlin_8bit(stage, n_local * TRANSPOSE_ROW_STRIDE + 4 * ktl, mw, 4 * j)
-            cuda.syncthreads()
-            w = tid & (TRANSPOSE_ROW_WORDS - 1)
-            for it in range(TRANSPOSE_LOADS_PER_THREAD):
-                r = (tid >> 5) + it * (TRANSPOSE_THREADS >> 5)
-                if w < row_words:
-                    out[e, (nt << 6) + r, 4 * kt0 + w] = stage[r * TRANSPOSE_ROW_STRIDE + w]
 
     return transpose_repack
 
 
 @functools.lru_cache(maxsize=None)
 def _perm_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
-    return cuda.jit(perm_repack_kernel_source(bits, k_tiles_per_thread, threads))
+    return jit(perm_repack_kernel_source(bits, k_tiles_per_thread, threads))
 
 
 @functools.lru_cache(maxsize=None)
 def _awq_direct_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS,
                               natural_order: bool = False, gathered: bool = False, n_fastest: bool = False):
-    return cuda.jit(awq_direct_repack_kernel_source(bits, k_tiles_per_thread, threads, natural_order, gathered,
+    return jit(awq_direct_repack_kernel_source(bits, k_tiles_per_thread, threads, natural_order, gathered,
                                                     n_fastest))
 
 
 def _awq_direct_unpack_kernel(bits: int, wide_stores: bool | None = None, transpose: bool | None = None,
                               n_fastest: bool | None = None):
     # None means the module switch; resolved here so the cache key names the kernel actually built
-    wide = AWQ_UNPACK_WIDE_STORES if wide_stores is None else wide_stores
-    use_transpose = AWQ_UNPACK_TRANSPOSE if transpose is None else transpose
-    nfast = AWQ_UNPACK_N_FASTEST if n_fastest is None else n_fastest
+    wide = _policy.awq_unpack_wide_stores if wide_stores is None else wide_stores
+    use_transpose = _policy.awq_unpack_transpose if transpose is None else transpose
+    nfast = _policy.awq_unpack_n_fastest if n_fastest is None else n_fastest
     return _awq_direct_unpack_kernel_built(bits, wide, use_transpose, nfast)
 
 
 @functools.lru_cache(maxsize=None)
 def _awq_direct_unpack_kernel_built(bits: int, wide: bool, use_transpose: bool, nfast: bool):
-    return cuda.jit(awq_direct_unpack_kernel_source(bits, wide, use_transpose, nfast))
+    return jit(awq_direct_unpack_kernel_source(bits, wide, use_transpose, nfast))
 
 
 @functools.lru_cache(maxsize=None)
-def _transpose_repack_kernel(inverse: bool = False, inverse_mode: str | None = None):
-    return cuda.jit(transpose_repack_kernel_source(inverse, inverse_mode))
+def _transpose_repack_kernel(inverse: bool = False):
+    return jit(transpose_repack_kernel_source(inverse))
 
 
 def perm_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS):
-    return direct_grid(size_k, size_n, bits, experts, k_tiles_per_thread or PERM_K_TILES_PER_THREAD[bits], threads)
+    return direct_grid(size_k, size_n, bits, experts, k_tiles_per_thread or _policy.per_bits("perm_k_tiles_per_thread", bits), threads)
 
 
 def awq_grid(size_k, size_n, bits, experts, k_tiles_per_thread=None, threads=DIRECT_THREADS, n_fastest=False):
     """Launch grid of the direct AWQ repack (the unpack: k_tiles_per_thread = 1, DIRECT_THREADS): (k-blocks,
     n-blocks, E), or (n-blocks, k-blocks, E) for the kernels built with n_fastest (check grid_n_fastest_fits)."""
     tiles_per_block = threads // (16 if bits == 4 else 32)
-    ktpt = k_tiles_per_thread or AWQ_K_TILES_PER_THREAD[bits]
+    ktpt = k_tiles_per_thread or _policy.per_bits("awq_k_tiles_per_thread", bits)
     k_blocks = -(-(size_k // TILE_K) // ktpt)
     n_blocks = -(-(size_n // TILE_N) // tiles_per_block)
     return (n_blocks, k_blocks, experts) if n_fastest else (k_blocks, n_blocks, experts)
@@ -1146,156 +976,6 @@ def transpose_grid(size_k, size_n, experts):
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels (built per (bits, source) so pack factors and branches are compile-time constants)
 # ---------------------------------------------------------------------------------------------------------------
-def repack_kernel_source(bits: int, source: str, tiles_per_block: int = TILES_PER_BLOCK, threads: int = THREADS):
-    """The Python function of the forward repack kernel for ``bits`` and ``source`` (not yet compiled).
-
-    ``tiles_per_block``/``threads`` exist for the benchmark's launch-shape sweep; the wrappers use the constants.
-    """
-    if source not in SOURCES:
-        raise ValueError(f"source = {source!r} is not one of {SOURCES}")
-    c = _consts(bits)
-    pf, log_pf, rows, mask, wpt, wpt_shift = c["pf"], c["log_pf"], c["rows"], c["mask"], c["wpt"], c["wpt_shift"]
-    half_pf = pf // 2
-    four_bit = bits == 4
-    chunk_n = TILE_N * tiles_per_block  # columns per block
-    chunk_shift = chunk_n.bit_length() - 1
-    stage_words = STAGE_ROWS * chunk_n  # a closure constant: a valid shared-array size for the real compiler
-    src_gptq = source == "gptq"
-    src_perm = source == "gptq_perm"
-    src_awq = source == "awq"
-
-    def repack(src, perm, out, size_n):
-        """src: see SOURCES, with a leading expert axis; perm int32 [E, K] (gptq_perm only);
-        out uint32 [E, K/16, N*16/pf]. Grid (K/16, ceil(N/chunk_n), E), ``threads`` threads."""
-        stage = cuda.shared.array(stage_words, dtype=uint32)  # GPTQ form of this k-tile × column chunk
-        kt = cuda.blockIdx.x
-        chunk = cuda.blockIdx.y
-        e = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        n_base = chunk << chunk_shift
-        cols = min(chunk_n, size_n - n_base)
-
-        # phase 1: source -> GPTQ form, stage[h*chunk_n + j] = codes of rows kt*16 + h*pf + (0..pf-1), column j
-        for i in range(tid, rows * chunk_n, threads):
-            if src_gptq:
-                h = i >> chunk_shift
-                j = i & (chunk_n - 1)
-                if j < cols:
-                    stage[i] = src[e, kt * rows + h, n_base + j]
-            elif src_perm:
-                h = i >> chunk_shift
-                j = i & (chunk_n - 1)
-                if j < cols:
-                    word = uint32(0)
-                    for f in range(pf):
-                        k_src = perm_row(perm, e, kt * TILE_K + h * pf + f)  # Marlin row k holds checkpoint row perm[k]
-                        w = src[e, k_src >> log_pf, n_base + j]
-                        code = uint32(w >> uint32((k_src & (pf - 1)) * bits)) & uint32(mask)
-                        word = word | uint32(code << uint32(f * bits))
-                    stage[i] = word
-            elif src_awq:
-                h = i >> chunk_shift
-                j = i & (chunk_n - 1)
-                if j < cols:
-                    n = n_base + j
-                    i_col = n & (pf - 1)
-                    field = (i_col >> 1) + half_pf * (i_col & 1)  # AWQ keeps column c*pf + i in field AWQ_UNDO[i]
-                    word = uint32(0)
-                    for f in range(pf):
-                        w = src[e, kt * TILE_K + h * pf + f, n >> log_pf]
-                        code = uint32(w >> uint32(field * bits)) & uint32(mask)
-                        word = word | uint32(code << uint32(f * bits))
-                    stage[i] = word
-            else:  # row-major bytes [N, K] viewed as words [N, K/4]: 4 consecutive threads read one row's 16 bytes
-                j = i >> 2
-                h = i & 3
-                if j < cols:
-                    stage[h * chunk_n + j] = src[e, n_base + j, kt * 4 + h]
-        cuda.syncthreads()
-
-        # phase 2: GPTQ form -> Marlin words; the chunk's tiles are consecutive in the output row
-        tiles = cols >> 6
-        out_base = (chunk * tiles_per_block) << wpt_shift
-        for o in range(tid, tiles_per_block * wpt, threads):
-            t = o >> wpt_shift
-            if t < tiles:
-                if four_bit:
-                    out[e, kt, out_base + o] = marlin_word_4bit(stage, t, o & (wpt - 1), chunk_n)
-                else:
-                    out[e, kt, out_base + o] = marlin_word_8bit(stage, t, o & (wpt - 1), chunk_n)
-
-    return repack
-
-
-def unpack_kernel_source(bits: int, target: str):
-    """The Python function of the inverse kernel: Marlin [E, K/16, N*16/pf] -> ``target`` layout."""
-    if target not in ("gptq", "awq", "row_major_bytes"):
-        raise ValueError(f"target = {target!r} is not one of gptq, awq, row_major_bytes")
-    c = _consts(bits)
-    pf, log_pf, rows, mask, wpt, wpt_shift = c["pf"], c["log_pf"], c["rows"], c["mask"], c["wpt"], c["wpt_shift"]
-    half_pf = pf // 2
-    words_per_awq_row = CHUNK_N // pf
-    awq_row_shift = 6 if bits == 4 else 7  # log2(words_per_awq_row)
-    four_bit = bits == 4
-    to_gptq = target == "gptq"
-    to_awq = target == "awq"
-
-    def unpack(marlin, out, size_n):
-        """marlin uint32 [E, K/16, N*16/pf] -> out (gptq [E,K/pf,N] | awq [E,K,N/pf] | row-major words [E,N,K/4])."""
-        mstage = cuda.shared.array(MARLIN_STAGE_WORDS, dtype=uint32)
-        stage = cuda.shared.array(STAGE_WORDS, dtype=uint32)  # GPTQ form (AWQ target only)
-        kt = cuda.blockIdx.x
-        chunk = cuda.blockIdx.y
-        e = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        n_base = chunk << CHUNK_SHIFT
-        cols = min(CHUNK_N, size_n - n_base)
-        tiles = cols >> 6
-        in_base = (chunk * TILES_PER_BLOCK) << wpt_shift
-
-        # phase 1: the chunk's Marlin words (contiguous in row kt) -> shared
-        for o in range(tid, TILES_PER_BLOCK * wpt, THREADS):
-            if (o >> wpt_shift) < tiles:
-                mstage[o] = marlin[e, kt, in_base + o]
-        cuda.syncthreads()
-
-        # phase 2: Marlin -> GPTQ form (written straight out for GPTQ and row-major targets)
-        for i in range(tid, rows * CHUNK_N, THREADS):
-            if to_gptq or to_awq:
-                h = i >> CHUNK_SHIFT
-                j = i & (CHUNK_N - 1)
-            else:
-                j = i >> 2
-                h = i & 3
-            if j < cols:
-                if four_bit:
-                    word = gptq_word_4bit(mstage, h, j)
-                else:
-                    word = gptq_word_8bit(mstage, h, j)
-                if to_gptq:
-                    out[e, kt * rows + h, n_base + j] = word
-                elif to_awq:
-                    stage[i] = word
-                else:
-                    out[e, n_base + j, kt * 4 + h] = word
-
-        # phase 3 (AWQ only): GPTQ form -> AWQ words (k, c): field f holds column c*pf + AWQ_ORDER[f]
-        if to_awq:
-            cuda.syncthreads()
-            for i in range(tid, TILE_K * words_per_awq_row, THREADS):
-                r = i >> awq_row_shift
-                cw = i & (words_per_awq_row - 1)
-                if (cw << log_pf) < cols:
-                    h = r >> log_pf
-                    shift = uint32((r & (pf - 1)) * bits)
-                    word = uint32(0)
-                    for f in range(pf):
-                        order = ((f & (half_pf - 1)) << 1) + (f >> (log_pf - 1))  # AWQ_ORDER[f]
-                        code = uint32(stage[h * CHUNK_N + (cw << log_pf) + order] >> shift) & uint32(mask)
-                        word = word | uint32(code << uint32(f * bits))
-                    out[e, kt * TILE_K + r, (n_base >> log_pf) + cw] = word
-
-    return unpack
 
 
 def gather_rows_kernel_source(bits: int):
@@ -1382,32 +1062,22 @@ def zero_fill_kernel_source():
 
 @functools.lru_cache(maxsize=None)
 def _gather_rows_kernel(bits: int):
-    return cuda.jit(gather_rows_kernel_source(bits))
+    return jit(gather_rows_kernel_source(bits))
 
 
 @functools.lru_cache(maxsize=None)
 def _invert_perm_kernel():
-    return cuda.jit(invert_perm_kernel_source())
+    return jit(invert_perm_kernel_source())
 
 
 @functools.lru_cache(maxsize=None)
 def _check_perm_kernel():
-    return cuda.jit(check_perm_kernel_source())
+    return jit(check_perm_kernel_source())
 
 
 @functools.lru_cache(maxsize=None)
 def _zero_fill_kernel():
-    return cuda.jit(zero_fill_kernel_source())
-
-
-@functools.lru_cache(maxsize=None)
-def _repack_kernel(bits: int, source: str, tiles_per_block: int = TILES_PER_BLOCK, threads: int = THREADS):
-    return cuda.jit(repack_kernel_source(bits, source, tiles_per_block, threads))
-
-
-@functools.lru_cache(maxsize=None)
-def _unpack_kernel(bits: int, target: str):
-    return cuda.jit(unpack_kernel_source(bits, target))
+    return jit(zero_fill_kernel_source())
 
 
 def compile_targets():
@@ -1418,21 +1088,11 @@ def compile_targets():
     i32_2d = types.Array(types.int32, 2, "C")
     u64_3d = types.Array(types.uint64, 3, "C")  # outputs written as 8-byte words (two packed words per store)
     for bits in (4, 8):
-        for source in SOURCES:
-            if source == "row_major_bytes" and bits == 4:
-                continue
-            yield (f"repack[{bits}-bit,{source}]", repack_kernel_source(bits, source),
-                   (u32_3d, i32_2d, u32_3d, types.int64))
-        for target in ("gptq", "awq", "row_major_bytes"):
-            if target == "row_major_bytes" and bits == 4:
-                continue
-            yield (f"unpack[{bits}-bit,{target}]", unpack_kernel_source(bits, target),
-                   (u32_3d, u32_3d, types.int64))
         yield f"gather_rows[{bits}-bit]", gather_rows_kernel_source(bits), (u32_3d, i32_2d, u32_3d)
         for source in ("gptq", "row_major_bytes"):
             if source == "row_major_bytes" and bits == 4:
                 continue
-            for ktpt in sorted({1, DIRECT_K_TILES_PER_THREAD[bits]}):
+            for ktpt in sorted({1, _policy.per_bits("direct_k_tiles_per_thread", bits)}):
                 yield (f"direct_repack[{bits}-bit,{source},ktpt={ktpt}]", direct_repack_kernel_source(bits, source,
                                                                                                        ktpt),
                        (u32_3d, u32_3d, types.int64))
@@ -1452,7 +1112,7 @@ def compile_targets():
         yield f"npacked[{bits}-bit]", gptq_to_npacked_kernel_source(bits), (u32_3d, u32_3d, types.int64)
         for nfast in (False, True):
             yield (f"awq_natural_gathered[{bits}-bit,n_fastest={nfast}]",
-                   awq_direct_repack_kernel_source(bits, ACT_ORDER_PASS2_K_TILES_PER_THREAD[bits], natural_order=True,
+                   awq_direct_repack_kernel_source(bits, _policy.per_bits("act_order_pass2_k_tiles_per_thread", bits), natural_order=True,
                                                    gathered=True, n_fastest=nfast),
                    (u32_3d, i32_2d, u32_3d, types.int64))
         yield (f"awq_direct_repack[{bits}-bit,n_fastest=True]", awq_direct_repack_kernel_source(bits, n_fastest=True),
@@ -1462,11 +1122,7 @@ def compile_targets():
     for inverse in (False, True):
         yield f"transpose_tile[inverse={inverse}]", transpose_repack_kernel_source(inverse), (u32_3d, u32_3d,
                                                                                                 types.int64)
-    for mode in TRANSPOSE_INVERSE_MODES:
-        if mode != TRANSPOSE_INVERSE_MODE:
-            yield (f"transpose_tile[inverse=True,mode={mode}]", transpose_repack_kernel_source(True, mode),
-                   (u32_3d, u32_3d, types.int64))
-    for ktpt in sorted({1, 2, PAIRED_UNPACK_K_TILES_PER_THREAD}):
+    for ktpt in sorted({1, 2, _policy.paired_unpack_k_tiles_per_thread}):
         yield f"paired_unpack_8bit[ktpt={ktpt}]", paired_unpack_8bit_kernel_source(ktpt), (u32_3d, u64_3d, types.int64)
 
 
@@ -1489,49 +1145,49 @@ def _check_sizes(size_k: int, size_n: int, bits: int) -> tuple[int, int, int]:
     return size_k, size_n, check_bits(bits)
 
 
-def uses_two_pass(source: str, experts: int) -> bool:
+def uses_two_pass(source: str, experts: int, policy: RepackPolicy | None = None) -> bool:
     """Whether the act-order repack goes through the two-pass route (it needs an N-packed temporary [1, K, N/pf])."""
-    return source == "gptq_perm" and ACT_ORDER_TWO_PASS and experts == 1
+    return source == "gptq_perm" and (policy or _policy).act_order_two_pass and experts == 1
 
 
-def weight_repack_launch(src, perm, out, bits: int, source: str, size_k: int, size_n: int, stream, temp=None):
+def weight_repack_launch(src, perm, out, bits: int, source: str, size_k: int, size_n: int, stream, temp=None,
+                         policy: RepackPolicy | None = None):
     """The kernel and grid the wrappers use for one (stacked) weight repack, as a zero-argument launch, so that the
     benchmark times exactly what the wrappers run. GPTQ rows go through the direct kernel, act-order through the
     two-pass repack for one matrix (``temp``: see uses_two_pass) and the one-pass perm gather for stacked experts,
     AWQ through the direct AWQ kernel, row-major FP8 through the shared-memory transpose tile."""
+    p = policy or _policy
     experts = src.shape[0]
     if source == "gptq":
-        grid = direct_grid(size_k, size_n, bits, experts)
-        return lambda: _direct_repack_kernel(bits, source)[grid, DIRECT_THREADS, stream](src, out, size_n)
-    if uses_two_pass(source, experts):
-        return lambda: launch_act_order_two_pass(src, perm, out, size_k, size_n, bits, stream, temp)
+        ktpt = p.per_bits("direct_k_tiles_per_thread", bits)
+        grid = direct_grid(size_k, size_n, bits, experts, ktpt)
+        kernel = _direct_repack_kernel(bits, source, ktpt)
+        return lambda: kernel[grid, DIRECT_THREADS, stream](src, out, size_n)
+    if uses_two_pass(source, experts, p):
+        return lambda: launch_act_order_two_pass(src, perm, out, size_k, size_n, bits, stream, temp, policy=p)
     if source == "gptq_perm":
-        grid = perm_grid(size_k, size_n, bits, experts)
-        return lambda: _perm_repack_kernel(bits)[grid, DIRECT_THREADS, stream](src, perm, out, size_n)
+        ktpt = p.per_bits("perm_k_tiles_per_thread", bits)
+        grid = perm_grid(size_k, size_n, bits, experts, ktpt)
+        kernel = _perm_repack_kernel(bits, ktpt)
+        return lambda: kernel[grid, DIRECT_THREADS, stream](src, perm, out, size_n)
     if source == "awq":
-        nfast = AWQ_REPACK_N_FASTEST and grid_n_fastest_fits(size_k, AWQ_K_TILES_PER_THREAD[bits])
-        grid = awq_grid(size_k, size_n, bits, experts, n_fastest=nfast)
-        return lambda: _awq_direct_repack_kernel(bits, n_fastest=nfast)[grid, DIRECT_THREADS, stream](src, out, size_n)
+        ktpt = p.per_bits("awq_k_tiles_per_thread", bits)
+        nfast = p.awq_repack_n_fastest and grid_n_fastest_fits(size_k, ktpt)
+        grid = awq_grid(size_k, size_n, bits, experts, ktpt, n_fastest=nfast)
+        kernel = _awq_direct_repack_kernel(bits, ktpt, n_fastest=nfast)
+        return lambda: kernel[grid, DIRECT_THREADS, stream](src, out, size_n)
     grid = transpose_grid(size_k, size_n, experts)
     return lambda: _transpose_repack_kernel(False)[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
 
 
 def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool,
-                   staged: bool = False):
-    """The repack through weight_repack_launch's kernel; ``staged=True`` forces the staged kernel (kept for the
-    benchmark's comparison and tested like the rest)."""
+                   policy: RepackPolicy | None = None):
+    """The repack through weight_repack_launch's kernel (the one the benchmark times)."""
     experts = src.shape[0]
     pf = 32 // bits
     out = arrays.empty((experts, size_k // TILE_K, size_n * TILE_K // pf), np.uint32)
-    stream = arrays.stream
-    if staged:
-        if perm is None:
-            perm = arrays.take(np.zeros((1, 1), np.int32), "perm")
-        grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
-        _repack_kernel(bits, source)[grid, THREADS, stream](src, perm, out, size_n)
-    else:
-        temp = arrays.empty((1, size_k, size_n // pf), np.uint32) if uses_two_pass(source, experts) else None
-        weight_repack_launch(src, perm, out, bits, source, size_k, size_n, stream, temp)()
+    temp = arrays.empty((1, size_k, size_n // pf), np.uint32) if uses_two_pass(source, experts, policy) else None
+    weight_repack_launch(src, perm, out, bits, source, size_k, size_n, arrays.stream, temp, policy)()
     return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
 
 
@@ -1588,7 +1244,7 @@ def _take_perm(arrays: Arrays, perm, size_k: int, experts: int):
 
 
 def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,
-                       staged: bool = False):
+                       policy: RepackPolicy | None = None):
     """GPTQ qweight int32 [K/pf, N] (or [E, K/pf, N]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...]).
 
     ``perm`` (int32 [K] or [E, K], or None/empty): Marlin row k takes checkpoint row perm[k] (act-order). With a
@@ -1603,18 +1259,19 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
     perm_d, verdict = _take_perm(arrays, perm, size_k, src.shape[0])
     has_perm = perm_d is not None
     result = _launch_repack(arrays, src, perm_d, num_bits, "gptq_perm" if has_perm else "gptq", size_k, size_n,
-                            stacked, staged)
+                            stacked, policy)
     verdict()
     return result
 
 
-def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False):
+def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None,
+                      policy: RepackPolicy | None = None):
     """AWQ qweight int32 [K, N/pf] (or [E, K, N/pf]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...])."""
     size_k, size_n, num_bits = _check_sizes(size_k, size_n, num_bits)
     pf = 32 // num_bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k, size_n // pf)
-    return _launch_repack(arrays, src, None, num_bits, "awq", size_k, size_n, stacked, staged)
+    return _launch_repack(arrays, src, None, num_bits, "awq", size_k, size_n, stacked, policy)
 
 
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, stream=None):
@@ -1626,7 +1283,7 @@ def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, st
     return _launch_repack(arrays, src, None, 8, "gptq", size_k, size_n, stacked)
 
 
-def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=None, staged: bool = False):
+def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=None):
     """Row-major E4M3 bytes uint8 [N, K] (or [E, N, K]) -> Marlin W8 int32 [K/16, 4N], transpose fused."""
     size_k, size_n, _ = _check_sizes(size_k, size_n, 8)
     arrays = Arrays(stream)
@@ -1642,7 +1299,7 @@ def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=Non
                          f" or (experts, {size_n}, {size_k})")
     stacked = len(shape) == 3
     words = d.reshape((shape[0] if stacked else 1, size_n, size_k)).view(np.uint32)  # [E, N, K/4]
-    return _launch_repack(arrays, words, None, 8, "row_major_bytes", size_k, size_n, stacked, staged)
+    return _launch_repack(arrays, words, None, 8, "row_major_bytes", size_k, size_n, stacked)
 
 
 def _grid_stride(total: int) -> int:
@@ -1661,35 +1318,39 @@ def unpack_shape(target: str, size_k: int, size_n: int, bits: int, experts: int)
     raise ValueError(f"unpack target {target!r} is not one of 'gptq', 'awq', 'row_major_bytes'")
 
 
-def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: int, stream):
+def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: int, stream,
+                         policy: RepackPolicy | None = None):
     """The kernel and grid the wrappers use for one (stacked) inverse repack Marlin [E, K/16, N*16/pf] -> ``out``
     (uint32, unpack_shape), as a zero-argument launch, so that the benchmark times exactly what the wrappers run.
     AWQ goes through the direct AWQ unpack (8-byte stores, transpose, n-fastest grid where it fits), row-major FP8
     through the inverse transpose tile, 8-bit GPTQ / FP8 raw bits through the paired kernel, 4-bit GPTQ through the
     direct unpack. Rows come out in Marlin order (an act-order perm is undone by the caller)."""
+    p = policy or _policy
     experts = src.shape[0]
     if target == "awq":
-        nfast = AWQ_UNPACK_N_FASTEST and grid_n_fastest_fits(size_k)
+        nfast = p.awq_unpack_n_fastest and grid_n_fastest_fits(size_k)
         grid = awq_grid(size_k, size_n, bits, experts, 1, DIRECT_THREADS, nfast)
-        kernel = _awq_direct_unpack_kernel(bits, AWQ_UNPACK_WIDE_STORES, AWQ_UNPACK_TRANSPOSE, nfast)
-        target_words = out.view(np.uint64) if AWQ_UNPACK_WIDE_STORES else out  # N/pf is even (N % 64 == 0)
+        kernel = _awq_direct_unpack_kernel(bits, p.awq_unpack_wide_stores, p.awq_unpack_transpose, nfast)
+        target_words = out.view(np.uint64) if p.awq_unpack_wide_stores else out  # N/pf is even (N % 64 == 0)
         return lambda: kernel[grid, DIRECT_THREADS, stream](src, target_words, size_n)
     if target == "row_major_bytes":
-        kernel = _transpose_repack_kernel(True, TRANSPOSE_INVERSE_MODE)  # mode named in the cache key
+        kernel = _transpose_repack_kernel(True)
         grid = transpose_grid(size_k, size_n, experts)
         return lambda: kernel[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
-    if bits == 8 and PAIRED_UNPACK_8BIT:
-        kernel = _paired_unpack_8bit_kernel()
-        grid = paired_unpack_grid(size_k, size_n, experts)
+    if bits == 8 and p.paired_unpack_8bit:
+        ktpt = p.paired_unpack_k_tiles_per_thread
+        kernel = _paired_unpack_8bit_kernel(ktpt)
+        grid = paired_unpack_grid(size_k, size_n, experts, ktpt)
         out64 = out.view(np.uint64)  # two GPTQ columns per 8-byte store
         return lambda: kernel[grid, DIRECT_THREADS, stream](src, out64, size_n)
-    kernel = _direct_unpack_kernel(bits, target)
-    grid = direct_grid(size_k, size_n, bits, experts, DIRECT_UNPACK_K_TILES_PER_THREAD[bits])
+    ktpt = p.per_bits("direct_unpack_k_tiles_per_thread", bits)
+    kernel = _direct_unpack_kernel(bits, target, ktpt)
+    grid = direct_grid(size_k, size_n, bits, experts, ktpt)
     return lambda: kernel[grid, DIRECT_THREADS, stream](src, out, size_n)
 
 
 def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream, perm=None,
-                   staged: bool = False):
+                   policy: RepackPolicy | None = None):
     size_k, size_n, bits = _check_sizes(size_k, size_n, bits)
     pf = 32 // bits
     arrays = Arrays(stream)
@@ -1699,11 +1360,7 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
     shape = unpack_shape(target, size_k, size_n, bits, experts)
     perm_d, verdict = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else (None, lambda: None)
     out = arrays.empty(shape, np.uint32)
-    if staged:
-        grid = (size_k // TILE_K, -(-size_n // CHUNK_N), experts)
-        _unpack_kernel(bits, target)[grid, THREADS, arrays.stream](src, out, size_n)
-    else:
-        weight_unpack_launch(src, out, bits, target, size_k, size_n, arrays.stream)()
+    weight_unpack_launch(src, out, bits, target, size_k, size_n, arrays.stream, policy)()
     if perm_d is not None:  # rows come out in Marlin order; put row perm[k] back at checkpoint row perm[k]
         inverse_perm = arrays.empty(perm_d.shape, np.int32)
         _invert_perm_kernel()[_grid_stride(experts * size_k), THREADS, arrays.stream](perm_d, inverse_perm)
@@ -1720,21 +1377,26 @@ def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, st
 
 
 def marlin_to_gptq_qweight(qweight, perm, size_k: int, size_n: int, num_bits: int, *, stream=None,
-                           staged: bool = False):
+                           policy: RepackPolicy | None = None):
     """Inverse of gptq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> GPTQ int32 [K/pf, N] (perm undone if given)."""
-    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm, staged)
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "gptq", stream, perm, policy)
 
 
-def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None, staged: bool = False):
+def marlin_to_awq_qweight(qweight, size_k: int, size_n: int, num_bits: int, *, stream=None,
+                          policy: RepackPolicy | None = None):
     """Inverse of awq_marlin_repack: Marlin int32 [K/16, N*16/pf] -> AWQ int32 [K, N/pf]."""
-    return _launch_unpack(qweight, size_k, size_n, num_bits, "awq", stream, staged=staged)
+    return _launch_unpack(qweight, size_k, size_n, num_bits, "awq", stream, policy=policy)
 
 
-def marlin_to_fp8_raw_bits(qweight, size_k: int, size_n: int, *, stream=None):
+def marlin_to_fp8_raw_bits(qweight, size_k: int, size_n: int, *, stream=None, policy: RepackPolicy | None = None):
     """Inverse of fp8_marlin_repack_raw_bits: Marlin int32 [K/16, 4N] -> K-major words int32 [K/4, N]."""
-    return _launch_unpack(qweight, size_k, size_n, 8, "gptq", stream)
+    return _launch_unpack(qweight, size_k, size_n, 8, "gptq", stream, policy=policy)
 
 
-def marlin_to_block_fp8_row_major(qweight, size_k: int, size_n: int, *, stream=None, staged: bool = False):
+def marlin_to_block_fp8_row_major(qweight, size_k: int, size_n: int, *, stream=None,
+                                  policy: RepackPolicy | None = None):
     """Inverse of block_fp8_group128_repack: Marlin int32 [K/16, 4N] -> row-major bytes uint8 [N, K]."""
-    return _launch_unpack(qweight, size_k, size_n, 8, "row_major_bytes", stream, staged=staged)
+    return _launch_unpack(qweight, size_k, size_n, 8, "row_major_bytes", stream, policy=policy)
+
+
+install_deprecated_globals(__name__, REPACK_GLOBALS, "workbench.policy.DEFAULT_REPACK_POLICY", "_policy")

@@ -19,7 +19,6 @@ A list of per-expert *device* arrays is repacked expert by expert straight from 
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
 
 from kernels_numba import marlin_repack as _mr
 from kernels_numba import scales as _sc
@@ -128,12 +127,9 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
             qw_d = arrays.take(qw_e, f"qweights[{e}]", np.uint32)
         else:
             host = np.ascontiguousarray(np.asarray(qw_e)).view(np.uint32)
-            if qw_stage is None:
-                qw_stage = cuda.device_array(qw_shape, np.uint32, stream=s)
             if host.shape != qw_shape:
                 raise ValueError(f"qweights[{e}] has shape {host.shape}, expected {qw_shape}")
-            qw_stage.copy_to_device(host, stream=s)
-            qw_d = qw_stage
+            qw_d = qw_stage = arrays.upload(host, qw_stage)
         if tuple(qw_d.shape) != qw_shape:
             raise ValueError(f"qweights[{e}] has shape {tuple(qw_d.shape)}, expected {qw_shape}")
         repack[grid_one, _mr.DIRECT_THREADS, s](qw_d.reshape((1,) + qw_shape), out_qw[e:e + 1], n_per_expert)
@@ -147,10 +143,7 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
             host = np.ascontiguousarray(host).view(np.uint32 if host.dtype == np.float32 else np.uint16)
             if host.shape != sc_shape:
                 raise ValueError(f"scales[{e}] has shape {host.shape}, expected {sc_shape}")
-            if sc_stage is None or sc_stage.dtype != host.dtype:
-                sc_stage = cuda.device_array(sc_shape, host.dtype, stream=s)
-            sc_stage.copy_to_device(host, stream=s)
-            sc_d = sc_stage
+            sc_d = sc_stage = arrays.upload(host, sc_stage)
         kind = "none" if np.dtype(sc_d.dtype).itemsize == 2 else convert
         per = ng * n_per_expert
         _sc._permute_kernel(width, kind)[_sc._blocks(per), _sc.THREADS, s](sc_d.reshape((per,)),
@@ -160,16 +153,12 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
             if is_device_array(qz_e):
                 qz_d = arrays.take(qz_e, f"qzeros[{e}]", np.uint32)
             else:
-                if qz_stage is None:
-                    qz_stage = cuda.device_array(qz_shape, np.uint32, stream=s)
-                qz_stage.copy_to_device(np.ascontiguousarray(np.asarray(qz_e)).view(np.uint32), stream=s)
-                qz_d = qz_stage
+                qz_d = qz_stage = arrays.upload(np.ascontiguousarray(np.asarray(qz_e)).view(np.uint32), qz_stage)
             per_w = ng * (n_per_expert // pf)
             _sc._zp_kernel(bits, "gptq_v1")[_sc._blocks(per_w), _sc.THREADS, s](
                 qz_d.reshape(qz_shape), out_qz[e], n_per_expert, errors[e])
     if asymmetric:
-        host_errors = errors.copy_to_host(stream=s)
-        s.synchronize()
+        host_errors = arrays.to_host(errors)
         for e in np.flatnonzero(host_errors[:, 0] != _sc.NO_ERROR)[:1]:
             try:
                 _sc._raise_v1_error(arrays, errors[e], n_per_expert, bits, None, "all_ones")

@@ -18,14 +18,14 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32
 
-from kernels_numba._launch import Arrays
+from kernels_numba._launch import Arrays, jit
 
 MAX_EXPERTS = 1024  # shared counters per expert (docs/formats.md, "moe_align_block_size": at most 1024 experts)
 CURSOR_SLOTS = MAX_EXPERTS + 1  # segment starts plus the end; a global, as shared shapes must be constants
 THREADS = 256  # one block; every phase is a block-stride loop, so any power of two works (tests use 32)
 
 
-@cuda.jit
+@jit
 def _moe_align_kernel(topk_flat, numel, num_experts, block_size, expert_map, has_map, sorted_ids, expert_ids,
                       num_post_padded):
     counts = cuda.shared.array(MAX_EXPERTS, int32)

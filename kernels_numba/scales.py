@@ -27,7 +27,7 @@ import functools
 import numpy as np
 from numba import cuda, int32, uint32
 
-from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array
+from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array, jit
 from workbench.formats._checks import (check_bits, check_size_n, code_range_message, require_codes_in_range,
                                        require_integer_dtype, require_native_byte_order, v1_all_ones_message,
                                        v1_zero_message)
@@ -82,7 +82,7 @@ def permute_kernel_source(width: int, convert: str):
 
 @functools.lru_cache(maxsize=None)
 def _permute_kernel(width: int, convert: str):
-    return cuda.jit(permute_kernel_source(width, convert))
+    return jit(permute_kernel_source(width, convert))
 
 
 def _uses_p64(size_k: int, group_size: int) -> bool:
@@ -112,7 +112,7 @@ def _raw_view(d):
 def _permute(s, size_k: int, size_n: int, group_size: int, stream, out_dtype=None):
     size_n = check_size_n(size_n)
     arrays = Arrays(stream)
-    src_dtype = np.dtype(s.dtype) if not hasattr(s, "__cuda_array_interface__") else None
+    src_dtype = np.dtype(s.dtype) if not is_device_array(s) else None
     d = arrays.take(s, "s")
     in_dtype = src_dtype or np.dtype(d.dtype)
     _check_rows(d, "s", _num_groups(size_k, group_size), size_n)
@@ -132,8 +132,8 @@ def _permute(s, size_k: int, size_n: int, group_size: int, stream, out_dtype=Non
     total = int(np.prod(raw.shape))
     _permute_kernel(width, convert)[_blocks(total), THREADS, arrays.stream](raw.reshape((total,)),
                                                                              out.reshape((total,)))
-    if arrays.any_device:
-        return arrays.give(out)  # raw bits: CuPy / Numba have no bfloat16 dtype
+    if arrays.any_device:  # raw bits for CuPy / Numba (no bfloat16 dtype); torch tensors in the result's dtype
+        return arrays.give(out, result_dtype if getattr(arrays, "framework", None) == "torch" else None)
     return arrays.give(out).view(result_dtype)
 
 
@@ -262,17 +262,17 @@ def symmetric_kernel_source():
 
 @functools.lru_cache(maxsize=None)
 def _zp_kernel(bits: int, source: str):
-    return cuda.jit(zero_points_kernel_source(bits, source))
+    return jit(zero_points_kernel_source(bits, source))
 
 
 @functools.lru_cache(maxsize=None)
 def _zp_inverse_kernel(bits: int, target: str):
-    return cuda.jit(zero_points_inverse_kernel_source(bits, target))
+    return jit(zero_points_inverse_kernel_source(bits, target))
 
 
 @functools.lru_cache(maxsize=None)
 def _symmetric_kernel():
-    return cuda.jit(symmetric_kernel_source())
+    return jit(symmetric_kernel_source())
 
 
 def _check_bits_n(bits: int, size_n: int) -> tuple[int, int, int]:
@@ -298,8 +298,7 @@ def _raise_v1_error(arrays: Arrays, error, size_n: int, bits: int, ng: int | Non
                     lead: tuple[int, ...] = ()):
     """Raise what a zero-point kernel marked in ``error``: ``what`` = "all_ones" (a v1 stored all-ones field),
     "zero" (a zero of 0 going into v1) or "code_range" (a code in ``codes`` that does not fit ``bits``)."""
-    host = error.copy_to_host(stream=arrays.stream)
-    arrays.stream.synchronize()
+    host = arrays.to_host(error)
     if host[0] == NO_ERROR:
         return
     row, n = divmod(int(host[0]), size_n)
@@ -391,29 +390,26 @@ def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, 
     return _zero_points_inverse(zp_packed, size_n, num_bits, "gptq_v1", stream)
 
 
-def gptq_qzeros_not_symmetric(qzeros_stacked, bits: int = 4, *, stream=None):
-    """int32 [E, ...] v1 qzeros -> bool [E]: expert e has a stored zero other than 2^(b-1) - 1 (host result)."""
+def gptq_qzeros_not_symmetric(qzeros_stacked, bits: int = 4, *, stream=None, experts: int | None = None):
+    """int32 [E, ...] v1 qzeros -> bool [E]: expert e has a stored zero other than 2^(b-1) - 1 (host result).
+    ``experts=1`` reads any shape as one matrix."""
     bits = check_bits(bits)
     arrays = Arrays(stream)
     d = arrays.take(qzeros_stacked, "qzeros", np.uint32)
-    experts = d.shape[0]
-    words = d.reshape((experts, int(np.prod(d.shape[1:]))))
+    experts = d.shape[0] if experts is None else experts
+    words = d.reshape((experts, int(np.prod(d.shape)) // experts))
     field = (1 << (bits - 1)) - 1
     symmetric_word = sum(field << (bits * j) for j in range(32 // bits))
     flags = arrays.take(np.zeros(experts, np.int32), "flags")
     _symmetric_kernel()[_blocks(int(np.prod(words.shape))), THREADS, arrays.stream](words, flags, symmetric_word)
-    host = flags.copy_to_host(stream=arrays.stream)
-    arrays.stream.synchronize()
-    return host.astype(bool)
+    return arrays.to_host(flags).astype(bool)
 
 
 def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4, *, stream=None) -> bool:
     """True when every v1 stored zero is 2^(b-1) - 1 (symmetric GPTQ); an empty tensor is not symmetric."""
     if int(np.prod(qzeros.shape)) == 0:
         return False
-    shape = tuple(qzeros.shape)
-    flat = qzeros.reshape((1, int(np.prod(shape))))
-    return not bool(gptq_qzeros_not_symmetric(flat, num_bits, stream=stream)[0])
+    return not bool(gptq_qzeros_not_symmetric(qzeros, num_bits, stream=stream, experts=1)[0])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -449,7 +445,7 @@ def block_fp8_scales_kernel_source(src_bf16: bool, act: str):
 
 @functools.lru_cache(maxsize=None)
 def _block_fp8_scales_kernel(src_bf16: bool, act: str):
-    return cuda.jit(block_fp8_scales_kernel_source(src_bf16, act))
+    return jit(block_fp8_scales_kernel_source(src_bf16, act))
 
 
 def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtype=np.float16, *, stream=None):
@@ -464,7 +460,7 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
     act = np.dtype(act_dtype)
     exponent_bias(act)  # float16 or bfloat16, else the reference's TypeError
     arrays = Arrays(stream)
-    host_dtype = None if hasattr(inverse_scales, "__cuda_array_interface__") else np.dtype(inverse_scales.dtype)
+    host_dtype = None if is_device_array(inverse_scales) else np.dtype(inverse_scales.dtype)
     d = arrays.take(inverse_scales, "inverse_scales")
     src_dtype = host_dtype or np.dtype(d.dtype)
     if src_dtype == np.dtype(ml_dtypes.bfloat16) or src_dtype == np.dtype(np.uint16):
@@ -488,8 +484,8 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
     _block_fp8_scales_kernel(src_bf16, act_name)[_blocks(experts * groups * size_n), THREADS, arrays.stream](
         inv, out, groups, size_n)
     out = out.reshape((experts, groups, size_n) if stacked else (groups, size_n))
-    if arrays.any_device:
-        return arrays.give(out)
+    if arrays.any_device:  # raw bits for CuPy / Numba (no bfloat16 dtype); torch tensors in act_dtype
+        return arrays.give(out, act if getattr(arrays, "framework", None) == "torch" else None)
     return arrays.give(out).view(act)
 
 

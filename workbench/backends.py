@@ -11,9 +11,11 @@ The simulator has to be chosen before ``numba.cuda`` is first imported. ``backen
 CUDA driver therefore switches this process to the simulator on first use if nothing has imported ``numba.cuda``
 yet, and otherwise raises a RuntimeError that says how to get it (``NUMBA_ENABLE_CUDASIM=1``).
 
-``normalize(x, name)`` is the one conversion of an op's array argument on entry: a device array becomes a Numba
-device array so that validation sees NumPy dtypes (PyTorch tensors otherwise report torch dtypes); a byte-swapped,
-Fortran-ordered or strided NumPy array becomes a native-order C-contiguous copy; a list is refused.
+``normalize(x, name)`` is the one conversion of an op's array argument on entry: a device array becomes a view
+with NumPy dtypes (``workbench.cuda.as_device_array``: CuPy arrays as they are, PyTorch tensors and other
+``__cuda_array_interface__`` arrays as a ``DeviceArray``; in the simulator a Numba device array), so that
+validation reads one set of attributes; a byte-swapped, Fortran-ordered or strided NumPy array becomes a
+native-order C-contiguous copy; a list is refused.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from workbench.cuda import arrays as _rta
 from workbench.formats._checks import require_array
 
 BACKENDS = ("auto", "numpy", "numba")
@@ -53,9 +56,14 @@ KERNELS = {
 
 
 def is_device_array(x: Any) -> bool:
+    t = type(x)
+    if t is _rta.DeviceArray or t is _rta.cupy_array_type():
+        return True
+    if isinstance(x, _rta.torch_tensor_type()):  # (torch's interface property raises TypeError for bfloat16)
+        return x.is_cuda
     if hasattr(x, "__cuda_array_interface__"):
         return True
-    return type(x).__name__ == "FakeCUDAArray"  # the CUDA simulator's device array
+    return t.__name__ == "FakeCUDAArray"  # the CUDA simulator's device array
 
 
 def _cuda_driver_has_device() -> bool:
@@ -70,8 +78,14 @@ def _cuda_driver_has_device() -> bool:
     return False
 
 
+_target: str | None = None  # "gpu" once found (a process never leaves it)
+
+
 def ensure_numba_target() -> str:
     """Make sure Numba kernels can run here; returns "gpu" or "simulator" (raises RuntimeError if neither)."""
+    global _target
+    if _target is not None:
+        return _target
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1":
         return "simulator"
     if "numba.cuda" not in sys.modules and not _cuda_driver_has_device():
@@ -86,25 +100,36 @@ def ensure_numba_target() -> str:
     from workbench import hardware
 
     if hardware.gpu_available():
-        return "gpu"
+        _target = "gpu"
+        return _target
     raise RuntimeError("backend='numba': no CUDA GPU is usable and numba.cuda was already imported in GPU mode, so "
                        "the CUDA simulator can no longer be chosen; set NUMBA_ENABLE_CUDASIM=1 before starting Python")
 
 
+_kernels: dict[str, Callable[..., Any]] = {}
+
+
 def kernel_for(op_name: str) -> Callable[..., Any]:
+    kernel = _kernels.get(op_name)
+    if kernel is not None:
+        return kernel
     if op_name not in KERNELS:
         raise NotImplementedError(f"{op_name}: there is no Numba kernel for this op; use backend='numpy'")
-    ensure_numba_target()
+    target = ensure_numba_target()
     import importlib
 
     module, name = KERNELS[op_name]
-    return getattr(importlib.import_module(f"kernels_numba.{module}"), name)
+    kernel = getattr(importlib.import_module(f"kernels_numba.{module}"), name)
+    if target == "gpu":
+        _kernels[op_name] = kernel
+    return kernel
 
 
 def normalize(x: Any, name: str | None = None) -> Any:
     """An op's array argument, converted once on entry (the one place that does it, for both backends):
 
-    * a device array (CuPy, PyTorch, ...) -> a Numba device array with a NumPy dtype (used in place, no copy);
+    * a device array -> itself (CuPy) or a ``DeviceArray`` view with a NumPy dtype (PyTorch, other interface
+      arrays; in the simulator a Numba device array), used in place, no copy;
     * a host NumPy array that is byte-swapped, Fortran-ordered or strided -> a native-order C-contiguous copy
       (the caller's array is never changed); other NumPy arrays pass through;
     * with ``name`` given, anything that is not an array (a list, a scalar) is refused with a TypeError naming it
@@ -112,26 +137,40 @@ def normalize(x: Any, name: str | None = None) -> Any:
     """
     if x is None:
         return None
-    if hasattr(x, "__cuda_array_interface__") and not type(x).__module__.startswith("numba"):
-        ensure_numba_target()
-        from numba import cuda
-
-        return cuda.as_cuda_array(x)
     if isinstance(x, np.ndarray):
         if not x.dtype.isnative:
             x = x.astype(x.dtype.newbyteorder("="))
         return np.ascontiguousarray(x)
+    t = type(x)
+    if t is _rta.cupy_array_type() or t is _rta.DeviceArray:
+        return x
+    torch_cuda = isinstance(x, _rta.torch_tensor_type()) and x.is_cuda
+    if torch_cuda or (not isinstance(x, _rta.torch_tensor_type()) and hasattr(x, "__cuda_array_interface__")
+                      and not t.__module__.startswith("numba")):
+        if ensure_numba_target() == "simulator":
+            from numba import cuda
+
+            return cuda.as_cuda_array(x)
+        return _rta.as_device_array(x, name or "array")
     if name is not None and not is_device_array(x):
         require_array(x, name)
     return x
+
+
+_SCALAR_TYPES = (int, bool, type(None), np.ndarray, str)  # (np.ndarray: a host array)
 
 
 def dispatch(op_name: str, backend: str, stream: Any, reference: Callable[..., Any], *args: Any) -> Any:
     """Run ``op_name`` on ``args`` with the chosen backend. ``reference`` is the NumPy implementation."""
     if backend not in BACKENDS:
         raise ValueError(f"backend = {backend!r} is not one of {BACKENDS}")
-    on_device = any(is_device_array(a) for a in args) or any(
-        isinstance(a, (list, tuple)) and any(is_device_array(b) for b in a) for a in args)
+    on_device = False
+    for a in args:
+        if type(a) in _SCALAR_TYPES:
+            continue
+        if is_device_array(a) or isinstance(a, (list, tuple)) and any(is_device_array(b) for b in a):
+            on_device = True
+            break
     if backend == "numpy" or (backend == "auto" and not on_device):
         if on_device:
             raise TypeError(f"{op_name}: backend='numpy' was given a CUDA device array; pass NumPy arrays")
@@ -152,3 +191,83 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
     return MarlinWeight(qweight, scale_stack, zeros, None, None, size_k, n_per_expert, group_size, wt,
                         np.dtype(act_dtype), num_experts=len(qweights) if isinstance(qweights, (list, tuple))
                         else int(qweights.shape[0]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# call plans: a device call's verdict and launches, kept per argument metadata
+# ---------------------------------------------------------------------------------------------------------------
+_PLAIN = (int, bool, float, str, type(None), np.integer, np.floating, np.dtype, type)
+_SCALARS = frozenset((int, bool, float, str, type(None)))
+_plans: dict[tuple, Any] = {}  # key -> (CallPlan or None = "always the full path", repack policy it was made under)
+
+
+def _array_key(x: Any):
+    """(metadata, address, nbytes) of a device array whose framework gives them cheaply, else None."""
+    t = type(x)
+    if t is _rta.cupy_array_type():
+        return ("cupy", x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
+    if t is _rta.DeviceArray:
+        return (x.framework, x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
+    if isinstance(x, _rta.torch_tensor_type()) and x.is_cuda:
+        return (("torch", tuple(x.shape), x.dtype, x.stride(), x.device.index), x.data_ptr(),
+                x.numel() * x.element_size())
+    return None
+
+
+def plan_key(op_name: str, backend: str, args: tuple, kwargs: dict):
+    """(key, [(address, nbytes)]) for an op call whose arrays are all device arrays (CuPy, torch, DeviceArray) and
+    whose other arguments are plain scalars or dtypes; None otherwise (NumPy inputs, lists: the full path)."""
+    key, inputs = [op_name, backend], []
+    for a in args:
+        if type(a) in _SCALARS or isinstance(a, _PLAIN):
+            key.append((type(a), a))
+            continue
+        found = _array_key(a)
+        if found is None:
+            return None
+        key.append(found[0])
+        inputs.append(found[1:])
+    for name, a in kwargs.items():
+        if not isinstance(a, _PLAIN):
+            return None
+        key.append((name, type(a), a))
+    if not inputs:
+        return None
+    return tuple(key), inputs
+
+
+def _repack_policy():
+    module = sys.modules.get("kernels_numba.marlin_repack")
+    return None if module is None else module.__dict__.get("_policy")
+
+
+def run_planned(op: Callable[..., Any], args: tuple, kwargs: dict, backend: str, stream: Any) -> Any:
+    """``op(*args, backend=backend, stream=stream, **kwargs)``; on device arrays through its call plan: the first
+    call with some argument metadata runs in full (every check, then the kernels) while being recorded, later calls
+    with the same metadata (shapes, dtypes, strides, devices, scalar values) replay its launches on the new
+    addresses. Calls whose outcome depends on values (a device perm's check, zero-point codes: a verdict read
+    back) always run in full."""
+    found = plan_key(op.__name__, backend, args, kwargs)
+    if found is None or ensure_numba_target() != "gpu":
+        return op(*args, backend=backend, stream=stream, **kwargs)
+    key, inputs = found
+    _launch = sys.modules.get("kernels_numba._launch")
+    if _launch is None:
+        from kernels_numba import _launch
+    if not _launch.replay_allowed():
+        if _launch._recording() is not None:
+            _launch._not_replayable()  # an op inside a recorded op: the outer call is not replayed
+        return op(*args, backend=backend, stream=stream, **kwargs)
+    entry = _plans.get(key)
+    policy = _repack_policy()
+    if entry is not None and entry[1] is policy:
+        plan = entry[0]
+        if plan is None:
+            return op(*args, backend=backend, stream=stream, **kwargs)
+        result = plan([ptr for ptr, _ in inputs], stream)
+        if result is not None:
+            return result
+    with _launch.recording(inputs) as rec:
+        result = op(*args, backend=backend, stream=stream, **kwargs)
+    _plans[key] = (rec.plan(result), _repack_policy())
+    return result

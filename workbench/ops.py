@@ -15,9 +15,15 @@ picks the implementation. Before any work, on either backend, each op applies th
   fit ``num_bits``; host NaN/Inf scales are kept with a RuntimeWarning. Device values are checked on the device by
   the kernels that read them (``kernels_numba``): the same rule and message, raised before the result is returned,
   and no value can make a kernel read out of bounds.
+
+On device arrays (CuPy, PyTorch) an op's checks and launches are kept as a call plan per argument metadata
+(``backends.run_planned``): a repeated call with the same shapes, dtypes, strides, devices and scalars costs its
+launches and output allocation alone. Outputs come from the caller's framework pool (torch tensors for torch
+inputs, CuPy arrays otherwise).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -87,9 +93,22 @@ def _marlin_shape(size_k: int, size_n: int, bits: int) -> tuple[int, int]:
     return size_k // _tile.TILE_K, size_n * _tile.TILE_K // _packing.pack_factor(bits)
 
 
+def _planned(op):
+    """An op whose device calls go through a call plan (``backends.run_planned``): after the first call with some
+    argument metadata, the checks' verdict and the launches are reused, so a call costs the launches alone."""
+    @functools.wraps(op)
+    def call(*args, backend: str = "auto", stream=None, **kwargs):
+        if backend == "numpy":
+            return op(*args, backend=backend, stream=stream, **kwargs)
+        return backends.run_planned(op, args, kwargs, backend, stream)
+
+    return call
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # weights
 # ---------------------------------------------------------------------------------------------------------------
+@_planned
 def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                        stream=None):
     """GPTQ qweight int32 [K/pf, N] -> Marlin int32 [K/16, N*16/pf]; with perm, Marlin row k = checkpoint row perm[k]."""
@@ -107,6 +126,7 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
                              num_bits)
 
 
+@_planned
 def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
     """AWQ qweight int32 [K, N/pf] (interleaved along N) -> Marlin int32 [K/16, N*16/pf]."""
     b_q_weight = _array(b_q_weight, "b_q_weight")
@@ -121,6 +141,7 @@ def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, ba
     return backends.dispatch("awq_marlin_repack", backend, stream, reference, b_q_weight, size_k, size_n, num_bits)
 
 
+@_planned
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """K-major raw E4M3 words [K/4, N] (int32 or uint32) -> Marlin W8A16 tiles int32 [K/16, 4N]."""
     raw_bits_k_major = _array(raw_bits_k_major, "raw_bits_k_major")
@@ -130,6 +151,7 @@ def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, ba
                              raw_bits_k_major, size_k, size_n)
 
 
+@_planned
 def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Row-major E4M3 [N, K] (uint8 or float8_e4m3fn) -> Marlin int32 [K/16, 4N], transpose fused into tiling."""
     row_major = _array(row_major, "row_major")
@@ -170,6 +192,7 @@ def _check_scale_dtype(s, name: str = "s") -> None:
     require_dtype(s, SCALE_DTYPES + ((np.uint16,) if backends.is_device_array(s) else ()), name)
 
 
+@_planned
 def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
     """Scales [ng, N] (float16, bfloat16 or float32) -> Marlin order: 64-wide permutation when grouped (ng > 1),
     32-wide otherwise."""
@@ -181,6 +204,7 @@ def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, backe
                              group_size)
 
 
+@_planned
 def marlin_zero_points(zp, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
     """Zero-point codes [ng, N] (any integer dtype, each in [0, 2^bits)) -> Marlin zero points int32 [ng, N/pf]."""
     zp = _array(zp, "zp")
@@ -205,6 +229,7 @@ def _check_packed_zeros(q, size_k: int, size_n: int, num_bits: int, name: str) -
     return q, size_k, size_n, num_bits
 
 
+@_planned
 def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                               stream=None):
     """AWQ qzeros int32 [ng, N/pf] (interleaved) -> Marlin zero points int32 [ng, N/pf]."""
@@ -217,6 +242,7 @@ def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: i
                              num_bits)
 
 
+@_planned
 def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
                                  backend: str = "auto", stream=None):
     """GPTQ v1 qzeros [K/G, N/pf] (stored zero - 1) -> Marlin zero points; a stored all-ones field is an error."""
@@ -244,6 +270,7 @@ def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4, *, backend: str =
                                   _gptq.gptq_qzeros_are_symmetric_code7, qzeros, num_bits))
 
 
+@_planned
 def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtype=np.float16, *,
                               backend: str = "auto", stream=None):
     """Block-FP8 inverse scales [ceil(N/128), K/128] (bf16 or float32) -> Marlin scales [K/128, N] in act_dtype.
@@ -296,6 +323,7 @@ def marlin_to_codes(marlin_q, size_k: int, size_n: int, num_bits: int, perm=None
     return _codes_in_checkpoint_order(marlin_q, size_k, size_n, num_bits, perm)
 
 
+@_planned
 def marlin_to_gptq_qweight(marlin_q, perm, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                            stream=None):
     """Inverse of gptq_marlin_repack: Marlin tiles -> GPTQ qweight int32 [K/pf, N] in checkpoint row order."""
@@ -316,6 +344,7 @@ def _inverse(op_name: str, reference, marlin_q, size_k: int, size_n: int, num_bi
     return backends.dispatch(op_name, backend, stream, reference, marlin_q, size_k, size_n, *extra)
 
 
+@_planned
 def marlin_to_awq_qweight(marlin_q, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
     """Inverse of awq_marlin_repack: Marlin tiles -> AWQ qweight int32 [K, N/pf]."""
     return _inverse("marlin_to_awq_qweight",
@@ -323,6 +352,7 @@ def marlin_to_awq_qweight(marlin_q, size_k: int, size_n: int, num_bits: int, *, 
                     marlin_q, size_k, size_n, num_bits, backend, stream, True)
 
 
+@_planned
 def marlin_to_fp8_raw_bits(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Inverse of fp8_marlin_repack_raw_bits: Marlin tiles -> K-major raw words int32 [K/4, N]."""
     return _inverse("marlin_to_fp8_raw_bits",
@@ -330,12 +360,14 @@ def marlin_to_fp8_raw_bits(marlin_q, size_k: int, size_n: int, *, backend: str =
                     marlin_q, size_k, size_n, 8, backend, stream, False)
 
 
+@_planned
 def marlin_to_block_fp8(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Inverse of block_fp8_group128_repack: Marlin tiles -> row-major E4M3 bytes uint8 [N, K]."""
     return _inverse("marlin_to_block_fp8", _fp8.marlin_to_row_major_fp8, marlin_q, size_k, size_n, 8, backend,
                     stream, False)
 
 
+@_planned
 def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
     """Inverse of marlin_permute_scales."""
     s = _array(s, "s")
@@ -346,6 +378,7 @@ def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, bac
                              group_size)
 
 
+@_planned
 def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                                 stream=None):
     """Inverse of marlin_zero_points: int32 [ng, N/pf] -> codes uint8 [ng, N]."""
@@ -355,6 +388,7 @@ def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: i
                              zp_packed, size_k, size_n, num_bits)
 
 
+@_planned
 def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                               stream=None):
     """Inverse of awq_to_marlin_zero_points."""
@@ -367,6 +401,7 @@ def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int
                              num_bits)
 
 
+@_planned
 def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
                           backend: str = "auto", stream=None):
     """Inverse of repack_gptq_qzeros_to_marlin: Marlin zero points -> v1 qzeros (stored zero - 1)."""

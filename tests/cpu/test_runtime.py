@@ -32,9 +32,31 @@ def test_arg_block_table_points_at_each_parameter_in_order():
     array[at] = 99
     assert ctypes.c_int32.from_address(table[4]).value == 99
     with pytest.raises(ValueError, match="one 'p'"):
-        rt.ArgBlock("pq")
+        rt.ArgBlock("px")
     with pytest.raises(ValueError, match="2 values for 6 parameters"):
         block.set([1, 2])
+
+
+def test_arg_block_int64_slots_take_a_numba_argument_list_in_one_store():
+    block = rt.ArgBlock("q" * 5)
+    block.wides[:] = [0, 0, 6, 4, 1 << 40]  # meminfo, parent, nitems, itemsize, data: Numba's array fields
+    table = (ctypes.c_void_p * 5).from_address(block.address)
+    assert [ctypes.c_int64.from_address(table[i]).value for i in range(5)] == [0, 0, 6, 4, 1 << 40]
+    mixed = rt.ArgBlock("pqi")
+    mixed.set([1 << 41, -(1 << 40), 7])
+    table = (ctypes.c_void_p * 3).from_address(mixed.address)
+    assert (ctypes.c_uint64.from_address(table[0]).value, ctypes.c_int64.from_address(table[1]).value,
+            ctypes.c_int32.from_address(table[2]).value) == (1 << 41, -(1 << 40), 7)
+
+
+def test_launch_takes_three_dimensional_grids_and_blocks():
+    pytest.importorskip("cuda.bindings.driver", reason="the launch configuration is cuda-python's")
+    launch = rt.Launch(0x1234, (4, 5, 6), (32, 2), 0)
+    config = launch._config
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (4, 5, 6)
+    assert (config.blockDimX, config.blockDimY, config.blockDimZ) == (32, 2, 1)
+    launch.set_grid((7, 8))
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (7, 8, 1) and launch.grid == (7, 8)
 
 
 @pytest.mark.parametrize("programmatic, cluster, attrs", [(False, 1, 0), (True, 1, 1), (False, 2, 1), (True, 4, 2)])

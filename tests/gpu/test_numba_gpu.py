@@ -4,6 +4,8 @@ Shapes: Llama-3 8B (K×N = 4096×14336 gate/up, 14336×4096 down), Llama-3 70B (
 legal K and N, and 64 stacked experts of 2048×1408. Inputs arrive as NumPy, CuPy and PyTorch arrays; device inputs
 must come back as device arrays. Outputs are poisoned before the launch. Skipped with a reason without a GPU.
 """
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -24,6 +26,7 @@ from workbench import backends, ops  # noqa: E402
 from workbench.formats import fp8 as fp8_fmt  # noqa: E402
 from workbench.formats import gptq, marlin_tile, packing  # noqa: E402
 from workbench.formats import scales as sc  # noqa: E402
+from workbench.policy import RepackPolicy  # noqa: E402
 
 cupy = pytest.importorskip("cupy", reason="CuPy is needed for the device-array half of the GPU tier")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -40,6 +43,8 @@ def _host(a):
         return a.get()
     if hasattr(a, "copy_to_host"):
         return a.copy_to_host()
+    if type(a).__module__.startswith("torch"):  # torch callers get torch tensors back
+        return a.cpu().numpy()
     return np.asarray(a)
 
 
@@ -120,6 +125,7 @@ def test_fp8_repacks_real_shapes_torch_in(k, n, rng):
         via_words = ops.fp8_marlin_repack_raw_bits(backends.normalize(t_kmajor), k, n, backend="auto")
         kernel_direct = kr.block_fp8_group128_repack(t_raw, k, n)  # the wrapper takes torch tensors itself
         back = kr.marlin_to_block_fp8_row_major(direct, k, n)
+    assert all(type(got).__module__.startswith("torch") for got in (direct, via_words, kernel_direct))
     for got in (direct, via_words, kernel_direct):
         assert np.array_equal(_host(got), expected)
     assert np.array_equal(_host(back), raw)
@@ -236,22 +242,20 @@ ROUND3_SHAPES = [(4096, 14336), (14336, 4096), (16, 64)]
 @pytest.mark.parametrize("k,n", ROUND3_SHAPES)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("new", [False, True], ids=["round2", "round4"])
-def test_round3_inverse_and_act_order_switches(k, n, bits, new, monkeypatch):
+def test_round3_inverse_and_act_order_switches(k, n, bits, new):
     """round2: every switch off (one-pass act-order, 4-byte AWQ stores, direct GPTQ u8 inverse); round4: the
     defaults (two-pass act-order with pass 2 on the n-fastest grid, AWQ inverse with 8-byte stores, the transpose
     network and the n-fastest grid, paired GPTQ u8 inverse)."""
-    monkeypatch.setattr(kr, "ACT_ORDER_TWO_PASS", new)
-    monkeypatch.setattr(kr, "ACT_ORDER_PASS2_N_FASTEST", new)
-    monkeypatch.setattr(kr, "AWQ_UNPACK_WIDE_STORES", new)
-    monkeypatch.setattr(kr, "AWQ_UNPACK_TRANSPOSE", new)
-    monkeypatch.setattr(kr, "AWQ_UNPACK_N_FASTEST", new)
-    monkeypatch.setattr(kr, "PAIRED_UNPACK_8BIT", new)
+    policy = dataclasses.replace(RepackPolicy(), act_order_two_pass=new, act_order_pass2_n_fastest=new,
+                                 awq_unpack_wide_stores=new, awq_unpack_transpose=new, awq_unpack_n_fastest=new,
+                                 paired_unpack_8bit=new)
     case = _case(k, n, bits)
     d_marlin = cupy.asarray(case["marlin"])
     with poison_outputs():
-        act_order = kr.gptq_marlin_repack(cupy.asarray(case["gptq"]), cupy.asarray(case["perm"]), k, n, bits)
-        awq = kr.marlin_to_awq_qweight(d_marlin, k, n, bits)
-        gptq = kr.marlin_to_gptq_qweight(d_marlin, None, k, n, bits)
+        act_order = kr.gptq_marlin_repack(cupy.asarray(case["gptq"]), cupy.asarray(case["perm"]), k, n, bits,
+                                          policy=policy)
+        awq = kr.marlin_to_awq_qweight(d_marlin, k, n, bits, policy=policy)
+        gptq = kr.marlin_to_gptq_qweight(d_marlin, None, k, n, bits, policy=policy)
     assert np.array_equal(act_order.get(), case["act_order"])
     assert np.array_equal(awq.get(), case["awq"])
     assert np.array_equal(gptq.get(), case["gptq"])
@@ -261,13 +265,12 @@ def test_round3_inverse_and_act_order_switches(k, n, bits, new, monkeypatch):
 @pytest.mark.parametrize("k,n", ROUND3_SHAPES[:2])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("transpose,n_fastest", [(True, False), (False, True)])
-def test_round4_awq_inverse_mixed_switches(k, n, bits, transpose, n_fastest, monkeypatch):
+def test_round4_awq_inverse_mixed_switches(k, n, bits, transpose, n_fastest):
     """The AWQ inverse's two round-4 switches one at a time (both on and both off: the switch test above)."""
-    monkeypatch.setattr(kr, "AWQ_UNPACK_TRANSPOSE", transpose)
-    monkeypatch.setattr(kr, "AWQ_UNPACK_N_FASTEST", n_fastest)
+    policy = dataclasses.replace(RepackPolicy(), awq_unpack_transpose=transpose, awq_unpack_n_fastest=n_fastest)
     case = _case(k, n, bits)
     with poison_outputs():
-        awq = kr.marlin_to_awq_qweight(cupy.asarray(case["marlin"]), k, n, bits)
+        awq = kr.marlin_to_awq_qweight(cupy.asarray(case["marlin"]), k, n, bits, policy=policy)
     assert np.array_equal(awq.get(), case["awq"])
 
 
@@ -275,10 +278,8 @@ _ROW_MAJOR = {}
 
 
 @pytest.mark.parametrize("k,n", ROUND3_SHAPES + [(144, 128)])
-@pytest.mark.parametrize("mode", kr.TRANSPOSE_INVERSE_MODES)
-def test_round3_row_major_inverse_modes(k, n, mode, monkeypatch):
-    monkeypatch.setattr(kr, "TRANSPOSE_INVERSE_MODE", mode)
-    if (k, n) not in _ROW_MAJOR:  # one fresh input per shape and module run, shared by the modes
+def test_row_major_inverse_real_shapes(k, n):
+    if (k, n) not in _ROW_MAJOR:  # one fresh input per shape and module run
         raw = np.random.default_rng().integers(0, 256, size=(n, k), dtype=np.uint8)
         _ROW_MAJOR[(k, n)] = raw, marlin_tile.marlin_repack_codes(np.ascontiguousarray(raw.T), 8)
     raw, marlin = _ROW_MAJOR[(k, n)]

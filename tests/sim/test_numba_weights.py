@@ -3,6 +3,8 @@
 Shapes: one to four 16×64 tiles, plus a column chunk that is not a multiple of the kernel's 512-column block, and
 stacked experts. Fresh random codes every run; every output buffer starts as the poison pattern 0xA5A5A5A5.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -12,6 +14,7 @@ from kernels_numba._launch import POISON_BYTE, poison_outputs
 from workbench import ops
 from workbench.formats import fp8 as fp8_fmt
 from workbench.formats import marlin_tile, packing
+from workbench.policy import RepackPolicy
 
 # (K, N): 1 tile, 4 tiles (2×2), and 576 = 9 n-tiles, which crosses the kernels' 512-column block edge.
 # The simulator runs one Python thread per CUDA thread (256 per block), so shapes stay this small on CI.
@@ -47,22 +50,6 @@ def test_gptq_marlin_repack_matches_reference(bits, k, n, act_order, rng):
     assert isinstance(got, np.ndarray) and got.dtype == np.int32
     assert np.array_equal(got, expected)
     assert np.array_equal(got, ops.gptq_marlin_repack(qweight, perm, k, n, bits, backend="numpy"))
-
-
-@pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("k,n", SMALL_SHAPES)
-def test_staged_variants_of_the_direct_paths(bits, k, n, rng):
-    """The shared-memory (staged) kernel's GPTQ-row and row-major paths, kept for the benchmark, stay exact."""
-    codes = _codes(rng, k, n, bits)
-    qweight = packing.pack_rows(codes, bits)
-    expected = marlin_tile.marlin_repack_codes(codes, bits)
-    with poison_outputs():
-        assert np.array_equal(kr.gptq_marlin_repack(qweight, None, k, n, bits, staged=True), expected)
-        assert np.array_equal(kr.marlin_to_gptq_qweight(expected, None, k, n, bits, staged=True), qweight)
-        if bits == 8:
-            row_major = np.ascontiguousarray(codes.T)
-            assert np.array_equal(kr.block_fp8_group128_repack(row_major, k, n, staged=True), expected)
-            assert np.array_equal(kr.marlin_to_block_fp8_row_major(expected, k, n, staged=True), row_major)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -172,22 +159,6 @@ def test_direct_kernel_with_several_k_tiles_per_thread(bits, source, k_tiles_per
     assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_staged_kernel_still_exact_on_act_order_and_awq(bits, rng):
-    """The staged kernel is no longer the default for act-order and AWQ; the benchmark compares against it."""
-    k, n = 32, 128
-    codes = _codes(rng, k, n, bits)
-    perm = rng.permutation(k).astype(np.int32)
-    with poison_outputs():
-        got_perm = kr.gptq_marlin_repack(packing.pack_rows(codes, bits), perm, k, n, bits, staged=True)
-        got_awq = kr.awq_marlin_repack(packing.awq_pack(codes, bits), k, n, bits, staged=True)
-        marlin = marlin_tile.marlin_repack_codes(codes, bits)
-        back_awq = kr.marlin_to_awq_qweight(marlin, k, n, bits, staged=True)
-    assert np.array_equal(got_perm, marlin_tile.marlin_repack_codes(codes, bits, perm))
-    assert np.array_equal(got_awq, marlin)
-    assert np.array_equal(back_awq, packing.awq_pack(codes, bits))
-
-
 def _run_kernel(kernel, grid, threads, out_shape, inputs, size_n, out_view=None):
     """Launch ``kernel(*inputs, out, size_n)`` with a poisoned uint32 output (passed viewed as ``out_view``, e.g.
     uint64 for kernels that store 8-byte words); return the output as int32."""
@@ -266,13 +237,13 @@ def test_direct_unpack_with_several_k_tiles_per_thread(bits, target, k_tiles_per
 # ---------------------------------------------------------------------------------------------------------------
 # Round 3 variants: every one against the reference, poisoned outputs, several experts, partial blocks
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", kr.TRANSPOSE_INVERSE_MODES)
-def test_transpose_tile_inverse_modes(mode, rng):
-    """Marlin -> row-major FP8, every inverse mode: K = 144 (one full block of 8 k-tiles, one with 1), 2 experts."""
+def test_transpose_tile_inverse(rng):
+    """Marlin -> row-major FP8 through the inverse tile: K = 144 (one full block of 8 k-tiles, one with 1), 2
+    experts."""
     experts, k, n = 2, 144, 128
     raws = [rng.integers(0, 256, size=(n, k), dtype=np.uint8) for _ in range(experts)]
     marlin = np.stack([marlin_tile.marlin_repack_codes(np.ascontiguousarray(r.T), 8) for r in raws]).view(np.uint32)
-    got = _run_kernel(kr._transpose_repack_kernel(True, mode), kr.transpose_grid(k, n, experts),
+    got = _run_kernel(kr._transpose_repack_kernel(True), kr.transpose_grid(k, n, experts),
                       kr.TRANSPOSE_THREADS, (experts, n, k // 4), [marlin], n)
     for e in range(experts):
         assert np.array_equal(got[e].view(np.uint8), raws[e])
@@ -324,27 +295,27 @@ def test_npacked_pass_of_the_two_pass_act_order(bits, rng):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("route", ["one-pass", "two-pass", "two-pass k-fastest"])
-def test_act_order_wrapper_routes(bits, route, rng, monkeypatch):
+def test_act_order_wrapper_routes(bits, route, rng):
     """gptq_marlin_repack with a perm on one matrix: the one-pass gather and the two-pass route with pass 2 on an
     n-fastest (default) or k-fastest grid; K = 48 (a partial k-block at 2 k-tiles per thread), N = 576."""
-    monkeypatch.setattr(kr, "ACT_ORDER_TWO_PASS", route != "one-pass")
-    monkeypatch.setattr(kr, "ACT_ORDER_PASS2_N_FASTEST", route == "two-pass")
+    policy = dataclasses.replace(RepackPolicy(), act_order_two_pass=route != "one-pass",
+                                 act_order_pass2_n_fastest=route == "two-pass")
     k, n = 48, 576
     codes = _codes(rng, k, n, bits)
     perm = rng.permutation(k).astype(np.int32)
     with poison_outputs():
-        got = kr.gptq_marlin_repack(packing.pack_rows(codes, bits), perm, k, n, bits)
+        got = kr.gptq_marlin_repack(packing.pack_rows(codes, bits), perm, k, n, bits, policy=policy)
     assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits, perm))
 
 
 @pytest.mark.parametrize("n_fastest", [False, True])
-def test_awq_repack_wrapper_on_both_grid_orders(n_fastest, rng, monkeypatch):
+def test_awq_repack_wrapper_on_both_grid_orders(n_fastest, rng):
     """The AWQ repack wrapper with the grid-order switch both ways (True is the default): K = 48, N = 320."""
-    monkeypatch.setattr(kr, "AWQ_REPACK_N_FASTEST", n_fastest)
+    policy = dataclasses.replace(RepackPolicy(), awq_repack_n_fastest=n_fastest)
     k, n, bits = 48, 320, 4
     codes = _codes(rng, k, n, bits)
     with poison_outputs():
-        got = kr.awq_marlin_repack(packing.awq_pack(codes, bits), k, n, bits)
+        got = kr.awq_marlin_repack(packing.awq_pack(codes, bits), k, n, bits, policy=policy)
     assert np.array_equal(got, marlin_tile.marlin_repack_codes(codes, bits))
 
 
@@ -361,19 +332,17 @@ def test_awq_repack_on_an_n_fastest_grid(rng):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_round3_switches_off_give_the_round2_kernels_exactly(bits, rng, monkeypatch):
+def test_round3_switches_off_give_the_round2_kernels_exactly(bits, rng):
     """The A/B's old variants stay reachable through the wrappers: Marlin -> AWQ with 4-byte stores, Marlin -> GPTQ
     8-bit through the direct unpack."""
-    monkeypatch.setattr(kr, "AWQ_UNPACK_WIDE_STORES", False)
-    monkeypatch.setattr(kr, "AWQ_UNPACK_TRANSPOSE", False)
-    monkeypatch.setattr(kr, "AWQ_UNPACK_N_FASTEST", False)
-    monkeypatch.setattr(kr, "PAIRED_UNPACK_8BIT", False)
+    policy = dataclasses.replace(RepackPolicy(), awq_unpack_wide_stores=False, awq_unpack_transpose=False,
+                                 awq_unpack_n_fastest=False, paired_unpack_8bit=False)
     k, n = 32, 128
     codes = _codes(rng, k, n, bits)
     marlin = marlin_tile.marlin_repack_codes(codes, bits)
     with poison_outputs():
-        awq = kr.marlin_to_awq_qweight(marlin, k, n, bits)
-        gptq = kr.marlin_to_gptq_qweight(marlin, None, k, n, bits)
+        awq = kr.marlin_to_awq_qweight(marlin, k, n, bits, policy=policy)
+        gptq = kr.marlin_to_gptq_qweight(marlin, None, k, n, bits, policy=policy)
     assert np.array_equal(awq, packing.awq_pack(codes, bits))
     assert np.array_equal(gptq, packing.pack_rows(codes, bits))
 
@@ -401,3 +370,19 @@ def test_n_fastest_grids_fall_back_when_k_blocks_exceed_grid_y(bits, rng, monkey
     assert grid_orders == [False, False]  # the inverse's grid and pass 2's, both k-fastest
     assert np.array_equal(awq, packing.awq_pack(codes, bits))
     assert np.array_equal(act_order, marlin_tile.marlin_repack_codes(codes, bits, perm))
+
+
+def test_old_module_switches_are_deprecated_shims_over_the_policy():
+    """Setting an old switch warns and changes the default policy; reading it warns and reads the policy."""
+    saved = kr._policy
+    try:
+        with pytest.warns(DeprecationWarning, match="act_order_two_pass"):
+            kr.ACT_ORDER_TWO_PASS = False
+        assert kr._policy == dataclasses.replace(saved, act_order_two_pass=False)
+        with pytest.warns(DeprecationWarning, match="perm_k_tiles_per_thread"):
+            assert kr.PERM_K_TILES_PER_THREAD == {4: 2, 8: 1}
+        with pytest.warns(DeprecationWarning):
+            kr.PERM_K_TILES_PER_THREAD = {4: 1, 8: 1}
+        assert kr._policy.per_bits("perm_k_tiles_per_thread", 4) == 1
+    finally:
+        kr.__dict__["_policy"] = saved

@@ -116,7 +116,6 @@ def test_no_perm_kernel_reads_out_of_bounds_whatever_the_perm_holds(rng, bits):
         kr.weight_repack_launch(src, perm, out, bits, "gptq_perm", K, N, 0,
                                 cuda.device_array((1, K, N // pf), np.uint32))()  # the two-pass route
         kr._perm_repack_kernel(bits)[kr.perm_grid(K, N, bits, 1), kr.DIRECT_THREADS](src, perm, out, N)
-        kr._repack_kernel(bits, "gptq_perm")[(K // 16, 1, 1), kr.THREADS](src, perm, out, N)
         inverse = cuda.device_array((1, K), np.int32)
         kr._invert_perm_kernel()[1, 64](perm, inverse)
         kr._gather_rows_kernel(bits)[1, 64](src, perm, cuda.device_array((1, K // pf, N), np.uint32))

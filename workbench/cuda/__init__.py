@@ -1,4 +1,5 @@
-"""The one runtime under the native kernels (``workbench.gemm``, ``workbench.moe``): arrays and streams from any
+"""The one runtime under the native kernels (``workbench.gemm``, ``workbench.moe``, and the Numba kernels of
+``kernels_numba``, compiled by Numba and launched here: ``kernels_numba._launch``): arrays and streams from any
 framework, one compile path, one argument-block builder, one launch call.
 
 * ``arrays``: device pointers of CuPy, PyTorch and Numba arrays (``__cuda_array_interface__``, torch's own

@@ -1,13 +1,14 @@
 """One argument-block builder and one launch call for every native kernel.
 
-``ArgBlock(kinds)``: a kernel's parameters, ``kinds`` one letter each ('p' = 64-bit address, 'i' = int32), as two
-reusable ctypes arrays (``ptrs``, ``ints``, in parameter order within their kind) and the void* table
-cuLaunchKernel reads them through (``address``). Filling it costs a few ctypes stores, not an argument conversion
+``ArgBlock(kinds)``: a kernel's parameters, ``kinds`` one letter each ('p' = 64-bit address, 'i' = int32, 'q' =
+int64), as reusable ctypes arrays (``ptrs``, ``ints``, ``wides``, in parameter order within their kind) and the
+void* table cuLaunchKernel reads them through (``address``). A block of 'q' only (a Numba kernel's expanded
+arguments: every field is 8 bytes) is filled by one slice store, ``wides[:] = values``. Filling it costs a few ctypes stores, not an argument conversion
 per call; a launch copies the block before it returns, so one block serves every call of a plan (under a lock when
 threads share the plan).
 
 ``Launch(function, grid, threads, smem, programmatic=..., cluster=...)``: one prepared launch of a loaded function
-(a CUfunction handle). Its form is attributes of one cuLaunchKernelEx configuration, made once:
+(a CUfunction handle); ``grid`` and ``threads`` are an int or an (x, y, z) tuple. Its form is attributes of one cuLaunchKernelEx configuration, made once:
 * programmatic: programmatic stream serialization (sm_90+): the kernel's blocks may be scheduled while the kernel
   before it in the stream finishes (the kernels wait with griddepcontrol.wait before they read its output);
 * cluster: thread-block cluster dimension (for kernels without compile-time ``__cluster_dims__``; the dense GEMM's
@@ -35,32 +36,28 @@ def _bindings():
     return _cu
 
 
+_KINDS = {"p": 8, "i": 4, "q": 8}  # kind -> bytes of its slot
+
+
 class ArgBlock:
     """A kernel's parameter block (see the module docstring); ``set(values)`` writes all of them in order."""
 
     def __init__(self, kinds: str):
-        if set(kinds) - {"p", "i"}:
-            raise ValueError(f"argument kinds {kinds!r}: one 'p' (address) or 'i' (int32) per parameter")
+        if set(kinds) - set(_KINDS):
+            raise ValueError(f"argument kinds {kinds!r}: one 'p' (address), 'i' (int32) or 'q' (int64) per parameter")
         self.kinds = kinds
         self.ptrs = (ctypes.c_uint64 * max(1, kinds.count("p")))()
         self.ints = (ctypes.c_int32 * max(1, kinds.count("i")))()
-        p0, i0 = ctypes.addressof(self.ptrs), ctypes.addressof(self.ints)
-        slots, np_, ni = [], 0, 0
+        self.wides = (ctypes.c_int64 * max(1, kinds.count("q")))()
+        arrays = {"p": self.ptrs, "i": self.ints, "q": self.wides}
+        counts = dict.fromkeys(_KINDS, 0)
+        slots, self._where = [], []  # the table's addresses; parameter index -> (array, index in it), for set()
         for k in kinds:
-            if k == "p":
-                slots.append(p0 + 8 * np_)
-                np_ += 1
-            else:
-                slots.append(i0 + 4 * ni)
-                ni += 1
-        self.table = (ctypes.c_void_p * len(kinds))(*slots)
+            slots.append(ctypes.addressof(arrays[k]) + _KINDS[k] * counts[k])
+            self._where.append((arrays[k], counts[k]))
+            counts[k] += 1
+        self.table = (ctypes.c_void_p * max(1, len(kinds)))(*slots)
         self.address = ctypes.addressof(self.table)
-        # parameter index -> (array, index in it), for set()
-        self._where = []
-        np_ = ni = 0
-        for k in kinds:
-            self._where.append((self.ptrs, np_) if k == "p" else (self.ints, ni))
-            np_, ni = (np_ + 1, ni) if k == "p" else (np_, ni + 1)
 
     def set(self, values) -> None:
         if len(values) != len(self.kinds):
@@ -76,9 +73,11 @@ class ArgBlock:
 class Launch:
     """One prepared launch (see the module docstring). ``grid`` may change (``set_grid``)."""
 
-    def __init__(self, function: int, grid: int, threads: int, smem: int, *, programmatic: bool = False,
+    def __init__(self, function: int, grid, threads, smem: int, *, programmatic: bool = False,
                  cluster: int = 1):
-        self.function, self.grid, self.threads, self.smem = int(function), int(grid), int(threads), int(smem)
+        self.function, self.smem = int(function), int(smem)
+        self.grid, self.threads = _dims(grid)[0] if isinstance(grid, int) else grid, threads
+        self._grid3, self._block3 = _dims(grid), _dims(threads)
         self.programmatic, self.cluster = bool(programmatic), int(cluster)
         cu = _bindings()
         self.supported = bool(cu)  # (attributes need the bindings)
@@ -96,17 +95,33 @@ class Launch:
                 attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = self.cluster, 1, 1
                 attrs.append(attr)
             config = cu.CUlaunchConfig()
-            config.gridDimX, config.gridDimY, config.gridDimZ = self.grid, 1, 1
-            config.blockDimX, config.blockDimY, config.blockDimZ = self.threads, 1, 1
+            config.gridDimX, config.gridDimY, config.gridDimZ = self._grid3
+            config.blockDimX, config.blockDimY, config.blockDimZ = self._block3
             config.sharedMemBytes = self.smem
             config.attrs = attrs
             config.numAttrs = len(attrs)
             self._config, self._handle = config, cu.CUfunction(self.function)
 
-    def set_grid(self, grid: int) -> None:
-        self.grid = int(grid)
+    def set_grid(self, grid) -> None:
+        if isinstance(grid, int):
+            self.grid = int(grid)
+            self._grid3 = (self.grid, 1, 1)
+            if self._config is not None:
+                self._config.gridDimX = self.grid
+            return
+        self.grid, self._grid3 = grid, _dims(grid)
         if self._config is not None:
-            self._config.gridDimX = self.grid
+            self._config.gridDimX, self._config.gridDimY, self._config.gridDimZ = self._grid3
+
+
+def _dims(d) -> tuple[int, int, int]:
+    """An int or a 1-3 tuple of ints -> (x, y, z)."""
+    if isinstance(d, int):
+        return int(d), 1, 1
+    d = tuple(int(v) for v in d)
+    if not 1 <= len(d) <= 3:
+        raise ValueError(f"launch dimensions {d!r}: an int or 1 to 3 ints")
+    return d + (1,) * (3 - len(d))
 
 
 def launch_kernel(launch: Launch, stream: int, params: int) -> None:
@@ -118,8 +133,8 @@ def launch_kernel(launch: Launch, stream: int, params: int) -> None:
             from cupy_backends.cuda.api import driver
 
             _cupy_driver = driver
-        _cupy_driver.launchKernel(launch.function, launch.grid, 1, 1, launch.threads, 1, 1, launch.smem, stream,
-                                  params, 0)
+        (gx, gy, gz), (bx, by, bz) = launch._grid3, launch._block3
+        _cupy_driver.launchKernel(launch.function, gx, gy, gz, bx, by, bz, launch.smem, stream, params, 0)
         return
     cu = _cu
     config.hStream = cu.CUstream(stream)
