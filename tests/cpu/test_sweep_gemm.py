@@ -59,7 +59,7 @@ def test_forced_config_and_grid_reach_the_launch_and_are_not_cached(fake):
     _, driver = fake
     rec = record()
     default = gemm.prepare_launch(rec)
-    assert len(gemm._prepared) == 1
+    assert len(gemm.launch._prepared) == 1
     cfg = dataclasses.replace(default.cfg, n_tiles=1, k_warp=1, stages=6, blocks_per_sm=1, cluster=1)
     forced = gemm.prepare_launch(rec, config=cfg, grid=77)
     assert forced.cfg == cfg and forced is not default
@@ -69,7 +69,7 @@ def test_forced_config_and_grid_reach_the_launch_and_are_not_cached(fake):
     steps = -(-rec.prob_m // cfg.block_m) * (rec.prob_n // cfg.block_n) * (rec.prob_k // cfg.block_k)
     assert driver.launches[-1][5][14:18] == (steps // 77, steps % 77, *gemm.fast_div_plan(77))
     assert gemm.prepare_launch(rec) is default, "the forced plan must not replace the cached automatic one"
-    assert len(gemm._prepared) == 1
+    assert len(gemm.launch._prepared) == 1
     grid_d, smem_d, f_d = launch_of(default, driver)
     assert (grid_d, smem_d) == (default.grid, default.cfg.smem_bytes) and f_d != f
 
@@ -89,9 +89,9 @@ def test_forced_grid_reaches_a_programmatic_launch_when_fewer_blocks_are_residen
     (all resident) must still be the one cuLaunchKernelEx gets, not the shrunk grid its configuration was built with."""
     _, driver = fake
     programmatic = dataclasses.replace(NO_PAIRS, programmatic_launch=True)
-    monkeypatch.setattr(gemm, "device_properties", lambda device: (90,) + PROPS[1:])
-    monkeypatch.setattr(gemm, "pin_occupancy_of", lambda kernel, device, smem, blocks_per_sm: smem)
-    monkeypatch.setattr(gemm, "resident_blocks", lambda name, device: 1)
+    monkeypatch.setattr(gemm.kernels, "device_properties", lambda device: (90,) + PROPS[1:])
+    monkeypatch.setattr(gemm.kernels, "pin_occupancy_of", lambda kernel, device, smem, blocks_per_sm: smem)
+    monkeypatch.setattr(gemm.kernels, "resident_blocks", lambda name, device: 1)
     rec = record()
     cfg = dataclasses.replace(gemm.prepare_launch(rec, policy=programmatic).cfg, n_tiles=1, k_warp=2, stages=3,
                               blocks_per_sm=2, cluster=1)
@@ -162,7 +162,7 @@ def test_forced_grid_needs_every_block_resident(fake, monkeypatch):
     rec = record(m=16, k=8192, n=8192)  # a two-block default
     default = gemm.prepare_launch(rec, policy=p)
     assert default.cfg.blocks_per_sm == 2
-    monkeypatch.setattr(gemm, "resident_blocks", lambda name, device: 1)
+    monkeypatch.setattr(gemm.kernels, "resident_blocks", lambda name, device: 1)
     cfg = dataclasses.replace(default.cfg, cluster=1)
     with pytest.raises(ValueError, match="cannot all be resident"):
         gemm.prepare_launch(rec, config=cfg, grid=SMS + 1, policy=p)
@@ -303,8 +303,8 @@ def test_clusters_that_cannot_all_be_resident_fall_back_to_the_global_sum(fake, 
     _, driver = fake
     rec = record(m=8, k=8192, n=8192)
     assert gemm.prepare_launch(rec).cfg.cluster == 2  # 64 slices x 2
-    gemm._prepared.clear()
-    monkeypatch.setattr(gemm, "resident_clusters", lambda cfg, device, grid: grid // cfg.cluster - 1)
+    gemm.launch._prepared.clear()
+    monkeypatch.setattr(gemm.kernels, "resident_clusters", lambda cfg, device, grid: grid // cfg.cluster - 1)
     plan = gemm.prepare_launch(rec)
     assert plan.cfg.cluster == 1 and plan.grid == 128
     assert "marlin_gemm_cluster" not in plan.cfg.name_expression
