@@ -220,8 +220,7 @@ def candidates(cell: Cell, sms: int, smem_limit: int, sm_smem: int, compute_capa
 
     add(default, "shape")
     # the other loop layout where both run this M: rows <-> swapped (16-row form for M = 9..16)
-    swaps = (default.swap, 0 if default.swap else (1 if m <= 8 else 2)) if default.m_blocks == 1 and m <= 16 \
-        else (default.swap,)
+    swaps = (default.swap, 0 if default.swap else 1) if default.m_blocks == 1 and m <= 8 else (default.swap,)
     for swap in swaps:
         for cfg in shape_configs(cell, smem_limit, sm_smem, swap):
             if near_default and (cfg.n_tiles, cfg.k_warp, cfg.blocks_per_sm, cfg.swap) != (

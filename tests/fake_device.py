@@ -78,7 +78,7 @@ class FakeDriver:
 
     def __init__(self):
         self.launches: list[tuple] = []
-        self.cupy_calls: list[tuple] = []  # launches through the CuPy-call fallback (GemmPolicy.direct_launch = False)
+        self.cupy_calls: list[tuple] = []  # launches through CuPy kernel calls
         self.arg_kinds: dict[int, tuple[str, ...]] = {}  # function -> 'p' (u64) / 'i' (i32) per argument
         self.programmatic: list[int] = []  # indices into launches of the programmatic ones (cuLaunchKernelEx)
 

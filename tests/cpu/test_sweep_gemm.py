@@ -131,11 +131,8 @@ def test_forced_swap_needs_at_most_8_rows_per_half(fake):
     assert cfg.swap == gemm.swap_halves(9)
     with pytest.raises(ValueError, match=r"swap = True needs m_blocks = 1 and size_m <= 8 \(got 1, 9\)"):
         gemm.prepare_launch(rec, config=dataclasses.replace(cfg, swap=True))
-    assert gemm.prepare_launch(rec, config=dataclasses.replace(cfg, swap=2)).cfg.swap == 2  # the 16-row form
-    with pytest.raises(ValueError, match=r"swap = 2 needs m_blocks = 1 and size_m <= 16 \(got 1, 17\)"):
-        gemm.prepare_launch(record(m=17), config=dataclasses.replace(cfg, swap=2))
-    with pytest.raises(ValueError, match=r"swap = 3 is not 0, 1 or 2"):
-        gemm.prepare_launch(rec, config=dataclasses.replace(cfg, swap=3))
+    with pytest.raises(ValueError, match=r"swap = 2 is not 0 or 1"):  # (the 16-row form is gone)
+        gemm.prepare_launch(rec, config=dataclasses.replace(cfg, swap=2))
 
 
 def test_forced_tile_must_divide_the_problem_and_the_group(fake):
@@ -220,7 +217,7 @@ def test_every_candidate_is_accepted_by_the_launch_hook(fake, cell):
         assert launch_of(prepared, driver)[:2] == (cand.grid, cand.cfg.smem_bytes)
         assert cand.grid <= SMS * cand.cfg.blocks_per_sm
     variants = {c.variant for c in cands}
-    assert ("swap-flip" in variants) == (cell.m <= 16)  # (M = 9..16: the swapped loop's 16-row form)
+    assert ("swap-flip" in variants) == (cell.m <= 8)
     # every thread shape that divides the problem and fits shared memory with the fewest stages the sweep tries (the
     # 512 x 128 tile's 8-bit stages do not fit), one and two blocks per SM
     m_blocks = min(4, -(-cell.m // 16))

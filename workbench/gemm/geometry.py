@@ -81,7 +81,7 @@ class TileGeometry:
         """Whether the kernel applies the scales to fp32 partial sums instead of to each dequantized weight (mirrors
         ``WarpLoop::kLateScale`` and ``late_scale_pays`` in kernels_cuda/marlin_mainloop.cuh). Two kernels that differ
         here round differently: their outputs are not bitwise equal even where the partition is the same."""
-        fits = self.swap == 1 or (self.blocks_per_sm == 1 and (self.swap == 2 or self.k_warp >= 2))
+        fits = self.swap == 1 or (self.blocks_per_sm == 1 and self.k_warp >= 2)
         return self.m_blocks == 1 and self.group_mode != GROUP_PER_ROW and self.weight is not ScalarType.FE4M3FN \
             and fits
 
@@ -98,8 +98,8 @@ class KernelConfig(TileGeometry):
     stages: int
     group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
     blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
-    # 8-row halves of the operand-swapped loop (template argument SWAP; 0: row layout): 1 for M <= 8 (one mma per
-    # 16x16 sub-block instead of two), 2 for M <= 16 (the policy's only with swap_max_m = 16); bools read as 0 / 1
+    # the operand-swapped loop (template argument SWAP; 0: row layout): 1 for M <= 8, one mma per 16x16 sub-block
+    # instead of two; bools read as 0 / 1
     swap: int = 0
     cluster: int = 1  # > 1: blocks per thread-block cluster, slices summed in shared memory (marlin_gemm_cluster)
 
@@ -140,12 +140,10 @@ def pairs_possible(compute_capability: int, fp32_reduce: bool, policy: GemmPolic
     return (policy or _default()).pair_clusters and compute_capability >= 90 and fp32_reduce
 
 
-def swap_halves(size_m: int, plain: bool = True, policy: GemmPolicy | None = None) -> int:
-    """KernelConfig.swap for M rows under the policy's ``swap_max_m``: 8-row halves of the swapped loop, 0 for the
-    row layout. ``plain``: weights without zero points or act-order groups (KernelConfig.plain; the 16-row form's
-    two-block kernels spill with them)."""
-    most = (policy or _default()).swap_max_m
-    return 1 if size_m <= min(most, 8) else 2 if plain and size_m <= min(most, 16) else 0
+def swap_halves(size_m: int, policy: GemmPolicy | None = None) -> int:
+    """KernelConfig.swap for M rows under the policy's ``swap_max_m``: 1 (the operand-swapped loop) for at most 8
+    rows, 0 for the row layout."""
+    return 1 if size_m <= min((policy or _default()).swap_max_m, 8) else 0
 
 
 def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int, group_size: int,
@@ -167,7 +165,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     # kernels of weights without zero points or act-order groups (swapped: their own thresholds below)
     plain = not weight.has_zero_points and not per_row_groups
-    variant = dict(swap=swap_halves(size_m, plain, p))
+    variant = dict(swap=swap_halves(size_m, policy=p))
     plain_swap = bool(variant["swap"]) and plain
     order = p.small_m_shapes if m_blocks <= 2 else p.large_m_shapes
     if m_blocks == 1 and weight.bits == 8:

@@ -150,7 +150,7 @@ class PreparedLaunch:
         self.c_bytes = m * n * 2  # the atomic mode sums into C: zeroed first
         self.grid = grid  # (final once the kernel's residency is known: set_grid)
         self._lock = threading.Lock()
-        self._kernel = self._permute = None
+        self._kernel = None
         self._function = self._permute_function = 0
         if m > 0:
             kernels.get_kernel(cfg.name_expression, self.device, self.smem)
@@ -169,7 +169,6 @@ class PreparedLaunch:
             self._function = kernels.function_ptr(cfg.name_expression, self.device, self.smem)
             if self.act_order:
                 name = f"mwb::permute_cols<{'__half' if cfg.act is ScalarType.F16 else '__nv_bfloat16'}>"
-                self._permute = kernels.get_kernel(name, self.device)
                 self._permute_function = kernels.function_ptr(name, self.device)
         # (8,) u64 addresses then (14,) i32 scalars: mwb::marlin_gemm's parameter list (KERNEL_ARG_KINDS, checked
         # against the source by tests/cpu)
@@ -244,10 +243,6 @@ class PreparedLaunch:
                 runtime):
         if self.atomic:
             runtime.memsetAsync(c, 0, self.c_bytes, stream)
-        if not self.policy.direct_launch:
-            self._launch_cupy(a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
-                              stream)
-            return
         launch = rt_launch.launch_kernel
         with self._lock:
             if self.act_order:
@@ -259,18 +254,6 @@ class PreparedLaunch:
             p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7] = (a, b, c, c_tmp, scales, zero_points, group_index,
                                                               workspace)
             launch(self._main, stream, self._args_address)
-
-    def _launch_cupy(self, a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
-                     stream):
-        s = rt.cupy_stream(stream)
-        if self.act_order:
-            self._permute((self.m,), (THREADS,), (_p(a), _p(permutation), _p(a_tmp), np.int32(self.m),
-                                                  np.int32(self.k), np.int32(self.lda)), stream=s)
-            a = a_tmp  # (the kernel's lda argument is then K: _kernel_ints)
-        self._kernel((self.grid,), (THREADS,),
-                     (_p(a), _p(b), _p(c), _p(c_tmp), _p(scales), _p(zero_points), _p(group_index), _p(workspace),
-                      *(np.int32(v) for v in self._ints)),
-                     shared_mem=self.smem, stream=s)
 
     def _refuse(self, pointers: dict[str, int]) -> None:
         checks.check_pointers(pointers, uses_c_tmp=self.uses_c_tmp, has_zero_points=self.has_zero_points,
@@ -314,7 +297,7 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
                     policy: GemmPolicy) -> PreparedLaunch:
     """prepare_launch with a forced configuration and/or grid: every rule of check_launch, then ValueError unless the
     configuration is one the kernel computes this problem correctly with (same types and group mode, tile divides
-    (K, N) and the group size, swap 1 / 2 only for M <= 8 / 16, two blocks per SM only with 16-row tiles, shared
+    (K, N) and the group size, swap only for M <= 8, two blocks per SM only with 16-row tiles, shared
     memory fits)
     and every block of the grid can be resident (the in-C and fp32 reductions wait on other blocks; the scratch buffers
     hold sms x blocks_per_sm blocks)."""
@@ -339,11 +322,10 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     if cfg.blocks_per_sm not in (1, 2) or (cfg.blocks_per_sm == 2 and cfg.m_blocks != 1):
         raise ValueError(f"config blocks_per_sm = {cfg.blocks_per_sm} with m_blocks = {cfg.m_blocks}: 1, or 2 with "
                    f"m_blocks = 1")
-    if cfg.swap not in (0, 1, 2):
-        raise ValueError(f"config swap = {cfg.swap!r} is not 0, 1 or 2 (8-row halves of the swapped loop)")
-    if cfg.swap and (cfg.m_blocks != 1 or m > 8 * cfg.swap):
-        raise ValueError(f"config swap = {cfg.swap} needs m_blocks = 1 and size_m <= {8 * cfg.swap} "
-                   f"(got {cfg.m_blocks}, {m})")
+    if cfg.swap not in (0, 1):
+        raise ValueError(f"config swap = {cfg.swap!r} is not 0 or 1 (the row layout or the swapped loop)")
+    if cfg.swap and (cfg.m_blocks != 1 or m > 8):
+        raise ValueError(f"config swap = {cfg.swap} needs m_blocks = 1 and size_m <= 8 (got {cfg.m_blocks}, {m})")
     limit = smem_limit if cfg.blocks_per_sm == 1 else two_block_smem(smem_limit, sm_smem)
     if cfg.smem_bytes > limit:
         raise ValueError(f"config needs {cfg.smem_bytes} bytes of shared memory; {cfg.blocks_per_sm} block(s) per SM "
@@ -386,7 +368,3 @@ def launch_marlin_mm(launch: MarlinLaunch) -> None:
     ptr = launch.pointer
     prepared.launch(ptr("a"), ptr("b"), ptr("c"), ptr("c_tmp"), ptr("b_scales"), ptr("zero_points"),
                     ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), ptr("stream"))
-
-
-def _p(ptr: int) -> np.uint64:
-    return np.uint64(ptr)

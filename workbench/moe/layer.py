@@ -14,8 +14,9 @@ from workbench.cuda import launch as rt_launch
 from workbench.moe import kernels
 from workbench.moe.config import choose_block_size, default_policy
 from workbench.moe.fused import fused_grid, launch_smem
-from workbench.moe.kernels import ALIGN_THREADS, PLAN_ARG_KINDS, ctype_name, gather_rows, moe_align_block_size, \
-    moe_sum, on_gpu, silu_and_mul
+from workbench.moe.kernels import (ALIGN_THREADS, PLAN_ARG_KINDS, as_cupy, contiguous, ctype_name, for_caller,
+                                   gather_rows, moe_align_block_size, moe_sum, new_array, on_gpu, pool_of,
+                                   silu_and_mul, upload)
 from workbench.moe.stack import MarlinExpertStack
 from workbench.policy import MoePolicy
 
@@ -56,7 +57,11 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
               policy: MoePolicy | None = None):
     """An MoE layer: ``out[t] = Σ_j w[t, j] · (silu(gate) · up)(hidden[t] @ W13[e]) @ W2[e]``, e = topk_ids[t, j].
 
-    hidden [M, K] fp16/bf16, topk_weights [M, top_k] float32, topk_ids [M, top_k] int32, all CuPy arrays;
+    hidden [M, K] fp16/bf16, topk_weights [M, top_k] float32, topk_ids [M, top_k] int32: CuPy arrays, torch CUDA
+    tensors or any ``__cuda_array_interface__`` arrays. The output and every intermediate come from the pool of
+    hidden's framework (torch's caching allocator for a torch ``hidden``, CuPy's pool otherwise: hidden wins when the
+    inputs are mixed), and the output is returned in hidden's framework; ``stream`` None: the current stream of
+    hidden's framework;
     w13_stack: n_per_expert = 2N (gate columns first), K; w2_stack: n_per_expert = K, k = N. ``expert_map``
     ([E_global] int32, -1 = not on this device) makes topk_ids global ids. Paths:
 
@@ -70,7 +75,7 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
 
     CUDA graphs: a captured call keeps the addresses of its intermediates — the plan's buffers (freed when the stack
     is dropped or its plans are cleared after ``_MAX_PLANS_PER_STACK`` different call signatures) or, on a first
-    call, CuPy pool blocks that later allocations may reuse. For graph capture prefer ``gemm_phase_fused`` with
+    call, pool blocks that later allocations may reuse. For graph capture prefer ``gemm_phase_fused`` with
     buffers you own; replaying a captured ``fused_moe`` after its buffers were released is not safe.
 
     ``policy``: how kernels are chosen and launched (workbench.policy.MoePolicy; None: the default).
@@ -78,22 +83,30 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     if path not in PATHS:
         raise ValueError(f"path = {path!r} is not one of {PATHS}")
     policy = policy or _default()
+    given, pool, nd = hidden, "cupy", rt.cupy_array_type()
+    if type(hidden) is not nd or type(topk_weights) is not nd or type(topk_ids) is not nd or (
+            expert_map is not None and type(expert_map) is not nd):  # (CuPy arrays: no conversion)
+        pool = pool_of(hidden)
+        if on_gpu(hidden) and stream is None:
+            stream = rt.stream_handle(None, pool, rt.device_pointer(hidden, "hidden")[1])
+        hidden, topk_weights, topk_ids, expert_map = (as_cupy(x) for x in (hidden, topk_weights, topk_ids,
+                                                                            expert_map))
     key = None
-    if path == "fused" and policy.layer_plans and policy.gemm.direct_launch:
+    if path == "fused" and policy.layer_plans:
         key = _layer_key(hidden, w13_stack, w2_stack, topk_weights, topk_ids, block_size, expert_map, stream,
-                         policy)
+                         policy, pool)
         plan = None if key is None else w13_stack._fused_plans.get(key)
         if plan is not None and plan.matches(w13_stack, w2_stack):
-            return plan.run(hidden, topk_weights, topk_ids, expert_map)
+            out = plan.run(hidden, topk_weights, topk_ids, expert_map)
+            return out if pool == "cupy" else for_caller(out, given)
     m, top_k = _check_layer(hidden, w13_stack, w2_stack, topk_weights, topk_ids)
-    cupy = rt.cupy()
     caller = rt.cupy_stream(rt.stream_handle(stream))
     if m == 0:
-        return cupy.empty((0, w13_stack.k), dtype=hidden.dtype)
+        return for_caller(new_array(pool, (0, w13_stack.k), hidden.dtype, w13_stack._device(), caller.ptr), given)
     with caller:
         if path == "fused":
             out = _fused_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, block_size,
-                              expert_map, caller, policy)
+                              expert_map, caller, policy, pool)
             if key is not None and top_k >= 1 and topk_ids.flags["C_CONTIGUOUS"] and (
                     expert_map is None or expert_map.flags["C_CONTIGUOUS"]):  # else the checked path copies them
                 # every check passed on these arguments: later calls with the same key launch from a plan
@@ -103,31 +116,39 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
                 if len(plans) >= _MAX_PLANS_PER_STACK:
                     plans.clear()
                 plans[key] = _LayerPlan(hidden, w13_stack, w2_stack, top_k, block, num_global, expert_map,
-                                        caller.ptr, policy)
-            return out
-        return _grouped_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, expert_map, caller,
-                             batched=(path == "batched"), policy=policy)
+                                        caller.ptr, policy, pool)
+            return for_caller(out, given)
+        return for_caller(_grouped_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, expert_map,
+                                        caller, batched=(path == "batched"), policy=policy, pool=pool), given)
 
 
-def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, expert_map, caller, policy):
-    cupy = rt.cupy()
+def _device_copy(x, pool: str, device: int, stream_ptr: int):
+    """A device array contiguous (copied from ``pool`` if not), a host one uploaded into ``pool`` (dtype kept)."""
+    if on_gpu(x):
+        return contiguous(x, pool, stream_ptr)
+    return upload(pool, np.asarray(x), device, stream_ptr)
+
+
+def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, expert_map, caller, policy, pool):
     num_global = w13.num_experts if expert_map is None else int(expert_map.shape[0])
     block = block_size or choose_block_size(m, top_k, num_global)
-    emap = None if expert_map is None else cupy.ascontiguousarray(expert_map)  # NumPy maps are uploaded; dtype kept
-    sorted_ids, expert_ids, post = moe_align_block_size(cupy.ascontiguousarray(topk_ids), block, num_global, emap,
-                                                        stream=caller)
-    g1 = cupy.empty((m * top_k, w13.n_per_expert), dtype=hidden.dtype)
+    device, s = hidden.data.device_id, caller.ptr
+    emap = None if expert_map is None else _device_copy(expert_map, pool, device, s)  # NumPy maps are uploaded
+    sorted_ids, expert_ids, post = moe_align_block_size(contiguous(topk_ids, pool, s), block, num_global, emap,
+                                                        stream=caller, pool=pool)
+    g1 = new_array(pool, (m * top_k, w13.n_per_expert), hidden.dtype, device, s)
     w13.gemm_phase_fused(hidden, sorted_ids, expert_ids, post, g1, m, block, top_k, stream=caller, policy=policy)
-    h = silu_and_mul(g1, stream=caller)
-    y = cupy.zeros((m * top_k, w2.n_per_expert), dtype=hidden.dtype)  # rows of non-local entries stay 0
+    h = silu_and_mul(g1, stream=caller, pool=pool)
+    y = new_array(pool, (m * top_k, w2.n_per_expert), hidden.dtype, device, s, zero=True)  # non-local rows stay 0
     w2.gemm_phase_fused(h, sorted_ids, expert_ids, post, y, m * top_k, block, 1, topk_weights=topk_weights,
                         stream=caller, policy=policy)
-    return moe_sum(y, top_k, stream=caller)
+    return moe_sum(y, top_k, stream=caller, pool=pool)
 
 
-def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map, caller, batched, policy):
+def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map, caller, batched, policy, pool):
     """Sort the (token, slot) entries by expert on the host, gather rows, one dense GEMM per expert."""
     cupy = rt.cupy()
+    device, s = hidden.data.device_id, caller.ptr
     ids = cupy.asnumpy(topk_ids).reshape(-1).astype(np.int64)  # synchronises: the host builds the dispatches
     if expert_map is not None:
         emap = cupy.asnumpy(expert_map)
@@ -141,30 +162,38 @@ def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map,
     row_of = np.full(m * top_k, -1, np.int32)  # flat entry -> its row in the expert-grouped buffers
     row_of[order] = np.arange(rows, dtype=np.int32)
     if not rows:
-        y = cupy.empty((1, w2.n_per_expert), dtype=hidden.dtype)  # never read: every entry has row -1
+        y = new_array(pool, (1, w2.n_per_expert), hidden.dtype, device, s)  # never read: every entry has row -1
     else:
         dispatches = []
         start = 0
         for e, c in zip(experts.tolist(), counts.tolist()):
             dispatches.append((e, start, start, c))
             start += c
-        a = gather_rows(hidden, cupy.asarray((order // top_k).astype(np.int32)), stream=caller)  # [rows, K]
-        g1 = cupy.empty((rows, w13.n_per_expert), dtype=hidden.dtype)
-        y = cupy.empty((rows, w2.n_per_expert), dtype=hidden.dtype)
+        a = gather_rows(hidden, upload(pool, (order // top_k).astype(np.int32), device, s), stream=caller,
+                        pool=pool)  # [rows, K]
+        g1 = new_array(pool, (rows, w13.n_per_expert), hidden.dtype, device, s)
+        y = new_array(pool, (rows, w2.n_per_expert), hidden.dtype, device, s)
         if batched:
-            w13.gemm_phase_batched(a, dispatches, g1, stream=caller, policy=policy)
-            h = silu_and_mul(g1, stream=caller)
-            w2.gemm_phase_batched(h, dispatches, y, stream=caller, policy=policy)
+            w13.gemm_phase_batched(a, dispatches, g1, stream=caller, policy=policy, pool=pool)
+            h = silu_and_mul(g1, stream=caller, pool=pool)
+            w2.gemm_phase_batched(h, dispatches, y, stream=caller, policy=policy, pool=pool)
         else:
-            for e, r0, _, c in dispatches:
-                gemm.marlin_gemm(a[r0:r0 + c], w13.expert_views()[e], c=g1[r0:r0 + c], stream=caller,
-                                 policy=policy.gemm)
-            h = silu_and_mul(g1, stream=caller)
-            for e, r0, _, c in dispatches:
-                gemm.marlin_gemm(h[r0:r0 + c], w2.expert_views()[e], c=y[r0:r0 + c], stream=caller,
-                                 policy=policy.gemm)
-    return moe_sum(y, top_k, weights=topk_weights, row_of=cupy.asarray(row_of), stream=caller)
-
+            h = new_array(pool, (rows, w13.n_per_expert // 2), hidden.dtype, device, s)
+            scratch = {}  # (CuPy callers: marlin_gemm's own per-stream scratch, which comes from CuPy's pool)
+            if pool == "torch":
+                sms = gemm_kernels.device_properties(device)[1]
+                ws, c_tmp = (as_cupy(x) for x in gemm.scratch_buffers(device, s, sms, pool))
+                scratch = dict(workspace=ws, c_tmp=c_tmp)
+            for stack, x, out in ((w13, a, g1), (w2, h, y)):
+                a_tmp = None if not stack.weight.has_act_order else new_array(
+                    pool, (max(counts.tolist()), stack.k), hidden.dtype, device, s)  # (one stream: reused)
+                for e, r0, _, c in dispatches:
+                    gemm.marlin_gemm(x[r0:r0 + c], stack.expert_views()[e], c=out[r0:r0 + c], stream=caller,
+                                     a_tmp=None if a_tmp is None else a_tmp[:c], policy=policy.gemm, **scratch)
+                if stack is w13:
+                    silu_and_mul(g1, h, stream=caller)
+    return moe_sum(y, top_k, weights=topk_weights, row_of=upload(pool, row_of, device, s), stream=caller,
+                   pool=pool)
 
 
 class _LayerPlan:
@@ -175,15 +204,15 @@ class _LayerPlan:
     stream order keeps one call's reads before the next call's writes). No device -> host synchronisation."""
 
     def __init__(self, hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, top_k: int, block: int,
-                 num_global: int, expert_map, stream_ptr: int, policy: MoePolicy):
+                 num_global: int, expert_map, stream_ptr: int, policy: MoePolicy, pool: str = "cupy"):
         from workbench.formats.moe_align import aligned_capacity
 
-        cupy = rt.cupy()
         m, k = (int(s) for s in hidden.shape)
         act = gemm.act_scalar_type(hidden.dtype)
         self.device = device = w13._device()
         self.dtype = hidden.dtype
         self.m, self.k, self.top_k, self.stream = m, k, top_k, stream_ptr
+        self.pool = pool  # the framework whose allocator holds the intermediates and outputs
         self.w2 = w2  # keeps id(w2) in the key unique while the plan lives; w13 holds the plan (no cycle with it)
         self.state13, self.state2 = _stack_state(w13), _stack_state(w2)
         numel = m * top_k
@@ -230,8 +259,7 @@ class _LayerPlan:
         total = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
         self.buffers = None
         if total <= policy.plan_max_workspace_bytes:
-            with cupy.cuda.Device(device), rt.cupy_stream(stream_ptr):
-                self.buffers = {name: cupy.empty(s, dtype=d) for name, (s, d) in shapes.items()}
+            self.buffers = {name: new_array(pool, s, d, device, stream_ptr) for name, (s, d) in shapes.items()}
         fixed = {} if self.buffers is None else {name: b.data.ptr for name, b in self.buffers.items()}
         # per launch: (workbench.cuda.Launch, argument table, [(array, index, name) filled per call], argument
         # block); scalars, weights and kept intermediates are written once here
@@ -269,7 +297,11 @@ class _LayerPlan:
 
     def _run(self, cupy, runtime, a, topk_weights, topk_ids, expert_map):
         stream = self.stream
-        if stream == cupy.cuda.get_current_stream().ptr:
+        if self.pool != "cupy":  # (allocated in the launch stream's order)
+            out = new_array(self.pool, (self.m, self.k), self.dtype, self.device, stream)
+            bufs = self.buffers or {name: new_array(self.pool, s, d, self.device, stream)
+                                    for name, (s, d) in self.shapes.items()}
+        elif stream == cupy.cuda.get_current_stream().ptr:
             out = cupy.empty((self.m, self.k), dtype=self.dtype)  # (M, K): the caller's, fresh every call
             bufs = self.buffers or {name: cupy.empty(s, dtype=d) for name, (s, d) in self.shapes.items()}
         else:
@@ -313,7 +345,7 @@ def _array_key(x, array_type):
     return x.shape, x.strides, x.dtype, x.data.device_id
 
 
-def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, stream, policy):
+def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, stream, policy, pool="cupy"):
     """Everything a layer plan depends on but the stacks' contents (checked by _LayerPlan.matches) and the
     addresses of the per-call arrays (read on every call); None: no plan for these arguments."""
     array_type = rt.cupy_array_type()
@@ -328,7 +360,7 @@ def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, 
             return None
     stream_ptr = rt.stream_handle(stream)  # after the type checks: no CUDA call for host arrays
     # kept in w13's _fused_plans; a plan holds w2, so id(w2) is not reused while the plan lives
-    key = (id(w2),) + keys + (type(block_size), block_size, emap, stream_ptr, policy.token)
+    key = (id(w2),) + keys + (type(block_size), block_size, emap, stream_ptr, policy.token, pool)
     try:
         hash(key)
     except TypeError:  # an unhashable block_size: the checked path

@@ -14,7 +14,7 @@ from workbench import gemm
 from workbench.gemm import kernels as gemm_kernels
 from workbench.moe import fused
 from workbench.moe.config import default_policy
-from workbench.moe.kernels import add_bias, array_module, as_int, on_gpu
+from workbench.moe.kernels import add_bias, array_module, as_cupy, as_int, new_array, on_gpu, pool_of
 from workbench.policy import MoePolicy
 from workbench.weight import MarlinWeight
 
@@ -84,7 +84,8 @@ class MarlinExpertStack:
     ``weight``: a stacked ``MarlinWeight`` (``num_experts`` set; see ``ops.stack_gptq_experts_to_marlin`` and
     ``gemm.upload_weight``). Act-order stacks are not supported by the fused kernel (docs/formats.md, "MoE expert
     stacks": newer vLLM kernels
-    dropped it); the batched path runs them through the dense GEMM.
+    dropped it); the batched path runs them through the dense GEMM. The arrays may be CuPy arrays, torch CUDA tensors
+    or any ``__cuda_array_interface__`` arrays (viewed as CuPy arrays once, here: ``weight`` holds the views).
     """
 
     def __init__(self, weight: MarlinWeight, *, num_streams: int = DEFAULT_STREAMS, sms: int = -1):
@@ -99,10 +100,14 @@ class MarlinExpertStack:
         num_streams = as_int(num_streams, "num_streams")
         if num_streams < 1:
             raise ValueError(f"num_streams = {num_streams} must be >= 1")
+        if any(type(getattr(weight, f)) is not rt.cupy_array_type() and on_gpu(getattr(weight, f))
+               for f in ("qweight", "scales", "zeros", "g_idx", "perm")):
+            weight = dataclasses.replace(weight, **{f: as_cupy(getattr(weight, f))
+                                                    for f in ("qweight", "scales", "zeros", "g_idx", "perm")})
         self.weight = weight
         self.num_streams = num_streams
         self._sms = as_int(sms, "sms")
-        self._scratch: dict[int, tuple[Any, Any, list]] = {}
+        self._scratch: dict[tuple[int, str], tuple[Any, Any, list, int]] = {}  # (device, pool) -> _scratch_for
         self._events: dict[int, tuple[Any, list]] = {}  # device -> (caller-ready event, one event per stream)
         self._plans: dict[tuple, Any] = {}  # batched-path launches checked once: key -> gemm.PreparedLaunch
         self._plans_for: tuple = ()  # the weight arrays those plans were checked against
@@ -140,23 +145,31 @@ class MarlinExpertStack:
             raise TypeError("the stack's arrays are not on GPU; build it from gemm.upload_weight(weight)")
         return rt.device_pointer(qweight, "weight.qweight")[1]
 
-    def _scratch_for(self, device: int):
-        """(workspace [S·sms] int32 zero, c_tmp [S, c_tmp_numel] fp32, streams [S]), made once per device."""
-        if device not in self._scratch:
+    def _scratch_for(self, device: int, pool: str = "cupy", stream_ptr: int | None = None):
+        """(workspace [S·sms] int32 zero, c_tmp [S, c_tmp_numel] fp32, streams [S], sms), made once per device and
+        pool (the framework whose allocator holds them: kernels.pool_of), on ``stream_ptr`` (None: CuPy's current)."""
+        key = (device, pool)
+        if key not in self._scratch:
             cupy = rt.cupy()
             sms = gemm_kernels.device_properties(device)[1] if self._sms <= 0 else self._sms
+            if stream_ptr is None:
+                stream_ptr = rt.stream_handle(None)
+            ws = new_array(pool, self.num_streams * gemm.workspace_numel(sms), np.int32, device, stream_ptr,
+                           zero=True)
+            c_tmp = new_array(pool, (self.num_streams, gemm.c_tmp_numel(sms)), np.float32, device, stream_ptr)
             with cupy.cuda.Device(device):
-                ws = cupy.zeros(self.num_streams * gemm.workspace_numel(sms), dtype=np.int32)
-                c_tmp = cupy.empty((self.num_streams, gemm.c_tmp_numel(sms)), dtype=np.float32)
                 streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(self.num_streams)]
-            self._scratch[device] = (ws, c_tmp, streams, sms)
-        return self._scratch[device]
+            self._scratch[key] = (ws, c_tmp, streams, sms)
+        return self._scratch[key]
 
     def zero_workspace(self, *, stream=None) -> None:
         """Zero every lock counter once before a batch of launches (the kernels leave them zero; this recovers
         from an interrupted launch and is ferrum-kernels' once-per-batch call)."""
-        ws = self._scratch_for(self._device())[0]
-        rt.cupy().cuda.runtime.memsetAsync(ws.data.ptr, 0, ws.nbytes, rt.stream_handle(stream))
+        device = self._device()
+        stream_ptr = rt.stream_handle(stream)
+        for (dev, _), (ws, *_) in list(self._scratch.items()) or [((device, "cupy"), self._scratch_for(device))]:
+            if dev == device:
+                rt.cupy().cuda.runtime.memsetAsync(ws.data.ptr, 0, ws.nbytes, stream_ptr)
 
     def check_dispatches(self, input_shape, output_shape, dispatches) -> list[tuple[int, int, int, int]]:
         """Validated dispatches (pure: no GPU). Output row ranges of different dispatches must not overlap: they
@@ -205,7 +218,7 @@ class MarlinExpertStack:
             raise ValueError("output is not contiguous")
 
     def gemm_phase_batched(self, input, dispatches: Sequence[tuple[int, int, int, int]], output, *, stream=None,
-                           policy: MoePolicy | None = None):
+                           policy: MoePolicy | None = None, pool: str | None = None):
         """For each ``(e, in_off, out_off, m)``: ``output[out_off:out_off+m] = input[in_off:in_off+m] @ W[e]``.
 
         input [R_in, K], output [R_out, n_per_expert] (act dtype, on the GPU). Dispatches go round-robin onto
@@ -215,25 +228,34 @@ class MarlinExpertStack:
         scratch views); the others launch the same checked problem at their own addresses (row offset x row
         stride, expert x expert stride: every expert and every lane's scratch has the same shape), each address
         re-checked for alignment by ``PreparedLaunch.launch``. No views, records or allocations per dispatch.
-        The dense GEMMs run under ``policy.gemm`` (workbench.policy.MoePolicy; None: the default).
+        The dense GEMMs run under ``policy.gemm`` (workbench.policy.MoePolicy; None: the default). Arrays of any
+        framework; the scratch (lock counters, partial sums, act-order's permuted activations) comes from ``pool``
+        (None: input's framework's); ``stream`` None: the current stream of input's framework.
         """
         gemm_policy = (policy or _default()).gemm
+        given, framework = output, pool_of(input)
+        pool = pool or framework
+        input, output = as_cupy(input), as_cupy(output)
         self._check_io(input, output, "output")
         work = self.check_dispatches(input.shape, output.shape, dispatches)
         device = self._device()
-        ws, c_tmp, streams, sms = self._scratch_for(device)
+        stream_ptr = rt.stream_handle(stream, framework, device)
+        ws, c_tmp, streams, sms = self._scratch_for(device, pool, stream_ptr)
         if not work:
-            return output
+            return given
         cupy = rt.cupy()
-        caller = rt.cupy_stream(rt.stream_handle(stream))
+        caller = rt.cupy_stream(stream_ptr)
         nd = rt.cupy_array_type()
         w = self.weight
         if w.has_act_order or type(input) is not nd or type(output) is not nd or type(w.qweight) is not nd:
             lanes = self._join_lanes(caller, streams, len(work), device, before=True)
+            # act-order gathers each dispatch's rows into a_tmp: one buffer per lane (lanes run concurrently)
+            a_tmp = None if not w.has_act_order else new_array(
+                pool, (len(lanes), max(m for *_, m in work), self.k), input.dtype, device, stream_ptr)
             with cupy.cuda.Device(device):  # per-dispatch views through marlin_gemm: every check every time
-                self._batched_through_views(input, work, output, ws, c_tmp, lanes, sms, gemm_policy)
+                self._batched_through_views(input, work, output, ws, c_tmp, a_tmp, lanes, sms, gemm_policy)
             self._join_lanes(caller, lanes, len(work), device, before=False)
-            return output
+            return given
         for name, x in (("input", input), ("output", output)):
             if x.data.device_id != device:
                 raise ValueError(f"{name} is on device {x.data.device_id} but the stack is on device {device}")
@@ -265,7 +287,7 @@ class MarlinExpertStack:
                             ct_base + lane * ct_step, sc_base + e * sc_step, zp_base and zp_base + e * zp_step,
                             0, 0, 0, ws_base + lane * ws_step, lane_ptrs[lane])
         self._join_lanes(caller, lanes, len(work), device, before=False)
-        return output
+        return given
 
     def _plan_dispatch(self, input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lane_stream, gemm_policy):
         """gemm.plan_marlin_gemm on this dispatch's views: every check of a dense call, no launch."""
@@ -274,14 +296,15 @@ class MarlinExpertStack:
                                      workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
                                      stream=lane_stream, sms=sms, policy=gemm_policy)
 
-    def _batched_through_views(self, input, work, output, ws, c_tmp, lanes, sms, gemm_policy):
+    def _batched_through_views(self, input, work, output, ws, c_tmp, a_tmp, lanes, sms, gemm_policy):
         per_ws = gemm.workspace_numel(sms)
         experts = self.expert_views()
         for i, (e, r_in, r_out, m) in enumerate(work):
             lane = i % len(lanes)
             gemm.marlin_gemm(input[r_in:r_in + m], experts[e], c=output[r_out:r_out + m],
                              workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
-                             stream=lanes[lane], sms=sms, policy=gemm_policy)
+                             a_tmp=None if a_tmp is None else a_tmp[lane, :m], stream=lanes[lane], sms=sms,
+                             policy=gemm_policy)
 
     def _join_lanes(self, caller, streams, n_work: int, device: int, *, before: bool):
         """before=True: the streams the dispatches use, each made to wait for the caller's stream (one dispatch:
@@ -314,9 +337,18 @@ class MarlinExpertStack:
         """One launch: ``output[id] = input[id // top_k] @ W[expert_ids[b]]`` (× ``topk_weights.flat[id]`` when
         given) for every id < prob_m·top_k of every block b < num_tokens_post_padded / moe_block_size with an
         expert id >= 0. Rows of ``output`` no block names are left untouched. Inputs come from
-        ``moe_align_block_size``; input [prob_m, K], output [prob_m·top_k, n_per_expert]."""
-        return fused.launch_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
-                             prob_m, moe_block_size, top_k, topk_weights, stream, policy or _default())
+        ``moe_align_block_size``; input [prob_m, K], output [prob_m·top_k, n_per_expert]. Arrays of any framework
+        (nothing is allocated); ``stream`` None: the current stream of input's framework."""
+        given = output
+        if type(input) is not rt.cupy_array_type():
+            stream = rt.stream_handle(stream, pool_of(input), rt.device_pointer(input, "input")[1]) \
+                if on_gpu(input) else stream
+            input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, topk_weights = (
+                as_cupy(x) for x in (input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
+                                     topk_weights))
+        fused.launch_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m,
+                           moe_block_size, top_k, topk_weights, stream, policy or _default())
+        return given
 
     def make_expert_linear(self, expert_offset: int, expert_n: int, bias=None) -> ExpertLinear:
         """Columns ``[expert_offset, expert_offset + expert_n)`` of the stack's concatenated output space
