@@ -327,7 +327,7 @@ def run_cpu(args, variants) -> dict:
         from workbench.cuda import arrays as rt_arrays
 
         for name, value in (("_cupy_module", fake), ("_driver_module", driver), ("_FAST_ARRAY", FakeArray),
-                            ("function_ptr", gemm.function_ptr), ("PROGRAMMATIC_LAUNCH", False)):
+                            ("function_ptr", gemm.kernels.function_ptr), ("PROGRAMMATIC_LAUNCH", False)):
             if name in vars(gemm_old):
                 setattr(gemm_old, name, value)
         assert rt_arrays._cupy_module is fake

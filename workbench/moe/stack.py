@@ -233,9 +233,11 @@ class MarlinExpertStack:
         (None: input's framework's); ``stream`` None: the current stream of input's framework.
         """
         gemm_policy = (policy or _default()).gemm
-        given, framework = output, pool_of(input)
+        given, framework, nd = output, "cupy", rt.cupy_array_type()
+        if type(input) is not nd or type(output) is not nd:
+            framework = pool_of(input)
+            input, output = as_cupy(input), as_cupy(output)
         pool = pool or framework
-        input, output = as_cupy(input), as_cupy(output)
         self._check_io(input, output, "output")
         work = self.check_dispatches(input.shape, output.shape, dispatches)
         device = self._device()
@@ -245,7 +247,6 @@ class MarlinExpertStack:
             return given
         cupy = rt.cupy()
         caller = rt.cupy_stream(stream_ptr)
-        nd = rt.cupy_array_type()
         w = self.weight
         if w.has_act_order or type(input) is not nd or type(output) is not nd or type(w.qweight) is not nd:
             lanes = self._join_lanes(caller, streams, len(work), device, before=True)
