@@ -104,7 +104,8 @@ def launched_plan(mod, cfg, m: int, n: int, k: int, policy=None) -> dict:
     """What the last plan of this shape and types launched: its kernel (cluster size included), the blocks per SM
     that fit its shared memory as planned, and the shared memory it launches with (pinned for programmatic launches:
     GemmPolicy.programmatic_pin_occupancy)."""
-    plans = [p for p in mod._prepared.values() if (p.m, p.n, p.k, p.cfg.act, p.cfg.weight) == (m, n, k, cfg.act,
+    cache = mod.launch._prepared if hasattr(getattr(mod, "launch", None), "_prepared") else mod._prepared
+    plans = [p for p in cache.values() if (p.m, p.n, p.k, p.cfg.act, p.cfg.weight) == (m, n, k, cfg.act,
                                                                                              cfg.weight)
              and getattr(p, "policy", None) in (None, policy)]
     if not plans:

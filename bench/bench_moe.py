@@ -360,9 +360,11 @@ def ab_main(args) -> int:
                 gbs = nbytes / (us * 1e-6) / 1e9
                 graph_us = float(np.median(graph_times[v]))
                 # what the call launched
-                c, grid, _ = (old if v == "old" else moe)._fused_grid(
+                fused_grid = old._fused_grid if v == "old" else moe.fused.fused_grid
+                old_policy = [old._default()] if hasattr(old, "_default") else []  # (a tree with policies)
+                c, grid, _ = fused_grid(
                     stacks["old" if v == "old" else "new"], device, S.F16, block, m * top_k, int(sorted_ids.size),
-                    GROUP, *([] if v == "old" else [AB_VARIANTS[v]]))
+                    GROUP, *(old_policy if v == "old" else [AB_VARIANTS[v]]))
                 row = dict(gpu=gpu, config=name, experts=e, k=k, n=n, top_k=top_k, m=m, moe_block_size=block,
                            variant=v, us=round(us, 2), us_min=round(float(np.min(times[v])), 2),
                            us_q25=round(q25, 2), us_q75=round(q75, 2), us_max=round(float(np.max(times[v])), 2),

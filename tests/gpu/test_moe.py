@@ -469,10 +469,12 @@ def test_fused_moe_on_torch_tensors_allocates_from_torch(act, rng):
     hidden = rng.standard_normal((m, k), dtype=np.float32).astype(act)
     ids, weights = routing(rng, m, top_k, e)
     pool = cp.get_default_memory_pool()
+    got = None
     for path in moe.PATHS:
         want = moe.fused_moe(cp.asarray(hidden), c13, c2, cp.asarray(weights), cp.asarray(ids), path=path)
         cp.cuda.Device().synchronize()
         used, held = pool.used_bytes(), pool.total_bytes()
+        got = None  # (the previous path's output: freed, so the one below is counted)
         before = torch.cuda.memory_allocated()
         for call in range(2):  # the checked call, then (fused path) the layer plan's
             got = moe.fused_moe(tensor(hidden), t13, t2, tensor(weights), tensor(ids), path=path)
@@ -480,4 +482,4 @@ def test_fused_moe_on_torch_tensors_allocates_from_torch(act, rng):
             assert np.array_equal(got.view(torch.int16).cpu().numpy().view(np.uint16), _bits(want)), (path, call)
         torch.cuda.synchronize()
         assert (pool.used_bytes(), pool.total_bytes()) == (used, held), f"{path}: CuPy's pool was used"
-        assert torch.cuda.memory_allocated() > before, path  # (the stacks' scratch and plans stay allocated)
+        assert torch.cuda.memory_allocated() > before, path  # (at least the output: torch's allocator holds it)
