@@ -113,6 +113,15 @@ def contiguous(x, pool: str, stream_ptr: int):
     return out
 
 
+def output_array(out, shape: tuple, dtype, pool: str, device: int, stream_ptr: int):
+    """A kernel's output: ``out`` checked (``shape``, ``dtype``, C-contiguous), or a new array from ``pool``."""
+    if out is None:
+        return new_array(pool, shape, dtype, device, stream_ptr)
+    if tuple(out.shape) != shape or out.dtype != dtype or not out.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"out must be a contiguous {shape} {dtype} array, got {tuple(out.shape)} {out.dtype}")
+    return out
+
+
 def for_caller(x, like):
     """``x`` (a CuPy array of the code) in the framework of ``like`` (the caller's array): a torch tensor over the
     same memory for torch callers, ``x`` itself otherwise."""
@@ -178,10 +187,7 @@ def silu_and_mul(x, out=None, *, stream=None, pool: str | None = None):
     rows, n = int(x.shape[0]), int(x.shape[1]) // 2
     x_ptr, device = rt.device_pointer(x, "x")
     stream_ptr = rt.stream_handle(stream, pool_of(caller), device)
-    if out is None:
-        out = new_array(pool, (rows, n), x.dtype, device, stream_ptr)
-    if tuple(out.shape) != (rows, n) or out.dtype != x.dtype or not out.flags["C_CONTIGUOUS"]:
-        raise ValueError(f"out must be a contiguous ({rows}, {n}) {x.dtype} array, got {tuple(out.shape)} {out.dtype}")
+    out = output_array(out, (rows, n), x.dtype, pool, device, stream_ptr)
     if rows:
         blocks = min(65535, -(-(rows * n) // 256))
         launch_helper(f"mwb::silu_and_mul<{ctype_name(x.dtype)}>", device, blocks, 256,
@@ -218,10 +224,7 @@ def moe_sum(y, top_k: int, out=None, *, weights=None, row_of=None, stream=None, 
     m = entries // top_k
     y_ptr, device = rt.device_pointer(y, "y")
     stream_ptr = rt.stream_handle(stream, pool_of(caller), device)
-    if out is None:
-        out = new_array(pool, (m, k), y.dtype, device, stream_ptr)
-    if tuple(out.shape) != (m, k) or out.dtype != y.dtype or not out.flags["C_CONTIGUOUS"]:
-        raise ValueError(f"out must be contiguous ({m}, {k}) {y.dtype}, got {tuple(out.shape)} {out.dtype}")
+    out = output_array(out, (m, k), y.dtype, pool, device, stream_ptr)
     if weights is not None and (np.dtype(weights.dtype) != np.float32 or int(weights.size) != entries):
         raise ValueError(f"weights must be float32 with {entries} elements, got {weights.dtype} "
                          f"{tuple(weights.shape)}")
