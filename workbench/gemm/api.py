@@ -17,6 +17,7 @@ from workbench.cuda import arrays as rt_arrays
 from workbench.gemm import checks
 from workbench.gemm import kernels
 from workbench.gemm.checks import _is_empty, check_gemm_shapes
+from workbench.gemm.geometry import _package as _defaults  # (the package namespace: its _default_policy)
 from workbench.gemm.geometry import c_tmp_numel, default_policy, workspace_numel
 from workbench.gemm.launch import MAX_PLANS, PreparedLaunch, prepare_launch
 from workbench.gemm_abi import MarlinMmBuffers, MarlinMmExecution, MarlinMmRequest
@@ -24,7 +25,6 @@ from workbench.policy import GemmPolicy
 from workbench.scalar_types import ScalarType
 
 _default = default_policy
-_package = __import__("sys").modules[__package__]
 
 
 # Unit roundoff of the activation types: rounding a value to fp16 / bf16 moves it by at most u |value|.
@@ -131,7 +131,7 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     torch tensors (``c`` is then a torch tensor), CuPy's pool otherwise. Mixed inputs: A's framework wins.
     """
     if policy is None:
-        policy = _package._default_policy
+        policy = _defaults["_default_policy"]
     key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                     is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy)
     plan = _array_plans.get(key) if key is not None else None

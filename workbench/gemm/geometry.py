@@ -13,12 +13,14 @@ import sys
 from workbench.policy import GemmPolicy
 from workbench.scalar_types import ScalarType
 
-_package = sys.modules[__package__]  # holds the default policy (workbench.gemm._default_policy)
+# The package's namespace, which holds the default policy (workbench.gemm._default_policy): read through the dict,
+# since an attribute of a module whose class has __getattr__ (the deprecated globals) costs a Python-level call.
+_package = sys.modules[__package__].__dict__
 
 
 def default_policy() -> GemmPolicy:
     """The policy of calls that pass none (DEFAULT_GEMM_POLICY unless a deprecated module global was set)."""
-    return _package._default_policy
+    return _package["_default_policy"]
 
 
 _default = default_policy

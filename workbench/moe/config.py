@@ -11,12 +11,14 @@ from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
 from workbench.gemm import GROUP_CHANNELWISE, GROUP_GROUPED, TileGeometry, two_block_smem
 from workbench.policy import MoePolicy
 
-_package = sys.modules[__package__]  # holds the default policy (workbench.moe._default_policy)
+# The package's namespace, which holds the default policy (workbench.moe._default_policy), read as a dict (see
+# workbench.gemm.geometry).
+_package = sys.modules[__package__].__dict__
 
 
 def default_policy() -> MoePolicy:
     """The policy of calls that pass none: DEFAULT_MOE_POLICY unless a deprecated module global was set."""
-    return _package._default_policy
+    return _package["_default_policy"]
 
 
 _default = default_policy
