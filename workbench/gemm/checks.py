@@ -269,7 +269,7 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
 
 
 def check_scratch(plan: GemmPlan, workspace, c_tmp, a_tmp, sms: int, use_fp32_reduce: bool,
-                   use_atomic_add: bool) -> None:
+                  use_atomic_add: bool) -> None:
     if workspace is None:
         raise ValueError("workspace is required: a zeroed int32 buffer of at least workspace_numel(sms) elements")
     _dtype_is(workspace, np.int32, "workspace")

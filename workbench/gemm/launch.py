@@ -41,7 +41,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
         raise ValueError(f"abi_version = {launch.abi_version} is not supported (this build speaks {ABI_VERSION})")
     if launch.struct_size != ctypes.sizeof(MarlinLaunch):
         raise ValueError(f"struct_size = {launch.struct_size} does not match sizeof(MarlinLaunch) = "
-                   f"{ctypes.sizeof(MarlinLaunch)}")
+                         f"{ctypes.sizeof(MarlinLaunch)}")
     if launch.flags & ~KNOWN_FLAGS:
         raise ValueError(f"flags = {launch.flags:#x} has unknown bits {launch.flags & ~KNOWN_FLAGS:#x}")
     codes = _TYPE_BY_CODE
@@ -50,11 +50,11 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
         raise ValueError(f"a_type = {launch.a_type} is not an activation type (f16 = 1, bf16 = 2)")
     if launch.c_type != launch.a_type or launch.scale_type != launch.a_type:
         raise ValueError(f"c_type = {launch.c_type} and scale_type = {launch.scale_type} must equal a_type = "
-                   f"{launch.a_type} (16-bit activations)")
+                         f"{launch.a_type} (16-bit activations)")
     weight = codes.get(launch.b_type)
     if weight not in GEMM_WEIGHT_TYPES:
         raise ValueError(f"b_type = {launch.b_type} is not a Marlin weight type "
-                   f"({', '.join(f'{t} = {t.abi_code}' for t in GEMM_WEIGHT_TYPES)})")
+                         f"({', '.join(f'{t} = {t.abi_code}' for t in GEMM_WEIGHT_TYPES)})")
     for name in ("a_scales", "b_bias", "global_scale"):
         if launch.pointer(name):
             raise ValueError(f"{name} is not supported with 16-bit activations (pass null)")
@@ -64,13 +64,14 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     flags = launch.flags
     has_zp = bool(flags & FLAG_HAS_ZERO_POINTS)
     if has_zp != bool(launch.pointer("zero_points")):
-        raise ValueError(f"HAS_ZERO_POINTS flag = {has_zp} disagrees with zero_points = {launch.pointer('zero_points'):#x}")
+        raise ValueError(f"HAS_ZERO_POINTS flag = {has_zp} disagrees with zero_points = "
+                         f"{launch.pointer('zero_points'):#x}")
     checks.check_zero_points(has_zp, weight)
     act_order = bool(flags & FLAG_HAS_ACT_ORDER)
     k_full = bool(flags & FLAG_IS_K_FULL)
     if act_order != bool(launch.pointer("group_index")) or act_order != bool(launch.pointer("permutation")):
         raise ValueError(f"HAS_ACT_ORDER flag = {act_order} needs group_index and permutation "
-                   f"(got {launch.pointer('group_index'):#x}, {launch.pointer('permutation'):#x})")
+                         f"(got {launch.pointer('group_index'):#x}, {launch.pointer('permutation'):#x})")
     ng, gs = launch.num_groups, launch.group_size
     checks.check_act_order(weight, act_order, k_full, ng)
     checks.check_groups(weight, k, ng, act_order, k_full)
@@ -308,20 +309,20 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
         raise TypeError(f"config must be a KernelConfig, got {type(cfg).__name__}")
     m, n, k = max(launch.prob_m, 1), launch.prob_n, launch.prob_k
     if (cfg.act, cfg.weight, cfg.group_mode) != (default.act, default.weight, default.group_mode):
-        raise ValueError(f"config (act, weight, group_mode) = ({cfg.act}, {cfg.weight}, {cfg.group_mode}) does not match "
-                   f"the problem's ({default.act}, {default.weight}, {default.group_mode})")
+        raise ValueError(f"config (act, weight, group_mode) = ({cfg.act}, {cfg.weight}, {cfg.group_mode}) does not "
+                         f"match the problem's ({default.act}, {default.weight}, {default.group_mode})")
     if (cfg.n_tiles, cfg.k_warp) not in THREAD_SHAPES or not 1 <= cfg.m_blocks <= 4:
         raise ValueError(f"config (m_blocks, n_tiles, k_warp) = ({cfg.m_blocks}, {cfg.n_tiles}, {cfg.k_warp}) is not a "
-                   f"kernel shape (m_blocks 1..4, (n_tiles, k_warp) in {sorted(THREAD_SHAPES)})")
+                         f"kernel shape (m_blocks 1..4, (n_tiles, k_warp) in {sorted(THREAD_SHAPES)})")
     if k % cfg.block_k or n % cfg.block_n:
         raise ValueError(f"config tile (thread_k, thread_n) = ({cfg.block_k}, {cfg.block_n}) does not divide "
-                   f"(size_k, size_n) = ({k}, {n})")
+                         f"(size_k, size_n) = ({k}, {n})")
     group_size = -1 if launch.num_groups == 1 else launch.group_size
     if cfg.group_mode == GROUP_GROUPED and group_size % cfg.block_k and cfg.block_k % group_size:
         raise ValueError(f"config thread_k = {cfg.block_k} and group_size = {group_size}: neither divides the other")
     if cfg.blocks_per_sm not in (1, 2) or (cfg.blocks_per_sm == 2 and cfg.m_blocks != 1):
         raise ValueError(f"config blocks_per_sm = {cfg.blocks_per_sm} with m_blocks = {cfg.m_blocks}: 1, or 2 with "
-                   f"m_blocks = 1")
+                         f"m_blocks = 1")
     if cfg.swap not in (0, 1):
         raise ValueError(f"config swap = {cfg.swap!r} is not 0 or 1 (the row layout or the swapped loop)")
     if cfg.swap and (cfg.m_blocks != 1 or m > 8):
@@ -329,15 +330,15 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     limit = smem_limit if cfg.blocks_per_sm == 1 else two_block_smem(smem_limit, sm_smem)
     if cfg.smem_bytes > limit:
         raise ValueError(f"config needs {cfg.smem_bytes} bytes of shared memory; {cfg.blocks_per_sm} block(s) per SM "
-                   f"leave {limit}")
+                         f"leave {limit}")
     iterations = pipeline_steps(cfg, m, n, k)
     checks.check_pipeline_steps(iterations)
     if grid is None:
         grid = grid_blocks(cfg, m, n, k, sms, policy=policy)
     most = min(iterations, sms * cfg.blocks_per_sm)
     if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or not 1 <= grid <= most:
-        raise ValueError(f"grid = {grid!r} must be an int in [1, {most}] (min(pipeline steps = {iterations}, sms = {sms} "
-                   f"x blocks_per_sm = {cfg.blocks_per_sm}))")
+        raise ValueError(f"grid = {grid!r} must be an int in [1, {most}] (min(pipeline steps = {iterations}, "
+                         f"sms = {sms} x blocks_per_sm = {cfg.blocks_per_sm}))")
     fp32_reduce = bool(launch.flags & FLAG_USE_FP32_REDUCE) and not launch.flags & FLAG_USE_ATOMIC_ADD
     fits = cluster_blocks(cfg, m, n, k, int(grid), cc, fp32_reduce, enabled=True, sizes=KERNEL_CLUSTER_SIZES)
     if config is None:  # the default configuration: clusters where the policy would give this grid some
@@ -345,15 +346,15 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
                                                               policy=policy))
     elif cfg.cluster != 1 and cfg.cluster != fits:
         raise ValueError(f"config cluster = {cfg.cluster} needs sm_90+, the fp32 reduction, m_blocks = 1 and a grid of "
-                   f"cluster x slices blocks with cluster in {KERNEL_CLUSTER_SIZES} and <= the slice's pipeline "
-                   f"steps (got sm_{cc}, fp32 = {fp32_reduce}, m_blocks = {cfg.m_blocks}, grid = {grid}: cluster "
-                   f"{fits} fits)")
+                         f"cluster x slices blocks with cluster in {KERNEL_CLUSTER_SIZES} and <= the slice's pipeline "
+                         f"steps (got sm_{cc}, fp32 = {fp32_reduce}, m_blocks = {cfg.m_blocks}, grid = {grid}: cluster "
+                         f"{fits} fits)")
     prepared = PreparedLaunch(launch, cfg, sms, int(grid), policy)
     if launch.prob_m > 0:
         resident = kernels.resident_blocks(cfg.name_expression, launch.device)
         if grid > sms * resident:
             raise ValueError(f"grid = {grid} blocks cannot all be resident: the driver keeps {resident} block(s) of "
-                       f"{cfg.name_expression} per SM on {sms} SMs")
+                             f"{cfg.name_expression} per SM on {sms} SMs")
         prepared.set_grid(grid)  # (PreparedLaunch shrinks the planned grid when fewer blocks are resident)
     return prepared
 

@@ -26,7 +26,7 @@ The package, by concept: ``reference`` (the NumPy spec), ``kernels`` (the elemen
 and ``layer`` (``fused_moe`` and its plans). Every public name is importable from ``workbench.moe`` itself; the dense
 GEMM is reached through ``workbench.gemm``'s public names only.
 
-Arrays: CuPy arrays, PyTorch CUDA tensors (as in ``workbench.gemm``) or any ``__cuda_array_interface__`` array.
+Arrays: CuPy arrays or PyTorch CUDA tensors (viewed as CuPy arrays through DLPack, without a copy).
 Every output and every intermediate (workspace, partial sums, permuted or gathered activations) comes from the pool
 of the framework the call's activations belong to: PyTorch's caching allocator for torch tensors, CuPy's pool
 otherwise; when inputs are mixed, the activations' framework wins (``hidden`` for ``fused_moe``, ``input`` for the

@@ -35,7 +35,7 @@ def check_int_vector(x, name: str):
 
 
 def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
-                  prob_m, moe_block_size, top_k, topk_weights, stream, policy: MoePolicy):
+                 prob_m, moe_block_size, top_k, topk_weights, stream, policy: MoePolicy):
     w = stack.weight
     prob_m, moe_block_size, top_k = (as_int(v, n) for v, n in ((prob_m, "prob_m"), (moe_block_size, "moe_block_size"),
                                                              (top_k, "top_k")))
@@ -94,7 +94,7 @@ def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, 
     if numel == 0 or cap == 0:
         return output
     cfg, grid, n_blocks = fused_grid(stack, device, act_scalar_type(input.dtype), moe_block_size, numel, cap,
-                                      group, policy)
+                                     group, policy)
     launch_fused_phase(cfg, grid, device, policy, (
         input.data.ptr, w.qweight.data.ptr, output.data.ptr, w.scales.data.ptr,
         0 if w.zeros is None else w.zeros.data.ptr, sorted_token_ids.data.ptr, expert_ids.data.ptr,
@@ -112,8 +112,8 @@ def launch_smem(cfg: MoeConfig, device: int, policy: MoePolicy) -> int:
         return cfg.smem_bytes
     key = (cfg.name_expression, device, cfg.blocks_per_sm)
     if key not in _pinned_smem:
-        _pinned_smem[key] = gemm_kernels.pin_occupancy_of(kernels.get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes),
-                                                  device, cfg.smem_bytes, cfg.blocks_per_sm)
+        kernel = kernels.get_moe_kernel(cfg.name_expression, device, cfg.smem_bytes)
+        _pinned_smem[key] = gemm_kernels.pin_occupancy_of(kernel, device, cfg.smem_bytes, cfg.blocks_per_sm)
     return _pinned_smem[key]
 
 
@@ -121,7 +121,7 @@ _pinned_smem: dict[tuple[str, int, int], int] = {}  # (kernel, device, CTAs per 
 
 
 def launch_fused_phase(cfg: MoeConfig, grid: int, device: int, policy: MoePolicy, values: tuple,
-                        stream: int) -> None:
+                       stream: int) -> None:
     """One fused GEMM phase on checked arguments: ``values`` in the kernel's parameter order
     (PLAN_ARG_KINDS["marlin_moe"]: addresses, then int32 scalars), launched programmatically (the policy's
     programmatic_launch on sm_90+, shared memory pinned as the dense GEMM's) or plainly. The launch and argument
@@ -151,7 +151,7 @@ _phase_launches: dict[tuple, tuple] = {}
 
 
 def fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int, numel: int, cap: int, group: int,
-                policy: MoePolicy):
+               policy: MoePolicy):
     """(config, grid, n_blocks) of one fused launch on checked arguments (shared by launch_fused and the layer
     plans, so both launch the same kernel on the same grid)."""
     props = gemm_kernels.device_properties(device)  # (cc, SMs, opt-in smem per block, smem per SM)

@@ -35,10 +35,10 @@ def as_int(v, name: str) -> int:
     return int(v)
 
 
-# ---- arrays of any framework ---------------------------------------------------------------------------------------
-# The MoE code works on CuPy arrays: a torch tensor (or any __cuda_array_interface__ array) is viewed as one without
-# a copy on the way in, and every array the code makes comes from the pool of the caller's framework (``pool``):
-# torch's caching allocator for torch callers, CuPy's pool otherwise, viewed as a CuPy array the same way.
+# ---- CuPy and torch arrays ----------------------------------------------------------------------------------------
+# The MoE code works on CuPy arrays: a torch tensor is viewed as one without a copy on the way in, and every array the
+# code makes comes from the pool of the caller's framework (``pool``): torch's caching allocator for torch callers,
+# CuPy's pool otherwise, viewed as a CuPy array the same way.
 def pool_of(x) -> str:
     """The framework whose pool allocates a call's outputs and intermediates: "torch" for torch tensors, else
     "cupy" (Numba has no pool of its own)."""
@@ -46,16 +46,10 @@ def pool_of(x) -> str:
 
 
 def as_cupy(x):
-    """A CuPy array over ``x``'s memory (DLPack for torch tensors, ``__cuda_array_interface__`` otherwise); ``x``
-    itself for CuPy arrays, None and anything not on the GPU (the checks name those)."""
-    if x is None or type(x) is rt.cupy_array_type():
-        return x
-    if isinstance(x, rt.torch_tensor_type()):
-        if not x.is_cuda:
-            return x
+    """A CuPy array over a torch CUDA tensor's memory (DLPack, no copy); ``x`` itself for anything else (CuPy arrays,
+    None, host arrays: the checks name those)."""
+    if isinstance(x, rt.torch_tensor_type()) and x.is_cuda:
         return rt.cupy().from_dlpack(x.detach())
-    if getattr(x, "__cuda_array_interface__", None) is not None:
-        return rt.cupy().asarray(x)
     return x
 
 
@@ -176,7 +170,7 @@ def ctype_name(dtype) -> str:
 def silu_and_mul(x, out=None, *, stream=None, pool: str | None = None):
     """out[r, j] = rnd(silu(x[r, j]) · x[r, N + j]) for x [R, 2N] fp16/bf16 on the GPU (fp32 math inside).
 
-    ``x`` / ``out``: CuPy arrays, torch CUDA tensors or ``__cuda_array_interface__`` arrays; a new ``out`` comes from
+    ``x`` / ``out``: CuPy arrays or torch CUDA tensors; a new ``out`` comes from
     ``pool`` ("torch" / "cupy"; None: x's framework's) and is returned in x's framework. ``stream`` None: the
     current stream of x's framework."""
     caller, given, pool = x, out, pool or pool_of(x)
@@ -200,7 +194,7 @@ def moe_sum(y, top_k: int, out=None, *, weights=None, row_of=None, stream=None, 
 
     w = 1 when ``weights`` ([M, top_k] float32) is None; r = identity (R = M·top_k) when ``row_of`` is None, else
     ``row_of`` ([M·top_k] int32) names the row of y holding each entry, -1 for an entry that contributes nothing.
-    Arrays of any framework; a new ``out`` from ``pool`` (None: y's framework's), returned in y's framework.
+    CuPy arrays or torch tensors; a new ``out`` from ``pool`` (None: y's framework's), returned in y's framework.
     """
     caller, given, pool = y, out, pool or pool_of(y)
     y, out, weights, row_of = as_cupy(y), as_cupy(out), as_cupy(weights), as_cupy(row_of)
@@ -285,7 +279,7 @@ def moe_align_block_size(topk_ids, block_size: int, num_experts: int, expert_map
     """Device ``moe_align_block_size`` in one CuPy launch of ``marlin_moe.cu``'s ``mwb::moe_align`` (the Numba
     kernel in ``kernels_numba.moe_align`` runs the same algorithm but pays Numba's per-call host dispatch, ~0.5 ms).
 
-    topk_ids [M, top_k] int32 contiguous device array of any framework (ids outside [0, num_experts) are dropped);
+    topk_ids [M, top_k] int32 contiguous CuPy array or torch tensor (ids outside [0, num_experts) are dropped);
     ``expert_map`` [num_experts] int32 on the same device (global -> local id, -1 = another device). Returns int32
     arrays from ``pool`` (None: topk_ids' framework's), in topk_ids' framework
     ``(sorted_token_ids [cap], expert_ids [cap / block_size], num_tokens_post_padded [1])``, cap =
@@ -336,6 +330,6 @@ def moe_align_block_size(topk_ids, block_size: int, num_experts: int, expert_map
     launch_helper("mwb::moe_align", device, 1, ALIGN_THREADS,
                    (rt.device_pointer(topk_ids, "topk_ids")[0], numel, num_experts, block_size,
                     0 if expert_map is None else rt.device_pointer(expert_map, "expert_map")[0], sorted_ids.data.ptr,
-                   cap, expert_ids.data.ptr, post.data.ptr), stream_ptr)
+                    cap, expert_ids.data.ptr, post.data.ptr), stream_ptr)
     return tuple(for_caller(x, caller) for x in (sorted_ids, expert_ids, post))
 

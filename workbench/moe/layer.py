@@ -58,7 +58,7 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     """An MoE layer: ``out[t] = Σ_j w[t, j] · (silu(gate) · up)(hidden[t] @ W13[e]) @ W2[e]``, e = topk_ids[t, j].
 
     hidden [M, K] fp16/bf16, topk_weights [M, top_k] float32, topk_ids [M, top_k] int32: CuPy arrays, torch CUDA
-    tensors or any ``__cuda_array_interface__`` arrays. The output and every intermediate come from the pool of
+    tensors. The output and every intermediate come from the pool of
     hidden's framework (torch's caching allocator for a torch ``hidden``, CuPy's pool otherwise: hidden wins when the
     inputs are mixed), and the output is returned in hidden's framework; ``stream`` None: the current stream of
     hidden's framework;
@@ -90,7 +90,7 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
         if on_gpu(hidden) and stream is None:
             stream = rt.stream_handle(None, pool, rt.device_pointer(hidden, "hidden")[1])
         hidden, topk_weights, topk_ids, expert_map = (as_cupy(x) for x in (hidden, topk_weights, topk_ids,
-                                                                            expert_map))
+                                                                           expert_map))
     key = None
     if path == "fused" and policy.layer_plans:
         key = _layer_key(hidden, w13_stack, w2_stack, topk_weights, topk_ids, block_size, expert_map, stream,

@@ -84,8 +84,8 @@ class MarlinExpertStack:
     ``weight``: a stacked ``MarlinWeight`` (``num_experts`` set; see ``ops.stack_gptq_experts_to_marlin`` and
     ``gemm.upload_weight``). Act-order stacks are not supported by the fused kernel (docs/formats.md, "MoE expert
     stacks": newer vLLM kernels
-    dropped it); the batched path runs them through the dense GEMM. The arrays may be CuPy arrays, torch CUDA tensors
-    or any ``__cuda_array_interface__`` arrays (viewed as CuPy arrays once, here: ``weight`` holds the views).
+    dropped it); the batched path runs them through the dense GEMM. The arrays may be CuPy arrays or torch CUDA
+    tensors (viewed as CuPy arrays once, here: ``weight`` holds the views).
     """
 
     def __init__(self, weight: MarlinWeight, *, num_streams: int = DEFAULT_STREAMS, sms: int = -1):
@@ -228,8 +228,8 @@ class MarlinExpertStack:
         scratch views); the others launch the same checked problem at their own addresses (row offset x row
         stride, expert x expert stride: every expert and every lane's scratch has the same shape), each address
         re-checked for alignment by ``PreparedLaunch.launch``. No views, records or allocations per dispatch.
-        The dense GEMMs run under ``policy.gemm`` (workbench.policy.MoePolicy; None: the default). Arrays of any
-        framework; the scratch (lock counters, partial sums, act-order's permuted activations) comes from ``pool``
+        The dense GEMMs run under ``policy.gemm`` (workbench.policy.MoePolicy; None: the default). CuPy arrays or
+        torch tensors; the scratch (lock counters, partial sums, act-order's permuted activations) comes from ``pool``
         (None: input's framework's); ``stream`` None: the current stream of input's framework.
         """
         gemm_policy = (policy or _default()).gemm
@@ -338,7 +338,7 @@ class MarlinExpertStack:
         """One launch: ``output[id] = input[id // top_k] @ W[expert_ids[b]]`` (× ``topk_weights.flat[id]`` when
         given) for every id < prob_m·top_k of every block b < num_tokens_post_padded / moe_block_size with an
         expert id >= 0. Rows of ``output`` no block names are left untouched. Inputs come from
-        ``moe_align_block_size``; input [prob_m, K], output [prob_m·top_k, n_per_expert]. Arrays of any framework
+        ``moe_align_block_size``; input [prob_m, K], output [prob_m·top_k, n_per_expert]. CuPy arrays or torch tensors
         (nothing is allocated); ``stream`` None: the current stream of input's framework."""
         given = output
         if type(input) is not rt.cupy_array_type():
