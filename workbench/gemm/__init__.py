@@ -3,13 +3,11 @@
 Three entry points, each one layer on top of the next:
 
 * ``launch_marlin_mm(record)`` — the launch-record ABI (docs/formats.md, "Launch record"): a ``MarlinLaunch`` record
-  of raw device pointers
-  (``workbench.gemm_abi``). Checks everything a record can say (types, flags, sizes, alignment) and launches.
-  No allocation and no host synchronisation: capturable in a CUDA graph.
+  of raw device pointers (``workbench.gemm_abi``). Checks everything a record can say (types, flags, sizes,
+  alignment) and launches. No allocation and no host synchronisation: capturable in a CUDA graph.
 * ``gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-  ...)`` — vLLM's op and argument order, on CuPy arrays. Checks every shape, dtype and device rule (docs/formats.md,
-  "Host checks")
-  before building the record.
+  ...)`` — vLLM's op and argument order, on CuPy arrays, torch CUDA tensors or ``__cuda_array_interface__`` arrays.
+  Checks every shape, dtype and device rule (docs/formats.md, "Host checks") before building the record.
 * ``marlin_gemm(a, weight)`` — the convenience form over a ``MarlinWeight`` whose arrays are on the GPU
   (``upload_weight``).
 
