@@ -92,7 +92,7 @@ class Variant:
         self.name, self.gemm, self.moe = name, gemm_mod, moe_mod
         self.gkw, self.mkw = {}, {}
         if direct is not None:
-            g = dataclasses.replace(DEFAULT_GEMM_POLICY, direct_launch=direct)
+            g = DEFAULT_GEMM_POLICY  # (GemmPolicy.direct_launch was removed: every launch is direct)
             self.gkw = {"policy": g}
             self.mkw = {"policy": dataclasses.replace(DEFAULT_MOE_POLICY, gemm=g)}
 
@@ -327,7 +327,7 @@ def run_cpu(args, variants) -> dict:
         from workbench.cuda import arrays as rt_arrays
 
         for name, value in (("_cupy_module", fake), ("_driver_module", driver), ("_FAST_ARRAY", FakeArray),
-                            ("function_ptr", gemm.function_ptr), ("PROGRAMMATIC_LAUNCH", False)):
+                            ("function_ptr", gemm.kernels.function_ptr), ("PROGRAMMATIC_LAUNCH", False)):
             if name in vars(gemm_old):
                 setattr(gemm_old, name, value)
         assert rt_arrays._cupy_module is fake
@@ -405,8 +405,7 @@ def main():
     parser.add_argument("--dense-only", action="store_true", help="only the dense GEMM cells (and torch's)")
     args = parser.parse_args()
     gemm_old, moe_old = load_old(args.old_dir)
-    variants = [Variant("old", gemm_old, moe_old), Variant("new", gemm, moe, direct=True),
-                Variant("new-cupy-call", gemm, moe, direct=False)]
+    variants = [Variant("old", gemm_old, moe_old), Variant("new", gemm, moe, direct=True)]
     result = run_cpu(args, variants) if args.cpu else run_gpu(args, variants)
     result.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   shapes=dict(dense=(1, K, N), moe=dict(experts=EXPERTS, hidden=HIDDEN, inter=INTER, top_k=TOP_K)))

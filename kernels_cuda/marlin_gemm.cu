@@ -502,26 +502,107 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
   }
 }
 
-// The per-warp pipeline where gemm_block allows it (kWarpFetch); false: every stage behind a block barrier. Up to
-// kWarpFetchMaxTiles 64-column tiles per block.
-inline constexpr bool kWarpFetchEnabled = true;
-inline constexpr int kWarpFetchMaxTiles = 2;
-// The last slice of a block without clusters folds its row-layout warps in the idle ring (see gemm_block's
-// kRingFold); false: fold_warps everywhere.
-inline constexpr bool kRingFoldEnabled = true;
-// The last slice of a block with several m16 blocks whose partial the ring cannot hold once per k group folds split
-// over the k groups in the ring (see gemm_block's kSplitFold); false: fold_warps, one m16 block a pass.
-inline constexpr bool kSplitFoldEnabled = true;
+// How a block finishes its part of a slice (GemmTraits::kFinish). Every strategy sums the warps of a tile and then
+// the slice's blocks in the same order, so they give the same bits; they differ in where the sums happen.
+enum class Finish {
+  kCluster,    // CLUSTER > 1: the slice's blocks add their partials in each other's shared memory
+               //   (finish_slice_cluster; the warps fold there too, in the idle ring, unless SWAP folded them)
+  kInline,     // one m16 block, where the finish inlined did not spill: fold_warps (unless SWAP folded already),
+               //   then finish_slice_inline in the kernel's own code
+  kRingFold,   // out of line, row layout, <= 2 m16 blocks, one block per SM: the block's last slice folds its warps
+               //   in the idle stage ring (fold_last_slice_in_ring), earlier slices in finish_slice
+  kSplitFold,  // out of line, row layout, several m16 blocks that the ring holds split over the k groups:
+               //   finish_slice_or_split (on the last slice every warp folds and writes a share)
+  kOutOfLine,  // everything else: finish_slice, which folds the warps through the fold buffer
+};
 
+// Every mode of gemm_block, derived once from its template parameters:
+//
 // MIN_BLOCKS: resident blocks per SM the register budget is cut for (2: 128 registers). Two blocks hide the dependent
 // LDS -> dequant -> mma chain of one block's 8 warps, but only pay when every block has a long run of pipeline steps
-// (workbench/gemm.py chooses; measured in bench/NOTES_gemm.md); the 64-row accumulators need one block's registers.
-//
-// SWAP = 1 / 2: at most 8 / 16 rows (M_BLOCKS = 1), the loop on the transposed problem (WarpLoop); 0: row layout.
-//
+// (workbench/gemm/geometry.py chooses); the 64-row accumulators need one block's registers.
+// SWAP = 1: at most 8 rows (M_BLOCKS = 1), the loop on the transposed problem (WarpLoop); 0: row layout.
 // CLUSTER > 1 (sm_90, marlin_gemm_cluster): the grid is slice-aligned with CLUSTER blocks per slice, launched in
 // clusters of CLUSTER blocks; slices are summed through distributed shared memory (finish_slice_cluster) in the fp32
 // reduction's order. The host takes it only for the fp32 reduction.
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
+          int SWAP, int CLUSTER>
+struct GemmTraits {
+  static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
+  static_assert(CLUSTER == 1 || (M_BLOCKS == 1 && CLUSTER <= 8), "cluster sums: 16-row tiles, at most 8 blocks");
+  static_assert(SWAP == 0 || (SWAP == 1 && M_BLOCKS == 1), "the swapped loop covers the 8 rows of one m16 block");
+  using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
+  static_assert(CLUSTER == 1 || G::kWarpsPerN * G::BM * G::BN * 4 <= G::kSmemBytes,
+                "every k group's partial fits the idle stage ring and fold buffer");
+  static constexpr int BM = G::BM, BN = G::BN;
+
+  // A pipeline per warp: with one or two 64-column tiles, one m16 block and K_WARP >= 2 every warp fetches the bytes
+  // it reads (its K_WARP k16 rows of B, the group rows of scales / zero points they span), the N_TILES warps of a k
+  // group (warps kg N_TILES + nt) together the A chunks and g_idx they share, and each waits for its own copies and
+  // its group (one warp: __syncwarp; two: a named barrier of 64 threads) only: no block barrier per stage, so a group
+  // whose stage has landed computes while others' still arrive. Slots are refilled by the group that reads them,
+  // after its barrier, so releasing one needs no block barrier either. One block per SM (the A copies' pointers cost
+  // registers).
+  static constexpr bool kWarpFetch = N_TILES <= 2 && M_BLOCKS == 1 && K_WARP >= 2 && MIN_BLOCKS == 1;
+  // Scales applied to fp32 partial sums once per group instead of to every dequantized pair (late_scale_pays).
+  static constexpr bool kLateScale = late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>();
+  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP, kLateScale, kWarpFetch>;
+  // float4 loads per lane in flight in the fp32 cross-block sum (the 128-register kernels spill above 4)
+  static constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;
+  // The slice finishing inlined in every one-m16-block kernel, where it measured faster (M <= 8 and the two-block
+  // M = 16 kernels). Not where it spilled: several m16 blocks, and the 128-register two-block kernels of weights with
+  // zero points or with act-order groups.
+  static constexpr bool kInlineFinish =
+      M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1 || (!Weight<W>::kHasZero && GROUP_MODE != kPerRow));
+  // A stage without group reloads between the warp's k16 tiles where the groups span them (grouped scales with
+  // G >= 16 K_WARP; the host allows G >= 32, so always for K_WARP <= 2; channelwise and per-row groups never reload
+  // there): a second compute_stage form. One block per SM only: with the stage as one scheduling region a swapped
+  // two-block kernel ran 24% slower, and the two-block rows-layout kernel spills.
+  static constexpr bool kSplitReloads = GROUP_MODE == kGrouped && MIN_BLOCKS == 1;
+  // The block's last slice in the row layout without clusters folds its warps in the stage ring, idle by then,
+  // every thread at work, instead of fold_warps' passes through the fold buffer (bit for bit the same sums; earlier
+  // slices cannot: the next slice's stages are in flight in the ring). Only where the finish is out of line
+  // (fold_warps then works on the accumulators' local copy; the inlined one-m16-block finishes did not gain), one
+  // block per SM and at most two m16 blocks (the 128-register kernels and a four-block one spilled with it).
+  static constexpr bool kRingFold = CLUSTER == 1 && SWAP == 0 && !kInlineFinish && MIN_BLOCKS == 1 && M_BLOCKS <= 2 &&
+                                    G::kWarpsPerN > 1 && G::kWarpsPerN * BM * BN * 4 <= G::kRingBytes;
+  // Where that does not apply and the ring holds the k groups' exchange, the last slice folds split over the k groups
+  // (fold_warps_split_in_ring: one barrier instead of two per m16 block, and every warp writes its share).
+  static constexpr bool kSplitFold = !kRingFold && CLUSTER == 1 && SWAP == 0 && !kInlineFinish && MIN_BLOCKS == 1 &&
+                                     G::kWarpsPerN > 1 && M_BLOCKS % G::kWarpsPerN == 0 &&
+                                     (G::kWarpsPerN - 1) * BM * BN * 4 <= G::kRingBytes;
+  static constexpr Finish kFinish = CLUSTER > 1   ? Finish::kCluster
+                                    : kSplitFold  ? Finish::kSplitFold
+                                    : kInlineFinish ? Finish::kInline
+                                    : kRingFold   ? Finish::kRingFold
+                                                  : Finish::kOutOfLine;
+  // One stage loop per slice segment of the block's range, the finishing after it rather than under a branch inside
+  // it, where the finish is inlined or summed in a cluster; else one loop with the finish behind a branch.
+  static constexpr bool kSegmentedLoop = kInlineFinish || CLUSTER > 1;
+};
+
+// The ring-fold strategy's fold of a block's last slice (Finish::kRingFold): every warp's partial summed over the
+// k groups in the idle stage ring (fold_warps_in_ring), then k group 0's warps take their tile's sums back into
+// `partial` (fragment order). Nothing may be in flight into the ring; the caller's warps are past their last stage.
+template <int M_BLOCKS, int N_TILES, bool kWarpFetch>
+__device__ __forceinline__ void fold_last_slice_in_ring(float (&partial)[M_BLOCKS][8][4], unsigned ring_base) {
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  cp_async_wait<0>();  // (nothing is in flight: no fetch goes past the block's range)
+  if constexpr (!kWarpFetch) __syncthreads();  // every warp past its last stage: the ring is idle
+  fold_warps_in_ring<M_BLOCKS, N_TILES>(partial, ring_base);
+  __syncthreads();
+  if (warp < N_TILES) {
+#pragma unroll
+    for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        const float4 v = ld_shared_f4(ring_base + 16 * (((warp * M_BLOCKS + mb) * 8 + nb) * 32 + tid % 32));
+        partial[mb][nb][0] = v.x; partial[mb][nb][1] = v.y; partial[mb][nb][2] = v.z; partial[mb][nb][3] = v.w;
+      }
+  }
+}
+
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
           int SWAP, int CLUSTER>
 __device__ __forceinline__ void
@@ -540,31 +621,12 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
            // fast_div's (magic, shift) for the grid, KI = prob_k / BK and cols = prob_n / BN
            int steps_q, int steps_r, int grid_magic, int grid_shift, int ki_magic, int ki_shift, int cols_magic,
            int cols_shift) {
-  static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
-  static_assert(CLUSTER == 1 || (M_BLOCKS == 1 && CLUSTER <= 8), "cluster sums: 16-row tiles, at most 8 blocks");
-  using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
-  static_assert(CLUSTER == 1 || G::kWarpsPerN * G::BM * G::BN * 4 <= G::kSmemBytes,
-                "every k group's partial fits the idle stage ring and fold buffer");
-  // A pipeline per warp (round 16): with one or two 64-column tiles, one m16 block and K_WARP >= 2 every warp
-  // fetches the bytes it reads (its K_WARP k16 rows of B, the group rows of scales / zero points they span), the
-  // N_TILES warps of a k group (warps kg N_TILES + nt) together the A chunks and g_idx they share, and each waits for
-  // its own copies and its group (one warp: __syncwarp; two: a named barrier of 64 threads) only: no block barrier per
-  // stage, so a group whose stage has landed computes while others' still arrive. Slots are refilled by the group
-  // that reads them, after its barrier, so releasing one needs no block barrier either. One block per SM (the A
-  // copies' pointers cost registers). Ablation r16g (the barrier left out, timing only): u4b8 fp16 14336x4096 M = 16
-  // 13.27 -> 11.92 µs, 4096^2 M = 1 5.81 -> 5.50; A/B r16h (one tile): bench/NOTES_gemm.md "Round 16".
-  constexpr bool kWarpFetch = kWarpFetchEnabled && N_TILES <= kWarpFetchMaxTiles && M_BLOCKS == 1 && K_WARP >= 2 &&
-                              MIN_BLOCKS == 1;
-  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP,
-                        late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>(), kWarpFetch>;
+  using Tr = GemmTraits<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, CLUSTER>;
+  using G = typename Tr::G;
+  using Loop = typename Tr::Loop;
+  constexpr bool kWarpFetch = Tr::kWarpFetch;
   constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
-  constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;  // float4 loads per lane in the fp32 cross-block sum
-  // The slice finishing inlined in every one-m16-block kernel, where it measured faster (bench/NOTES_gemm.md "Round
-  // 7": M <= 8 x0.89-0.97; "Round 8": the two-block M = 16 kernels x0.91 once the finishing no longer waited on an
-  // atomic), measured on u4b8). Not where it spilled: several m16 blocks, and the 128-register two-block kernels of
-  // weights with zero points or with act-order groups (bf16 u4: 12 / 24 bytes at sm_80 / sm_90; fp16 u4b8 g_idx: 20).
-  constexpr bool kInlineFinish =
-      M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1 || (!Weight<W>::kHasZero && GROUP_MODE != kPerRow));
+  constexpr int kLoadsInFlight = Tr::kLoadsInFlight;
 
   allow_dependent_launch();  // (the next grid's blocks may take SM space as ours retire; see mma.cuh)
   extern __shared__ int4 smem[];
@@ -697,15 +759,9 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     loop.load_channelwise(reinterpret_cast<const T*>(scales) + col * BN + nt * 64,
                           reinterpret_cast<const unsigned*>(zeros) + (col * BN + nt * 64) / Weight<W>::kPack);
   };
-  // A stage without group reloads between the warp's k16 tiles where the groups span them (grouped scales with
-  // G >= 16 K_WARP; the host allows G >= 32, so always for K_WARP <= 2; channelwise and per-row groups never
-  // reload there). One block per SM only: with the stage as one scheduling region the swapped two-block u4b8 fp16
-  // 8192x28672 M = 1 kernel (2,4,3, 128 registers) ran 32.7 -> 40.6 µs (A/B r14g), where every other 4-bit cell
-  // gained 1-4%, and with both forms of the stage the two-block rows-layout kernel spills 72 bytes.
-  constexpr bool kSplitReloads = GROUP_MODE == kGrouped && MIN_BLOCKS == 1;
   const bool stage_reloads = 16 * K_WARP > 32 && group_size < 16 * K_WARP;
   auto compute_stage = [&](unsigned slot, int slice, int kit) {
-    if (kSplitReloads && !stage_reloads)
+    if (Tr::kSplitReloads && !stage_reloads)
       loop.template compute_stage<false>(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, prob_n,
                                          slice % cols);
     else
@@ -747,12 +803,12 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   // the grid before this one; the weights, scales, zero points and g_idx are not. With one chunk (A's pointers never
   // change) stage 0's weights are fetched before the wait, its activations after it, in the same commit group; the
   // other stages after the wait as usual (fetching all of the prologue's weights first made stage 0 wait for them
-  // all: +3-12% where the launch is plain, A/B round 11g). Not on sm_80 (no such launch).
+  // all where the launch is plain). Not on sm_80 (no such launch).
   // The weights' pointers first, then (weights_first) stage 0's weights in flight, then the end of the block's range
   // and the activations' pointers, which that fetch does not need: every instruction before a block's first load
-  // delays all of its stages (bench/NOTES_gemm.md "Round 19"). ptxas hoists arithmetic above a cp.async, not above
-  // the __syncwarp (SASS: the first LDGSTS at instruction ~200 instead of ~330-410). Both stay before the wait, where
-  // a block that starts while the grid before still runs has time to spare.
+  // delays all of its stages. ptxas hoists arithmetic above a cp.async, not above the __syncwarp, so the fence keeps
+  // the first copies early (without it the one-block swapped kernels of weights with zero points lost up to 5%).
+  // Both stay before the wait, where a block that starts while the grid before still runs has time to spare.
   const bool weights_first = kProgrammaticLaunch && one_chunk;
   // (No block's range is empty: the host launches at most one block per pipeline step, grid <= total.)
   wfetch.begin(B, scales, zeros, g_idx, f_col, n_tiles_total);
@@ -795,29 +851,9 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     cursor.advance();
     fetch_off = fetch_off == last_off ? zero_t : fetch_off + G::kStageBytes;
   };
-  // The end of this block's part of slice slice_. SWAP kernels fold the warps in the loop's own layout (elementwise:
-  // the same sums as after the transpose, on half the values); row-layout cluster kernels fold in the idle ring,
-  // every thread at work (finish_slice_cluster; there the swapped kernels lost 2-6%, A/B r15c).
-  // The block's last slice in the row layout without clusters: its warps fold in the stage ring, idle by then
-  // (fold_warps_in_ring, every thread at work, as the cluster kernels fold), instead of fold_warps' passes through the
-  // fold buffer; the sums are bit for bit the same. Earlier slices of a block's range cannot: the next slice's stages
-  // are in flight in the ring. Ablation r17f (u4b8 fp16 4096x14336, fold_warps left out, timing only), µs: M = 16
-  // 12.94 -> 12.56, M = 32 23.54 -> 20.71, M = 64 (four m16 blocks: not here) 39.76 -> 37.63.
-  // Only where the finish is out of line (kInlineFinish false: fold_warps then works on the accumulators' local copy):
-  // A/B r17g, u4b8 fp16 M = 32, µs: 4096^2 13.58 -> 11.60, 4096x14336 23.49 -> 21.23, 28672x8192 65.58 -> 63.35. The
-  // inlined one-m16-block finishes did not gain (4096x14336 M = 16 13.01 -> 13.02, bf16 14.32 -> 14.85, FP8
-  // 28672x8192 62.74 -> 64.23). One block per SM and at most two m16 blocks: the 128-register two-block kernels spilled
-  // with it (68-76 bytes, nvcc sm_80 / sm_90), and so did a four-block one (bf16 FP8 128 x 128, 12 bytes at sm_90).
-  constexpr bool kRingFold = kRingFoldEnabled && CLUSTER == 1 && SWAP == 0 && !kInlineFinish && MIN_BLOCKS == 1 &&
-                             M_BLOCKS <= 2 && G::kWarpsPerN > 1 && G::kWarpsPerN * BM * BN * 4 <= G::kRingBytes;
-  // Where that does not apply and the ring holds the k groups' exchange, the last slice folds split over the k groups
-  // (fold_warps_split_in_ring: one barrier instead of two per m16 block, and every warp writes its share of the
-  // finish). Nsight Compute on u4b8 4096^2 M = 64 (bench/NOTES_gemm.md "Round 20", item 6): a fifth of the warps'
-  // stall samples were at the barriers of fold_warps' passes and behind k group 0's slot stores.
-  constexpr bool kSplitFold = kSplitFoldEnabled && !kRingFold && CLUSTER == 1 && SWAP == 0 && !kInlineFinish &&
-                              MIN_BLOCKS == 1 && G::kWarpsPerN > 1 && M_BLOCKS % G::kWarpsPerN == 0 &&
-                              (G::kWarpsPerN - 1) * BM * BN * 4 <= G::kRingBytes;
-  // last: no stage of the block's range follows this slice's
+  // The end of this block's part of slice slice_ (last: no stage of the block's range follows it), by the traits'
+  // finishing strategy (Finish). SWAP kernels fold the warps in the loop's own layout first (elementwise: the same
+  // sums as after the transpose, on half the values).
   auto end_slice = [&](int slice_, bool last) {
     // kWarpFetch: every warp done with its stages before the finishing reuses shared memory (the fold buffer, the
     // cluster kernels' idle ring), and the previous fold's reads of the fold buffer done (with a barrier per stage,
@@ -826,39 +862,21 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     float partial[M_BLOCKS][8][4];
     if constexpr (SWAP) fold_warps<Loop::kAccM, N_TILES>(loop.acc, ring.red);
     loop.rows_layout(partial);
-    if constexpr (CLUSTER > 1) {  // (row-layout warps are folded there)
+    if constexpr (Tr::kFinish == Finish::kCluster) {  // (row-layout warps are folded there)
       cp_async_wait<0>();  // (nothing is in flight: the last fetch was waited for before its compute)
       finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER, SWAP != 0>(partial, ring.base, slice_, cols, C,
                                                                              prob_m, prob_n);
-    } else {
-      bool folded = SWAP != 0;  // k group 0's warps hold the block's partial
-      if constexpr (kRingFold) {
-        if (last) {
-          cp_async_wait<0>();  // (nothing is in flight: no fetch goes past the block's range)
-          if constexpr (!kWarpFetch) __syncthreads();  // every warp past its last stage: the ring is idle
-          fold_warps_in_ring<M_BLOCKS, N_TILES>(partial, ring.base);
-          __syncthreads();
-          if (warp < N_TILES) {  // k group 0 takes its tile's sums back (fragment order, as fold_warps_in_ring)
-#pragma unroll
-            for (int mb = 0; mb < M_BLOCKS; ++mb)
-#pragma unroll
-              for (int nb = 0; nb < 8; ++nb) {
-                const float4 v = ld_shared_f4(ring.base + 16 * (((warp * M_BLOCKS + mb) * 8 + nb) * 32 + tid % 32));
-                partial[mb][nb][0] = v.x; partial[mb][nb][1] = v.y; partial[mb][nb][2] = v.z; partial[mb][nb][3] = v.w;
-              }
-          }
-          folded = true;
-        }
-      }
-      if constexpr (kSplitFold) {
-        finish_slice_or_split<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total,
-                                                                            C, C_tmp, locks, prob_m, prob_n,
-                                                                            reduce_mode);
-      } else if constexpr (kInlineFinish) {
-        if (!folded) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);
-        finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false>(
-            partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
-      } else if (folded) {
+    } else if constexpr (Tr::kFinish == Finish::kSplitFold) {
+      finish_slice_or_split<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total,
+                                                                          C, C_tmp, locks, prob_m, prob_n,
+                                                                          reduce_mode);
+    } else if constexpr (Tr::kFinish == Finish::kInline) {
+      if constexpr (!SWAP) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);
+      finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false>(
+          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
+    } else if constexpr (Tr::kFinish == Finish::kRingFold) {
+      if (last) {
+        fold_last_slice_in_ring<M_BLOCKS, N_TILES, kWarpFetch>(partial, ring.base);
         finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false>(partial, ring.red, slice_, KI, cols, total,
                                                                           C, C_tmp, locks, prob_m, prob_n,
                                                                           reduce_mode);
@@ -866,12 +884,14 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
         finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total, C,
                                                                    C_tmp, locks, prob_m, prob_n, reduce_mode);
       }
+    } else {  // Finish::kOutOfLine (FOLD unless SWAP folded)
+      finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, SWAP == 0>(partial, ring.red, slice_, KI, cols, total,
+                                                                            C, C_tmp, locks, prob_m, prob_n,
+                                                                            reduce_mode);
     }
     zero_acc();
   };
-  if constexpr (kInlineFinish || CLUSTER > 1) {
-    // One stage loop per slice segment of the block's range (at most the first and the last end mid-slice), the
-    // finishing after it rather than under a branch inside it (bench/NOTES_gemm.md "Round 7", item 5).
+  if constexpr (Tr::kSegmentedLoop) {  // (at most the first and the last segment end mid-slice)
     for (int it = it_begin; it < it_end;) {
       const int seg_end = it_end < it + (KI - kit) ? it_end : it + (KI - kit);
       if constexpr (GROUP_MODE == kChannelwise) load_channelwise(slice % cols);

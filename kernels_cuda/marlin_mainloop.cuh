@@ -25,7 +25,7 @@ enum GroupMode : int {
 };
 
 // Floats of the warp-fold buffer (fold_warps): room for half the k groups to store a row-layout m16 tile (the fold
-// pass by pass); the 8-row SWAP layout's one pass fits it too (the 16-row one folds pass by pass). (Room for the
+// pass by pass); the 8-row SWAP layout's one pass fits it too. (Room for the
 // one-pass fold of a one-m16-block row-layout tile, 8 KiB more with 4 k groups, made the two-block M = 9..16 kernels
 // 7-8% slower: bench/NOTES_gemm.md "Round 8".)
 __host__ __device__ constexpr int fold_buffer_floats(int n_tiles) {
@@ -276,11 +276,10 @@ struct WeightFetch {
 // K_WARP = 1 tile on 4096^2 8.20 -> 8.01); the rows layout with one block per SM gained at K_WARP = 4 (8192^2 M = 16
 // 17.12 -> 16.04) and tied at 2 (8-bit, +-1%), lost at K_WARP = 1 (4096^2 M = 16 8.74 -> 9.06); the 128-register
 // two-block rows-layout kernels lost 13% (fp16 u4b8 28672x8192 M = 16 44.62 -> 50.47) and spilled 184-352 bytes
-// with bf16 or zero points. The 16-row SWAP form (SWAP = 2) scales late with one block per SM only: its two-block
-// kernels spilled with it at 128 registers.
+// with bf16 or zero points.
 template <int MIN_BLOCKS, int SWAP, int K_WARP>
 __host__ __device__ constexpr bool late_scale_pays() {
-  return SWAP == 1 || (MIN_BLOCKS == 1 && (SWAP == 2 || K_WARP >= 2));
+  return SWAP == 1 || (MIN_BLOCKS == 1 && K_WARP >= 2);
 }
 
 // ---- the register side -------------------------------------------------------------------------------------
@@ -289,12 +288,10 @@ __host__ __device__ constexpr bool late_scale_pays() {
 // Pairs for sub-block s, column half h are valid for every row of the current group (channelwise: the whole
 // column tile). They are rebuilt only when the group changes, so the per-tile work is dequant + mma.
 //
-// SWAP = 1 or 2 (at most 8 or 16 rows, M_BLOCKS = 1; 0: the row layout): the four registers a lane dequantizes for
-// a 16x16 sub-block are exactly the mma A fragment of its transpose (rows n0, n0 + 8 of W^T, k pairs 2t, 2t + 8),
-// and 8 rows of the A tile loaded by ldmatrix are the B fragment of their transpose, so one mma.m16n8k16 per 8 rows
-// gives C^T for the sub-block's 16 columns x 8 rows: at most 8 rows, one mma instead of two (16 rows x 8 columns
-// each, half of the rows padding); 9..16 rows, two mma, the row layout's work in the other operand order (measured
-// no faster where the bars are missed, so the policy leaves it off: SWAP_MAX_M, bench/NOTES_gemm.md "Round 15").
+// SWAP = 1 (at most 8 rows, M_BLOCKS = 1; 0: the row layout): the four registers a lane dequantizes for a 16x16
+// sub-block are exactly the mma A fragment of its transpose (rows n0, n0 + 8 of W^T, k pairs 2t, 2t + 8), and the 8
+// rows of the A tile loaded by ldmatrix are the B fragment of their transpose, so one mma.m16n8k16 gives C^T for the
+// sub-block's 16 columns x 8 rows: one mma instead of two (16 rows x 8 columns each, half of the rows padding).
 // Same products, same k order.
 // LATE_SCALE = false: scales applied to every dequantized pair even where kLateScale could apply (for kernels whose
 // register budget or stage shape make it slower: late_scale_pays).
@@ -306,10 +303,10 @@ struct WarpLoop {
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   using Fetch = WeightFetch<G, W, GROUP_MODE, PER_WARP>;
   using Pair = typename Act<T>::Pair;
-  static_assert(SWAP == 0 || (M_BLOCKS == 1 && SWAP <= 2), "the swapped loop covers 8 or 16 rows of one m16 block");
+  static_assert(SWAP == 0 || (M_BLOCKS == 1 && SWAP == 1), "the swapped loop covers the 8 rows of one m16 block");
   static constexpr bool kHasZero = Weight<W>::kHasZero;
   static constexpr int kWordsPerLane = 16 * 64 / Weight<W>::kPack / 32;  // 4 (4-bit) or 8 (8-bit) words of a tile
-  static constexpr int kAccM = SWAP ? SWAP : M_BLOCKS;  // SWAP: 8-row halves
+  static constexpr int kAccM = SWAP ? 1 : M_BLOCKS;  // SWAP: one 8-row half
   static constexpr int kAccN = SWAP ? 4 : 8;
   // Late scaling: with one m16 block and one scale per (group, column) (grouped or channelwise, not per-row groups),
   // the tiles are dequantized without their scale (exact: code - zero, FP8 the moved bits), a stage's mma of one
@@ -358,7 +355,7 @@ struct WarpLoop {
   }
 
   // The accumulators in the row layout (acc's when !SWAP) that the kernels' finishing code reads. SWAP: a transpose
-  // across lanes (two shuffles per value, once per finished tile); SWAP = 1: rows 8..15 (padding) are zero.
+  // across lanes (two shuffles per value, once per finished tile); rows 8..15 (padding) are zero.
   __device__ __forceinline__ void rows_layout(float (&out)[M_BLOCKS][8][4]) const {
     if constexpr (!SWAP) {
 #pragma unroll
@@ -380,7 +377,7 @@ struct WarpLoop {
           const int src = 4 * (2 * (lane % 4) + r) + row / 2;
 #pragma unroll
           for (int half = 0; half < 2; ++half) {  // rows 8 half + lane / 4: mma register r + 2 half
-            if (half < SWAP) {
+            if (half < kAccM) {
               const float even = __shfl_sync(0xffffffffu, acc[half][nb / 2][2 * (nb % 2)], src);
               const float odd = __shfl_sync(0xffffffffu, acc[half][nb / 2][2 * (nb % 2) + 1], src);
               out[0][nb][r + 2 * half] = (row % 2) ? odd : even;
@@ -487,9 +484,8 @@ struct WarpLoop {
     const int kg = warp / N_TILES;
     const int kt0 = kg * K_WARP;
     LaneOffsets o;
-    // SWAP: ldmatrix.x2 (x4 for 16 rows) rows lane % 8 (+ 8 for lanes 16..31), column block (lane / 8) % 2; else
-    // .x4 rows lane % 16, block lane / 16.
-    o.a = G::kAOff + 16 * (SWAP ? G::a_index(lane % 8 + (SWAP == 2 ? 8 * (lane / 16) : 0), 2 * kt0 + (lane / 8) % 2)
+    // SWAP: ldmatrix.x2 rows lane % 8, column block (lane / 8) % 2; else .x4 rows lane % 16, block lane / 16.
+    o.a = G::kAOff + 16 * (SWAP ? G::a_index(lane % 8, 2 * kt0 + (lane / 8) % 2)
                                 : G::a_index(lane % 16, 2 * kt0 + lane / 16));
     o.b = G::kBOff + 16 * ((kt0 * N_TILES + nt) * G::kTileI4 + lane * (G::kTileI4 / 32));
     o.s = G::kSOff + 16 * (nt * 8 + lane / 4);
@@ -588,20 +584,16 @@ struct WarpLoop {
       }
 
       // A fragments of every m16 block for this k16 tile (lane -> row lane % 16, column block lane / 16); SWAP: the
-      // B fragments of the transposes of rows 0..7 (and 8..15): a_t[half].
+      // B fragment of the transpose of rows 0..7: a_t[0].
       unsigned a[M_BLOCKS][4];
-      unsigned a_t[SWAP ? SWAP : 1][2];
+      unsigned a_t[1][2];
       // Column block c = 2 kt + (0 or 1) of row r sits at chunk c ^ (r % 8) of the row: 2 kt = 2 kt0 + 2 i adds
       // without carry into the bits r % 8 flips (kt0 = kg K_WARP is a multiple of K_WARP, 2 i < 2 K_WARP), so tile i's
       // chunk is tile 0's with bit 1..2 flipped by 2 i; rows are 2 BK >= 128 bytes apart, so in bytes: o.a ^ 32 i
       // (o.a is relative to the slot, whose start need not be 128-byte aligned).
       const unsigned a_lane = o.a ^ (32u * i);
-      if constexpr (SWAP == 1) {
+      if constexpr (SWAP) {
         ldmatrix_x2_at(a_t[0], slot + a_lane);
-      } else if constexpr (SWAP == 2) {
-        unsigned r4[4];
-        ldmatrix_x4_at(r4, slot + a_lane);
-        a_t[0][0] = r4[0]; a_t[0][1] = r4[1]; a_t[1][0] = r4[2]; a_t[1][1] = r4[3];
       } else {
 #pragma unroll
         for (int mb = 0; mb < M_BLOCKS; ++mb) ldmatrix_x4_at(a[mb], slot + a_lane + mb * 16 * (G::BK / 8) * 16);
@@ -616,8 +608,7 @@ struct WarpLoop {
         dequant_subblock<T, W, !kLateScale>(words + s * Weight<W>::kWordsPerSubblock, off, off16, sc, b);
         if constexpr (SWAP) {
           const unsigned w_t[4] = {b[0][0], b[1][0], b[0][1], b[1][1]};  // A fragment of the sub-block's W^T
-#pragma unroll
-          for (int half = 0; half < SWAP; ++half) mma_m16n8k16<Act<T>::kIsBf16>(w_t, a_t[half], sums[half][s]);
+          mma_m16n8k16<Act<T>::kIsBf16>(w_t, a_t[0], sums[0][s]);
         } else {
 #pragma unroll
           for (int h = 0; h < 2; ++h)

@@ -78,7 +78,7 @@ class FakeDriver:
 
     def __init__(self):
         self.launches: list[tuple] = []
-        self.cupy_calls: list[tuple] = []  # launches through the CuPy-call fallback (GemmPolicy.direct_launch = False)
+        self.cupy_calls: list[tuple] = []  # launches through CuPy kernel calls
         self.arg_kinds: dict[int, tuple[str, ...]] = {}  # function -> 'p' (u64) / 'i' (i32) per argument
         self.programmatic: list[int] = []  # indices into launches of the programmatic ones (cuLaunchKernelEx)
 
@@ -238,6 +238,12 @@ def installed(monkeypatch=None):
     from workbench.cuda import arrays as rt_arrays
     from workbench.cuda import launch as rt_launch
     from workbench.cuda import streams as rt_streams
+    from workbench.gemm import api as gemm_api
+    from workbench.gemm import kernels as gemm_kernels
+    from workbench.gemm import launch as gemm_launch
+    from workbench.moe import config as moe_config
+    from workbench.moe import fused as moe_fused
+    from workbench.moe import kernels as moe_kernels
 
     fake, driver = FakeCuPy(), FakeDriver()
     functions = itertools.count(0x1000)
@@ -274,14 +280,14 @@ def installed(monkeypatch=None):
     saved_runtime = [(mod, name, getattr(mod, name)) for mod, name, _ in runtime_patches]
     for mod, name, value in runtime_patches:
         setattr(mod, name, value)
-    saved = {name: getattr(gemm, name) for name in patches}
-    caches = (gemm._prepared, gemm._array_plans, gemm._scratch, moe._config_cache, moe._pinned_smem,
-              moe._phase_launches)
+    saved = {name: getattr(gemm_kernels, name) for name in patches}
+    caches = (gemm_launch._prepared, gemm_api._array_plans, gemm_api._scratch, moe_config._config_cache,
+              moe_fused._pinned_smem, moe_fused._phase_launches)
     saved_caches = [dict(c) for c in caches]
     for c in caches:
         c.clear()
     for name, value in patches.items():
-        setattr(gemm, name, value)
+        setattr(gemm_kernels, name, value)
 
     # marlin_moe.cu's kernels: the layer plans' driver launches and the CuPy calls of the checked path
     def moe_function_ptr(name, device, smem_bytes=0):
@@ -305,19 +311,19 @@ def installed(monkeypatch=None):
 
     moe_names: dict[int, str] = {}
     driver.moe_names = moe_names  # function handle -> marlin_moe.cu name expression
-    moe_patches = dict(get_moe_kernel=get_moe_kernel, _moe_function_ptr=moe_function_ptr)
-    saved_moe = {name: getattr(moe, name) for name in moe_patches}
+    moe_patches = dict(get_moe_kernel=get_moe_kernel, function_ptr=moe_function_ptr)
+    saved_moe = {name: getattr(moe_kernels, name) for name in moe_patches}
     for name, value in moe_patches.items():
-        setattr(moe, name, value)
+        setattr(moe_kernels, name, value)
     try:
         # the stand-in launches plainly unless a call's policy asks for programmatic launches
         with default_policies(PLAIN_GEMM_POLICY, PLAIN_MOE_POLICY):
             yield fake, driver
     finally:
         for name, value in saved_moe.items():
-            setattr(moe, name, value)
+            setattr(moe_kernels, name, value)
         for name, value in saved.items():
-            setattr(gemm, name, value)
+            setattr(gemm_kernels, name, value)
         for mod, name, value in saved_runtime:
             setattr(mod, name, value)
         for c, content in zip(caches, saved_caches):

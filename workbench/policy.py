@@ -11,10 +11,13 @@ the measurements taught is in docs/performance.md.
 
 Tables that were dicts are tuples of ``(key, value)`` pairs here (a policy must be hashable): see ``lookup``.
 
-Deprecated for one release: the environment variables ``WORKBENCH_PROGRAMMATIC_LAUNCH=0`` and
-``WORKBENCH_DIRECT_LAUNCH=0`` still switch the default policy's launch form (with a DeprecationWarning), and the
-old module globals of ``workbench.gemm`` / ``workbench.moe`` (``gemm.ALIGN_SLICES`` ...) still read and write the
-module's default policy, with a DeprecationWarning naming the field to use instead.
+Deprecated for one release: the environment variable ``WORKBENCH_PROGRAMMATIC_LAUNCH=0`` still switches the default
+policy's launch form (with a DeprecationWarning), and the old module globals of ``workbench.gemm`` /
+``workbench.moe`` (``gemm.ALIGN_SLICES`` ...) still read and write the module's default policy, with a
+DeprecationWarning naming the field to use instead. Removed, with a DeprecationWarning saying so where they are still
+set: ``WORKBENCH_DIRECT_LAUNCH`` / ``gemm.DIRECT_LAUNCH`` / ``GemmPolicy.direct_launch`` (every launch goes through
+the runtime's one launch call; the CuPy-call fallback is gone) and ``swap_max_m`` above 8 (the swapped loop's 16-row
+form is gone).
 """
 from __future__ import annotations
 
@@ -142,8 +145,7 @@ class GemmPolicy(_Hashed):
     rows_wide_min_steps: int = 8
 
     # ---- operand swap ---------------------------------------------------------------------------------------------
-    # the swapped loop (one mma per 16 x 16 sub-block) for M <= this (at most 16; 0 = never): its 16-row form lost
-    # where it mattered, so only the 8-row form runs
+    # the swapped loop (one mma per 16 x 16 sub-block) for M <= this (at most 8; 0 = never)
     swap_max_m: int = 8
 
     # ---- grids ------------------------------------------------------------------------------------------------------
@@ -174,9 +176,15 @@ class GemmPolicy(_Hashed):
     # a programmatic launch asks for just enough shared memory that no more blocks per SM fit than planned: blocks
     # placed beside a running grid otherwise stacked on the SMs it left idle
     programmatic_pin_occupancy: bool = True
-    # launches through cuLaunchKernel on an argument block made once per plan (False: CuPy's RawKernel call, which
-    # converts every argument on every call: several times the host time)
-    direct_launch: bool = True
+
+    def __post_init__(self):
+        if self.swap_max_m > 8:
+            warnings.warn(f"GemmPolicy(swap_max_m = {self.swap_max_m}): the swapped loop's 16-row form was removed; "
+                          f"values above 8 act as 8", DeprecationWarning, stacklevel=3)
+
+    # removed knob, readable for one release (a class attribute, not a field: replace() refuses it): every launch
+    # goes through workbench.cuda's launch call
+    direct_launch = True
 
     def one_block_stages(self, bits: int) -> tuple:
         return lookup(self.one_m_block_stages, bits, self.one_m_block_default_stages)
@@ -230,8 +238,10 @@ def _env_off(name: str) -> bool:
 
 def _defaults() -> tuple[GemmPolicy, MoePolicy]:
     programmatic = not _env_off("WORKBENCH_PROGRAMMATIC_LAUNCH")
-    direct = not _env_off("WORKBENCH_DIRECT_LAUNCH")
-    g = GemmPolicy(programmatic_launch=programmatic, direct_launch=direct)
+    if os.environ.get("WORKBENCH_DIRECT_LAUNCH") is not None:
+        warnings.warn("WORKBENCH_DIRECT_LAUNCH was removed and has no effect: every launch goes through the runtime's "
+                      "one launch call (workbench.cuda)", DeprecationWarning, stacklevel=2)
+    g = GemmPolicy(programmatic_launch=programmatic)
     return g, MoePolicy(programmatic_launch=programmatic, gemm=g)
 
 
@@ -273,7 +283,8 @@ GEMM_GLOBALS: dict[str, tuple[str, Any, Any]] = {
         "TWO_BLOCK_PAIR_ACTS", "PAIR_TWO_BLOCK_MIN_FILL", "PAIR_TWO_BLOCK_EIGHT_BIT_ROWS", "ROWS_WIDE_FIRST",
         "ROWS_WIDE_TILE", "ROWS_WIDE_STAGES", "ROWS_WIDE_MIN_STEPS", "SWAP_MAX_M", "ALIGN_SLICES",
         "ALIGNED_MAX_LONGER", "ALIGNED_MAX_LONGER_SWAP", "ALIGNED_EXTRA_STEPS", "ALIGNED_SWAP_TWO_BLOCKS",
-        "CLUSTER_SUMS", "CLUSTER_SIZES", "PROGRAMMATIC_LAUNCH", "PROGRAMMATIC_PIN_OCCUPANCY", "DIRECT_LAUNCH")},
+        "CLUSTER_SUMS", "CLUSTER_SIZES", "PROGRAMMATIC_LAUNCH", "PROGRAMMATIC_PIN_OCCUPANCY")},
+    "DIRECT_LAUNCH": (None, None, lambda _: True),  # removed: reads True, writes warn and change nothing
 }
 MOE_GLOBALS: dict[str, tuple[str, Any, Any]] = {
     "MOE_TWO_BLOCKS_WEIGHT_BITS": ("two_blocks_weight_bits", *_same),
@@ -291,8 +302,12 @@ def install_deprecated_globals(module_name: str, table: dict, policy_type: str,
     import sys
     import types
 
-    def warn(name: str) -> str:
+    def warn(name: str) -> str | None:
         field = table[name][0]
+        if field is None:
+            warnings.warn(f"{module_name}.{name} was removed and has no effect (workbench.policy)", DeprecationWarning,
+                          stacklevel=3)
+            return None
         warnings.warn(f"{module_name}.{name} is deprecated and goes in the next release: pass "
                       f"policy=dataclasses.replace({policy_type}, {field}=...) to the call instead "
                       f"(workbench.policy)", DeprecationWarning, stacklevel=3)
@@ -302,12 +317,14 @@ def install_deprecated_globals(module_name: str, table: dict, policy_type: str,
         def __getattr__(self, name):  # only for names the module does not have
             if name in table:
                 field = warn(name)
-                return table[name][2](getattr(self.__dict__[policy_attr], field))
+                return table[name][2](None if field is None else getattr(self.__dict__[policy_attr], field))
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
 
         def __setattr__(self, name, value):
             if name in table:
                 field = warn(name)
+                if field is None:
+                    return
                 policy = self.__dict__[policy_attr]
                 value = dataclasses.replace(policy, **{field: table[name][1](value)})
                 name = policy_attr

@@ -33,18 +33,17 @@ CONFIGS = (
     gemm.KernelConfig(S.BF16, S.U4B8, 1, 2, 4, 4, gemm.GROUP_GROUPED, blocks_per_sm=2, swap=True),
     gemm.KernelConfig(S.F16, S.U8, 1, 1, 2, 6, gemm.GROUP_PER_ROW, swap=True),
     gemm.KernelConfig(S.BF16, S.FE4M3FN, 1, 2, 4, 8, gemm.GROUP_CHANNELWISE, swap=True),
-    # its 16-row form (M = 9..16): one block per SM (late scaling) and two (128 registers, no late scaling; weights
-    # without zero points or act-order only: those spill 8-136 bytes, so the policy keeps them on the row layout)
-    gemm.KernelConfig(S.F16, S.U4, 1, 1, 4, 4, gemm.GROUP_GROUPED, swap=2),
-    gemm.KernelConfig(S.BF16, S.U4B8, 1, 2, 4, 3, gemm.GROUP_GROUPED, blocks_per_sm=2, swap=2),
-    gemm.KernelConfig(S.F16, S.U8B128, 1, 2, 2, 4, gemm.GROUP_PER_ROW, swap=2),
+    # every finishing strategy (marlin_gemm.cu Finish): the ring fold (two m16 blocks, out of line) and the split fold
+    # (four m16 blocks over two k groups)
+    gemm.KernelConfig(S.F16, S.U4B8, 2, 2, 2, 4, gemm.GROUP_GROUPED),
+    gemm.KernelConfig(S.F16, S.U4B8, 4, 4, 2, 4, gemm.GROUP_GROUPED),
 )
 EXTRA_KERNELS = ("mwb::permute_cols<__half>", "mwb::permute_cols<__nv_bfloat16>")
 # sm_90 only: kernels launched in thread-block clusters, slices summed in distributed shared memory (the host picks
 # them on sm_90+ only, gemm.cluster_blocks): swapped and row layouts, one and two blocks per SM, 2 / 4 / 8 blocks.
 CLUSTER_NAMES = [dataclasses.replace(c, cluster=s).name_expression for c, s in (
     (gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 6, gemm.GROUP_GROUPED, swap=True), 2),
-    (gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 3, gemm.GROUP_GROUPED, blocks_per_sm=2, swap=2), 2),
+    (gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 3, gemm.GROUP_GROUPED, blocks_per_sm=2, swap=True), 2),
     (gemm.KernelConfig(S.BF16, S.U4B8, 1, 2, 4, 3, gemm.GROUP_GROUPED, blocks_per_sm=2), 4),
     (gemm.KernelConfig(S.F16, S.U4, 1, 2, 4, 3, gemm.GROUP_GROUPED, blocks_per_sm=2, swap=True), 4),
     (gemm.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 6, gemm.GROUP_PER_ROW), 4),

@@ -167,7 +167,7 @@ def test_moe_align_wrapper_rejects_bad_input_before_launch(monkeypatch):
             no_gpu()
 
     monkeypatch.setattr(rt_arrays, "_cupy_module", NoCuPy())
-    monkeypatch.setattr(moe, "get_moe_kernel", no_gpu)
+    monkeypatch.setattr(moe.kernels, "get_moe_kernel", no_gpu)
     ids = _DeviceArrayStandIn((4, 2))
     cases = [
         ((np.zeros((4, 2), np.int32), 8, 4), {}, TypeError, r"topk_ids is not on GPU \(got numpy.ndarray"),

@@ -309,11 +309,11 @@ def test_scratch_sizes_are_checked_with_their_minimums():
     plan = gemm.check_gemm_shapes(np.zeros((4, 256), np.float16), np.zeros((16, 256), np.int32),
                                   np.zeros((2, 128), np.float16), None, None, None, "u4b8", 4, 128, 256, True)
     with pytest.raises(ValueError, match="workspace.numel = 10 is below min_workspace_size = 264"):
-        gemm._check_scratch(plan, np.zeros(10, np.int32), None, None, 132, False, False)
+        gemm.checks.check_scratch(plan, np.zeros(10, np.int32), None, None, 132, False, False)
     with pytest.raises(ValueError, match="c_tmp.numel = 5 is below"):
-        gemm._check_scratch(plan, np.zeros(264, np.int32), np.zeros(5, np.float32), None, 132, True, False)
+        gemm.checks.check_scratch(plan, np.zeros(264, np.int32), np.zeros(5, np.float32), None, 132, True, False)
     with pytest.raises(TypeError, match="workspace dtype = int64"):
-        gemm._check_scratch(plan, np.zeros(264, np.int64), None, None, 132, False, False)
+        gemm.checks.check_scratch(plan, np.zeros(264, np.int64), None, None, 132, False, False)
 
 
 def test_marlin_gemm_refuses_expert_stacks_and_host_weights():

@@ -348,8 +348,7 @@ def test_rows_wide_tile_scope():
     assert tile(16, policy=replaced(rows_wide_first=False)) == (2, 4)
 
 
-@pytest.mark.parametrize("name, field", [("WORKBENCH_PROGRAMMATIC_LAUNCH", "programmatic_launch"),
-                                         ("WORKBENCH_DIRECT_LAUNCH", "direct_launch")])
+@pytest.mark.parametrize("name, field", [("WORKBENCH_PROGRAMMATIC_LAUNCH", "programmatic_launch")])
 def test_old_environment_variables_warn_and_set_the_default_policy(name, field):
     """For one release the old environment switches still turn their launch form off, through the default policies,
     with a DeprecationWarning naming the replacement."""
@@ -372,3 +371,31 @@ def test_equal_policies_share_a_token_and_others_do_not():
     a, b = replaced(align_slices=False), replaced(align_slices=False)
     assert a.token == b.token != DEFAULT_GEMM_POLICY.token
     assert replaced(swap_max_m=0).token not in (a.token, DEFAULT_GEMM_POLICY.token)
+
+
+def test_removed_launch_knobs_warn_and_change_nothing(monkeypatch):
+    """WORKBENCH_DIRECT_LAUNCH, gemm.DIRECT_LAUNCH and GemmPolicy.direct_launch went with the CuPy-call fallback:
+    setting them warns that they have no effect (for one release); the 16-row swapped loop went too, so swap_max_m
+    above 8 warns and acts as 8."""
+    import os
+    import subprocess
+
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    from workbench import policy\n"
+            "assert any('WORKBENCH_DIRECT_LAUNCH was removed and has no effect' in str(w.message) "
+            "and w.category is DeprecationWarning for w in seen), [str(w.message) for w in seen]\n"
+            "assert policy.DEFAULT_GEMM_POLICY == policy.GemmPolicy()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, WORKBENCH_DIRECT_LAUNCH="0"))
+    before = gemm.__dict__["_default_policy"]
+    with pytest.warns(DeprecationWarning, match="DIRECT_LAUNCH was removed and has no effect"):
+        gemm.DIRECT_LAUNCH = False
+    assert gemm.__dict__["_default_policy"] is before
+    with pytest.warns(DeprecationWarning, match="was removed"):
+        assert gemm.DIRECT_LAUNCH is True
+    assert DEFAULT_GEMM_POLICY.direct_launch is True
+    with pytest.raises(TypeError):
+        dataclasses.replace(DEFAULT_GEMM_POLICY, direct_launch=False)
+    with pytest.warns(DeprecationWarning, match="16-row form was removed"):
+        wide = dataclasses.replace(DEFAULT_GEMM_POLICY, swap_max_m=16)
+    assert [gemm.swap_halves(m, policy=wide) for m in (1, 8, 9, 16)] == [1, 1, 0, 0]

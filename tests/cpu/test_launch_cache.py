@@ -69,7 +69,7 @@ def test_repeated_call_reuses_the_plan_and_launches_identically(fake):
     cupy, driver = fake
     args = dense()
     call(args)
-    assert len(gemm._array_plans) == 1 and len(gemm._prepared) == 1
+    assert len(gemm.api._array_plans) == 1 and len(gemm.launch._prepared) == 1
     allocations, switches = cupy.state.allocations, cupy.state.switches
     for _ in range(3):
         call(args)
@@ -126,7 +126,7 @@ def test_new_addresses_reach_the_kernel_without_a_new_plan(fake):
     call(args)
     other_a, other_c = FakeArray((1, 512), np.float16), FakeArray((1, 256), np.float16)
     call(args, a=other_a, c=other_c)
-    assert len(gemm._array_plans) == 1
+    assert len(gemm.api._array_plans) == 1
     pointers, _ = kernel_args(driver.launches[-1])
     assert pointers[0] == other_a.data.ptr and pointers[2] == other_c.data.ptr
 
@@ -135,7 +135,7 @@ def test_a_changed_shape_gets_its_own_plan(fake):
     _, driver = fake
     call(dense(m=1))
     call(dense(m=16))
-    assert len(gemm._array_plans) == 2
+    assert len(gemm.api._array_plans) == 2
     assert kernel_args(driver.launches[0])[1][0] == 1 and kernel_args(driver.launches[1])[1][0] == 16
 
 
@@ -189,7 +189,7 @@ def test_inputs_on_another_device_take_their_own_plan_and_switch_device(fake):
     cupy, driver = fake
     call(dense(device=0))
     call(dense(device=1))
-    assert len(gemm._array_plans) == 2 and cupy.state.switches >= 1
+    assert len(gemm.api._array_plans) == 2 and cupy.state.switches >= 1
     assert cupy.state.current == 0, "the caller's device is restored"
 
 
@@ -203,7 +203,7 @@ def test_output_allocated_on_the_inputs_device_and_scratch_reused(fake):
     assert c1.data.device_id == 1 and c2.data.device_id == 1 and c1.data.ptr != c2.data.ptr
     assert c1.shape == (1, 256) and c1.dtype == np.float16
     c_tmps = {kernel_args(x)[0][3] for x in driver.launches}
-    assert c_tmps == {gemm._scratch[(1, 0, SMS, "cupy")][1].data.ptr}
+    assert c_tmps == {gemm.api._scratch[(1, 0, SMS, "cupy")][1].data.ptr}
 
 
 def test_atomic_mode_zeroes_c_before_each_launch(fake):
@@ -246,7 +246,7 @@ def test_record_layout_is_checked_once_and_addresses_every_time(fake):
     args = dense()
     gemm.launch_marlin_mm(_record_of(args))
     gemm.launch_marlin_mm(_record_of(args))
-    assert len(gemm._prepared) == 1 and driver.launches[0] == driver.launches[1]
+    assert len(gemm.launch._prepared) == 1 and driver.launches[0] == driver.launches[1]
     bad = _record_of(args)
     bad.c = args["c"].data.ptr + 4
     with pytest.raises(ValueError, match="c must be aligned to 16 bytes"):
@@ -285,10 +285,10 @@ def test_marlin_gemm_uses_the_stream_s_scratch(fake):
     a = FakeArray((1, 512), np.float16)
     gemm.marlin_gemm(a, w, stream=0x7770)
     gemm.marlin_gemm(a, w, stream=0x7770)
-    ws, ct = gemm._scratch[(0, 0x7770, SMS, "cupy")]
+    ws, ct = gemm.api._scratch[(0, 0x7770, SMS, "cupy")]
     pointers, _ = kernel_args(driver.launches[-1])
     assert (pointers[3], pointers[7], driver.launches[-1][4]) == (ct.data.ptr, ws.data.ptr, 0x7770)
-    assert len(gemm._array_plans) == 1
+    assert len(gemm.api._array_plans) == 1
 
 
 def test_batched_dispatches_launch_at_their_rows_and_experts(fake):
@@ -303,7 +303,7 @@ def test_batched_dispatches_launch_at_their_rows_and_experts(fake):
     dispatches = [(e, e, 11 - e, 1) for e in range(8)] + [(3, 8, 0, 3)]
     for _ in range(2):
         stack.gemm_phase_batched(x, dispatches, y)
-    ws, c_tmp, streams, sms = stack._scratch[0]
+    ws, c_tmp, streams, sms = stack._scratch[(0, "cupy")]
     launches = driver.launches[-len(dispatches):]
     for i, ((e, r_in, r_out, m), launch) in enumerate(zip(dispatches, launches)):
         lane = i % 4
@@ -381,9 +381,9 @@ def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, program
     arguments either way; the act-order gather before it stays a plain launch."""
     _, driver = fake
     policy = dataclasses.replace(DEFAULT_GEMM_POLICY, programmatic_launch=switch)
-    monkeypatch.setattr(gemm, "device_properties", lambda device: (cc,) + PROPS[1:])
+    monkeypatch.setattr(gemm.kernels, "device_properties", lambda device: (cc,) + PROPS[1:])
     # a stand-in pin (programmatic_pin_occupancy): 128 bytes more where the plan has one block per SM
-    monkeypatch.setattr(gemm, "pin_occupancy_of",
+    monkeypatch.setattr(gemm.kernels, "pin_occupancy_of",
                         lambda kernel, device, smem, blocks_per_sm: smem + 128 * (blocks_per_sm < 2))
     call(dense(), policy=policy)
     call(dense(m=3, act_order=True), policy=policy)
@@ -396,23 +396,10 @@ def test_programmatic_launch_on_sm90_only(fake, monkeypatch, cc, switch, program
     for i, (launch, plain_launch) in enumerate(zip(driver.launches, reference, strict=True)):
         smem = plain_launch[3]
         if i in driver.programmatic:
-            cfg = [p for p in gemm._prepared.values() if p._function == launch[0]][0].cfg
-            smem = gemm.pin_occupancy_of(None, 0, smem, cfg.blocks_per_sm)
+            cfg = [p for p in gemm.launch._prepared.values() if p._function == launch[0]][0].cfg
+            smem = gemm.kernels.pin_occupancy_of(None, 0, smem, cfg.blocks_per_sm)
             assert cfg.blocks_per_sm > 1 or smem > plain_launch[3]
         assert launch[1:5] + launch[5][-3:] == plain_launch[1:3] + (smem, plain_launch[4]) + plain_launch[5][-3:]
-
-
-@pytest.mark.parametrize("act_order", [False, True])
-def test_cupy_call_fallback_passes_the_same_arguments(fake, monkeypatch, act_order):
-    """GemmPolicy.direct_launch = False: the same kernels, grids and argument values."""
-    _, driver = fake
-    args = dense(m=3, act_order=act_order)
-    extra = dict(a_tmp=FakeArray((3, 512), np.float16)) if act_order else {}
-    call(args, **extra)
-    call(args, policy=dataclasses.replace(PLAIN_GEMM_POLICY, direct_launch=False), **extra)
-    assert len(driver.cupy_calls) == len(driver.launches) == (2 if act_order else 1)
-    for direct, via_cupy in zip(driver.launches, driver.cupy_calls):
-        assert via_cupy == (direct[0], (direct[1][0],), direct[3], direct[4], direct[5])
 
 
 class _Kernel:
@@ -444,8 +431,8 @@ def test_residency_query_binds_a_context_in_a_fresh_thread(monkeypatch):
             assert ptr == 0
             driver.current = 99  # cudaFree(0) binds the primary context
 
-    monkeypatch.setattr(gemm, "_driver_apis", lambda: (driver, Runtime()))
-    assert gemm._resident_blocks(_Kernel, 96256) == 2
+    monkeypatch.setattr(gemm.kernels, "_driver_apis", lambda: (driver, Runtime()))
+    assert gemm.kernels._resident_blocks(_Kernel, 96256) == 2
     assert calls == [(1234, gemm.THREADS, 96256)]
 
 
@@ -457,8 +444,8 @@ def test_residency_query_failure_is_conservative(monkeypatch):
         def occupancyMaxActiveBlocksPerMultiprocessor(self, *args):
             raise RuntimeError("no")
 
-    monkeypatch.setattr(gemm, "_driver_apis", lambda: (Driver(), None))
-    assert gemm._resident_blocks(_Kernel, 1024) == 1
+    monkeypatch.setattr(gemm.kernels, "_driver_apis", lambda: (Driver(), None))
+    assert gemm.kernels._resident_blocks(_Kernel, 1024) == 1
 
 
 @pytest.mark.parametrize("smem, blocks_per_sm", [(33792, 1), (33792, 2), (100352, 1), (66560, 3), (120000, 1)])
@@ -486,8 +473,8 @@ def test_pin_occupancy_raises_the_kernels_limit_and_checks_the_query(monkeypatch
     resident = {}
     monkeypatch.setattr(rt_arrays, "_cupy_module", types.SimpleNamespace(  # (CuPy's device switch, stood in)
         cuda=types.SimpleNamespace(Device=lambda device: contextlib.nullcontext())))
-    monkeypatch.setattr(gemm, "device_properties", lambda device: (90, 132, 232448, 233472))
-    monkeypatch.setattr(gemm, "_resident_blocks", lambda k, smem: resident.get(smem, 233472 // (smem + 1024)))
+    monkeypatch.setattr(gemm.kernels, "device_properties", lambda device: (90, 132, 232448, 233472))
+    monkeypatch.setattr(gemm.kernels, "_resident_blocks", lambda k, smem: resident.get(smem, 233472 // (smem + 1024)))
     # a 33 KiB kernel: six fit
     assert gemm.pin_occupancy_of(kernel, 0, 33792, 1) == 115840 == kernel.max_dynamic_shared_size_bytes
     assert gemm.pin_occupancy_of(kernel, 0, 33792, 6) == 33792, "as many as planned fit already"

@@ -326,23 +326,23 @@ def test_changed_policy_changes_the_configuration(fake):
 
 
 def test_config_cache_keys_on_arguments_and_policy():
-    moe._config_cache.clear()
+    moe.config._config_cache.clear()
     args = (S.F16, S.U4B8, 8, 28672, 4096, 128, 2, 132, 227 * 1024, 228 * 1024)
     first = moe.cached_moe_config(*args)
-    assert moe.cached_moe_config(*args) is first and len(moe._config_cache) == 1
+    assert moe.cached_moe_config(*args) is first and len(moe.config._config_cache) == 1
     for i, other in ((2, 16), (3, 14336), (4, 7168), (5, 64), (6, 200), (7, 66), (8, 100 * 1024), (9, 0)):
         changed = list(args)
         changed[i] = other
         assert moe.cached_moe_config(*changed) == moe.choose_moe_config(*changed)
     assert moe.cached_moe_config(S.BF16, *args[1:]).act is S.BF16
     assert moe.cached_moe_config(args[0], S.U8B128, *args[2:]).weight is S.U8B128
-    n = len(moe._config_cache)
+    n = len(moe.config._config_cache)
     one = dataclasses.replace(DEFAULT_MOE_POLICY, blocks_per_sm=1)
     assert moe.cached_moe_config(*args, one) == moe.choose_moe_config(*args, policy=one)
-    assert moe.cached_moe_config(*args, one).blocks_per_sm == 1 and len(moe._config_cache) == n + 1
+    assert moe.cached_moe_config(*args, one).blocks_per_sm == 1 and len(moe.config._config_cache) == n + 1
     equal = dataclasses.replace(DEFAULT_MOE_POLICY, blocks_per_sm=1)  # an equal value: the same entry
     assert moe.cached_moe_config(*args, equal) is moe.cached_moe_config(*args, one)
-    assert len(moe._config_cache) == n + 1
+    assert len(moe.config._config_cache) == n + 1
 
 
 def test_no_plan_for_non_cupy_or_non_contiguous_arguments(fake):
@@ -381,7 +381,7 @@ def test_programmatic_layer_launches_the_same_kernels(fake, monkeypatch):
     from workbench import gemm
 
     cupy, driver = fake
-    monkeypatch.setattr(gemm, "pin_occupancy_of", lambda kernel, device, smem, blocks_per_sm: smem + 128)
+    monkeypatch.setattr(gemm.kernels, "pin_occupancy_of", lambda kernel, device, smem, blocks_per_sm: smem + 128)
     args = layer(m=3, top_k=2)
     args["policy"] = DEFAULT_MOE_POLICY  # (programmatic: the stand-in's own default is plain)
     call(args)

@@ -147,9 +147,9 @@ def test_dense_gemm_on_interface_arrays_launches_what_cupy_arrays_launch():
         out = gemm.gptq_marlin_gemm(**arrays, **scalars)
         foreign = {name: (Foreign(x) if x is not None else None) for name, x in arrays.items()}
         got = gemm.gptq_marlin_gemm(**foreign, **scalars)
-        plans = len(gemm._array_plans)
+        plans = len(gemm.api._array_plans)
         again = gemm.gptq_marlin_gemm(**foreign, **scalars)
-        plans_again = len(gemm._array_plans)
+        plans_again = len(gemm.api._array_plans)
     assert type(out) is FakeArray and type(got) is FakeArray and got.shape == (m, n)
     (f0, g0, b0, s0, st0, args0), (f1, g1, b1, s1, st1, args1), (_, _, _, _, _, args2) = driver.launches
     assert (f0, g0, b0, s0, st0) == (f1, g1, b1, s1, st1) and args0[8:] == args1[8:]

@@ -103,76 +103,27 @@ SWAP_CASES = [(S.U4B8, 128, False), (S.U4, 64, False), (S.U8B128, -1, False), (S
               (S.U8, 32, True)]
 
 
-# The swapped loop's forms (8-row halves: KernelConfig.swap) -> the rows checked, (M, first identity row). The 16-row
-# form runs weights without zero points or act-order groups only (gemm.swap_halves keeps the others on the row layout).
-SWAP_ROWS = {1: ((8, 0), (8, 120), (1, 255), (5, 37)), 2: ((16, 0), (16, 240), (9, 3), (13, 120))}
-SWAP_FORM_CASES = [(halves, *case) for halves in SWAP_ROWS for case in SWAP_CASES
-                   if halves == 1 or not (case[0].has_zero_points or case[2])]
+# The swapped loop (KernelConfig.swap, M <= 8): the rows checked, (M, first identity row).
+SWAP_ROWS = ((8, 0), (8, 120), (1, 255), (5, 37))
 
 
-@pytest.fixture
-def swap16():
-    """The policy with the swapped loop's 16-row form for M = 9..16 (swap_max_m = 16), whatever the default's."""
-    return dataclasses.replace(DEFAULT_GEMM_POLICY, swap_max_m=16)
-
-
-@pytest.mark.parametrize("halves,wt,gs,shard", SWAP_FORM_CASES, ids=str)
+@pytest.mark.parametrize("wt,gs,shard", SWAP_CASES, ids=str)
 @pytest.mark.parametrize("act", ACTS, ids=str)
-def test_identity_rows_exact_on_the_swapped_loop(halves, wt, gs, shard, act, swap16):
-    """M <= 8 runs the operand-swapped loop (KernelConfig.swap: C^T = W^T A^T, transposed back across lanes), and so
-    can M = 9..16 (its 16-row form, two mma per sub-block, rows 8..15 the second half of the transposed accumulators;
-    swap_max_m = 16 here): rows i0 .. i0 + M - 1 of the identity must give exactly those rows of the dequantized
-    weight, in every reduction mode (a wrong lane or register in the transpose moves a value: caught bit for bit)."""
+def test_identity_rows_exact_on_the_swapped_loop(wt, gs, shard, act):
+    """M <= 8 runs the operand-swapped loop (KernelConfig.swap: C^T = W^T A^T, transposed back across lanes): rows
+    i0 .. i0 + M - 1 of the identity must give exactly those rows of the dequantized weight, in every reduction mode
+    (a wrong lane or register in the transpose moves a value: caught bit for bit)."""
     k, n = 256, 256
-    mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + gs + 7 + halves)
+    mw, q = random_marlin_weight(k, n, wt, gs, act_order=shard, act_dtype=act, seed=k + n + gs + 8)
     w_dev = gemm.upload_weight(mw)
-    assert gemm.config_for(gemm.act_scalar_type(act), wt, 8 * halves, n, k, gs, shard, policy=swap16).swap == halves
+    assert gemm.config_for(gemm.act_scalar_type(act), wt, 8, n, k, gs, shard).swap == 1
     eye = np.eye(k, dtype=np.float32).astype(act)
-    for m, i0 in SWAP_ROWS[halves]:
+    for m, i0 in SWAP_ROWS:
         for mode in ("fp32", "in_c", "atomic", "deterministic"):
             kw = dict(is_k_full=False) if shard else {}
-            out = run(eye[i0:i0 + m], w_dev, mode, policy=swap16, **kw)
+            out = run(eye[i0:i0 + m], w_dev, mode, **kw)
             # exact: one product 1 * w per output, the rest exact zeros (as the full identity test above)
             np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, {mode}")
-
-
-# (weight, group size, act, M, K, N, sms) -> (blocks per SM, blocks per cluster) of the 16-row swapped kernel the
-# policy picks: one block per SM (global and cluster sums) and two (128 registers: no late scaling there, see
-# late_scale_pays), 4-bit, 8-bit, FP8 and both activation types; then the device's own SM count.
-SWAP16_CASES = (
-    ((S.U4B8, 128, np.float16, 16, 1024, 256, 8), (1, 2)),
-    ((S.U4B8, 128, BF16, 12, 2048, 128, 8), (1, 1)),
-    ((S.U8B128, -1, BF16, 16, 1024, 256, 8), (1, 2)),
-    ((S.FE4M3FN, 128, np.float16, 10, 1024, 512, 8), (1, 2)),
-    ((S.U4B8, 128, BF16, 15, 4096, 512, 4), (1, 2)),
-    ((S.U4B8, 128, BF16, 16, 8192, 1024, 4), (2, 1)),
-    ((S.U4B8, 128, np.float16, 16, 8192, 512, 2), (2, 1)),
-    ((S.U4B8, 128, np.float16, 16, 1024, 1024, -1), None),
-)
-
-
-@pytest.mark.parametrize("case,expect", SWAP16_CASES, ids=str)
-def test_16_row_swapped_loop_holds_the_bound(case, expect, swap16):
-    """Random data through the 16-row swapped kernels: within the fp32 bound of the reference in every reduction
-    mode, and the deterministic mode bitwise the same twice."""
-    wt, gs, act, m, k, n, sms = case
-    mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=act, seed=k + n + m + sms)
-    w_dev = gemm.upload_weight(mw)
-    a = np.random.default_rng(m + k + n).standard_normal((m, k), dtype=np.float32).astype(act)
-    n_sms = gemm.device_properties(cp.cuda.Device().id)[1] if sms <= 0 else sms
-    plan = gemm.plan_marlin_gemm(cp.asarray(a), w_dev, c=poisoned(m, n, act), sms=sms,
-                                 workspace=cp.zeros(gemm.workspace_numel(n_sms), dtype=np.int32),
-                                 c_tmp=cp.empty(gemm.c_tmp_numel(n_sms), dtype=np.float32), policy=swap16)
-    assert plan.cfg.swap == 2, plan.cfg
-    cc = gemm.device_properties(cp.cuda.Device().id)[0]
-    if expect is not None and cc >= 90:
-        assert (plan.cfg.blocks_per_sm, plan.cfg.cluster) == expect, plan.cfg
-    ref = a.astype(np.float32) @ q.w_ref
-    for mode in ("fp32", "in_c", "atomic", "deterministic"):
-        out = run(a, w_dev, mode, sms=sms, policy=swap16)
-        bound = error_bound(a, q.w_ref, act, mode, k)
-        assert np.all(np.abs(out - ref) <= bound), (mode, float(np.max(np.abs(out - ref) / bound)))
-    np.testing.assert_array_equal(run(a, w_dev, "deterministic", sms=sms, policy=swap16), out)
 
 
 # Row counts that leave padding rows in the block tile: one m16 chunk (the kernel copies rows < M only; the others

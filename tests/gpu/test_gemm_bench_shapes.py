@@ -139,9 +139,9 @@ def test_programmatic_plans_keep_their_planned_blocks_per_sm(wt, gs, kn, m):
     w, _ = layer(wt, gs, k, n)
     a = cp.asarray(np.random.default_rng().standard_normal((m, k), dtype=np.float32).astype(np.float16))
     gemm.marlin_gemm(a, w)
-    plans = [p for p in gemm._prepared.values() if (p.m, p.n, p.k, p.cfg.weight) == (m, n, k, wt)]
+    plans = [p for p in gemm.launch._prepared.values() if (p.m, p.n, p.k, p.cfg.weight) == (m, n, k, wt)]
     assert plans and all(p.programmatic for p in plans)
     for p in plans:
         kernel = gemm.get_kernel(p.cfg.name_expression, device, p.smem)
         assert p.launch_smem >= p.smem
-        assert gemm._resident_blocks(kernel, p.launch_smem) <= p.cfg.blocks_per_sm, (p.cfg, p.launch_smem)
+        assert gemm.kernels._resident_blocks(kernel, p.launch_smem) <= p.cfg.blocks_per_sm, (p.cfg, p.launch_smem)

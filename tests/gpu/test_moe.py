@@ -440,3 +440,46 @@ def test_expert_linear_with_bias_on_gpu(rng):
     bound = (3 * U["float16"] + 2 * 256 * 2.0 ** -22) * (np.abs(a.astype(np.float32)) @ np.abs(w_ref[1][:, 64:192])) \
         + U["float16"] * np.abs(ref)
     assert np.all(np.abs(got - ref) <= bound)
+
+
+@pytest.mark.parametrize("act", [F16, BF16], ids=str)
+def test_fused_moe_on_torch_tensors_allocates_from_torch(act, rng):
+    """Torch stacks and inputs give the CuPy result bit for bit on every path, as a torch tensor, and every output
+    and intermediate (plan buffers, workspace, partial sums, gathered rows) comes from torch's caching allocator:
+    CuPy's pool grows by nothing."""
+    torch = pytest.importorskip("torch")
+    e, top_k, m, k, n = 8, 2, 7, 512, 256
+    seed = int(rng.integers(1 << 20))
+    w13, _ = moe.random_expert_stack(e, k, 2 * n, S.U4, 128, act_dtype=act, seed=seed)
+    w2, _ = moe.random_expert_stack(e, n, k, S.U4, 128, act_dtype=act, seed=seed + 1)
+    tdt = torch.float16 if act == F16 else torch.bfloat16
+
+    def tensor(x):
+        x = np.ascontiguousarray(x)
+        if x.dtype == act:
+            return torch.from_numpy(x.view(np.int16)).cuda().view(tdt)
+        return torch.from_numpy(x).cuda()
+
+    def torch_stack(w):
+        return moe.MarlinExpertStack(dataclasses.replace(w, qweight=tensor(w.qweight), scales=tensor(w.scales),
+                                                         zeros=None if w.zeros is None else tensor(w.zeros)))
+
+    c13, c2 = moe.MarlinExpertStack(gemm.upload_weight(w13)), moe.MarlinExpertStack(gemm.upload_weight(w2))
+    t13, t2 = torch_stack(w13), torch_stack(w2)
+    hidden = rng.standard_normal((m, k), dtype=np.float32).astype(act)
+    ids, weights = routing(rng, m, top_k, e)
+    pool = cp.get_default_memory_pool()
+    got = None
+    for path in moe.PATHS:
+        want = moe.fused_moe(cp.asarray(hidden), c13, c2, cp.asarray(weights), cp.asarray(ids), path=path)
+        cp.cuda.Device().synchronize()
+        used, held = pool.used_bytes(), pool.total_bytes()
+        got = None  # (the previous path's output: freed, so the one below is counted)
+        before = torch.cuda.memory_allocated()
+        for call in range(2):  # the checked call, then (fused path) the layer plan's
+            got = moe.fused_moe(tensor(hidden), t13, t2, tensor(weights), tensor(ids), path=path)
+            assert isinstance(got, torch.Tensor) and got.dtype == tdt and got.is_cuda, (path, call)
+            assert np.array_equal(got.view(torch.int16).cpu().numpy().view(np.uint16), _bits(want)), (path, call)
+        torch.cuda.synchronize()
+        assert (pool.used_bytes(), pool.total_bytes()) == (used, held), f"{path}: CuPy's pool was used"
+        assert torch.cuda.memory_allocated() > before, path  # (at least the output: torch's allocator holds it)

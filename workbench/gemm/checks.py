@@ -1,0 +1,291 @@
+"""Validation of the dense Marlin GEMM, one layer: each rule with its one message (``check_sizes``,
+``check_groups``, ...), the array checks of ``gptq_marlin_gemm`` (``check_gemm_shapes``, ``check_scratch``) built on
+them, and the activation dtypes. The record checks (workbench.gemm.launch.check_launch) and a prepared launch's
+address checks call the same rules, so a rule and its wording exist once.
+
+Pure Python, no GPU: every function raises ValueError/TypeError naming the values that broke the rule.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from workbench.gemm.geometry import c_tmp_numel, workspace_numel
+from workbench.gemm_abi import GEMM_WEIGHT_TYPES, MarlinMmProblem
+from workbench.scalar_types import ScalarType
+
+TILE_N = 64  # Marlin tile width: the weight's columns come in 64-column tiles
+TILE_K = 16  # the tensor-core k16 step: the weight's rows come in 16-row tiles
+GROUP_SIZES = (32, 64, 128)  # grouped scales the kernel stages per pipeline step
+
+# The pointers of a launch that must be 16-byte aligned (null counts as aligned), in the record's order.
+ALIGNED_POINTERS = ("a", "b", "c", "c_tmp", "b_scales", "zero_points", "group_index", "permutation", "a_tmp")
+# The pointers every launch needs.
+REQUIRED_POINTERS = ("a", "b", "c", "b_scales", "workspace")
+
+
+def check_mnk(m: int, n: int, k: int) -> None:
+    if m < 0 or n <= 0 or k <= 0:
+        raise ValueError(f"Invalid MNK = [{m}, {n}, {k}]")
+
+
+def check_size_k(k: int) -> None:
+    """K comes in k16 tiles."""
+    if k % TILE_K:
+        raise ValueError(f"size_k = {k} is not divisible by tile_size = {TILE_K}")
+
+
+def check_size_n(n: int) -> None:
+    """N comes in 64-column tiles."""
+    if n % TILE_N:
+        raise ValueError(f"size_n = {n} is not divisible by min_thread_n = {TILE_N}")
+
+
+def check_sizes(m: int, n: int, k: int) -> None:
+    check_mnk(m, n, k)
+    check_size_k(k)
+    check_size_n(n)
+
+
+def check_row_stride(lda: int, k: int, name: str) -> None:
+    """A's rows: at least K elements apart and 16-byte aligned (the kernel fetches 16-byte words)."""
+    if lda < k or lda % 8:
+        raise ValueError(f"{name} = {lda} must be >= size_k = {k} and divisible by 8 (16-byte rows)")
+
+
+def check_zero_points(has_zero_points: bool, weight: ScalarType) -> None:
+    """Zero points exactly for the weight types that have them (u4, u8)."""
+    if has_zero_points and not weight.has_zero_points:
+        raise ValueError(f"b_type must be u4 or u8 when has_zp = True. Got = {weight}")
+    if not has_zero_points and weight.has_zero_points:
+        raise ValueError(f"b_type must be u4b8, u8b128 or fe4m3fn when has_zp = False. Got = {weight}")
+
+
+def check_act_order(weight: ScalarType, act_order: bool, is_k_full: bool, num_groups: int) -> None:
+    """Act-order groups: not for fe4m3fn weights; on a full K they need more than one group."""
+    if not act_order:
+        return
+    if weight is ScalarType.FE4M3FN:
+        raise ValueError("act-order (g_idx, perm) is not defined for fe4m3fn weights")
+    if is_k_full and num_groups == 1:
+        raise ValueError("For act_order, num_groups must be > 1")
+
+
+def check_groups(weight: ScalarType, k: int, num_groups: int, act_order: bool, is_k_full: bool,
+                 groups_name: str = "num_groups") -> int:
+    """num_groups divides K into groups of GROUP_SIZES rows (any size on a K shard of act-order groups); fe4m3fn
+    weights take channelwise or group-128 scales. Returns the group size (-1: channelwise). ``groups_name``: what
+    the caller calls num_groups (``b_scales.size(0)`` for arrays)."""
+    if num_groups <= 0 or k % num_groups:
+        raise ValueError(f"size_k = {k}, is not divisible by {groups_name} = {num_groups}")
+    group_size = -1 if num_groups == 1 else k // num_groups
+    if num_groups > 1 and not (act_order and not is_k_full) and group_size not in GROUP_SIZES:
+        raise ValueError(f"group size = size_k / num_groups = {k} / {num_groups} = {group_size} is not one of "
+                         f"{GROUP_SIZES} (or channelwise)")
+    if weight is ScalarType.FE4M3FN and num_groups > 1 and group_size != 128:
+        raise ValueError(f"fe4m3fn weights take channelwise or group-128 scales, got group size {group_size}")
+    return group_size
+
+
+def check_reduction(use_atomic_add: bool, deterministic: bool) -> None:
+    if use_atomic_add and deterministic:
+        raise ValueError("use_atomic_add cannot be deterministic: atomics sum in arrival order")
+
+
+def check_pointers(pointers: dict[str, int], *, uses_c_tmp: bool, has_zero_points: bool, act_order: bool) -> None:
+    """Every pointer a launch needs is non-null and every pointer is 16-byte aligned (``pointers``: the record's
+    names, ints, 0 = null)."""
+    for name in REQUIRED_POINTERS:
+        if not pointers[name]:
+            raise ValueError(f"{name} is null")
+    if uses_c_tmp and not pointers["c_tmp"]:
+        raise ValueError("use_fp32_reduce needs c_tmp (fp32 partial sums); pass one or clear the flag")
+    if has_zero_points and not pointers["zero_points"]:
+        raise ValueError("HAS_ZERO_POINTS flag = True needs zero_points (got null)")
+    if act_order and not (pointers["group_index"] and pointers["permutation"]):
+        raise ValueError(f"HAS_ACT_ORDER flag = True needs group_index and permutation (got "
+                         f"{pointers['group_index']:#x}, {pointers['permutation']:#x})")
+    if act_order and not pointers["a_tmp"]:
+        raise ValueError("act-order needs a_tmp (an M x K activation buffer for the gathered columns)")
+    for name in ALIGNED_POINTERS:
+        ptr = pointers[name]
+        if ptr % 16:
+            raise ValueError(f"{name} must be aligned to 16 bytes (address {ptr:#x} % 16 = {ptr % 16})")
+
+
+def check_pipeline_steps(iterations: int) -> None:
+    if iterations >= 2**31:
+        raise ValueError(f"problem too large: {iterations} pipeline steps do not fit the kernel's 32-bit counters")
+
+
+def _bf16():
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+
+
+def act_scalar_type(dtype) -> ScalarType:
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        return ScalarType.F16
+    if dtype == _bf16():
+        return ScalarType.BF16
+    raise TypeError(f"unsupported `a` dtype = {dtype}; the Marlin GEMM takes float16 or bfloat16 activations")
+
+
+def act_numpy_dtype(act: ScalarType) -> np.dtype:
+    return np.dtype(np.float16) if act is ScalarType.F16 else _bf16()
+
+
+def _shape(x) -> tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+def _numel(x) -> int:
+    return int(np.prod(_shape(x))) if x is not None else 0
+
+
+def _is_empty(x) -> bool:
+    return x is None or _numel(x) == 0
+
+
+def _contiguous(x) -> bool:
+    flags = getattr(x, "flags", None)
+    return bool(flags["C_CONTIGUOUS"]) if flags is not None else True
+
+
+def _dtype_is(x, dtype, name: str) -> None:
+    if np.dtype(x.dtype) != np.dtype(dtype):
+        raise TypeError(f"{name} dtype = {np.dtype(x.dtype)} must be {np.dtype(dtype)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmPlan:
+    """What the shape checks concluded: ferrum-kernels' ``MarlinMmProblem`` (m, n, k, lda, groups) plus the types and
+    the act-order flags; turned into a ``MarlinMmRequest`` once device pointers are known."""
+
+    act: ScalarType
+    weight: ScalarType
+    problem: MarlinMmProblem
+    has_act_order: bool
+    is_k_full: bool
+
+    m = property(lambda self: self.problem.m)
+    n = property(lambda self: self.problem.n)
+    k = property(lambda self: self.problem.k)
+    lda = property(lambda self: self.problem.lda)
+    num_groups = property(lambda self: self.problem.num_groups)
+    group_size = property(lambda self: self.problem.group_size)  # -1 = channelwise
+
+
+def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m: int, size_n: int,
+                      size_k: int, is_k_full: bool, c=None) -> GemmPlan:
+    """The host checks of docs/formats.md, "Host checks", on any array-like with .shape/.dtype/.strides; no GPU
+    needed."""
+    act = act_scalar_type(a.dtype)
+    weight = ScalarType.parse(b_q_type)
+    if weight not in GEMM_WEIGHT_TYPES:
+        raise ValueError(f"b_q_type = {weight} is not a Marlin weight type")
+    for name, v in (("size_m", size_m), ("size_n", size_n), ("size_k", size_k)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    check_mnk(size_m, size_n, size_k)
+    if len(_shape(a)) != 2:
+        raise ValueError(f"a must be 2-D (M, K), got shape {_shape(a)}")
+    if _shape(a)[0] != size_m:
+        raise ValueError(f"Shape mismatch: a.size(0) = {_shape(a)[0]}, size_m = {size_m}")
+    if _shape(a)[1] != size_k:
+        raise ValueError(f"Shape mismatch: a.size(1) = {_shape(a)[1]}, size_k = {size_k}")
+    check_size_k(size_k)
+    _dtype_is(b_q_weight, np.int32, "b_q_weight")
+    if len(_shape(b_q_weight)) != 2:
+        raise ValueError(f"b_q_weight must be 2-D (K/16, N*16/pack), got shape {_shape(b_q_weight)}")
+    if _shape(b_q_weight)[0] != size_k // TILE_K:
+        raise ValueError(f"Shape mismatch: b_q_weight.size(0) = {_shape(b_q_weight)[0]}, size_k = {size_k}, "
+                         f"tile_size = {TILE_K}")
+    if _shape(b_q_weight)[1] % TILE_K:
+        raise ValueError(f"b_q_weight.size(1) = {_shape(b_q_weight)[1]} is not divisible by tile_size = {TILE_K}")
+    actual_n = _shape(b_q_weight)[1] // TILE_K * weight.pack_factor
+    if size_n != actual_n:
+        raise ValueError(f"size_n = {size_n}, actual_size_n = {actual_n} (b_q_weight.size(1) = "
+                         f"{_shape(b_q_weight)[1]}, pack_factor = {weight.pack_factor})")
+    check_size_n(size_n)
+    item = np.dtype(a.dtype).itemsize
+    strides = tuple(int(s) for s in a.strides)
+    if size_m > 0 and strides[1] != item:
+        raise ValueError(f"A.stride(1) is not 1 (strides in elements: {tuple(s // item for s in strides)})")
+    lda = strides[0] // item if size_m > 1 else size_k
+    if size_m > 1:
+        check_row_stride(lda, size_k, "A.stride(0)")
+    if not _contiguous(b_q_weight):
+        raise ValueError("b_q_weight is not contiguous")
+    if c is not None:
+        if _shape(c) != (size_m, size_n):
+            raise ValueError(f"Shape mismatch: c.size(0) = {_shape(c)[0] if _shape(c) else '?'}, size_m = {size_m}"
+                             f" (c has shape {_shape(c)}, expected ({size_m}, {size_n}))")
+        if np.dtype(c.dtype) != np.dtype(a.dtype):
+            raise TypeError(f"c dtype = {np.dtype(c.dtype)} must equal a dtype = {np.dtype(a.dtype)}")
+        if not _contiguous(c):
+            raise ValueError("c is not contiguous")
+    if len(_shape(b_scales)) != 2:
+        raise ValueError(f"b_scales rank = {len(_shape(b_scales))} is not 2")
+    if _shape(b_scales)[1] != size_n:
+        raise ValueError(f"b_scales dim 1 = {_shape(b_scales)[1]} is not size_n = {size_n}")
+    if np.dtype(b_scales.dtype) != np.dtype(a.dtype):
+        raise TypeError(f"b_scales dtype = {np.dtype(b_scales.dtype)} must equal a dtype = {np.dtype(a.dtype)}")
+    if not _contiguous(b_scales):
+        raise ValueError("b_scales is not contiguous")
+    num_groups = _shape(b_scales)[0]
+    has_act_order = not (_is_empty(g_idx) and _is_empty(perm))
+    if has_act_order:
+        g_len = _shape(g_idx)[-1] if g_idx is not None and _shape(g_idx) else 0
+        p_len = _shape(perm)[-1] if perm is not None and _shape(perm) else 0
+        if g_len != size_k or p_len != size_k:
+            raise ValueError(f"Unexpected g_idx.size(-1) = {g_len} and perm.size(-1) = {p_len}, "
+                             f"where size_k = {size_k}")
+        _dtype_is(g_idx, np.int32, "g_idx")
+        _dtype_is(perm, np.int32, "perm")
+    check_act_order(weight, has_act_order, is_k_full, num_groups)
+    group_size = check_groups(weight, size_k, num_groups, has_act_order, is_k_full, "b_scales.size(0)")
+    has_zp = not _is_empty(b_zeros)
+    check_zero_points(has_zp, weight)
+    if has_zp:
+        _dtype_is(b_zeros, np.int32, "b_zeros")
+        if len(_shape(b_zeros)) != 2:
+            raise ValueError(f"b_zeros rank = {len(_shape(b_zeros))} is not 2")
+        if _shape(b_zeros)[0] != num_groups:
+            raise ValueError(f"b_zeros dim 0 = {_shape(b_zeros)[0]} is not num_groups = {num_groups}")
+        if _shape(b_zeros)[1] != size_n // weight.pack_factor:
+            raise ValueError(f"b_zeros dim 1 = {_shape(b_zeros)[1]} is not size_n / pack_factor = "
+                             f"{size_n // weight.pack_factor}")
+        if not _contiguous(b_zeros):
+            raise ValueError("b_zeros is not contiguous")
+    problem = MarlinMmProblem(m=size_m, n=size_n, k=size_k, lda=lda, num_groups=num_groups,
+                              group_size=group_size if num_groups > 1 else -1)
+    return GemmPlan(act, weight, problem, has_act_order, bool(is_k_full) or not has_act_order)
+
+
+def check_scratch(plan: GemmPlan, workspace, c_tmp, a_tmp, sms: int, use_fp32_reduce: bool,
+                  use_atomic_add: bool) -> None:
+    if workspace is None:
+        raise ValueError("workspace is required: a zeroed int32 buffer of at least workspace_numel(sms) elements")
+    _dtype_is(workspace, np.int32, "workspace")
+    if _numel(workspace) < workspace_numel(sms):
+        raise ValueError(f"workspace.numel = {_numel(workspace)} is below min_workspace_size = "
+                         f"{workspace_numel(sms)}")
+    if use_fp32_reduce and not use_atomic_add:
+        if c_tmp is None:
+            raise ValueError("use_fp32_reduce needs c_tmp (fp32, at least c_tmp_numel(sms) elements)")
+        _dtype_is(c_tmp, np.float32, "c_tmp")
+        if _numel(c_tmp) < c_tmp_numel(sms):
+            raise ValueError(f"c_tmp.numel = {_numel(c_tmp)} is below c_tmp_numel(sms = {sms}) = {c_tmp_numel(sms)}")
+    if plan.has_act_order:
+        if a_tmp is None:
+            raise ValueError("act-order needs a_tmp (an M x K buffer in the activation dtype)")
+        if np.dtype(a_tmp.dtype) != act_numpy_dtype(plan.act):
+            raise TypeError(f"a_tmp dtype = {np.dtype(a_tmp.dtype)} must equal the activation dtype")
+        if _numel(a_tmp) < plan.m * plan.k:
+            raise ValueError(f"a_tmp.numel = {_numel(a_tmp)} is below size_m * size_k = {plan.m * plan.k}")

@@ -1,0 +1,367 @@
+"""Tile geometry and config choice of the dense Marlin GEMM: the kernel's block shapes and shared memory
+(``TileGeometry``, ``KernelConfig``), which instantiation a problem runs (``choose_config``), on how many blocks
+(``grid_blocks``) and in which clusters (``cluster_blocks``), and the scratch sizes every configuration fits.
+
+Pure functions of the problem, the device's limits and a ``GemmPolicy``: no GPU, no CuPy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+
+from workbench.policy import GemmPolicy
+from workbench.scalar_types import ScalarType
+
+# The package's namespace, which holds the default policy (workbench.gemm._default_policy): read through the dict,
+# since an attribute of a module whose class has __getattr__ (the deprecated globals) costs a Python-level call.
+_package = sys.modules[__package__].__dict__
+
+
+def default_policy() -> GemmPolicy:
+    """The policy of calls that pass none (DEFAULT_GEMM_POLICY unless a deprecated module global was set)."""
+    return _package["_default_policy"]
+
+
+_default = default_policy
+
+THREADS = 256
+MAX_BLOCK_M = 64  # rows of one block tile (4 m16 blocks)
+MAX_BLOCK_N = 256
+
+REDUCE_IN_C, REDUCE_FP32, REDUCE_ATOMIC = 0, 1, 2  # kernels_cuda/marlin_gemm.cu ReduceMode
+GROUP_CHANNELWISE, GROUP_GROUPED, GROUP_PER_ROW = 0, 1, 2  # kernels_cuda/marlin_mainloop.cuh GroupMode
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernel configurations
+# ---------------------------------------------------------------------------------------------------------------
+class TileGeometry:
+    """Block shape and shared memory of one kernel instantiation, from its template arguments (``weight``,
+    ``m_blocks``, ``n_tiles``, ``k_warp``, ``stages``, ``group_mode``). Mirrors ``mwb::Geometry`` in
+    kernels_cuda/marlin_mainloop.cuh, the stage layout both the dense (KernelConfig) and the fused MoE kernel
+    (workbench.moe.MoeConfig) use."""
+
+    @property
+    def per_row_groups(self) -> bool:
+        return self.group_mode == GROUP_PER_ROW
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.m_blocks
+
+    @property
+    def block_n(self) -> int:
+        return 64 * self.n_tiles
+
+    @property
+    def block_k(self) -> int:
+        return 16 * self.k_warp * (8 // self.n_tiles)
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory; mirrors ``Geometry::kSmemBytes``."""
+        pack = 32 // self.weight.bits
+        kt = self.k_warp * (8 // self.n_tiles)
+        a = self.block_m * self.block_k // 8
+        b = kt * self.n_tiles * (16 * 64 // pack // 4)
+        scale_rows = max(1, self.block_k // 32)
+        s = scale_rows * self.block_n // 8
+        z = scale_rows * self.block_n // pack // 4 if self.weight.has_zero_points else 0
+        g = self.block_k // 4 if self.group_mode == GROUP_PER_ROW else 0
+        warps_per_n = 8 // self.n_tiles  # the warp-fold buffer: fold_buffer_floats(n_tiles) / 4
+        red = (warps_per_n // 2) * self.n_tiles * 1024 // 4 if warps_per_n > 1 else 0
+        return 16 * (self.stages * (a + b + s + z + g) + red)
+
+    @property
+    def plain(self) -> bool:
+        """Weights without zero points or act-order groups (several policy rules were measured for these only)."""
+        return not self.weight.has_zero_points and self.group_mode != GROUP_PER_ROW
+
+    @property
+    def late_scale(self) -> bool:
+        """Whether the kernel applies the scales to fp32 partial sums instead of to each dequantized weight (mirrors
+        ``WarpLoop::kLateScale`` and ``late_scale_pays`` in kernels_cuda/marlin_mainloop.cuh). Two kernels that differ
+        here round differently: their outputs are not bitwise equal even where the partition is the same."""
+        fits = self.swap == 1 or (self.blocks_per_sm == 1 and self.k_warp >= 2)
+        return self.m_blocks == 1 and self.group_mode != GROUP_PER_ROW and self.weight is not ScalarType.FE4M3FN \
+            and fits
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig(TileGeometry):
+    """One instantiation of ``mwb::marlin_gemm`` (its template arguments) and the geometry they imply."""
+
+    act: ScalarType
+    weight: ScalarType
+    m_blocks: int  # 16-row blocks per block tile (1..4)
+    n_tiles: int  # 64-column tiles per block tile (1, 2, 4)
+    k_warp: int  # k16 tiles per warp per pipeline stage
+    stages: int
+    group_mode: int  # GROUP_CHANNELWISE, GROUP_GROUPED or GROUP_PER_ROW (act-order on a K shard, through g_idx)
+    blocks_per_sm: int = 1  # resident blocks per SM the kernel's registers are cut for (template argument MIN_BLOCKS)
+    # the operand-swapped loop (template argument SWAP; 0: row layout): 1 for M <= 8, one mma per 16x16 sub-block
+    # instead of two; bools read as 0 / 1
+    swap: int = 0
+    cluster: int = 1  # > 1: blocks per thread-block cluster, slices summed in shared memory (marlin_gemm_cluster)
+
+    @property
+    def name_expression(self) -> str:
+        t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
+        args = (f"{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, {self.stages}, "
+                f"{self.group_mode}, {self.blocks_per_sm}, {int(self.swap)}")
+        if self.cluster > 1:
+            return f"mwb::marlin_gemm_cluster<{args}, {self.cluster}>"
+        return f"mwb::marlin_gemm<{args}>"
+
+
+# (n_tiles, k_warp) -> (thread_k, thread_n) = (block_k, block_n): every tile the kernel instantiates. Which ones a
+# launch tries, and in what order, is the policy's (workbench.policy.GemmPolicy).
+THREAD_SHAPES = {(2, 4): (256, 128), (2, 2): (128, 128), (1, 1): (128, 64), (4, 2): (64, 256), (2, 1): (64, 128),
+                  (1, 2): (256, 64), (1, 4): (512, 64), (2, 8): (512, 128)}
+
+
+def thread_shapes() -> dict[tuple[int, int], tuple[int, int]]:
+    return dict(THREAD_SHAPES)
+
+
+RESERVED_SMEM_PER_BLOCK = 1024  # shared memory the system takes per resident block on sm_80 / sm_90
+# What a block needs beside its dynamic shared memory when planning blocks per SM: the system's reserve plus room for
+# the kernel's static shared memory.
+SMEM_RESERVED_PER_BLOCK = RESERVED_SMEM_PER_BLOCK + 64
+
+
+def two_block_smem(smem_limit: int, sm_smem: int) -> int:
+    """Dynamic shared memory one block may take when two share an SM of ``sm_smem`` bytes (the dense and the fused
+    MoE kernels' two-block variants)."""
+    return min(smem_limit, sm_smem // 2 - SMEM_RESERVED_PER_BLOCK)
+
+
+def pairs_possible(compute_capability: int, fp32_reduce: bool, policy: GemmPolicy | None = None) -> bool:
+    """Whether choose_config may take the pair policy for a launch (``pair_clusters``, sm_90+, fp32 reduction)."""
+    return (policy or _default()).pair_clusters and compute_capability >= 90 and fp32_reduce
+
+
+def swap_halves(size_m: int, policy: GemmPolicy | None = None) -> int:
+    """KernelConfig.swap for M rows under the policy's ``swap_max_m``: 1 (the operand-swapped loop) for at most 8
+    rows, 0 for the row layout."""
+    return 1 if size_m <= min((policy or _default()).swap_max_m, 8) else 0
+
+
+def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int, group_size: int,
+                  per_row_groups: bool, smem_limit: int, thread_k: int = -1, thread_n: int = -1,
+                  sm_smem: int = 0, sms: int = 0, pairs: bool = False,
+                  policy: GemmPolicy | None = None) -> KernelConfig:
+    """The first thread shape that divides (K, N) and fits shared memory; ValueError naming the shape otherwise.
+
+    ``pairs`` (the launch can sum slices in clusters of two: sm_90+, fp32 reduction, see ``pairs_possible``): for
+    M <= 16, the one-block-per-SM configuration whose slices, two blocks each, fill the ``sms`` SMs comes first
+    (the policy's ``pair_*`` fields). 4-bit rows-layout kernels with groups of >= 128 rows at M = 9..16 try the
+    512 x 128 tile first, in pairs and then alone (``rows_wide_first``).
+    Else, for M <= 16 (one m16 block) and 4-bit weights, a configuration that lets two blocks share an SM
+    (``sm_smem`` = shared memory per SM; 0 = unknown; kernel cut to 128 registers) is preferred when each of the 2
+    ``sms`` blocks then gets at least ``two_blocks_min_steps`` pipeline steps (``sms`` = 0: unknown, not checked).
+    """
+    p = policy or _default()
+    m_blocks = min(4, max(1, math.ceil(size_m / 16)))
+    group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
+    # kernels of weights without zero points or act-order groups (swapped: their own thresholds below)
+    plain = not weight.has_zero_points and not per_row_groups
+    variant = dict(swap=swap_halves(size_m, policy=p))
+    plain_swap = bool(variant["swap"]) and plain
+    order = p.small_m_shapes if m_blocks <= 2 else p.large_m_shapes
+    if m_blocks == 1 and weight.bits == 8:
+        order = p.eight_bit_one_m_block_shapes
+    rows_wide_tile = tuple(p.rows_wide_tile)
+    wide_rows = (p.rows_wide_first and m_blocks == 1 and weight.bits == 4 and not variant["swap"]
+                 and not per_row_groups and group_size >= 128)
+    wide_first = (rows_wide_tile,) if wide_rows else ()  # (tried by the pairs and alone, never by the last resort)
+    stage_order = (p.two_m_block_stages if m_blocks == 2 else p.large_m_stages) if m_blocks > 1 else \
+        p.one_block_stages(weight.bits)
+
+    def shapes(shape_order=order):
+        for n_tiles, k_warp in shape_order:
+            tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
+            if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
+                continue
+            if size_k % tk or size_n % tn:
+                continue
+            if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
+                continue
+            if (n_tiles, k_warp) == rows_wide_tile and size_k // tk < p.rows_wide_min_steps:
+                continue
+            yield n_tiles, k_warp
+
+    half_smem = two_block_smem(smem_limit, sm_smem)  # per block, two blocks per SM
+
+    def pair_choice() -> KernelConfig | None:
+        """The pair policy: slices of two blocks each, summed in clusters of two."""
+        first = next(shapes(wide_first + order), None)
+        # long pairs (past the step limits) for the first-choice shape
+        long_pairs = act in p.pair_long_acts and (plain or (p.pair_long_zero_points and not per_row_groups))
+        pair_shapes = p.four_bit_pair_shapes if weight.bits == 4 else order
+        for n_tiles, k_warp in shapes(wide_first + pair_shapes):
+            tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
+            slices = size_n // tn
+            if not p.pair_min_fill * sms <= 2 * slices <= sms:
+                continue
+            steps = size_k // tk // 2  # per block
+            if (n_tiles, k_warp) == rows_wide_tile and steps < p.rows_wide_min_steps:
+                continue
+            # (rows layout: only where late scaling flushes once per stage, i.e. a group spans a warp's k16 tiles)
+            one_flush = variant["swap"] or group_size < 0 or group_size >= 16 * k_warp
+            long_ok = long_pairs and (n_tiles, k_warp) == first and one_flush
+            if steps >= 1 and (steps <= (p.pair_max_steps if plain else p.pair_max_steps_not_plain) or long_ok):
+                stages_here = p.pair_stage_order(weight.bits, (n_tiles, k_warp), bool(variant["swap"]), stage_order)
+                pair = next((cfg for stages in stages_here
+                             for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
+                                                      **variant)] if cfg.smem_bytes <= smem_limit), None)
+                if pair is not None:
+                    return pair
+            break  # only the first shape whose pairs fill the SMs
+        # Two blocks per SM in pairs, where no tile's pairs fill the SMs one block each but the first-choice tile's
+        # fill pair_two_block_min_fill.. of them two blocks each (swapped 4-bit kernels without zero points;
+        # returned with cluster = 2, so grid_blocks gives each slice two blocks).
+        if first is not None and plain_swap and act in p.two_block_pair_acts \
+                and weight.bits in p.two_blocks_weight_bits and sm_smem > 0:
+            n_tiles, k_warp = first
+            tk, tn = THREAD_SHAPES[first]
+            if p.pair_two_block_min_fill * sms <= size_n // tn <= sms and size_k // tk >= 2:
+                return next((cfg for stages in p.two_block_pair_stages
+                             for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
+                                                      blocks_per_sm=2, cluster=2, **variant)]
+                             if cfg.smem_bytes <= half_smem), None)
+        # 8-bit fp16 kernels at M = 9..16 (rows layout): the first tile whose slices fill the SMs so, two blocks per
+        # SM in pairs where one fits half an SM (pair_two_block_eight_bit_rows).
+        if p.pair_two_block_eight_bit_rows and weight.bits == 8 and not variant["swap"] and plain \
+                and act is ScalarType.F16 and sm_smem > 0:
+            for n_tiles, k_warp in shapes():
+                tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
+                # (at most pair_max_steps per block, as the one-block pairs: no longer range was measured)
+                steps = size_k // tk
+                if not (p.pair_two_block_min_fill * sms <= size_n // tn <= sms and 2 <= steps <= 2 * p.pair_max_steps):
+                    continue
+                two = next((cfg for stages in p.two_block_pair_stages
+                            for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
+                                                     blocks_per_sm=2, cluster=2, **variant)]
+                            if cfg.smem_bytes <= half_smem), None)
+                if two is not None:
+                    return two
+        return None
+
+    if pairs and p.pair_clusters and m_blocks == 1 and sms > 0:
+        pair = pair_choice()
+        if pair is not None:
+            return pair
+    if wide_rows:  # (before the two-block kernels: rows_wide_first)
+        wide = next((cfg for n_tiles, k_warp in shapes(wide_first) for stages in p.rows_wide_stages
+                     for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode, **variant)]
+                     if cfg.smem_bytes <= smem_limit), None)
+        if wide is not None:
+            return wide
+    if m_blocks == 1 and sm_smem > 0 and weight.bits in p.two_blocks_weight_bits:
+        two = next((cfg for n_tiles, k_warp in shapes() for stages in p.two_block_stages
+                    for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
+                                             blocks_per_sm=2, **variant)] if cfg.smem_bytes <= half_smem), None)
+        if two is not None:
+            steps = (size_n // two.block_n) * (size_k // two.block_k)
+            min_steps = p.two_blocks_min_steps_swap if plain_swap else p.two_blocks_min_steps
+            if sms <= 0 or steps >= min_steps * 2 * sms:
+                return two
+    tried = []
+    for n_tiles, k_warp in order:
+        tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
+        if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
+            continue
+        tried.append((tk, tn))
+        if size_k % tk or size_n % tn:
+            continue
+        if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
+            continue
+        for stages in stage_order:
+            cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode, **variant)
+            if cfg.smem_bytes <= smem_limit:
+                return cfg
+    raise ValueError(
+        f"Invalid thread config: no (thread_k, thread_n) in {tried or [(thread_k, thread_n)]} divides "
+        f"(size_k, size_n) = ({size_k}, {size_n}) within {smem_limit} bytes of shared memory; "
+        f"size_k % 128 == 0 and size_n % 64 == 0 always works")
+
+
+def pipeline_steps(cfg: KernelConfig, size_m: int, size_n: int, size_k: int) -> int:
+    """The kernel's (slice, k step) iterations: m chunks x column slices x k steps per slice."""
+    return math.ceil(size_m / cfg.block_m) * (size_n // cfg.block_n) * (size_k // cfg.block_k)
+
+
+def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0,
+                policy: GemmPolicy | None = None) -> int:
+    """Blocks launched: at most as many as can be resident at once (every block must be: in the in-C and fp32
+    reductions blocks wait on others' counts), fewer when the problem has fewer (slice, k) iterations.
+
+    The kernel splits the T = slices x KI iterations evenly over the grid G. With G = slices x s (s <= KI), block
+    c s + j covers [c KI + floor(j KI / s), c KI + floor((j + 1) KI / s)): every block stays inside one slice, so it
+    finishes one slice instead of two (a block straddling two slices stops its pipeline mid-range to fold its warps
+    and store and count in its partial, and sums its last slice's partials at the end). Chosen (``align_slices``)
+    unless it lengthens the longest range by more than ``aligned_max_longer`` (x, one block per SM or swapped
+    two-block kernels without zero points or act-order; one-block swapped kernels: ``aligned_max_longer_swap``;
+    other two-block kernels: not at all) + ``aligned_extra_steps``. A configuration that choose_config returned with
+    ``cluster`` > 1 (a pair policy choice) gets the aligned grid of that many blocks per slice wherever they fit.
+    """
+    p = policy or _default()
+    chunks = math.ceil(size_m / cfg.block_m)
+    slices = chunks * (size_n // cfg.block_n)
+    ki = size_k // cfg.block_k
+    iterations = slices * ki
+    max_grid = sms * (blocks_per_sm or cfg.blocks_per_sm)
+    striped = max(1, min(max_grid, iterations))
+    if p.align_slices and slices <= max_grid:
+        splits = min(ki, max_grid // slices)
+        if cfg.cluster > 1 and cfg.cluster <= splits:  # chosen as a pair (choose_config): cluster blocks per slice
+            return slices * cfg.cluster
+        if max_grid <= sms:
+            longer = p.aligned_max_longer_swap if cfg.swap else p.aligned_max_longer
+        else:
+            longer = p.aligned_max_longer if cfg.swap and cfg.plain and p.aligned_swap_two_blocks else 1.0
+        if math.ceil(ki / splits) <= math.ceil(iterations / striped) * longer + p.aligned_extra_steps:
+            return slices * splits
+    return striped
+
+
+KERNEL_CLUSTER_SIZES = (2, 4, 8)  # what marlin_gemm_cluster takes: the blocks share a partial's float4s evenly
+
+
+def cluster_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, grid: int, compute_capability: int,
+                   fp32_reduce: bool, enabled: bool | None = None, sizes: tuple[int, ...] | None = None,
+                   policy: GemmPolicy | None = None) -> int:
+    """Blocks per cluster for a launch of ``cfg`` on ``grid`` blocks: s when the grid gives each slice s blocks of its
+    own (slice-aligned; s in ``sizes``, default the policy's ``cluster_sizes``; s <= the slice's pipeline steps, so
+    no block is idle: every block must reach the cluster barriers), 16-row tiles, the fp32 reduction and sm_90+;
+    else 1 (no cluster). ``enabled``: None = the policy's ``cluster_sums``.
+
+    In a cluster a slice's blocks add their partials through each other's shared memory, in the fp32 reduction's
+    order (the output is bitwise the same), instead of C_tmp slots, a lock and the first contributor's wait."""
+    p = policy or _default()
+    if not ((p.cluster_sums if enabled is None else enabled) and compute_capability >= 90 and fp32_reduce
+            and cfg.m_blocks == 1):
+        return 1
+    slices = math.ceil(size_m / cfg.block_m) * (size_n // cfg.block_n)
+    s, rest = divmod(grid, slices)
+    allowed = p.cluster_sizes if sizes is None else sizes
+    return s if rest == 0 and s in allowed and s in KERNEL_CLUSTER_SIZES and s <= size_k // cfg.block_k else 1
+
+
+def c_tmp_numel(sms: int) -> int:
+    """fp32 elements of ``c_tmp`` that fit every configuration: two partial slots per block (a block shares at most
+    two slices: the one it starts in and the one it ends in) of at most 64 x 256 (one block per SM) or 16 x 256
+    (two blocks per SM, M <= 16)."""
+    return 2 * sms * max(MAX_BLOCK_M * MAX_BLOCK_N, MAX_BLOCKS_PER_SM * 16 * MAX_BLOCK_N)
+
+
+MAX_BLOCKS_PER_SM = 2
+
+
+def workspace_numel(sms: int) -> int:
+    """int32 lock counters: one per block (a slice shared by blocks locks on the block holding its end), up to
+    MAX_BLOCKS_PER_SM blocks per SM."""
+    return MAX_BLOCKS_PER_SM * sms
+
