@@ -52,6 +52,9 @@ def register(subparsers) -> None:
     p.add_argument("--against", required=True, help="the source checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--resume", action="store_true",
+                   help="skip the layers an interrupted verify of the same pair already found matching (refused when"
+                        " either side changed since)")
     _executor_options(p, "verify")
     p.set_defaults(func=_verify)
 
@@ -171,7 +174,8 @@ def _repack(args) -> int:
 def _verify(args) -> int:
     from workbench.checkpoint import verify
 
-    report = verify(args.out, args.against, progress=not args.no_progress)
+    report = verify(args.out, args.against, progress=not args.no_progress, executor=args.executor,
+                    workers=args.workers, retries=args.retries, worker_memory=args.worker_memory, resume=args.resume)
     if args.json:
         print(json.dumps({"ok": report.ok, "layers_checked": report.layers_checked,
                           "tensors_checked": report.tensors_checked, "differing_elements": report.differing_elements,

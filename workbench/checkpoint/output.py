@@ -239,10 +239,15 @@ class OutputDir:
                 os.close(fd)
             raise
         self._lock_fd = fd
-        _write_marker(self.partial, {**record, "pid": os.getpid(), "host": socket.gethostname(),
-                                     "resumed": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         self.log(f"repack: resuming {self.partial} (left by pid {record.get('pid')}, started {record.get('started')})")
         self.resumed = True
+
+    def mark_resumed(self) -> None:
+        """Put this run's PID in the marker of a taken-over folder, once the repack has accepted its contents (a
+        refused resume leaves the folder byte for byte as it was)."""
+        record = read_marker(self.partial) or {}
+        _write_marker(self.partial, {**record, "pid": os.getpid(), "host": socket.gethostname(),
+                                     "resumed": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
     def claim(self) -> str:
         """Create and lock ``OUT.partial`` (or, resuming, take over the leftover one); return its path."""

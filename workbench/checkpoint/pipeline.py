@@ -29,6 +29,7 @@ import os
 import resource
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +42,7 @@ from workbench.checkpoint.output import KeepsPartial
 from workbench.checkpoint.safetensors_io import PlannedTensor, StreamingWriter, TensorInfo
 from workbench.checkpoint.source import SourceCheckpoint, open_source
 
-WRITING_SUFFIX = ".writing"  # a shard under this name is not finished; a run never leaves one behind on success
+WRITING_PREFIX = ".writing-"  # a shard under this name is not finished; no run leaves one behind
 GPU_STREAMS = 2
 
 
@@ -108,7 +109,7 @@ def peak_rss(who: int = resource.RUSAGE_SELF) -> int:
 
 
 def writing_path(folder: str, name: str) -> str:
-    return os.path.join(folder, f".{name}{WRITING_SUFFIX}")
+    return os.path.join(folder, WRITING_PREFIX + name)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -410,14 +411,7 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
         done, _ = wait(in_flight, return_when=FIRST_COMPLETED, timeout=None if block else 0)
         for fut in done:
             in_flight.discard(fut)
-            try:
-                result: TaskResult = fut.result()
-            except Exception as exc:
-                if type(exc).__name__ == "BrokenProcessPool":
-                    raise WorkerLost(f"a repack worker process died (killed, or out of memory: each needs about"
-                                     f" {largest / 1e9:.2f} GB) while converting; the files finished so far are kept"
-                                     " (--resume continues)") from None
-                raise
+            result: TaskResult = fut.result()
             writers[result.shard].write(result)
             stats.peak_worker_rss_bytes = max(stats.peak_worker_rss_bytes, result.worker_rss)
             layer = result.arrays and next(iter(result.arrays)).rsplit(".", 1)[0]
@@ -444,11 +438,15 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
             drain(block=True)
         for name in list(writers):  # shards of pass-through tensors only finish here when nothing was in flight
             finish_if_done(name)
-    except BaseException:
+    except BaseException as exc:
         for fut in in_flight:
             fut.cancel()
         for w in writers.values():
             w.abort()
+        if isinstance(exc, BrokenProcessPool):  # from a result or from the next submit, whichever came first
+            raise WorkerLost(f"a repack worker process died (killed, or out of memory: each needs about"
+                             f" {largest / 1e9:.2f} GB) while converting; the files finished so far are kept"
+                             " (--resume continues)") from None
         raise
     finally:
         executor.shutdown(wait=True, cancel_futures=True)

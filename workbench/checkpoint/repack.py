@@ -35,7 +35,7 @@ from workbench.checkpoint.executor import check_shared, check_workers, connect, 
 from workbench.checkpoint.files import is_regular
 from workbench.checkpoint.manifest import Journal, check_fingerprint, fingerprint, shard_entry, shard_intact
 from workbench.checkpoint.output import MARKER, KeepsPartial, KeptPartialError, OutputDir, OutputError, read_marker
-from workbench.checkpoint.pipeline import (WRITING_SUFFIX, ShardJob, Stats, Unit, default_workers, describe_stats,
+from workbench.checkpoint.pipeline import (WRITING_PREFIX, ShardJob, Stats, Unit, default_workers, describe_stats,
                                            peak_rss, run_local, writing_path)
 from workbench.checkpoint.safetensors_io import (COPY_CHUNK_BYTES, CheckpointError, PlannedTensor, StreamingWriter,
                                                  dtype_tag, encode_header, planned_header)
@@ -223,7 +223,10 @@ def repack(path, out, *, force: bool = False, resume: bool = False, backend: str
         with target as tmp:
             try:
                 journal = Journal(tmp, fingerprint(source_files), plan_digest(jobs))
-                kept = _resumed(tmp, journal, source_files, names, log) if target.resumed else {}
+                kept = {}
+                if target.resumed:
+                    kept = _resumed(tmp, journal, source_files, names, log)
+                    target.mark_resumed()
                 journal.save()
                 todo = [job for job in jobs if job.name not in kept]
                 stats.shards_kept = len(kept)
@@ -294,7 +297,7 @@ def _remove_unfinished(folder: str) -> None:
     """Files still under their temporary names: never left behind, so no half-written shard survives anywhere."""
     if os.path.isdir(folder):
         for name in os.listdir(folder):
-            if name.endswith(WRITING_SUFFIX):
+            if name.startswith(WRITING_PREFIX):
                 os.remove(os.path.join(folder, name))
 
 
