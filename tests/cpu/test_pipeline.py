@@ -245,3 +245,41 @@ def test_a_worker_process_killed_mid_tensor_is_a_message_and_resume_finishes(tmp
     assert _cli(capsys, "repack", src, "--out", str(out), "--resume", "--workers", "1", "--max-shard-size", "2MB",
                 "--no-progress")[0] == 0
     assert verify(out, src, progress=False).ok
+
+
+def test_verify_names_a_file_whose_checksum_changed_while_its_tensors_match(tmp_path):
+    src = _model(tmp_path, FORMATS[1])
+    out = tmp_path / "out"
+    repack(src, out, **QUIET)
+    path = out / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"format":"pt"')  # header metadata: no tensor byte changes
+    data[at + 10: at + 12] = b"PT"
+    path.write_bytes(bytes(data))
+    report = verify(out, src, progress=False)
+    assert not report.ok and report.differing_elements == 0
+    assert len(report.problems) == 1 and str(path) in report.problems[0] and "checksum" in report.problems[0]
+
+
+_GPU_PATH = r"""
+import sys
+from workbench.checkpoint import repack
+from workbench.checkpoint.pipeline import Stats
+stats = Stats()
+repack(sys.argv[1], sys.argv[2], backend="numba", max_shard_bytes=40000, progress=False, log=lambda m: None,
+       stats=stats)
+assert stats.path == "gpu", stats.path
+"""
+
+
+def test_the_gpu_path_writes_the_serial_bytes_in_the_simulator(tmp_path):
+    """The GPU path's code (pinned staging pool, converter threads, whole-width op calls) in the CUDA simulator."""
+    opt = sy.Options(fmt="gptq", bits=4, group_size=64, sym=False)
+    src = sy.random_model(str(tmp_path / "src"), opt, {"model.layers.0.mlp.up_proj": (128, 128)}, experts=2,
+                          expert_shape=(128, 128))
+    repack(src, tmp_path / "serial", executor="serial", max_shard_bytes=40000, **QUIET)
+    env = {**os.environ, "PYTHONPATH": ROOT, "NUMBA_ENABLE_CUDASIM": "1"}
+    done = subprocess.run([sys.executable, "-c", _GPU_PATH, src, str(tmp_path / "gpu")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _files(tmp_path / "gpu") == _files(tmp_path / "serial")

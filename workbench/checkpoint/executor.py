@@ -137,30 +137,36 @@ def run_dask(client, executor: Executor, source_path: str, stamps: dict, folder:
                             retries=retries, pure=False)
         futures[fut] = job
     try:
-        for fut in as_completed(list(futures)):
-            job = futures[fut]
-            try:
-                entry, warnings, rss = fut.result()
-            except CheckpointError:
-                raise
-            except OSError as exc:
-                raise KeptPartialError(f"{exc.filename or os.path.join(folder, job.name)}: {exc.strerror or exc} on"
-                                       f" a worker while writing {job.name}") from None
-            except Exception as exc:
-                if type(exc).__name__ == "KilledWorker":
-                    raise KeptPartialError(f"--executor {executor}: the workers running {job.name} died"
-                                           f" {_allowed_failures()} times (killed, or out of memory); the files"
-                                           " finished so far are kept") from None
-                raise
-            on_shard(job.name, entry)
-            stats.shards_written += 1
-            stats.peak_worker_rss_bytes = max(stats.peak_worker_rss_bytes, rss)
-            stats.warnings += warnings
-            bar.update(job.source_bytes)
+        with client.as_current():
+            _collect(as_completed(list(futures)), futures, executor, folder, on_shard, stats, bar)
     finally:
         pending = [f for f in futures if not f.done()]
         if pending:
             client.cancel(pending, force=True)
+
+
+def _collect(finished, futures, executor, folder, on_shard, stats, bar) -> None:
+    """Record each shard as its task returns; the first failure ends the run, said with the shard it hit."""
+    for fut in finished:
+        job = futures[fut]
+        try:
+            entry, warnings, rss = fut.result()
+        except CheckpointError:
+            raise
+        except OSError as exc:
+            raise KeptPartialError(f"{exc.filename or os.path.join(folder, job.name)}: {exc.strerror or exc} on a"
+                                   f" worker while writing {job.name}") from None
+        except Exception as exc:
+            if type(exc).__name__ == "KilledWorker":
+                raise KeptPartialError(f"--executor {executor}: the workers running {job.name} died"
+                                       f" {_allowed_failures()} times (killed, or out of memory); the files finished"
+                                       " so far are kept") from None
+            raise
+        on_shard(job.name, entry)
+        stats.shards_written += 1
+        stats.peak_worker_rss_bytes = max(stats.peak_worker_rss_bytes, rss)
+        stats.warnings += warnings
+        bar.update(job.source_bytes)
 
 
 def _allowed_failures() -> int:

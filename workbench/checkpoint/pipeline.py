@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workbench.checkpoint.convert import nonfinite_scales, to_marlin
+from workbench.checkpoint.convert import nonfinite_scales
 from workbench.checkpoint.files import CheckpointError
 from workbench.checkpoint.layers import LayerSpec
 from workbench.checkpoint.manifest import shard_entry
@@ -92,6 +92,7 @@ class Stats:
     workers: int = 1
     path: str = ""
     memory_bound_bytes: int = 0
+    baseline_rss_bytes: int = 0  # the coordinator's resident memory when the run started (interpreter, imports)
     peak_rss_bytes: int = 0  # the coordinator process
     peak_worker_rss_bytes: int = 0  # the largest worker process (0 when the workers are threads)
     shards_written: int = 0
@@ -106,6 +107,15 @@ class Stats:
 def peak_rss(who: int = resource.RUSAGE_SELF) -> int:
     """Peak resident set size in bytes (Linux reports kilobytes)."""
     return resource.getrusage(who).ru_maxrss * 1024
+
+
+def current_rss() -> int:
+    """Resident set size now, in bytes (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def writing_path(folder: str, name: str) -> str:
@@ -189,17 +199,6 @@ class TaskResult:
     worker_rss: int = 0
 
 
-def convert(src, spec: LayerSpec, expert: int | None, backend: str, column_block: int | None = None):
-    """``to_marlin`` with an op's refusal (a ValueError naming values only) said with the layer and checkpoint."""
-    try:
-        return to_marlin(src, spec, expert or 0, backend, column_block)
-    except CheckpointError:
-        raise
-    except (ValueError, TypeError) as exc:
-        which = f" expert {expert}" if spec.num_experts else ""
-        raise CheckpointError(f"{src.root}: layer {spec.name!r}{which}: {exc}") from exc
-
-
 def marlin_arrays(spec: LayerSpec, m) -> dict[str, np.ndarray]:
     out = {f"{spec.name}.qweight": m.qweight, f"{spec.name}.scales": m.scales}
     if spec.weight_type.has_zero_points:
@@ -221,7 +220,9 @@ def run_task(src: SourceCheckpoint, maps: _Maps, shard: str, unit_index: int, un
         # on the GPU one op call per tensor (the kernels take the whole width); on the CPU the reference's column
         # blocks bound its temporaries
         block = -(-spec.size_n // 64) * 64 if backend == "numba" else None
-        m = convert(staged, spec, expert, backend, block)
+        from workbench.checkpoint.repack import convert_layer  # the one conversion call (repack imports us)
+
+        m = convert_layer(staged, spec, expert or 0, backend, block)
         arrays = {k: np.ascontiguousarray(v) for k, v in marlin_arrays(spec, m).items()}
     finally:
         if release is not None:
@@ -343,6 +344,14 @@ class _PinnedPool:
             self._cv.notify()
 
 
+def _gpu_threads() -> int:
+    """Converter threads on the GPU path: one per stream; one in the CUDA simulator, which runs one kernel at a time
+    (two threads launching at once would share its simulated thread state)."""
+    from workbench import hardware
+
+    return 1 if hardware.simulator_enabled() else GPU_STREAMS
+
+
 def task_source_bytes(unit: Unit, expert: int | None, src: SourceCheckpoint) -> int:
     return sum(src.info(n).nbytes for n in task_tensors(unit.layer, expert))
 
@@ -355,7 +364,7 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
     largest = max((task_source_bytes(u, e, src) + u.nbytes // len(u.tasks) for _, _, u, e in tasks
                    if u.layer is not None), default=0)
     pool_kind = "gpu" if backend == "numba" else ("process" if workers > 1 else "thread")
-    parallel = GPU_STREAMS if pool_kind == "gpu" else workers
+    parallel = (_gpu_threads() if pool_kind == "gpu" else workers)
     window = 2 * parallel  # tasks in flight: one converting and one read ahead or waiting per worker
     pinned = None
     if pool_kind == "gpu":
@@ -466,7 +475,7 @@ def default_workers() -> int:
 def describe_stats(stats: Stats) -> str:
     return (f"{stats.source_bytes / 1e9:.2f} GB in {stats.seconds:.1f} s ({stats.gbs:.2f} GB/s, {stats.path},"
             f" {stats.workers} worker{'s' if stats.workers != 1 else ''}); peak host memory"
-            f" {stats.peak_rss_bytes / 1e9:.2f} GB" + (f" (workers {stats.peak_worker_rss_bytes / 1e9:.2f} GB each at"
+            f" {stats.peak_rss_bytes / 1e9:.2f} GB ({stats.baseline_rss_bytes / 1e9:.2f} GB before the run)" + (f" (workers {stats.peak_worker_rss_bytes / 1e9:.2f} GB each at"
                                                        " most)" if stats.peak_worker_rss_bytes else "")
             + f", bound {stats.memory_bound_bytes / 1e9:.2f} GB")
 

@@ -35,8 +35,8 @@ from workbench.checkpoint.executor import check_shared, check_workers, connect, 
 from workbench.checkpoint.files import is_regular
 from workbench.checkpoint.manifest import Journal, check_fingerprint, fingerprint, shard_entry, shard_intact
 from workbench.checkpoint.output import MARKER, KeepsPartial, KeptPartialError, OutputDir, OutputError, read_marker
-from workbench.checkpoint.pipeline import (WRITING_PREFIX, ShardJob, Stats, Unit, default_workers, describe_stats,
-                                           peak_rss, run_local, writing_path)
+from workbench.checkpoint.pipeline import (WRITING_PREFIX, ShardJob, Stats, Unit, current_rss, default_workers,
+                                           describe_stats, peak_rss, run_local, writing_path)
 from workbench.checkpoint.safetensors_io import (COPY_CHUNK_BYTES, CheckpointError, PlannedTensor, StreamingWriter,
                                                  dtype_tag, encode_header, planned_header)
 from workbench.checkpoint.source import CONFIG_FILES, INDEX_NAME, SourceCheckpoint, open_source
@@ -233,6 +233,7 @@ def repack(path, out, *, force: bool = False, resume: bool = False, backend: str
                 stats.source_bytes = sum(job.source_bytes for job in todo)
                 stats.output_bytes = sum(t.nbytes for job in todo for t in job.planned)
                 on_shard = journal.add
+                stats.baseline_rss_bytes = current_rss()
                 start = time.perf_counter()
                 with tqdm(total=total, unit="B", unit_scale=True, desc=f"repack ({ops_backend})",
                           disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
@@ -329,10 +330,10 @@ def _resumed(folder: str, journal: Journal, source_files: list[str], names: list
     return kept
 
 
-def convert_layer(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str):
+def convert_layer(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str, column_block: int | None = None):
     """``to_marlin``, with an op's refusal (a ValueError naming values only) said with the layer and checkpoint."""
     try:
-        return to_marlin(src, spec, expert, backend)
+        return to_marlin(src, spec, expert, backend, column_block)
     except CheckpointError:
         raise
     except (ValueError, TypeError) as exc:
