@@ -105,7 +105,8 @@ if warm:  # compile the kernels (and start nothing else) before the timed run
     repack(warm, out + ".warm", backend=backend, workers=1, progress=False, log=lambda m: None)
 stats = Stats()
 manifest = repack(src, out, backend=backend, workers=workers, progress=False, log=lambda m: None, stats=stats)
-print(json.dumps({"seconds": stats.seconds, "baseline_rss_bytes": stats.baseline_rss_bytes, "source_bytes": stats.source_bytes, "output_bytes": stats.output_bytes,
+print(json.dumps({"seconds": stats.seconds, "baseline_rss_bytes": stats.baseline_rss_bytes,
+                  "startup_seconds": stats.startup_seconds, "cpu_seconds": stats.cpu_seconds, "source_bytes": stats.source_bytes, "output_bytes": stats.output_bytes,
                   "path": stats.path, "workers": stats.workers, "peak_rss_bytes": stats.peak_rss_bytes,
                   "peak_worker_rss_bytes": stats.peak_worker_rss_bytes,
                   "memory_bound_bytes": stats.memory_bound_bytes,
@@ -214,6 +215,10 @@ def main(argv=None) -> int:
             row = {"method": "ours", "path": path_kind, "format": fmt, "workers": result["workers"],
                    "us": round(result["seconds"] * 1e6, 1), "gbs": round(result["source_bytes"] / result["seconds"]
                                                                           / 1e9, 3),
+                   "startup_s": round(result["startup_seconds"], 2), "cpu_s": round(result["cpu_seconds"], 2),
+                   "gbs_after_startup": round(result["source_bytes"] / max(result["seconds"]
+                                                                           - result["startup_seconds"], 1e-9) / 1e9, 3),
+                   "gbs_per_cpu_second": round(result["source_bytes"] / max(result["cpu_seconds"], 1e-9) / 1e9, 4),
                    "source_bytes": result["source_bytes"], "output_bytes": result["output_bytes"],
                    "baseline_rss_bytes": result["baseline_rss_bytes"], "peak_rss_bytes": result["peak_rss_bytes"], "peak_worker_rss_bytes": result["peak_worker_rss_bytes"],
                    "memory_bound_bytes": result["memory_bound_bytes"],
