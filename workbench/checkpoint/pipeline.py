@@ -453,6 +453,7 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
     in_flight: set[Future] = set()
     worker_cpu: dict[int, float] = {}
     cpu0 = cpu_time()
+    broken = False
     warned: set[str] = set()
 
     def writer_of(job: ShardJob) -> ShardWriter:
@@ -460,11 +461,20 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
             writers[job.name] = ShardWriter(folder, job)
         return writers[job.name]
 
+    # a finished file is fsync'ed, read back for its checksum and renamed on this thread, while the next converts
+    finisher = ThreadPoolExecutor(1, thread_name_prefix="repack-finish")
+    finishing: dict[Future, str] = {}
+
     def finish_if_done(job_name: str) -> None:
         w = writers[job_name]
         if w.pending == 0:
-            on_shard(job_name, w.finish())
+            finishing[finisher.submit(w.finish)] = job_name
             del writers[job_name]
+
+    def record_finished(block: bool) -> None:
+        done, _ = wait(finishing, timeout=None if block else 0)
+        for fut in done:
+            on_shard(finishing.pop(fut), fut.result())
             stats.shards_written += 1
 
     def drain(block: bool) -> None:
@@ -496,22 +506,32 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
                 drain(block=True)
             in_flight.add(submit(job, i, unit, e))
             drain(block=False)
+            record_finished(block=False)
         while in_flight:
             drain(block=True)
         for name in list(writers):  # shards of pass-through tensors only finish here when nothing was in flight
             finish_if_done(name)
+        record_finished(block=True)
     except BaseException as exc:
         for fut in in_flight:
             fut.cancel()
+        wait(finishing)  # a file being finished is renamed complete or fails; the complete ones are recorded
+        for fut, name in finishing.items():
+            if fut.exception() is None:
+                on_shard(name, fut.result())
         for w in writers.values():
             w.abort()
         if isinstance(exc, BrokenProcessPool):  # from a result or from the next submit, whichever came first
+            broken = True
             raise WorkerLost(f"a repack worker process died (killed, or out of memory: each needs about"
-                             f" {largest / 1e9:.2f} GB) while converting; the files finished so far are kept"
+                             f" {largest / 1e6:.0f} MB) while converting; the files finished so far are kept"
                              " (--resume continues)") from None
         raise
     finally:
-        executor.shutdown(wait=True, cancel_futures=True)
+        finisher.shutdown(wait=True)
+        # a broken pool's manager thread terminates the other workers; joining them could wait on one stuck on a
+        # queue lock the dead worker held
+        executor.shutdown(wait=not broken, cancel_futures=True)
         stats.cpu_seconds = cpu_time() - cpu0 + sum(worker_cpu.values())
         stats.peak_rss_bytes = peak_rss()
         if pool_kind == "process":
