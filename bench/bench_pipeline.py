@@ -58,7 +58,10 @@ def _gptq_tensors(prefix: str, k: int, n: int, rng) -> dict:
             f"{prefix}.g_idx": (np.arange(k) // GROUP).astype(np.int32)}
 
 
-def write_source(root: str, fmt: str, target_bytes: int, seed: int = 0) -> dict:
+TINY = {name: (k // 8, n // 8) for name, (k, n) in PROJECTIONS.items()}  # --tiny: the same layout, 1/64 the bytes
+
+
+def write_source(root: str, fmt: str, target_bytes: int, seed: int = 0, shapes: dict = PROJECTIONS) -> dict:
     """An MoE checkpoint of about ``target_bytes``: layer 0's experts, as many as fit, in ~1 GB files."""
     from safetensors.numpy import save_file
 
@@ -66,19 +69,19 @@ def write_source(root: str, fmt: str, target_bytes: int, seed: int = 0) -> dict:
 
     rng = np.random.default_rng(seed)
     make = _fp8_tensors if fmt == "block-fp8" else _gptq_tensors
-    per_expert = sum(t.nbytes for p, (k, n) in PROJECTIONS.items() for t in make("x", k, n, rng).values())
+    per_expert = sum(t.nbytes for p, (k, n) in shapes.items() for t in make("x", k, n, rng).values())
     experts = max(1, target_bytes // per_expert)
     os.makedirs(root, exist_ok=True)
     shards, current, size = [], {}, 0
     for e in range(experts):
-        for proj, (k, n) in PROJECTIONS.items():
+        for proj, (k, n) in shapes.items():
             tensors = make(f"model.layers.0.mlp.experts.{e}.{proj}", k, n, rng)
             current.update(tensors)
             size += sum(t.nbytes for t in tensors.values())
         if size >= SHARD_BYTES or e == experts - 1:
             shards.append(current)
             current, size = {}, 0
-    shards[-1]["model.norm.weight"] = np.ones(HIDDEN, np.float16)
+    shards[-1]["model.norm.weight"] = np.ones(next(iter(shapes.values()))[0], np.float16)
     weight_map, total, largest = {}, 0, 0
     for i, tensors in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
@@ -98,40 +101,46 @@ def write_source(root: str, fmt: str, target_bytes: int, seed: int = 0) -> dict:
 
 
 _CHILD = r"""
-import json, os, sys, time
+import json, os, shutil, sys, time
 os.fsync = lambda fd: None  # outputs written to the page cache, not synced: the pipeline's time, not the disk's
 from workbench.checkpoint import repack
 from workbench.checkpoint.pipeline import Stats
-src, out, backend, workers, warm = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
-if warm:  # compile the kernels (and start nothing else) before the timed run
-    repack(warm, out + ".warm", backend=backend, workers=1, progress=False, log=lambda m: None)
-stats = Stats()
-# 1 GB output files: finishing one (checksum, rename) overlaps converting the next, as in a 700 GB run
-manifest = repack(src, out, backend=backend, workers=workers, max_shard_bytes=1 << 30, progress=False,
-                  log=lambda m: None, stats=stats)
-print(json.dumps({"seconds": stats.seconds, "baseline_rss_bytes": stats.baseline_rss_bytes,
-                  "startup_seconds": stats.startup_seconds, "cpu_seconds": stats.cpu_seconds, "source_bytes": stats.source_bytes, "output_bytes": stats.output_bytes,
-                  "path": stats.path, "workers": stats.workers, "peak_rss_bytes": stats.peak_rss_bytes,
-                  "peak_worker_rss_bytes": stats.peak_worker_rss_bytes,
-                  "memory_bound_bytes": stats.memory_bound_bytes,
-                  "shards": {k: v["digest"] for k, v in manifest["shards"].items()}}))
+out, backend, workers, warm, sources = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+for w in filter(None, warm.split(",")):  # compile the kernels of each format before the timed runs
+    repack(w, out + ".warm", backend=backend, workers=1, progress=False, log=lambda m: None)
+    shutil.rmtree(out + ".warm")
+for src in sources:
+    stats = Stats()
+    # 1 GB output files: finishing one (checksum, rename) overlaps converting the next, as in a 700 GB run
+    manifest = repack(src, out, backend=backend, workers=workers, max_shard_bytes=1 << 30, progress=False,
+                      log=lambda m: None, stats=stats)
+    shutil.rmtree(out)
+    print(json.dumps({"source": src, "seconds": stats.seconds, "baseline_rss_bytes": stats.baseline_rss_bytes,
+                      "startup_seconds": stats.startup_seconds, "cpu_seconds": stats.cpu_seconds,
+                      "source_bytes": stats.source_bytes, "output_bytes": stats.output_bytes, "path": stats.path,
+                      "workers": stats.workers, "peak_rss_bytes": stats.peak_rss_bytes,
+                      "peak_worker_rss_bytes": stats.peak_worker_rss_bytes,
+                      "memory_bound_bytes": stats.memory_bound_bytes,
+                      "shards": {k: v["digest"] for k, v in manifest["shards"].items()}}), flush=True)
 """
 
 
-def measure(src: str, out: str, backend: str, workers: int, warm: str = "", timeout: float = 300) -> dict:
+def measure(sources: list[str], out: str, backend: str, workers: int, warm: str = "", timeout: float = 400) -> list:
+    """One fresh process repacking each of ``sources`` in turn (the GPU rows share one, so the kernels compile
+    once; a row's peak RSS is then that process's so far)."""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", _CHILD, src, out, backend, str(workers), warm], env=env,
+    done = subprocess.run([sys.executable, "-c", _CHILD, out, backend, str(workers), warm, *sources], env=env,
                           capture_output=True, text=True, timeout=timeout)
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out + ".warm", ignore_errors=True)
     if done.returncode != 0:
         raise RuntimeError(f"repack ({backend}, {workers} workers) failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def host_ceilings(path: str) -> dict:
+def host_ceilings(path: str, nbytes: int = 1 << 28) -> dict:
     """Host memcpy and page-cache read bandwidth (GB/s): what bounds a pipeline that reads and writes host memory."""
-    a = np.ones(1 << 28, np.uint8)
+    a = np.ones(nbytes, np.uint8)
     b = np.empty_like(a)
     np.copyto(b, a)
     t = time.perf_counter()
@@ -151,12 +160,17 @@ def host_ceilings(path: str) -> dict:
 
 
 def _versions() -> dict:
+    from importlib import metadata
+
     out = {}
-    for name in ("torch", "cupy"):
-        try:
-            out[name] = __import__(name).__version__
-        except Exception:  # not installed on this machine
-            out[name] = ""
+    for name, dists in (("torch", ("torch",)), ("cupy", ("cupy-cuda13x", "cupy-cuda12x", "cupy"))):
+        out[name] = ""
+        for dist in dists:  # the installed distribution's version, without importing it (torch takes seconds)
+            try:
+                out[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     try:
         text = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=20).stdout
         out["nvcc"] = text.strip().splitlines()[-1] if text else ""
@@ -199,7 +213,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     started = time.perf_counter()
     if args.tiny:
-        args.gpu_gb = args.cpu_gb = 0.06
+        args.gpu_gb = args.cpu_gb = 0.004
     workers = [int(w) for w in args.workers.split(",") if w]
     gpu, sms = ("", 0) if args.no_gpu else _gpu()
     need = int((2 * args.gpu_gb * (0 if not gpu else 2) + 3 * args.cpu_gb) * 1e9) + (1 << 30)
@@ -207,11 +221,12 @@ def main(argv=None) -> int:
     rows, sources = [], {}
     try:
         cpu_src = os.path.join(work, "src-fp8-cpu")
-        sources["cpu"] = write_source(cpu_src, "block-fp8", int(args.cpu_gb * 1e9))
+        shapes = TINY if args.tiny else PROJECTIONS
+        sources["cpu"] = write_source(cpu_src, "block-fp8", int(args.cpu_gb * 1e9), shapes=shapes)
         warm = os.path.join(work, "warm")
-        write_source(warm, "block-fp8", 1)  # one expert: compiles the kernels before the timed GPU runs
+        write_source(warm, "block-fp8", 1, shapes=TINY)  # one small expert: compiles the kernels before timing
         first_file = os.path.join(cpu_src, sorted(f for f in os.listdir(cpu_src) if f.endswith(".safetensors"))[0])
-        ceilings = host_ceilings(first_file)
+        ceilings = host_ceilings(first_file, (1 << 24) if args.tiny else (1 << 28))
         reference = {}
 
         def record(source, fmt, path_kind, result, info):
@@ -224,44 +239,44 @@ def main(argv=None) -> int:
                                                                            - result["startup_seconds"], 1e-9) / 1e9, 3),
                    "gbs_per_cpu_second": round(result["source_bytes"] / max(result["cpu_seconds"], 1e-9) / 1e9, 4),
                    "source_bytes": result["source_bytes"], "output_bytes": result["output_bytes"],
-                   "baseline_rss_bytes": result["baseline_rss_bytes"], "peak_rss_bytes": result["peak_rss_bytes"], "peak_worker_rss_bytes": result["peak_worker_rss_bytes"],
+                   "baseline_rss_bytes": result["baseline_rss_bytes"], "peak_rss_bytes": result["peak_rss_bytes"],
+                   "peak_worker_rss_bytes": result["peak_worker_rss_bytes"],
                    "memory_bound_bytes": result["memory_bound_bytes"],
                    "largest_tensor_bytes": info["largest_tensor_bytes"], "identical_to_first": ident}
             rows.append(row)
             print(json.dumps(row), flush=True)
             if not ident:
-                raise RuntimeError(f"{fmt} {path_kind} {result['workers']} workers wrote other bytes than the first run")
+                print(f"MISMATCH: {fmt} {path_kind} {result['workers']} workers wrote other bytes than the first run",
+                      flush=True)
 
         if gpu:
+            gpu_sources = [(cpu_src, "block-fp8", sources["cpu"])]  # first: its bytes must be the CPU rows'
             for fmt in ("block-fp8", "gptq"):
-                if time.perf_counter() - started > args.budget_s:
-                    break
                 src = os.path.join(work, f"src-{fmt}-gpu")
-                info = write_source(src, fmt, int(args.gpu_gb * 1e9), seed=1)
-                sources[f"gpu-{fmt}"] = info
-                warm_fmt = os.path.join(work, f"warm-{fmt}")
-                if fmt != "block-fp8":
-                    write_source(warm_fmt, fmt, 1)
-                else:
-                    warm_fmt = warm
-                record(src, fmt, "gpu", measure(src, os.path.join(work, "out"), "numba", 1, warm_fmt), info)
-                shutil.rmtree(src, ignore_errors=True)
-            # the GPU on the CPU rows' source: its bytes must be the CPU path's (checked as those rows come in)
-            record(cpu_src, "block-fp8", "gpu", measure(cpu_src, os.path.join(work, "out"), "numba", 1, warm),
-                   sources["cpu"])
+                sources[f"gpu-{fmt}"] = write_source(src, fmt, int(args.gpu_gb * 1e9), seed=1, shapes=shapes)
+                gpu_sources.append((src, fmt, sources[f"gpu-{fmt}"]))
+            warm_gptq = os.path.join(work, "warm-gptq")
+            write_source(warm_gptq, "gptq", 1, shapes=TINY)
+            results = measure([s for s, _, _ in gpu_sources], os.path.join(work, "out"), "numba", 1,
+                              f"{warm},{warm_gptq}")
+            for (src, fmt, info), result in zip(gpu_sources, results):
+                record(src, fmt, "gpu", result, info)
+                if src != cpu_src:
+                    shutil.rmtree(src, ignore_errors=True)
         for n in workers:
             if time.perf_counter() - started > args.budget_s:
                 print(f"budget reached: {n} workers and beyond not measured", flush=True)
                 break
-            record(cpu_src, "block-fp8", "cpu", measure(cpu_src, os.path.join(work, "out"), "numpy", n), sources["cpu"])
+            (result,) = measure([cpu_src], os.path.join(work, "out"), "numpy", n)
+            record(cpu_src, "block-fp8", "cpu", result, sources["cpu"])
         base = next((r["gbs"] for r in rows if r["path"] == "cpu" and r["workers"] == 1), None)
         for r in rows:
             if r["path"] == "cpu" and base:
                 r["speedup_vs_1_worker"] = round(r["gbs"] / base, 2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = os.environ.get("WORKBENCH_COMMIT") or subprocess.run(  # a copy without .git says its commit
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"schema": 1, "family": "pipeline",
               "meta": {"gpu": gpu or f"none ({platform.processor() or platform.machine()})", "sms": sms,
                        "date": datetime.date.today().isoformat(), "commit": commit, **_versions(),
@@ -279,7 +294,7 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
-    return 0
+    return 0 if all(r["identical_to_first"] for r in rows) else 1
 
 
 if __name__ == "__main__":
