@@ -251,23 +251,26 @@ def marlin_arrays(spec: LayerSpec, m) -> dict[str, np.ndarray]:
 
 
 def run_task(src: SourceCheckpoint, maps: _Maps, shard: str, unit_index: int, unit: Unit, expert: int | None,
-             backend: str, alloc=np.empty, release=None) -> TaskResult:
-    """Read and convert one task (one layer, or one expert of a stack)."""
+             backend: str, alloc=np.empty) -> TaskResult:
+    """Read and convert one task (one layer, or one expert of a stack). The results are fresh arrays: nothing of
+    the staged source (``alloc``'s buffers) is referenced once this returns."""
+    from workbench.checkpoint.repack import convert_layer  # the one conversion call (repack imports this module)
+
     spec = unit.layer
     staged = StagedSource(src, stage(src, maps, task_tensors(spec, expert), alloc))
-    try:
-        one = dataclasses.replace(spec, parts=[spec.parts[expert or 0]])
-        warnings = nonfinite_scales(staged, one)
-        # on the GPU one op call per tensor (the kernels take the whole width); on the CPU cache-sized blocks
-        block = -(-spec.size_n // 64) * 64 if backend == "numba" else CPU_COLUMN_BLOCK
-        from workbench.checkpoint.repack import convert_layer  # the one conversion call (repack imports us)
-
-        m = convert_layer(staged, spec, expert or 0, backend, block)
-        arrays = {k: np.ascontiguousarray(v) for k, v in marlin_arrays(spec, m).items()}
-    finally:
-        if release is not None:
-            release(staged)
+    one = dataclasses.replace(spec, parts=[spec.parts[expert or 0]])
+    warnings = nonfinite_scales(staged, one)
+    # on the GPU one op call per tensor (the kernels take the whole width); on the CPU cache-sized blocks
+    block = -(-spec.size_n // 64) * 64 if backend == "numba" else CPU_COLUMN_BLOCK
+    m = convert_layer(staged, spec, expert or 0, backend, block)
+    arrays = {k: np.array(v, order="C", copy=True) if _shares(v, staged) else np.ascontiguousarray(v)
+              for k, v in marlin_arrays(spec, m).items()}
     return TaskResult(shard, unit_index, expert, arrays, unit.source_bytes // max(len(unit.tasks), 1), warnings)
+
+
+def _shares(array: np.ndarray, staged: StagedSource) -> bool:
+    """Whether a result is (a view of) a staged source buffer, which goes back to the pool after the task."""
+    return any(np.may_share_memory(array, a) for a in staged._arrays.values())  # bounds only: cheap
 
 
 # process-pool workers: the source opened once per process
@@ -360,8 +363,9 @@ class WorkerLost(KeepsPartial, CheckpointError):
 
 
 class _PinnedPool:
-    """A bounded set of page-locked staging buffers (the GPU path's reads land here; the copy to the device then
-    runs at full speed). ``get`` blocks while all are in use, which is what bounds the reads ahead."""
+    """A bounded set of page-locked staging buffers, one per converter thread: the GPU path's reads land here, and
+    the copy to the device then runs at full speed without an intermediate pageable copy. ``alloc_for`` blocks
+    while all are in use."""
 
     def __init__(self, count: int, nbytes: int):
         from numba import cuda
@@ -416,7 +420,7 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
     if pool_kind == "gpu":
         staging = max((task_source_bytes(u, e, src) + 64 * len(task_tensors(u.layer, e))
                        for _, _, u, e in tasks if u.layer is not None), default=1)
-        pinned = _PinnedPool(window, staging)
+        pinned = _PinnedPool(parallel, staging)
     stats.workers, stats.path = parallel, pool_kind
     stats.memory_bound_bytes = window * largest + (pinned.nbytes if pinned else 0) + 64 * 1024**2
     maps = _Maps()
