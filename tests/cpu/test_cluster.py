@@ -98,8 +98,8 @@ class KillOnWrite(distributed.WorkerPlugin):
 
         def kill():
             deadline = time.time() + 30
-            target = os.path.join(folder, WRITING_PREFIX + self.shard)
-            while time.time() < deadline and not (os.path.exists(target) and os.path.getsize(target) > 0):
+            prefix = WRITING_PREFIX + self.shard  # + this attempt's own suffix
+            while time.time() < deadline and not any(n.startswith(prefix) for n in os.listdir(folder)):
                 time.sleep(0.001)
             os.kill(os.getpid(), signal.SIGKILL)
         threading.Thread(target=kill, daemon=True).start()

@@ -27,8 +27,10 @@ import dataclasses
 import mmap
 import os
 import resource
+import socket
 import threading
 import time
+import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -301,9 +303,9 @@ class ShardWriter:
     """One output file under its temporary name, filled in any order, finished by ``finish`` (fsync, checksum,
     rename). ``abort`` removes the temporary file: a half-written shard never stays under any name."""
 
-    def __init__(self, folder: str, job: ShardJob):
+    def __init__(self, folder: str, job: ShardJob, attempt: str = ""):
         self.job, self.folder = job, folder
-        self.tmp = writing_path(folder, job.name)
+        self.tmp = writing_path(folder, job.name) + (f".{attempt}" if attempt else "")
         self.final = os.path.join(folder, job.name)
         self.pending = sum(len(u.tasks) for u in job.units)
         self._w = StreamingWriter(self.tmp, job.planned, job.metadata)
@@ -334,7 +336,8 @@ def write_shard(src: SourceCheckpoint, folder: str, job: ShardJob, backend: str,
     """One whole shard, task after task in this process (a cluster worker's unit of work). Returns its journal
     entry and the warnings."""
     maps = maps or _Maps()
-    writer = ShardWriter(folder, job)
+    # a temporary name of its own: a worker the scheduler gave up on may still be writing its attempt meanwhile
+    writer = ShardWriter(folder, job, f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     warnings: list[str] = []
     try:
         for i, unit in enumerate(job.units):

@@ -268,6 +268,7 @@ def repack(path, out, *, force: bool = False, resume: bool = False, backend: str
                     if other not in (MANIFEST, "config.json", *CONFIG_FILES):  # their settings move into config.json
                         shutil.copy2(os.path.join(src.root, other), os.path.join(tmp, other))
                 write_config(tmp, src.config, src.quant_config, src.quant_config_source, plan.settings.source_format)
+                _remove_unfinished(tmp)  # the attempt of a cluster worker that died mid-file
                 manifest["shards"] = {name: journal.record["shards"][name] for name in names}
                 with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:  # written last
                     json.dump(manifest, f, indent=2)
