@@ -202,12 +202,12 @@ def _workdir(need: int, given: str | None) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--gpu-gb", type=float, default=4.0, help="source size of each GPU measurement (GB)")
+    p.add_argument("--gpu-gb", type=float, default=3.0, help="source size of each GPU measurement (GB)")
     p.add_argument("--cpu-gb", type=float, default=1.0, help="source size of the CPU measurements (GB)")
     p.add_argument("--workers", default="1,2,4,8,16", help="CPU worker counts to measure")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU path")
     p.add_argument("--tiny", action="store_true", help="a few MB (checks the script, measures nothing useful)")
-    p.add_argument("--budget-s", type=float, default=140.0, help="stop starting measurements after this long")
+    p.add_argument("--budget-s", type=float, default=120.0, help="stop starting measurements after this long")
     p.add_argument("--workdir", default=None, help="where source and outputs go (default: /dev/shm when it has room)")
     p.add_argument("--out", default=RESULT, help="results file")
     args = p.parse_args(argv)
@@ -218,7 +218,30 @@ def main(argv=None) -> int:
     gpu, sms = ("", 0) if args.no_gpu else _gpu()
     need = int((2 * args.gpu_gb * (0 if not gpu else 2) + 3 * args.cpu_gb) * 1e9) + (1 << 30)
     work = _workdir(need, args.workdir)
-    rows, sources = [], {}
+    rows, sources, ceilings, versions = [], {}, {}, _versions()
+    def save() -> None:
+        """The results so far (after every row: a run stopped by a timeout still leaves its rows)."""
+        commit = os.environ.get("WORKBENCH_COMMIT") or subprocess.run(  # a copy without .git says its commit
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        result = {"schema": 1, "family": "pipeline",
+                  "meta": {"gpu": gpu or f"none ({platform.processor() or platform.machine()})", "sms": sms,
+                           "date": datetime.date.today().isoformat(), "commit": commit, **versions,
+                           "ceilings": ceilings,
+                           "method": {"what": "workbench.checkpoint.repack, one fresh process per row; source in page"
+                                              " cache, outputs written but not fsync'ed (os.fsync a no-op there)",
+                                      "workdir": work,
+                                      "cores": len(os.sched_getaffinity(0)), "sources": sources,
+                                      "tiny": bool(args.tiny), "wall_s": round(time.perf_counter() - started, 1),
+                                      "us": "wall time of the whole repack call (one run)",
+                                      "gpu_rows": "one process for all GPU rows (kernels compiled once before"
+                                                  " timing); its peak RSS is that process's so far",
+                                      "gbs": "source bytes / that time"},
+                           "peers": {}},
+                  "rows": rows}
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
     try:
         cpu_src = os.path.join(work, "src-fp8-cpu")
         shapes = TINY if args.tiny else PROJECTIONS
@@ -226,7 +249,7 @@ def main(argv=None) -> int:
         warm = os.path.join(work, "warm")
         write_source(warm, "block-fp8", 1, shapes=TINY)  # one small expert: compiles the kernels before timing
         first_file = os.path.join(cpu_src, sorted(f for f in os.listdir(cpu_src) if f.endswith(".safetensors"))[0])
-        ceilings = host_ceilings(first_file, (1 << 24) if args.tiny else (1 << 28))
+        ceilings.update(host_ceilings(first_file, (1 << 24) if args.tiny else (1 << 28)))
         reference = {}
 
         def record(source, fmt, path_kind, result, info):
@@ -245,6 +268,7 @@ def main(argv=None) -> int:
                    "largest_tensor_bytes": info["largest_tensor_bytes"], "identical_to_first": ident}
             rows.append(row)
             print(json.dumps(row), flush=True)
+            save()
             if not ident:
                 print(f"MISMATCH: {fmt} {path_kind} {result['workers']} workers wrote other bytes than the first run",
                       flush=True)
@@ -275,24 +299,7 @@ def main(argv=None) -> int:
                 r["speedup_vs_1_worker"] = round(r["gbs"] / base, 2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    commit = os.environ.get("WORKBENCH_COMMIT") or subprocess.run(  # a copy without .git says its commit
-        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"schema": 1, "family": "pipeline",
-              "meta": {"gpu": gpu or f"none ({platform.processor() or platform.machine()})", "sms": sms,
-                       "date": datetime.date.today().isoformat(), "commit": commit, **_versions(),
-                       "ceilings": ceilings,
-                       "method": {"what": "workbench.checkpoint.repack, one fresh process per row; source in page"
-                                          " cache, outputs written but not fsync'ed (os.fsync a no-op there)",
-                                  "workdir": work,
-                                  "cores": len(os.sched_getaffinity(0)), "sources": sources,
-                                  "tiny": bool(args.tiny), "wall_s": round(time.perf_counter() - started, 1),
-                                  "us": "wall time of the whole repack call (one run)",
-                                  "gbs": "source bytes / that time"},
-                       "peers": {}},
-              "rows": rows}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save()
     print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
     return 0 if all(r["identical_to_first"] for r in rows) else 1
 
