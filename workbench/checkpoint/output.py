@@ -229,6 +229,7 @@ class OutputDir:
                                   " --resume continues only the same source (--force replaces it)")
             if not os.path.lexists(lock):
                 os.close(fd)
+                fd = None
                 with open(lock, "w"):
                     pass
                 fd = _try_lock(lock)
