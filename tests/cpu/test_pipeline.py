@@ -229,7 +229,7 @@ def test_a_worker_process_killed_mid_tensor_is_a_message_and_resume_finishes(tmp
     argv = [sys.executable, "-m", "workbench", "repack", src, "--out", str(out), "--workers", "2",
             "--max-shard-size", "2MB", "--no-progress"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+                            env={**os.environ, "PYTHONPATH": ROOT, "PYTHONFAULTHANDLER": "1"})
     partial, victim = tmp_path / "out.partial", None
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None and victim is None:
@@ -240,7 +240,11 @@ def test_a_worker_process_killed_mid_tensor_is_a_message_and_resume_finishes(tmp
         time.sleep(0.05)
     assert victim is not None, "no worker was converting while the run went on; make the checkpoint larger"
     victim.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # say where it hangs: faulthandler prints every thread on SIGABRT
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail("the repack did not end after its worker was killed:\n" + proc.communicate(timeout=60)[1][-8000:])
     assert proc.returncode == 2 and "worker process died" in err and "Traceback" not in err, err
     names = os.listdir(partial)
     assert not [n for n in names if n.startswith(WRITING_PREFIX)] and read_marker(partial)["state"] == "partial"

@@ -8,7 +8,8 @@ Stages (docs/scale-out.md draws them)::
   offsets) before any tensor is read; a task's output goes to its planned offsets, so the order in which tasks
   finish cannot change the file: the output is the serial path's, byte for byte, for any number of workers.
 * **Local, CPU** (``workers`` > 1): a pool of processes (forkserver), each reading its task's source tensors
-  itself and converting them with the NumPy reference ops; the coordinator writes the results.
+  itself, converting them with the NumPy reference ops and writing them into the shard file at their planned
+  offsets; the coordinator streams pass-through tensors and finishes the files.
 * **Local, GPU** (backend numba): two converter threads, each with its own CUDA stream (Numba's per-thread default
   stream), reading into page-locked staging buffers from a bounded pool; the copies in and out and the kernels of
   one thread overlap the other's, and the reads and writes of both.
@@ -42,7 +43,8 @@ from workbench.checkpoint.files import CheckpointError
 from workbench.checkpoint.layers import LayerSpec
 from workbench.checkpoint.manifest import shard_entry
 from workbench.checkpoint.output import KeepsPartial
-from workbench.checkpoint.safetensors_io import PlannedTensor, StreamingWriter, TensorInfo
+from workbench.checkpoint.safetensors_io import (PlannedTensor, StreamingWriter, TensorInfo, encode_header,
+                                                 planned_header)
 from workbench.checkpoint.source import SourceCheckpoint, open_source
 
 WRITING_PREFIX = ".writing-"  # a shard under this name is not finished; no run leaves one behind
@@ -87,6 +89,12 @@ class ShardJob:
     @property
     def source_bytes(self) -> int:
         return sum(u.source_bytes for u in self.units)
+
+    def places(self) -> dict[str, int]:
+        """{tensor: absolute file offset of its first byte}, as ``StreamingWriter`` lays the file out."""
+        header = planned_header(self.planned, self.metadata)
+        start = 8 + len(encode_header(header, self.name))
+        return {t.name: start + header[t.name]["data_offsets"][0] for t in self.planned}
 
 
 @dataclass
@@ -240,6 +248,7 @@ class TaskResult:
     warnings: list[str]
     worker_rss: int = 0
     worker: tuple[int, float] = (0, 0.0)  # (pid, its CPU seconds so far) of a worker process
+    written: dict[str, int] = field(default_factory=dict)  # bytes a worker process wrote itself, per tensor
 
 
 def marlin_arrays(spec: LayerSpec, m) -> dict[str, np.ndarray]:
@@ -285,8 +294,24 @@ def _worker_init(path: str) -> None:
     _WORKER["maps"] = _Maps()
 
 
-def _worker_task(shard: str, unit_index: int, unit: Unit, expert: int | None) -> TaskResult:
+def _worker_task(shard: str, unit_index: int, unit: Unit, expert: int | None, path: str,
+                 places: dict[str, int]) -> TaskResult:
+    """Convert one task and write its tensors into the shard file at their planned places (``path`` is the file
+    being written). What goes back is a few hundred bytes: a worker killed while sending it cannot leave half a
+    message in the result pipe (which would stall the pool), as a worker sending megabytes of arrays could."""
     result = run_task(_WORKER["src"], _WORKER["maps"], shard, unit_index, unit, expert, "numpy")
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for name, array in result.arrays.items():
+            data = memoryview(array.reshape(-1).view(np.uint8))
+            base = places[name] + (expert or 0) * data.nbytes  # an expert's slice of a stack, or the tensor
+            done = 0
+            while done < data.nbytes:
+                done += os.pwrite(fd, data[done:], base + done)
+    finally:
+        os.close(fd)
+    result.written = {name: array.nbytes for name, array in result.arrays.items()}
+    result.arrays = {}
     result.worker_rss = peak_rss()
     result.worker = (os.getpid(), cpu_time() - _WORKER["cpu0"])
     return result
@@ -309,10 +334,13 @@ class ShardWriter:
         self.final = os.path.join(folder, job.name)
         self.pending = sum(len(u.tasks) for u in job.units)
         self._w = StreamingWriter(self.tmp, job.planned, job.metadata)
+        self._by_workers: dict[str, int] = {}  # bytes worker processes wrote into the file themselves
 
     def write(self, result: TaskResult) -> None:
         for name, array in result.arrays.items():
             self._w.write(name, array, result.expert)
+        for name, nbytes in result.written.items():
+            self._by_workers[name] = self._by_workers.get(name, 0) + nbytes
         self.pending -= 1
 
     def copy_passthrough(self, src: SourceCheckpoint, unit: Unit) -> None:
@@ -320,7 +348,19 @@ class ShardWriter:
         self.pending -= 1
 
     def finish(self) -> dict:
-        self._w.close()
+        if self._by_workers:  # the workers wrote their tensors: check every byte is there, then sync the file
+            planned = {t.name: t.nbytes for t in self.job.planned}
+            short = [f"{n} ({w} of {planned[n]} bytes)" for n, w in self._by_workers.items() if w != planned[n]]
+            self._w.abort()
+            if short:
+                raise RuntimeError(f"{self.tmp}: tensors not completely written: {', '.join(short[:5])}")
+            fd = os.open(self.tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            self._w.close()
         entry = shard_entry(self.tmp)
         os.rename(self.tmp, self.final)
         return entry
@@ -442,7 +482,10 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
                                        initializer=_worker_init, initargs=(source_path,))
         wait([executor.submit(_worker_ready) for _ in range(workers)])
         stats.startup_seconds = time.perf_counter() - began
-        submit = lambda job, i, unit, e: executor.submit(_worker_task, job.name, i, unit, e)  # noqa: E731
+        places = {job.name: job.places() for job in jobs}
+
+        def submit(job, i, unit, e):
+            return executor.submit(_worker_task, job.name, i, unit, e, writer_of(job).tmp, places[job.name])
     else:
         executor = ThreadPoolExecutor(parallel, thread_name_prefix="repack")
 
@@ -536,8 +579,9 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
         raise
     finally:
         finisher.shutdown(wait=True)
-        # a broken pool's manager thread terminates the other workers; joining them could wait on one stuck on a
-        # queue lock the dead worker held
+        if broken:  # the other workers may wait forever on a queue lock the dead one held: end them, don't join
+            for process in list((getattr(executor, "_processes", None) or {}).values()):
+                process.kill()
         executor.shutdown(wait=not broken, cancel_futures=True)
         stats.cpu_seconds = cpu_time() - cpu0 + sum(worker_cpu.values())
         stats.peak_rss_bytes = peak_rss()
