@@ -36,6 +36,10 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=("auto", "numpy", "numba"), default="auto",
                    help="auto: Numba CUDA kernels when a GPU is present, NumPy otherwise (default)")
     p.add_argument("--max-shard-size", type=_size, default="5GB", help="largest output file, e.g. 5GB, 500MB")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a leftover OUT.partial: keep the files its journal lists and whose checksums still"
+                        " match, write the rest (a source changed since is refused)")
+    _executor_options(p, "repack")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_repack)
 
@@ -48,7 +52,38 @@ def register(subparsers) -> None:
     p.add_argument("--against", required=True, help="the source checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--resume", action="store_true",
+                   help="skip the layers an interrupted verify of the same pair already found matching (refused when"
+                        " either side changed since)")
+    _executor_options(p, "verify")
     p.set_defaults(func=_verify)
+
+
+def _executor_options(p, command: str) -> None:
+    p.add_argument("--executor", default="local", metavar="local|serial|dask://HOST:PORT",
+                   help="where the work runs: local (this machine: worker processes on the CPU, the GPU when the"
+                        " backend is numba; default), serial (one layer at a time, least memory), or"
+                        " dask://HOST:PORT (the workers of the dask.distributed scheduler at tcp://HOST:PORT; the"
+                        " source and OUT must be on storage they all share)")
+    p.add_argument("--workers", type=_positive, default=None,
+                   help="local worker processes (default: every core for checkpoints over 256 MB, else 1)")
+    p.add_argument("--retries", type=_non_negative, default=2,
+                   help="dask: times a failed task is tried again (worker deaths are retried by the scheduler)")
+    p.add_argument("--worker-memory", type=_size, default=None,
+                   help="dask: memory each worker may use (default: its --memory-limit); the run is refused before"
+                        f" anything is written when one {command} task would not fit in a worker thread's share")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
 
 
 def _size(text: str) -> int:
@@ -130,15 +165,17 @@ def _inspect(args) -> int:
 def _repack(args) -> int:
     from workbench.checkpoint import repack
 
-    repack(args.path, args.out, force=args.force, backend=args.backend, max_shard_bytes=args.max_shard_size,
-           progress=not args.no_progress)
+    repack(args.path, args.out, force=args.force, resume=args.resume, backend=args.backend,
+           max_shard_bytes=args.max_shard_size, executor=args.executor, workers=args.workers, retries=args.retries,
+           worker_memory=args.worker_memory, progress=not args.no_progress)
     return EXIT_OK
 
 
 def _verify(args) -> int:
     from workbench.checkpoint import verify
 
-    report = verify(args.out, args.against, progress=not args.no_progress)
+    report = verify(args.out, args.against, progress=not args.no_progress, executor=args.executor,
+                    workers=args.workers, retries=args.retries, worker_memory=args.worker_memory, resume=args.resume)
     if args.json:
         print(json.dumps({"ok": report.ok, "layers_checked": report.layers_checked,
                           "tensors_checked": report.tensors_checked, "differing_elements": report.differing_elements,

@@ -15,8 +15,11 @@ States of ``OUT`` (a directory written by this tool holds ``MARKER``, a JSON rec
 * A reader (``verify``, ``load``, ``inspect``) accepts only ``state = complete``, so a partial folder, under either
   name, can never pass ``verify``.
 * The next run that finds ``OUT.partial`` names it: if its lock is held (a live run) it refuses and touches nothing;
-  if not, it is a leftover and is replaced with ``force`` or refused (exit 2). A later ``--resume`` plugs in at
-  ``_leftover`` and continues into the same folder.
+  if not, it is a leftover: replaced with ``force``, continued with ``resume`` (same folder, lock taken over; the
+  repack then keeps the shards its journal lists and verifies, ``workbench.checkpoint.manifest``), else refused
+  (exit 2).
+* An error of kind ``KeepsPartial`` (a worker lost, a write that failed after some shards were finished, a resumed
+  run whose source changed) leaves ``OUT.partial`` as it is, marked partial, for ``--resume`` or ``--force``.
 * The lock is ``fcntl.flock`` on ``LOCK`` inside the folder; its PID in the marker is for messages only.
 """
 from __future__ import annotations
@@ -42,6 +45,15 @@ MAX_MARKER_BYTES = 64 * 1024  # a marker is a few hundred bytes
 
 class OutputError(CheckpointError):
     """The output path breaks the rule, or a directory there is not this tool's to replace."""
+
+
+class KeepsPartial(Exception):
+    """Mixed into an error after which the partial folder is kept as it is (marked partial): what it holds is
+    finished, checksummed work that ``--resume`` continues, or a folder the run must not judge."""
+
+
+class KeptPartialError(KeepsPartial, OutputError):
+    """An environment failure (a write, a lost worker) after some shards were finished and recorded."""
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -152,14 +164,19 @@ class OutputDir:
     """One run's output: claim a locked partial folder, then ``publish`` it, or leave it on interruption.
 
     Used as a context manager around the writing: on an ``Exception`` the partial folder is removed (nothing is
-    left behind); on ``KeyboardInterrupt`` / SIGTERM / ``SystemExit`` it stays, marked partial, for the next run to
-    name (and, once the pipeline adds ``--resume``, to continue).
+    left behind) unless the error is ``KeepsPartial``; on ``KeyboardInterrupt`` / SIGTERM / ``SystemExit`` it stays,
+    marked partial, for the next run to name and, with ``resume``, to continue.
     """
 
-    def __init__(self, out: str, protected: list[str], *, force: bool = False, source: str = "", log=None):
+    def __init__(self, out: str, protected: list[str], *, force: bool = False, resume: bool = False,
+                 source: str = "", log=None):
+        if force and resume:
+            raise OutputError(f"{out}: --force (start again) and --resume (continue) contradict each other; give one")
         self.out = check_output_path(out, protected)
         self.partial = partial_path(self.out)
         self.force = force
+        self.resume = resume
+        self.resumed = False  # claim() took over a leftover partial folder
         self.source = source
         self.log = log or (lambda msg: None)
         self._lock_fd: int | None = None
@@ -189,20 +206,57 @@ class OutputDir:
         if fd is None:
             raise OutputError(f"{self.partial} is being written by a running repack (pid {record.get('pid')} on"
                               f" {record.get('host')}); not touching it")
+        if self.resume:
+            self._take_over(record, fd, lock)
+            return
         try:
             if not self.force:
                 raise OutputError(f"{self.partial} is left over from an interrupted repack (pid {record.get('pid')},"
-                                  f" started {record.get('started')}); rerun with --force to replace it")
+                                  f" started {record.get('started')}); rerun with --resume to continue it or --force"
+                                  " to replace it")
             self.log(f"repack: replacing {self.partial}, left over from an interrupted repack (pid"
                      f" {record.get('pid')})")
             shutil.rmtree(self.partial)
         finally:
             os.close(fd)
 
+    def _take_over(self, record: dict, fd: int, lock: str) -> None:
+        """Continue a leftover partial folder: hold its lock (made anew if the run died while publishing) and mark
+        it with this run's PID. Its contents are the repack's to judge (the journal)."""
+        try:
+            if record.get("source") != self.source:
+                raise OutputError(f"{self.partial} was started from {record.get('source')!r}, not {self.source!r};"
+                                  " --resume continues only the same source (--force replaces it)")
+            if not os.path.lexists(lock):
+                os.close(fd)
+                fd = None
+                with open(lock, "w"):
+                    pass
+                fd = _try_lock(lock)
+                if fd is None:
+                    raise OutputError(f"{self.partial} was claimed by another run while this one resumed it")
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        self._lock_fd = fd
+        self.log(f"repack: resuming {self.partial} (left by pid {record.get('pid')}, started {record.get('started')})")
+        self.resumed = True
+
+    def mark_resumed(self) -> None:
+        """Put this run's PID in the marker of a taken-over folder, once the repack has accepted its contents (a
+        refused resume leaves the folder byte for byte as it was)."""
+        record = read_marker(self.partial) or {}
+        _write_marker(self.partial, {**record, "pid": os.getpid(), "host": socket.gethostname(),
+                                     "resumed": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
     def claim(self) -> str:
-        """Create and lock ``OUT.partial``; return its path."""
+        """Create and lock ``OUT.partial`` (or, resuming, take over the leftover one); return its path."""
         if os.path.lexists(self.partial):
             self._leftover()
+            if self.resumed:
+                self.state = "writing"
+                return self.partial
         parent = os.path.dirname(self.out)
         os.makedirs(parent, exist_ok=True)
         staging = f"{self.partial}.{os.getpid()}"  # built under a private name, then renamed: a folder that appears
@@ -259,7 +313,11 @@ class OutputDir:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self.state == "writing":
-            if exc_type is None or issubclass(exc_type, Exception):
+            if exc_type is not None and issubclass(exc_type, KeepsPartial):
+                self.state = "kept"
+                self.log(f"repack: {self.partial} stays, marked partial; what it holds is finished work (rerun with"
+                         " --resume to continue, --force to start again)")
+            elif exc_type is None or issubclass(exc_type, Exception):
                 shutil.rmtree(self.partial, ignore_errors=True)  # a failed run leaves nothing behind
                 self.state = "removed"
             else:  # interrupted: keep it, marked partial, for the next run to name

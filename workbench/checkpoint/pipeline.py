@@ -1,0 +1,606 @@
+"""The pipelined repack: read, convert and write overlapped, over tasks of one layer (one expert of a stack) each.
+
+Stages (docs/scale-out.md draws them)::
+
+    read (mmap, one sequential range per tensor) -> convert (workbench.ops) -> write (StreamingWriter, planned offsets)
+
+* **The plan fixes every byte's place first.** ``repack`` plans each output file's header (names, dtypes, shapes,
+  offsets) before any tensor is read; a task's output goes to its planned offsets, so the order in which tasks
+  finish cannot change the file: the output is the serial path's, byte for byte, for any number of workers.
+* **Local, CPU** (``workers`` > 1): a pool of processes (forkserver), each reading its task's source tensors
+  itself, converting them with the NumPy reference ops and writing them into the shard file at their planned
+  offsets; the coordinator streams pass-through tensors and finishes the files.
+* **Local, GPU** (backend numba): two converter threads, each with its own CUDA stream (Numba's per-thread default
+  stream), reading into page-locked staging buffers from a bounded pool; the copies in and out and the kernels of
+  one thread overlap the other's, and the reads and writes of both.
+* **Bounded memory**: at most ``window`` tasks are in flight (read, converting, or waiting to be written), so host
+  memory stays below ``window`` x (largest task's source + Marlin bytes) plus the staging buffers, whatever the
+  checkpoint's size; ``Stats`` reports the bound and the measured peak.
+* **Shards finish atomically**: each file is written under a temporary name, fsync'ed, checksummed
+  (``manifest.shard_entry``), renamed into place and then recorded in the journal, so a file under its final name
+  is always complete and a resumed run redoes exactly the ones not recorded.
+
+The dask executor (``workbench.checkpoint.executor``) runs ``write_shard`` on cluster workers with the same tasks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import resource
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workbench.checkpoint.convert import nonfinite_scales
+from workbench.checkpoint.files import CheckpointError
+from workbench.checkpoint.layers import LayerSpec
+from workbench.checkpoint.manifest import shard_entry
+from workbench.checkpoint.output import KeepsPartial
+from workbench.checkpoint.safetensors_io import (PlannedTensor, StreamingWriter, TensorInfo, encode_header,
+                                                 planned_header)
+from workbench.checkpoint.source import SourceCheckpoint, open_source
+
+WRITING_PREFIX = ".writing-"  # a shard under this name is not finished; no run leaves one behind
+GPU_STREAMS = 2
+# Columns per NumPy op call on the CPU path. The output does not depend on it (column blocks convert independently,
+# convert.COLUMN_BLOCK says why); 256 keeps each block's temporaries in the core's cache, which converts a
+# DeepSeek-V3 expert (K 7168) up to 1.8x faster than 1024 columns and never slower (measured per format)
+CPU_COLUMN_BLOCK = 256
+
+
+@dataclass
+class Unit:
+    """A layer or a pass-through tensor: what goes into one output file together."""
+
+    layer: LayerSpec | None
+    name: str
+    tensors: list[PlannedTensor]
+    source_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def tasks(self) -> list[int | None]:
+        """Expert numbers of this unit's conversion tasks; [None] for a dense layer or a pass-through tensor."""
+        return list(range(self.layer.num_experts)) if self.layer is not None and self.layer.num_experts else [None]
+
+
+@dataclass
+class ShardJob:
+    """One output file: its name, its units in file order and its header's metadata."""
+
+    name: str
+    units: list[Unit]
+    metadata: dict[str, str]
+
+    @property
+    def planned(self) -> list[PlannedTensor]:
+        return [t for u in self.units for t in u.tensors]
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(u.source_bytes for u in self.units)
+
+    def places(self) -> dict[str, int]:
+        """{tensor: absolute file offset of its first byte}, as ``StreamingWriter`` lays the file out."""
+        header = planned_header(self.planned, self.metadata)
+        start = 8 + len(encode_header(header, self.name))
+        return {t.name: start + header[t.name]["data_offsets"][0] for t in self.planned}
+
+
+@dataclass
+class Stats:
+    """What a run measured: bytes read from the source, time, and host memory against its bound."""
+
+    source_bytes: int = 0
+    output_bytes: int = 0
+    seconds: float = 0.0
+    workers: int = 1
+    path: str = ""
+    memory_bound_bytes: int = 0
+    baseline_rss_bytes: int = 0  # the coordinator's resident memory when the run started (interpreter, imports)
+    peak_rss_bytes: int = 0  # the coordinator process
+    peak_worker_rss_bytes: int = 0  # the largest worker process (0 when the workers are threads)
+    startup_seconds: float = 0.0  # starting the worker processes (part of ``seconds``)
+    cpu_seconds: float = 0.0  # user + system time of the coordinator and every worker during the run
+    shards_written: int = 0
+    shards_kept: int = 0  # resumed: already written and verified
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def gbs(self) -> float:
+        return self.source_bytes / self.seconds / 1e9 if self.seconds else 0.0
+
+    @property
+    def gbs_per_core(self) -> float:
+        """Source bytes per CPU second: what one worker converts when it has a core to itself."""
+        return self.source_bytes / self.cpu_seconds / 1e9 if self.cpu_seconds else 0.0
+
+
+def cpu_time() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def peak_rss(who: int = resource.RUSAGE_SELF) -> int:
+    """Peak resident set size in bytes. For this process, the kernel's high-water mark of its own address space
+    (VmHWM): ``ru_maxrss`` of a process started by fork + exec also counts the parent's pages it was forked with."""
+    if who == resource.RUSAGE_SELF:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            pass
+    return resource.getrusage(who).ru_maxrss * 1024  # Linux reports kilobytes
+
+
+def current_rss() -> int:
+    """Resident set size now, in bytes (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def writing_path(folder: str, name: str) -> str:
+    return os.path.join(folder, WRITING_PREFIX + name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# read: a task's source tensors, one sequential range each, from a memory map
+# ---------------------------------------------------------------------------------------------------------------
+class _Maps:
+    """Read-only memory maps of a checkpoint's files, opened once per process (or thread pool)."""
+
+    def __init__(self):
+        self._maps: dict[str, mmap.mmap] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> mmap.mmap:
+        with self._lock:
+            if path not in self._maps:
+                with open(path, "rb") as f:
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                if hasattr(mmap, "MADV_SEQUENTIAL"):
+                    mm.madvise(mmap.MADV_SEQUENTIAL)  # read ahead aggressively, drop behind
+                self._maps[path] = mm
+            return self._maps[path]
+
+
+def _drop_mapping(mm: mmap.mmap, begin: int, end: int) -> None:
+    """Unmap the pages of a range already copied out: file pages a process has touched count in its resident
+    memory until unmapped, so without this a run's RSS would grow to the size of the source it read (the pages
+    stay in the page cache)."""
+    if hasattr(mmap, "MADV_DONTNEED"):
+        start = begin - begin % mmap.PAGESIZE
+        if end > start:
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
+class StagedSource:
+    """The part of ``SourceCheckpoint`` that ``to_marlin`` uses (``read``, ``info``, ``describe``, ``root``), served
+    from one task's tensors read beforehand. ``read`` hands out the staged array itself: each task's arrays are
+    its own (never the file's bytes), and the conversion only reads them."""
+
+    def __init__(self, src: SourceCheckpoint, arrays: dict[str, np.ndarray]):
+        self._src, self._arrays, self.root = src, arrays, src.root
+
+    def read(self, name: str, index: int | None = None) -> np.ndarray:
+        a = self._arrays[name]
+        return a if index is None else a[index]
+
+    def info(self, name: str) -> TensorInfo:
+        return self._src.info(name)
+
+    def describe(self, name: str) -> str:
+        return self._src.describe(name)
+
+    def path_of(self, name: str) -> str:
+        return self._src.path_of(name)
+
+
+def task_tensors(spec: LayerSpec, expert: int | None) -> list[str]:
+    return [name for part in spec.parts[expert or 0] for name in part.tensors.values()]
+
+
+def stage(src: SourceCheckpoint, maps: _Maps, names: list[str], alloc=np.empty) -> dict[str, np.ndarray]:
+    """Copy tensors ``names`` out of the source's memory maps into fresh arrays (``alloc(nbytes, uint8)``: page-
+    locked for the GPU). The file is checked to still hold each range first: a file truncated since it was opened
+    would otherwise fault inside the map instead of giving a message."""
+    out = {}
+    for name in names:
+        info = src.info(name)
+        path = src.path_of(name)
+        size = os.stat(path).st_size
+        if size < info.end:
+            raise CheckpointError(f"{path}: tensor {name!r} needs bytes [{info.begin}, {info.end}) but the file now"
+                                  f" holds {size}: it was truncated while the repack ran")
+        mm = maps.get(path)
+        buf = alloc(info.nbytes, np.uint8)
+        buf[:] = np.frombuffer(mm, np.uint8, info.nbytes, info.begin)
+        _drop_mapping(mm, info.begin, info.end)
+        out[name] = buf.view(info.np_dtype).reshape(info.shape)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# convert: one task, the same function for threads, processes and cluster workers
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class TaskResult:
+    shard: str
+    unit: int  # index in the shard's units
+    expert: int | None
+    arrays: dict[str, np.ndarray]  # Marlin tensor name -> array (the expert's slice for stacks)
+    source_bytes: int
+    warnings: list[str]
+    worker_rss: int = 0
+    worker: tuple[int, float] = (0, 0.0)  # (pid, its CPU seconds so far) of a worker process
+    written: dict[str, int] = field(default_factory=dict)  # bytes a worker process wrote itself, per tensor
+
+
+def marlin_arrays(spec: LayerSpec, m) -> dict[str, np.ndarray]:
+    out = {f"{spec.name}.qweight": m.qweight, f"{spec.name}.scales": m.scales}
+    if spec.weight_type.has_zero_points:
+        out[f"{spec.name}.zeros"] = m.zeros
+    if spec.act_order:
+        out[f"{spec.name}.g_idx"] = m.g_idx
+        out[f"{spec.name}.perm"] = m.perm
+    return out
+
+
+def run_task(src: SourceCheckpoint, maps: _Maps, shard: str, unit_index: int, unit: Unit, expert: int | None,
+             backend: str, alloc=np.empty) -> TaskResult:
+    """Read and convert one task (one layer, or one expert of a stack). The results are fresh arrays: nothing of
+    the staged source (``alloc``'s buffers) is referenced once this returns."""
+    from workbench.checkpoint.repack import convert_layer  # the one conversion call (repack imports this module)
+
+    spec = unit.layer
+    staged = StagedSource(src, stage(src, maps, task_tensors(spec, expert), alloc))
+    one = dataclasses.replace(spec, parts=[spec.parts[expert or 0]])
+    warnings = nonfinite_scales(staged, one)
+    # on the GPU one op call per tensor (the kernels take the whole width); on the CPU cache-sized blocks
+    block = -(-spec.size_n // 64) * 64 if backend == "numba" else CPU_COLUMN_BLOCK
+    m = convert_layer(staged, spec, expert or 0, backend, block)
+    arrays = {k: np.array(v, order="C", copy=True) if _shares(v, staged) else np.ascontiguousarray(v)
+              for k, v in marlin_arrays(spec, m).items()}
+    return TaskResult(shard, unit_index, expert, arrays, unit.source_bytes // max(len(unit.tasks), 1), warnings)
+
+
+def _shares(array: np.ndarray, staged: StagedSource) -> bool:
+    """Whether a result is (a view of) a staged source buffer, which goes back to the pool after the task."""
+    return any(np.may_share_memory(array, a) for a in staged._arrays.values())  # bounds only: cheap
+
+
+# process-pool workers: the source opened once per process
+_WORKER: dict = {}
+
+
+def _worker_init(path: str) -> None:
+    _WORKER["cpu0"] = cpu_time()
+    _WORKER["src"] = open_source(path)
+    _WORKER["maps"] = _Maps()
+
+
+def _worker_task(shard: str, unit_index: int, unit: Unit, expert: int | None, path: str,
+                 places: dict[str, int]) -> TaskResult:
+    """Convert one task and write its tensors into the shard file at their planned places (``path`` is the file
+    being written). What goes back is a few hundred bytes: a worker killed while sending it cannot leave half a
+    message in the result pipe (which would stall the pool), as a worker sending megabytes of arrays could."""
+    result = run_task(_WORKER["src"], _WORKER["maps"], shard, unit_index, unit, expert, "numpy")
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for name, array in result.arrays.items():
+            data = memoryview(array.reshape(-1).view(np.uint8))
+            base = places[name] + (expert or 0) * data.nbytes  # an expert's slice of a stack, or the tensor
+            done = 0
+            while done < data.nbytes:
+                done += os.pwrite(fd, data[done:], base + done)
+    finally:
+        os.close(fd)
+    result.written = {name: array.nbytes for name, array in result.arrays.items()}
+    result.arrays = {}
+    result.worker_rss = peak_rss()
+    result.worker = (os.getpid(), cpu_time() - _WORKER["cpu0"])
+    return result
+
+
+def _worker_ready() -> int:
+    return os.getpid()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# write: results into their planned places; files finished atomically
+# ---------------------------------------------------------------------------------------------------------------
+class ShardWriter:
+    """One output file under its temporary name, filled in any order, finished by ``finish`` (fsync, checksum,
+    rename). ``abort`` removes the temporary file: a half-written shard never stays under any name."""
+
+    def __init__(self, folder: str, job: ShardJob, attempt: str = ""):
+        self.job, self.folder = job, folder
+        self.tmp = writing_path(folder, job.name) + (f".{attempt}" if attempt else "")
+        self.final = os.path.join(folder, job.name)
+        self.pending = sum(len(u.tasks) for u in job.units)
+        self._w = StreamingWriter(self.tmp, job.planned, job.metadata)
+        self._by_workers: dict[str, int] = {}  # bytes worker processes wrote into the file themselves
+
+    def write(self, result: TaskResult) -> None:
+        for name, array in result.arrays.items():
+            self._w.write(name, array, result.expert)
+        for name, nbytes in result.written.items():
+            self._by_workers[name] = self._by_workers.get(name, 0) + nbytes
+        self.pending -= 1
+
+    def copy_passthrough(self, src: SourceCheckpoint, unit: Unit) -> None:
+        src.files[src.where[unit.name]].copy_bytes_to(unit.name, lambda chunk: self._w.append(unit.name, chunk))
+        self.pending -= 1
+
+    def finish(self) -> dict:
+        if self._by_workers:  # the workers wrote their tensors: check every byte is there, then sync the file
+            planned = {t.name: t.nbytes for t in self.job.planned}
+            short = [f"{n} ({w} of {planned[n]} bytes)" for n, w in self._by_workers.items() if w != planned[n]]
+            self._w.abort()
+            if short:
+                raise RuntimeError(f"{self.tmp}: tensors not completely written: {', '.join(short[:5])}")
+            fd = os.open(self.tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            self._w.close()
+        entry = shard_entry(self.tmp)
+        os.rename(self.tmp, self.final)
+        return entry
+
+    def abort(self) -> None:
+        self._w.abort()
+        if os.path.lexists(self.tmp):
+            os.remove(self.tmp)
+
+
+def write_shard(src: SourceCheckpoint, folder: str, job: ShardJob, backend: str, maps: _Maps | None = None,
+                on_progress=None) -> tuple[dict, list[str]]:
+    """One whole shard, task after task in this process (a cluster worker's unit of work). Returns its journal
+    entry and the warnings."""
+    maps = maps or _Maps()
+    # a temporary name of its own: a worker the scheduler gave up on may still be writing its attempt meanwhile
+    writer = ShardWriter(folder, job, f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    warnings: list[str] = []
+    try:
+        for i, unit in enumerate(job.units):
+            if unit.layer is None:
+                writer.copy_passthrough(src, unit)
+                if on_progress:
+                    on_progress(unit.source_bytes)
+                continue
+            for e in unit.tasks:
+                result = run_task(src, maps, job.name, i, unit, e, backend)
+                writer.write(result)
+                warnings += result.warnings
+                if on_progress:
+                    on_progress(result.source_bytes)
+        return writer.finish(), warnings
+    except BaseException:
+        writer.abort()
+        raise
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the local executor
+# ---------------------------------------------------------------------------------------------------------------
+class WorkerLost(KeepsPartial, CheckpointError):
+    """A worker process died (killed, out of memory) while converting; the finished files are kept."""
+
+
+class _PinnedPool:
+    """A bounded set of page-locked staging buffers, one per converter thread: the GPU path's reads land here, and
+    the copy to the device then runs at full speed without an intermediate pageable copy. ``alloc_for`` blocks
+    while all are in use."""
+
+    def __init__(self, count: int, nbytes: int):
+        from numba import cuda
+
+        self._free = [cuda.pinned_array(max(nbytes, 1), np.uint8) for _ in range(count)]
+        self._cv = threading.Condition()
+        self.nbytes = nbytes * count
+
+    def alloc_for(self, sizes: list[int]):
+        """An ``alloc`` handing out consecutive pieces of one pinned buffer for one task's tensors."""
+        with self._cv:
+            while not self._free:
+                self._cv.wait()
+            buf = self._free.pop()
+        offsets = iter(np.cumsum([0] + [-(-s // 64) * 64 for s in sizes]).tolist())
+
+        def alloc(nbytes, dtype):
+            start = next(offsets)
+            return buf[start: start + nbytes]
+        alloc.buffer = buf
+        return alloc
+
+    def give_back(self, buf) -> None:
+        with self._cv:
+            self._free.append(buf)
+            self._cv.notify()
+
+
+def _gpu_threads() -> int:
+    """Converter threads on the GPU path: one per stream; one in the CUDA simulator, which runs one kernel at a time
+    (two threads launching at once would share its simulated thread state)."""
+    from workbench import hardware
+
+    return 1 if hardware.simulator_enabled() else GPU_STREAMS
+
+
+def task_source_bytes(unit: Unit, expert: int | None, src: SourceCheckpoint) -> int:
+    return sum(src.info(n).nbytes for n in task_tensors(unit.layer, expert))
+
+
+def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[ShardJob], backend: str,
+              workers: int, bar, on_shard, stats: Stats) -> None:
+    """Convert and write ``jobs`` with ``workers`` processes (CPU) or ``GPU_STREAMS`` threads (GPU); ``on_shard(name,
+    entry)`` is called as each file is finished, in any order."""
+    tasks = [(job, i, unit, e) for job in jobs for i, unit in enumerate(job.units) for e in unit.tasks]
+    largest = max((task_source_bytes(u, e, src) + u.nbytes // len(u.tasks) for _, _, u, e in tasks
+                   if u.layer is not None), default=0)
+    pool_kind = "gpu" if backend == "numba" else ("process" if workers > 1 else "thread")
+    parallel = (_gpu_threads() if pool_kind == "gpu" else workers)
+    window = 2 * parallel  # tasks in flight: one converting and one read ahead or waiting per worker
+    pinned = None
+    if pool_kind == "gpu":
+        staging = max((task_source_bytes(u, e, src) + 64 * len(task_tensors(u.layer, e))
+                       for _, _, u, e in tasks if u.layer is not None), default=1)
+        pinned = _PinnedPool(parallel, staging)
+    stats.workers, stats.path = parallel, pool_kind
+    stats.memory_bound_bytes = window * largest + (pinned.nbytes if pinned else 0) + 64 * 1024**2
+    maps = _Maps()
+    if pool_kind == "process":
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # forkserver: workers forked from a clean server that has imported this module once (a fork of this process
+        # would copy its threads' locks; spawn would import NumPy and the ops in every worker)
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        context = multiprocessing.get_context(method)
+        if method == "forkserver":
+            context.set_forkserver_preload([__name__])
+        began = time.perf_counter()
+        executor = ProcessPoolExecutor(workers, mp_context=context,
+                                       initializer=_worker_init, initargs=(source_path,))
+        wait([executor.submit(_worker_ready) for _ in range(workers)])
+        stats.startup_seconds = time.perf_counter() - began
+        places = {job.name: job.places() for job in jobs}
+
+        def submit(job, i, unit, e):
+            return executor.submit(_worker_task, job.name, i, unit, e, writer_of(job).tmp, places[job.name])
+    else:
+        executor = ThreadPoolExecutor(parallel, thread_name_prefix="repack")
+
+        def one(job, i, unit, e):
+            if pinned is None:
+                return run_task(src, maps, job.name, i, unit, e, backend)
+            alloc = pinned.alloc_for([src.info(n).nbytes for n in task_tensors(unit.layer, e)])
+            try:
+                return run_task(src, maps, job.name, i, unit, e, backend, alloc)
+            finally:
+                pinned.give_back(alloc.buffer)
+        submit = lambda job, i, unit, e: executor.submit(one, job, i, unit, e)  # noqa: E731
+
+    writers: dict[str, ShardWriter] = {}
+    in_flight: set[Future] = set()
+    worker_cpu: dict[int, float] = {}
+    cpu0 = cpu_time()
+    broken = False
+    warned: set[str] = set()
+
+    def writer_of(job: ShardJob) -> ShardWriter:
+        if job.name not in writers:
+            writers[job.name] = ShardWriter(folder, job)
+        return writers[job.name]
+
+    # a finished file is fsync'ed, read back for its checksum and renamed on this thread, while the next converts
+    finisher = ThreadPoolExecutor(1, thread_name_prefix="repack-finish")
+    finishing: dict[Future, str] = {}
+
+    def finish_if_done(job_name: str) -> None:
+        w = writers[job_name]
+        if w.pending == 0:
+            finishing[finisher.submit(w.finish)] = job_name
+            del writers[job_name]
+
+    def record_finished(block: bool) -> None:
+        done, _ = wait(finishing, timeout=None if block else 0)
+        for fut in done:
+            on_shard(finishing.pop(fut), fut.result())
+            stats.shards_written += 1
+
+    def drain(block: bool) -> None:
+        done, _ = wait(in_flight, return_when=FIRST_COMPLETED, timeout=None if block else 0)
+        for fut in done:
+            in_flight.discard(fut)
+            result: TaskResult = fut.result()
+            writers[result.shard].write(result)
+            stats.peak_worker_rss_bytes = max(stats.peak_worker_rss_bytes, result.worker_rss)
+            if result.worker[0]:
+                worker_cpu[result.worker[0]] = max(worker_cpu.get(result.worker[0], 0.0), result.worker[1])
+            layer = result.arrays and next(iter(result.arrays)).rsplit(".", 1)[0]
+            for w in result.warnings:
+                if layer not in warned:
+                    warned.add(layer)
+                    stats.warnings.append(w)
+            bar.update(result.source_bytes)
+            finish_if_done(result.shard)
+
+    try:
+        for job, i, unit, e in tasks:
+            w = writer_of(job)
+            if unit.layer is None:  # pass-through: a bounded streamed copy, here, between the results
+                w.copy_passthrough(src, unit)
+                bar.update(unit.source_bytes)
+                finish_if_done(job.name)
+                continue
+            while len(in_flight) >= window:
+                drain(block=True)
+            in_flight.add(submit(job, i, unit, e))
+            drain(block=False)
+            record_finished(block=False)
+        while in_flight:
+            drain(block=True)
+        for name in list(writers):  # shards of pass-through tensors only finish here when nothing was in flight
+            finish_if_done(name)
+        record_finished(block=True)
+    except BaseException as exc:
+        for fut in in_flight:
+            fut.cancel()
+        wait(finishing)  # a file being finished is renamed complete or fails; the complete ones are recorded
+        for fut, name in finishing.items():
+            if fut.exception() is None:
+                on_shard(name, fut.result())
+        for w in writers.values():
+            w.abort()
+        if isinstance(exc, BrokenProcessPool):  # from a result or from the next submit, whichever came first
+            broken = True
+            raise WorkerLost(f"a repack worker process died (killed, or out of memory: each needs about"
+                             f" {largest / 1e6:.0f} MB) while converting; the files finished so far are kept"
+                             " (--resume continues)") from None
+        raise
+    finally:
+        finisher.shutdown(wait=True)
+        if broken:  # the other workers may wait forever on a queue lock the dead one held: end them, don't join
+            for process in list((getattr(executor, "_processes", None) or {}).values()):
+                process.kill()
+        executor.shutdown(wait=not broken, cancel_futures=True)
+        stats.cpu_seconds = cpu_time() - cpu0 + sum(worker_cpu.values())
+        stats.peak_rss_bytes = peak_rss()
+        if pool_kind == "process":
+            stats.peak_worker_rss_bytes = max(stats.peak_worker_rss_bytes, peak_rss(resource.RUSAGE_CHILDREN))
+
+
+def default_workers() -> int:
+    """Cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def describe_stats(stats: Stats) -> str:
+    return (f"{stats.source_bytes / 1e9:.2f} GB in {stats.seconds:.1f} s ({stats.gbs:.2f} GB/s, {stats.path},"
+            f" {stats.workers} worker{'s' if stats.workers != 1 else ''}); peak host memory"
+            f" {stats.peak_rss_bytes / 1e9:.2f} GB ({stats.baseline_rss_bytes / 1e9:.2f} GB before the run)" + (f" (workers {stats.peak_worker_rss_bytes / 1e9:.2f} GB each at"
+                                                       " most)" if stats.peak_worker_rss_bytes else "")
+            + f", bound {stats.memory_bound_bytes / 1e9:.2f} GB")
+
