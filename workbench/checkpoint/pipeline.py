@@ -258,6 +258,7 @@ def marlin_arrays(spec: LayerSpec, m) -> dict[str, np.ndarray]:
     if spec.act_order:
         out[f"{spec.name}.g_idx"] = m.g_idx
         out[f"{spec.name}.perm"] = m.perm
+    out.update({f"{spec.name}.{suffix}": value for suffix, value in m.extra.items()})  # e.g. NVFP4's global scale
     return out
 
 

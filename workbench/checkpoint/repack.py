@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 import workbench
+from workbench.checkpoint import microscale
 from workbench.checkpoint.convert import nonfinite_scales, to_marlin
 from workbench.checkpoint.layers import LayerSpec, Plan, discover
 from workbench.checkpoint.executor import check_shared, check_workers, connect, parse_executor, run_dask
@@ -106,6 +107,8 @@ def layer_record(spec: LayerSpec) -> dict:
 def _units(src: SourceCheckpoint, plan: Plan) -> list[Unit]:
     units = []
     for spec in plan.layers:  # discover refused pass-through names that collide with a layer's Marlin tensors
+        # values shared by a whole layer are read here, once: a task stages only its own expert's tensors
+        microscale.layer_scale_factor(src, spec)
         units.append(Unit(spec, spec.name, layer_tensors(spec), sum(src.info(n).nbytes for n in spec.source_tensors)))
     for name in plan.passthrough:
         info = src.info(name)
