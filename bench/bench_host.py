@@ -60,7 +60,7 @@ GROUP = 128
 GEMM_SHARED = ("KernelConfig", "choose_config", "grid_blocks", "c_tmp_numel", "workspace_numel", "kernel_source",
                "MAX_BLOCKS_PER_SM")
 MOE_SHARED = ("MoeConfig", "choose_moe_config", "moe_kernel_source", "get_moe_kernel")
-# fused_moe cells (round 4): (label, experts, hidden, intermediate, top_k) x M
+# fused_moe cells: (label, experts, hidden, intermediate, top_k) x M
 MOE_MODELS = (("Mixtral", 8, 4096, 14336, 2), ("DeepSeek", 64, 2048, 1408, 6))
 MOE_MS = (1, 8, 64)
 

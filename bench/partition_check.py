@@ -54,7 +54,7 @@ def cases():
             (8, 2048, 1024, S.U4, 64, BF16, 7), (5, 1024, 1024, S.U8B128, 128, np.float16, 4),
             (12, 2048, 1024, S.U4B8, 128, np.float16, 5), (3, 1024, 512, S.U4, 32, np.float16, 6),
             (33, 1024, 1024, S.U4B8, 128, BF16, 5), (80, 1024, 512, S.FE4M3FN, -1, np.float16, 4),
-            # 64-row tiles of 256 columns: the last slice's warp fold split over the k groups (round 20), beside
+            # 64-row tiles of 256 columns: the last slice's warp fold split over the k groups, beside
             # earlier slices folded whole
             (64, 2048, 1024, S.U4B8, 128, np.float16, 5), (64, 1024, 2048, S.U4B8, 128, BF16, 16),
             (128, 1024, 1024, S.U4, 128, np.float16, 7), (256, 1024, 512, S.FE4M3FN, -1, np.float16, 6)]

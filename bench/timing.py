@@ -25,22 +25,14 @@ import subprocess
 import statistics
 from typing import Callable, Mapping, Sequence
 
+from workbench.render.bench import CEILING_KEYS, SCHEMA_VERSION as SCHEMA, validate_results
+
 L2_MULTIPLE = 3  # inputs rotated past this many times the L2 cache
 LAUNCHES = 20  # calls per graph (and per plain-launch timing)
 ROUNDS = 5  # interleaved repeats per method and cell (the median is reported)
 FLUSH_MULTIPLE = 4  # an L2 flush writes this many times the L2 cache
 SPIN_NS = 2_000_000  # ahead of an isolated call's start event: longer than the host takes to queue the call
 
-SCHEMA = 1
-FAMILIES = ("gemm", "moe", "repack", "checkpoint", "host", "torch_models", "pipeline")
-REQUIRED = {
-    "gemm": ("layer", "n", "k", "m", "wtype", "group", "act", "launch", "method", "us", "gbs"),
-    "moe": ("model", "experts", "topk", "n", "k", "m", "wtype", "group", "act", "launch", "method", "us"),
-    "repack": ("op", "n", "k", "wtype", "method", "us", "gbs", "pct_copy"),
-}
-REQUIRED_OTHER = ("method", "us")
-LAUNCH_KINDS = ("graph", "plain", "isolated")
-CEILING_KEYS = ("copy_gbs", "read_gbs", "mma_tflops", "cublas_tflops")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -86,35 +78,11 @@ def interleaved(timers: Mapping[str, Callable[[], float]], rounds: int = ROUNDS)
     return {n: summary(s) for n, s in samples.items()}
 
 
-def check_rows(family: str, rows: Sequence[Mapping]) -> None:
-    """ValueError naming the first row that lacks a key the schema requires for ``family`` or has a bad value."""
-    if family not in FAMILIES:
-        raise ValueError(f"family {family!r} is not one of {FAMILIES}")
-    required = REQUIRED.get(family, REQUIRED_OTHER)
-    for i, row in enumerate(rows):
-        missing = [k for k in required if k not in row]
-        if missing:
-            raise ValueError(f"{family} row {i} lacks {missing}: {dict(row)}")
-        us = row["us"]
-        if not (isinstance(us, (int, float)) and math.isfinite(us) and us > 0):
-            raise ValueError(f"{family} row {i} has us = {us!r}, expected a positive time")
-        if "launch" in row and row["launch"] not in LAUNCH_KINDS:
-            raise ValueError(f"{family} row {i} has launch = {row['launch']!r}, expected one of {LAUNCH_KINDS}")
-
-
-def check_meta(meta: Mapping) -> None:
-    for key in ("gpu", "sms", "date", "commit", "torch", "cupy", "nvcc", "ceilings", "method", "peers"):
-        if key not in meta:
-            raise ValueError(f"meta lacks {key!r}")
-    missing = [k for k in CEILING_KEYS if k not in meta["ceilings"]]
-    if missing:
-        raise ValueError(f"meta.ceilings lacks {missing}")
-
-
 def results_document(family: str, meta: Mapping, rows: Sequence[Mapping]) -> dict:
-    check_meta(meta)
-    check_rows(family, rows)
-    return {"schema": SCHEMA, "family": family, "meta": dict(meta), "rows": [dict(r) for r in rows]}
+    """The results file's document; ResultsSchemaError (a ValueError) naming the first key that breaks the schema
+    (workbench.render.bench.validate_results, the one place its rules live)."""
+    doc = {"schema": SCHEMA, "family": family, "meta": dict(meta), "rows": [dict(r) for r in rows]}
+    return validate_results(doc, source=f"{family}.json", family=family)
 
 
 def write_results(out_dir, family: str, meta: Mapping, rows: Sequence[Mapping]) -> pathlib.Path:

@@ -34,7 +34,7 @@
 
 namespace mwb {
 
-// How partial sums of a slice shared by several blocks are combined (workbench/gemm.py REDUCE_*).
+// How partial sums of a slice shared by several blocks are combined (workbench/gemm/geometry.py REDUCE_*).
 enum ReduceMode : int {
   kReduceInC = 0,     // lock-ordered; partials rounded to the activation type and kept in C
   kReduceFp32 = 1,    // per-block fp32 slots in C_tmp, summed in block order by the last block to arrive
@@ -47,11 +47,11 @@ __device__ __forceinline__ void store_pair(T* dst, float lo, float hi) {
   *reinterpret_cast<typename Act<T>::Pair*>(dst) = Act<T>::from_floats(lo, hi);
 }
 
-// n / d for 0 <= n < 2^31, through the host's plan for d (workbench/gemm.py fast_div_plan): floor(n m / 2^s) with
-// s = 31 + ceil(log2 d) and m = ceil(2^s / d) < 2^32 (passed as int32 bits). Exact for every such n: m d = 2^s + e
+// n / d for 0 <= n < 2^31, through the host's plan for d (workbench/gemm/launch.py fast_div_plan): floor(n m / 2^s)
+// with s = 31 + ceil(log2 d) and m = ceil(2^s / d) < 2^32 (passed as int32 bits). Exact for every such n: m d = 2^s + e
 // with 0 <= e < d, so n m / 2^s exceeds n / d by less than 1 / d. Two instructions where a division by a runtime
-// divisor takes ~20; used for the block's first iteration, in the code before its first load (bench/NOTES_gemm.md
-// "Round 19", item 7).
+// divisor takes ~20; used for the block's first iteration, in the code before its first load (docs/performance.md, "The
+// dense GEMM", the prologue).
 __device__ __forceinline__ int fast_div(int n, int magic, int shift) {
   return static_cast<int>((static_cast<unsigned long long>(static_cast<unsigned>(n)) * static_cast<unsigned>(magic)) >>
                           shift);
@@ -233,9 +233,9 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
     __syncthreads();
     if (slice_held_whole(slice, KI, total, first, last)) {
       // No contributor has work left after this slice: all of them count in, wait for each other and sum a share
-      // each (with count slots of 64 x 256 fp32 partials one SM reading them all was bound by its L2 bandwidth:
-      // ablation r18c, u4b8 fp16 4096^2 M = 64, 8 blocks a slice: 24.6 µs, 8.1 with the finish left out). The last
-      // one out leaves the counter zero (count arrivals, then count departures).
+      // each (with count slots of 64 x 256 fp32 partials, one SM reading them all was bound by its L2 bandwidth: the
+      // kernel took three times as long as with its finishing left out; docs/performance.md, "The dense GEMM"). The
+      // last one out leaves the counter zero (count arrivals, then count departures).
       if (tid == 0) {
         red_add_release(locks + last, 1);
         while (load_acquire(locks + last) < count) {
@@ -425,17 +425,17 @@ __device__ __noinline__ void finish_slice_or_split(float (&acc)[M_BLOCKS][8][4],
 }
 
 // ---- the slice sum inside a thread-block cluster (sm_90) ------------------------------------------------------
-// On a slice-aligned grid (workbench/gemm.py grid_blocks) every slice is split over the same number s of consecutive
-// blocks; launched in clusters of CLUSTER = s blocks (marlin_gemm_cluster), a slice's contributors are one cluster and
-// read each other's shared memory. Each block puts its folded partial in its own stage ring (idle: the block's range
-// is this one slice). Unless FOLDED (k group 0's warps hold it), the fold happens there (fold_warps_in_ring, every
-// thread at work instead of one warp in passes: ablation r15b charged fold_warps 0.55 µs of u4b8 4096^2 M = 16; this
-// form took 0.17-0.35 µs off the row-layout cells, A/B r15c). One cluster barrier, then block r sums float4s
-// [r E / s, (r + 1) E / s) of the folded partial over the cluster's blocks in rank order (rank = block - first
-// contributor: block order, the same sums as sum_fp32_slots, bit for bit) and writes them to C; a second barrier keeps
-// every block's shared memory alive until the others have read it. No C_tmp slot, lock or global round trip, and no
-// block waits on a block outside its cluster (whose blocks the hardware makes co-resident). `acc`: in the row layout;
-// FOLDED: k group 0's warps hold the block's partial, else each warp its own.
+// On a slice-aligned grid (workbench/gemm/geometry.py grid_blocks) every slice is split over the same number s of
+// consecutive blocks; launched in clusters of CLUSTER = s blocks (marlin_gemm_cluster), a slice's contributors are one
+// cluster and read each other's shared memory. Each block puts its folded partial in its own stage ring (idle: the
+// block's range is this one slice). Unless FOLDED (k group 0's warps hold it), the fold happens there
+// (fold_warps_in_ring, every thread at work instead of one warp in passes: measured faster on every row-layout cell).
+// One cluster barrier, then block r sums float4s [r E / s, (r + 1) E / s) of the folded partial over the cluster's
+// blocks in rank order (rank = block - first contributor: block order, the same sums as sum_fp32_slots, bit for bit)
+// and writes them to C; a second barrier keeps every block's shared memory alive until the others have read it. No
+// C_tmp slot, lock or global round trip, and no block waits on a block outside its cluster (whose blocks the hardware
+// makes co-resident). `acc`: in the row layout; FOLDED: k group 0's warps hold the block's partial, else each warp its
+// own.
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int CLUSTER, bool FOLDED>
 __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS][8][4], unsigned ring_base,
                                                      int slice, int cols, T* __restrict__ C, int prob_m,
@@ -465,7 +465,8 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
   const int chunk = slice / cols, col = slice % cols;
   const int rank = static_cast<int>(cluster_ctarank());
   // Sums first, C after the second barrier: its release then has no C stores in flight to wait for (ptxas makes it
-  // MEMBAR.ALL.GPU; timing r14j: the barrier without release semantics took 0.2-0.5 µs off every cluster cell).
+  // MEMBAR.ALL.GPU; a barrier without release semantics was faster on every cluster cell but is not ordered under the
+  // PTX memory model: docs/performance.md, "Tried and did not pay").
   constexpr int kIters = (kShare + kThreads - 1) / kThreads;
   float4 sums[kIters];
   T* c_lo[kIters];
@@ -633,7 +634,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   const StageRing<G> ring(smem);
   // Every cp.async destination below derives from fetch_base, a per-thread register that ptxas cannot prove
   // warp-uniform (opaque_zero; the fold buffer is free until the first tile ends), so no uniform register enters a
-  // cache-hinted copy's address (bench/NOTES_gemm.md "Round 6b").
+  // cache-hinted copy's address (docs/performance.md, "The dense GEMM", copies without an L2 cache hint).
   const unsigned zero_t = opaque_zero(smem_addr(ring.red) + 4 * threadIdx.x);
   const unsigned fetch_base = ring.base + zero_t;
 
@@ -670,12 +671,12 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   const unsigned a_dst_odd =
       fetch_base + G::kAOff + 16 * (G::a_index(tid / kARowI4 + kARowsPerPass, tid % kARowI4) - kThreads);
   // One m16 chunk (prob_m <= BM): the block's rows never change, and rows >= prob_m are never copied, so they hold
-  // whatever the shared memory held. That is harmless: row r of the product (column r in the swapped loop) reads row
-  // r of A only, every later step (late scaling, the warp and cross-block sums, the C stores) works element by
-  // element, and padding rows are never stored. (Zeroing them once in every slot ran before the first weight fetch:
-  // ~300 instructions a thread at M = 1 with 3 stages, 0.3-0.5 µs of a 5.6 µs kernel; bench/NOTES_gemm.md "Round
-  // 19".) With several chunks the last one's padding rows are zero-filled by each copy (the slot held another chunk's
-  // rows).
+  // whatever the shared memory held. That is harmless: row r of the product (column r in the swapped loop) reads row r
+  // of A only, every later step (late scaling, the warp and cross-block sums, the C stores) works element by element,
+  // and padding rows are never stored. (Zeroing them once in every slot ran before the first weight fetch: ~300
+  // instructions a thread at M = 1 with 3 stages, a measurable share of the smallest layers' time; docs/performance.md,
+  // "The dense GEMM", the prologue.) With several chunks the last one's padding rows are zero-filled by each copy (the
+  // slot held another chunk's rows).
   const bool one_chunk = chunks == 1;
   const int4* a_src[kACopies];  // (row, chunk t % kARowI4, k = 0) of each copy; row 0 for a padding row
   unsigned a_valid = 0;          // bit n: copy n's row is < prob_m

@@ -17,7 +17,7 @@ namespace mwb {
 constexpr int kThreads = 256;  // 8 warps: enough independent mma chains per SM with one block per SM
 constexpr int kWarps = kThreads / 32;
 
-// How scales are indexed (workbench/gemm.py GROUP_*). A template parameter, so the hot loop has no branch on it.
+// How scales are indexed (workbench/gemm/geometry.py GROUP_*): a template parameter, so the hot loop has no branch.
 enum GroupMode : int {
   kChannelwise = 0,  // one scale row (P32 layout), applied per element
   kGrouped = 1,      // group of Marlin row k = k >> log2(group_size) (P64 layout), staged per pipeline step
@@ -27,12 +27,12 @@ enum GroupMode : int {
 // Floats of the warp-fold buffer (fold_warps): room for half the k groups to store a row-layout m16 tile (the fold
 // pass by pass); the 8-row SWAP layout's one pass fits it too. (Room for the
 // one-pass fold of a one-m16-block row-layout tile, 8 KiB more with 4 k groups, made the two-block M = 9..16 kernels
-// 7-8% slower: bench/NOTES_gemm.md "Round 8".)
+// slower: docs/performance.md, "Tried and did not pay".)
 __host__ __device__ constexpr int fold_buffer_floats(int n_tiles) {
   return kWarps / n_tiles > 1 ? kWarps / n_tiles / 2 * n_tiles * 1024 : 0;
 }
 
-// Compile-time geometry of one kernel instantiation. Python mirrors kSmemBytes in workbench/gemm.py
+// Compile-time geometry of one kernel instantiation. Python mirrors kSmemBytes in workbench/gemm/geometry.py
 // (TileGeometry.smem_bytes, used by both KernelConfig and MoeConfig).
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE>
 struct Geometry {
@@ -105,10 +105,10 @@ struct SlotCursor {
 // (K/16, n_tiles_total tiles) Marlin matrix (B points at its first tile: the expert's for MoE). One k16 row of the
 // block tile is kRowI4 contiguous int4 in global memory and lands contiguously in the stage (row r at r kRowI4): shared
 // memory holds exactly the global bytes, and a lane's 16 (4-bit) or 32 (8-bit) bytes of a tile stay contiguous.
-// (Until round 7 the 8-bit tiles stored each lane's two 16-byte halves 512 bytes apart, to spare its two reads a
-// 2-way bank conflict. Measured on the H200 (bench/NOTES_gemm.md "Round 7"): with the destinations of a warp's copy
-// not contiguous, the copies reached L2 as ~1 sector per request and each sector was read twice; the 8-bit kernels
-// ran at half speed, bound by that fetch.)
+// (Storing each lane's two 16-byte halves of an 8-bit tile 512 bytes apart would spare its two reads a 2-way bank
+// conflict, but measured on the H200, with the destinations of a warp's copy not contiguous, the copies reached L2 as
+// ~1 sector per request and each sector was read twice; the 8-bit kernels ran at about half speed, bound by that
+// fetch: docs/performance.md, "The dense GEMM", 8-bit weights.)
 // kRowThreads threads share a k16 row and thread t copies int4 t % kRowThreads + n kRowThreads of row t / kRowThreads
 // (n < kCopies), so its copies differ by compile-time offsets on both sides and a stage costs one address per thread;
 // a warp's copy is 32 contiguous int4 (512 bytes) or two halves of 256. Grouped scales (and zero points) of the group
@@ -271,12 +271,10 @@ struct WeightFetch {
 };
 
 // Where late scaling (WarpLoop::kLateScale) pays. A flush costs one FFMA per accumulator (SWAP 16, rows layout 32 per
-// warp) where each k16 tile saves 16 HMUL2. Measured on the H200 against scaling every pair (bench/NOTES_gemm.md
-// "Round 10"): SWAP kernels gained everywhere (u4b8 8192^2 M = 1 14.73 -> 13.62 µs, 28672x8192 38.56 -> 34.15, the
-// K_WARP = 1 tile on 4096^2 8.20 -> 8.01); the rows layout with one block per SM gained at K_WARP = 4 (8192^2 M = 16
-// 17.12 -> 16.04) and tied at 2 (8-bit, +-1%), lost at K_WARP = 1 (4096^2 M = 16 8.74 -> 9.06); the 128-register
-// two-block rows-layout kernels lost 13% (fp16 u4b8 28672x8192 M = 16 44.62 -> 50.47) and spilled 184-352 bytes
-// with bf16 or zero points.
+// warp) where each k16 tile saves 16 HMUL2. Measured on the H200 against scaling every pair: SWAP kernels gained on
+// every layer; the rows layout with one block per SM gained at K_WARP = 4, tied at 2 (8-bit) and lost at K_WARP = 1;
+// the 128-register two-block rows-layout kernels lost and spilled with bf16 or zero points (docs/performance.md,
+// "The dense GEMM", late scaling).
 template <int MIN_BLOCKS, int SWAP, int K_WARP>
 __host__ __device__ constexpr bool late_scale_pays() {
   return SWAP == 1 || (MIN_BLOCKS == 1 && K_WARP >= 2);
@@ -312,11 +310,10 @@ struct WarpLoop {
   // the tiles are dequantized without their scale (exact: code - zero, FP8 the moved bits), a stage's mma of one
   // group sum into `part`, and acc += scale * part in fp32 when the group ends (flush_part). The scale multiply of
   // every weight pair becomes one FFMA per accumulator per group and stage (where it pays: late_scale_pays).
-  // Taking the multiply out entirely saved 11% on u4b8 8192^2 M = 1 (bench/NOTES_gemm.md "Round 10").
+  // (The scale multiply of every pair cost 11-17% of the 4-bit kernels: docs/performance.md, "The dense GEMM".)
   // Numerics: the weight is never rounded to the activation type (the reference dequantizer rounds it), so results
-  // differ from dequantize-then-multiply by up to one rounding u |a| @ |w| — and are closer to exact; identity
-  // products stay exact (round(scale x (code - zero)) once, at the output). Not for FP8: measured no faster with
-  // fp16 (the e6c5469 and f9a717c grids against 1030a5c: 4096^2 M <= 8 +1.7-2.8%, the large layers +-1%; its
+  // differ from dequantize-then-multiply by up to one rounding u |a| @ |w| — and are closer to exact; identity products
+  // stay exact (round(scale x (code - zero)) once, at the output). Not for FP8: measured no faster with fp16 (its
   // dequant is bit moves, its kernels bound by the fetch), and with bf16 the unscaled E4M3 bits carry 2^-120, whose
   // products with activations fall below fp32's normal range.
   static constexpr bool kLateScale = LATE_SCALE && M_BLOCKS == 1 && GROUP_MODE != kPerRow && !Weight<W>::kIsFp8;
@@ -507,7 +504,7 @@ struct WarpLoop {
   // RELOADS: groups may end inside the warp's K_WARP tiles (G < 16 K_WARP; grouped scales only), so the group's
   // pairs are reloaded (and kLateScale's sums flushed) between tiles under a runtime test. RELOADS = false is for
   // callers that know G >= 16 K_WARP: without that test between the tiles, ptxas schedules the stage as one
-  // region instead of one per k16 tile (bench/NOTES_gemm.md "Round 14").
+  // region instead of one per k16 tile.
   template <bool RELOADS = true>
   __device__ __forceinline__ void compute_stage(unsigned slot, const LaneOffsets& o, int k0, int group_size,
                                                 int group_shift, const int4* __restrict__ scales,

@@ -1,4 +1,4 @@
-// Fused Marlin MoE GEMM and the elementwise steps of an MoE layer (workbench/moe.py).
+// Fused Marlin MoE GEMM and the elementwise steps of an MoE layer (workbench/moe/).
 //
 // NumPy spec of marlin_moe (one GEMM phase, docs/formats.md, "Fused MoE layer"):
 //   for every block b < num_tokens_post_padded / BS with e = expert_ids[b] >= 0, every id in
@@ -194,15 +194,15 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   constexpr int kPack = Weight<W>::kPack;
   constexpr int kAChunks = (G::kAI4 + kThreads - 1) / kThreads;  // A chunks (16 bytes) a thread fetches per stage
 
-  // Under a programmatic launch (workbench/moe.py) this grid may start while the kernel before it runs: every read
-  // below depends on the routing (which expert's weights), so all of it waits; only the launch itself overlaps.
+  // Under a programmatic launch (workbench/moe/layer.py) this grid may start while the kernel before it runs: every
+  // read below depends on the routing (which expert's weights), so all of it waits; only the launch itself overlaps.
   allow_dependent_launch();
   grid_dependency_wait();
   extern __shared__ int4 smem[];
   const StageRing<G> ring(smem);
   // Every cp.async destination below derives from fetch_base, a per-thread register that ptxas cannot prove
   // warp-uniform (opaque_zero; the fold buffer is free until the first tile ends), so no uniform register enters a
-  // cache-hinted copy's address (bench/NOTES_gemm.md "Round 6b").
+  // cache-hinted copy's address (docs/performance.md, "The dense GEMM", copies without an L2 cache hint).
   const unsigned zero_t = opaque_zero(smem_addr(ring.red) + 4 * threadIdx.x);
   const unsigned fetch_base = ring.base + zero_t;
 
@@ -217,10 +217,10 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   const int cols = prob_n / BN;
   constexpr int kARowI4 = BK / 8;
   // ---- routing, read one item ahead ------------------------------------------------------------------------
-  // An item's routing (its block's expert and the sorted ids of the rows this thread copies) is loaded when the
-  // fetch enters the item before it, so no fetch waits on a routing load (bench/NOTES_moe.md "Session 10"); the
-  // first item's routing is loaded beside num_post_padded. Any block < n_blocks is inside both arrays; whether it is
-  // in use (< num_post_padded / block_size) is decided when its item is reached.
+  // An item's routing (its block's expert and the sorted ids of the rows this thread copies) is loaded when the fetch
+  // enters the item before it, so no fetch waits on a routing load (docs/performance.md, "The fused MoE kernel"); the
+  // first item's routing is loaded beside num_post_padded. Any block < n_blocks is inside both arrays; whether it is in
+  // use (< num_post_padded / block_size) is decided when its item is reached.
   struct Routing {
     int expert;
     int ids[kAChunks];  // the sorted id of each A copy's row (numel for rows past the block)
@@ -389,7 +389,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   const unsigned last_off = zero_t + (STAGES - 1) * G::kStageBytes;
   unsigned fetch_off = last_off;  // the main loop's first refill: slot STAGES - 1, then 0, 1, ...
   // (Not unrolled: each unrolled stage carried the item entry's code, 4336 SASS instructions against 2744 in a
-  // V2-Lite-like M = 1 kernel; bench/NOTES_moe.md "Session 10", r13e.)
+  // V2-Lite-like M = 1 kernel.)
 #pragma unroll 1
   for (int st = 0; st < STAGES - 1; ++st) {
     if (f_item < total_items) {
@@ -401,7 +401,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   loop.zero_acc();
   SlotCursor<G, STAGES> cursor(ring.base);
   // One stage loop per item (every item runs all KI stages), the item's finishing after it: the stage loop has no
-  // finishing under a branch inside it (bench/NOTES_gemm.md "Round 7").
+  // finishing under a branch inside it.
   // The compute side walks the fetch's item sequence behind it: the next item's expert is read when an item starts.
   while (c_item < total_items) {
     if (GROUP_MODE == kChannelwise) load_channelwise(c_item, c_expert);

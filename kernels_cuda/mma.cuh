@@ -82,8 +82,8 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 // cp.async (PTX ISA "cp.async"): 16-byte global->shared copy that bypasses L1 (.cg). When `valid` is false the
 // source size is 0, so nothing is read and the 16 shared bytes are zero-filled: rows past M cost no memory traffic
 // and need no branch. (No variant with an L2 cache-policy hint: with one, ptxas 13.0 emitted LDGSTS [R+UR],
-// desc[UR odd] for some instantiations, which the H200 rejects as an illegal instruction; bench/NOTES_gemm.md
-// "Round 6b".)
+// desc[UR odd] for some instantiations, which the H200 rejects as an illegal instruction; docs/performance.md,
+// "The dense GEMM", copies without an L2 cache hint.)
 __device__ __forceinline__ void cp_async16_at(unsigned smem, const void* gmem, bool valid = true) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
@@ -120,7 +120,7 @@ __device__ __forceinline__ unsigned lds32(unsigned addr) {
 // A zero that ptxas cannot prove warp-uniform: this thread's own shared word, written and read back. Fetch slot
 // offsets carried from it stay in per-thread registers. Why: when a warp-uniform slot value reached a cache-hinted
 // cp.async address, ptxas 13.0 split the address into register + uniform register beside the policy descriptor
-// (LDGSTS [R+UR], desc[UR odd]), an encoding the H200 rejects (bench/NOTES_gemm.md "Round 6b").
+// (LDGSTS [R+UR], desc[UR odd]), an encoding the H200 rejects (docs/performance.md, "The dense GEMM").
 __device__ __forceinline__ unsigned opaque_zero(unsigned own_word) {
   unsigned z;
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(own_word), "r"(0u) : "memory");
@@ -208,7 +208,7 @@ __device__ __forceinline__ void cluster_sync() {
 }
 
 // ---- programmatic dependent launch (sm_90; PTX ISA "griddepcontrol") --------------------------------------------
-// A grid launched with programmatic stream serialization (workbench/gemm.py PROGRAMMATIC_LAUNCH) may start while the
+// A grid launched with programmatic stream serialization (GemmPolicy.programmatic_launch) may start while the
 // grid before it in the stream still runs. grid_dependency_wait() returns once that grid has completed and its writes
 // are visible; a kernel reads nothing the grid before may write, and writes nothing, before it. Without the launch
 // attribute (and on sm_80) it returns at once. allow_dependent_launch(): the grid after this one may be scheduled

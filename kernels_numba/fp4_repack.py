@@ -63,6 +63,20 @@ def scale_source(d, ng, size_n):
 
 
 @cuda.jit(device=True, inline=True)
+def fp4_word_source(w, n_tiles):
+    """Marlin FP4 word w of one expert (128 words a 16x64 tile, lane = word / 4 and warp = word % 4 within it) ->
+    (n0, col): its four bytes are bytes col (element k) and col + 4 (k + 8) of rows n0 and n0 + 8 of the [N, K/2]
+    source, each byte two elements of one row."""
+    tile = w >> 7
+    wit = w & 127
+    k_tile = tile // n_tiles
+    n_tile = tile - k_tile * n_tiles
+    lane = wit >> 2
+    warp = wit & 3
+    return 64 * n_tile + 16 * warp + (lane >> 2), (16 * k_tile + 2 * (lane & 3)) >> 1
+
+
+@cuda.jit(device=True, inline=True)
 def s0e5m3_of_e4m3(magnitude, s):
     """E4M3 magnitude byte (0..0x7E) and scale factor 2^s -> the S0E5M3 byte (as an int; > 0xFF: fp16 overflow)."""
     if magnitude == 0:
@@ -118,16 +132,9 @@ def fp4_repack_source():
         for t in range(start, out.shape[0] * per_expert, stride):
             e = t // per_expert
             w = t - e * per_expert
-            tile = w >> 7
-            wit = w & 127
-            k_tile = tile // n_tiles
-            n_tile = tile - k_tile * n_tiles
-            lane = wit >> 2
-            warp = wit & 3
-            col = (16 * k_tile + 2 * (lane & 3)) >> 1  # byte of element k = r
-            n0 = 64 * n_tile + 16 * warp + (lane >> 2)
+            n0, col = fp4_word_source(w, n_tiles)
             b0 = uint32(src[e, n0, col])
-            b1 = uint32(src[e, n0, col + 4])  # k = r + 8
+            b1 = uint32(src[e, n0, col + 4])  # elements k + 8, k + 9
             b2 = uint32(src[e, n0 + 8, col])
             b3 = uint32(src[e, n0 + 8, col + 4])
             low = (b0 & uint32(15)) | ((b1 & uint32(15)) << uint32(4)) | ((b2 & uint32(15)) << uint32(8)) | \
@@ -149,14 +156,7 @@ def fp4_unpack_source():
         for t in range(start, q.shape[0] * per_expert, stride):
             e = t // per_expert
             w = t - e * per_expert
-            tile = w >> 7
-            wit = w & 127
-            k_tile = tile // n_tiles
-            n_tile = tile - k_tile * n_tiles
-            lane = wit >> 2
-            warp = wit & 3
-            col = (16 * k_tile + 2 * (lane & 3)) >> 1
-            n0 = 64 * n_tile + 16 * warp + (lane >> 2)
+            n0, col = fp4_word_source(w, n_tiles)
             word = uint32(q[e, w])
             for j in range(4):
                 lo = (word >> uint32(4 * j)) & uint32(15)

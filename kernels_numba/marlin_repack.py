@@ -92,11 +92,9 @@ def perm_row(perm, e, k):
 # 32*col + 8*row2 + 2*warp + half. Every input word is read once, by one thread, and every output word written once:
 # no staging, no barrier, 4 independent loads in flight per thread.
 DIRECT_THREADS = 128  # 4 tiles (4-bit, 32 lanes each) or 2 tiles (8-bit, 64 lanes each) per block
-# k-tiles a thread loads before its first store. Measured on the H200 (8192×28672, bench/results, 2026-11-29):
-# 4-bit 74% of the copy bandwidth at 1, 80% at 2, 86% at 4; 8-bit 91% at 1, 95% at 2, 94% at 4.
-# The same for the inverse (Marlin -> GPTQ rows / FP8 raw bits), measured in the round-2 A/B (H200, 8192×28672,
-# bench/results/repack_ab_2026-11-29_NVIDIA_H200.json): 4-bit 74% at 1, 85% at 2, 92% at 4; 8-bit 77% at 1, 73% at
-# 2, 71% at 4.
+# k-tiles a thread loads before its first store (more loads in flight per thread is what 4-bit lacks): the policy's
+# direct_k_tiles_per_thread and, for the inverse, direct_unpack_k_tiles_per_thread; the share of copy bandwidth
+# each count reached is in docs/performance.md, "Repack kernels".
 
 
 @cuda.jit(device=True, inline=True)
@@ -234,8 +232,8 @@ def direct_repack_kernel_source(bits: int, source: str, k_tiles_per_thread: int 
     """source "gptq" (words [E, K/pf, N]) or "row_major_bytes" (8-bit; words [E, N, K/4]) -> Marlin [E, K/16, .].
 
     ``k_tiles_per_thread`` (default: the policy's direct_k_tiles_per_thread) makes each thread issue the loads of that many
-    k-tiles before its first store (memory parallelism per thread); it and ``threads`` are parameters for the
-    benchmark's sweep.
+    k-tiles before its first store (memory parallelism per thread); it and ``threads`` let other launch shapes be
+    timed against the policy's.
     """
     if source not in ("gptq", "row_major_bytes") or (source == "row_major_bytes" and bits != 8):
         raise ValueError(f"direct repack has no {bits}-bit source {source!r}")
@@ -350,7 +348,8 @@ def _direct_unpack_kernel(bits: int, target: str, k_tiles_per_thread: int | None
     return jit(direct_unpack_kernel_source(bits, target, k_tiles_per_thread))
 
 
-# Round 3, Marlin -> GPTQ 8-bit / FP8 raw bits (77% of copy in round 2, worse with more k-tiles per thread): in
+# Marlin -> GPTQ 8-bit / FP8 raw bits, two columns per thread (the policy's paired_unpack_8bit; measured faster
+# than the direct unpack, which got slower with more k-tiles per thread: docs/performance.md, "Repack kernels"). In
 # the direct unpack a warp's lanes own columns 8*slot + col (col = 0..3 or 4..7), so each store instruction writes
 # 8 runs of 16 bytes: every sector half written, the other half by the block's other warp. The paired kernel gives
 # a thread two adjacent columns (col = 2*pair, 2*pair + 1: 8 Marlin words, 8 loads in flight) and writes each
@@ -414,7 +413,7 @@ def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_t
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Round 2: direct kernels for the scattered sources (act-order perm, AWQ) and a shared-memory transpose tile for
+# Direct kernels for the scattered sources (act-order perm, AWQ) and a shared-memory transpose tile for
 # row-major FP8. Same rule as above: every output word written once, no staging where none is needed.
 # ---------------------------------------------------------------------------------------------------------------
 # Act-order: Marlin row k holds checkpoint row perm[k]. A thread of the direct GPTQ kernel needs rows 0..15 of its
@@ -423,7 +422,7 @@ def direct_grid(size_k: int, size_n: int, bits: int, experts: int, k_tiles_per_t
 # in the direct kernel (8 lanes, 32 consecutive bytes); each source word is requested pf times (once per row it
 # holds, from pf different k-tiles), which the L2 serves: blockIdx.x (k) runs fastest, so the blocks in flight
 # share one column strip of the source.
-# Measured (round-2 A/B, H200, 8192×28672): 4-bit 23% of copy at 1, 26% at 2; 8-bit 35% at 1, 34% at 2.
+# k-tiles per thread: the policy's perm_k_tiles_per_thread (docs/performance.md, "Repack kernels").
 
 
 def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, threads: int = DIRECT_THREADS):
@@ -484,9 +483,10 @@ def perm_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = None, 
 # 8 stores, no redundancy. 4-bit: lane = 4*row2 + warp (16 lanes per tile), columns 16*warp + {0..15} = AWQ words
 # 2*warp, 2*warp+1; Marlin words 16*col + lane. 8-bit: lane = 8*row2 + slot (32 lanes per tile, slot = 2*warp +
 # half), columns 16*warp + 8*half + {0..7} = AWQ words 2*slot, 2*slot+1; Marlin words 32*col + lane.
-# Measured (round-2 A/B, H200, 8192×28672): 4-bit 84% of copy at 1, 81% at 2, 80% at 4; 8-bit 89% / 83% / 82%.
-# Grid order of the forward AWQ repack: n-blocks fastest, so the blocks in flight write whole Marlin rows (measured,
-# round-4 A/B, H200, 8192x28672: u4 87.7% -> 96.7% of copy, u8 89.6% -> 98.6%); False keeps the k-fastest grid.
+# k-tiles per thread: the policy's awq_k_tiles_per_thread (1 was fastest for both widths).
+# Grid order of the forward AWQ repack: n-blocks fastest, so the blocks in flight write whole Marlin rows
+# (measured faster than the k-fastest grid for both widths: docs/performance.md, "Repack kernels"); False keeps
+# the k-fastest grid.
 
 
 def awq_layout(bits: int, threads: int):
@@ -596,7 +596,7 @@ def awq_direct_repack_kernel_source(bits: int, k_tiles_per_thread: int | None = 
     return repack_awq
 
 
-# Round 3, act-order in two passes. The one-pass gather (26% / 35% of copy) loads a 32-bit word for each 4- or 8-bit
+# Act-order in two passes. The one-pass gather loads a 32-bit word for each 4- or 8-bit
 # field it needs (the pf rows of a GPTQ word go to pf random k-tiles), so the L2 -> SM traffic is 8x (4x) the source
 # bytes. Two passes instead, every loaded byte used in both:
 #   pass 1  GPTQ words [K/pf, N] -> N-packed rows [K, N/pf] (field i of word c = column c*pf + i): per thread an
@@ -640,7 +640,7 @@ def gptq_to_npacked_kernel_source(bits: int):
             for i in range(pf):
                 n = min(n0 + tid + NPACK_THREADS * i, size_n - 1)
                 held[h * pf + i] = src[ue, uint64(kt * row_words + h), uint64(n)]
-        # round 4: a barrier between the loads and the shared stores keeps ptxas from interleaving them (the SASS
+        # a barrier between the loads and the shared stores keeps ptxas from interleaving them (the SASS
         # without it issues 4 loads, waits for the first in a shared store, 3 more, ...); all 16 are in flight first
         cuda.syncthreads()
         for h in range(row_words):
@@ -676,11 +676,11 @@ def npacked_grid(size_k: int, size_n: int, bits: int, experts: int):
     return (size_k // TILE_K, -(-size_n // ((32 // bits) * NPACK_THREADS)), experts)
 
 
-# Act-order pass 2 grid order (round 4): with the n-blocks in blockIdx.x (fastest), the blocks in flight cover whole
+# Act-order pass 2 grid order: with the n-blocks in blockIdx.x (fastest), the blocks in flight cover whole
 # rows: every perm-gathered source row is read along its full length by neighbouring blocks and the Marlin rows are
 # written front to back (the k-fastest grid spread both over a ~1 KiB-wide column strip of every row).
-# (Round 3 measured column strips of both passes, 8 / 16 MiB of intermediate, at 0.1-1% of copy: 6-250 ms per layer
-# for a few dozen launches on strided views, far beyond launch overhead; cause not investigated; removed.)
+# (Column strips of both passes, 8 / 16 MiB of intermediate, were measured at 0.1-1% of copy: a few dozen launches
+# on strided views, far slower than their launch cost explains; the cause was not found, so they are not used.)
 
 
 def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: int, stream, temp=None,
@@ -702,22 +702,22 @@ def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: in
     return temp
 
 
-# Round 3, Marlin -> AWQ (68% / 77% of copy in round 2): a thread's two AWQ words of a row (c0, c0 + 1, c0 even)
-# are adjacent, but were written by two store instructions, each covering every other word (8-byte stride): every
-# sector of a store instruction half written. ``wide_stores`` writes them as one 8-byte store into the output
-# viewed as uint64 [E, K, N/pf/2]: a warp store instruction then covers 64 contiguous bytes of each of its 4 rows
-# (4-bit; 8-bit: 128 bytes of each of 2 rows), full sectors, half the store instructions.
-# Measured (round-3 A/B, H200): u4 68 -> 73% on the 70B layers but 91.5% on 64 x 2048 x 1408; u8 78 -> 88 / 97%.
-# Round 4. Why the stack runs at 91.5% and the 70B layers at 73% with the same kernel, bytes and instructions: the
-# grid order. blockIdx.x (fastest) ran over k-tiles, so the ~2000 blocks resident at a time covered every k-tile of
-# only ~4 n-blocks: reads of a ~16 KiB piece of each of the 512 Marlin rows and writes of a ~1 KiB-wide column strip
-# of each of the 8192 AWQ rows (row pitch 14 KiB). In the stack a whole expert (128 k-tiles x 3 n-blocks, rows of
-# 704 bytes) is one contiguous 1.4 MB block of output, so the resident blocks stream through memory. With
-# awq_unpack_n_fastest the grid is (n-blocks, k-tiles, E): the resident blocks cover ~40 whole Marlin rows and ~600
-# whole AWQ rows, both contiguous, as in the stack.
-# Round 4, compute: the round-3 body built each AWQ word from 8 (u4) / 4 (u8) single-field extracts (shift, mask,
-# shift, or per field: 64 / 32 extracts per thread). The fields a thread moves form an 8 x 8 nibble (u4) or two 4 x 4
-# byte (u8) matrices: AWQ word p, field f = Marlin word col(f), field p. With the Marlin words loaded in field order
+# Marlin -> AWQ: a thread's two AWQ words of a row (c0, c0 + 1, c0 even) are adjacent; written by two store
+# instructions, each covering every other word (8-byte stride), every sector of a store instruction is half
+# written. ``wide_stores`` writes them as one 8-byte store into the output viewed as uint64 [E, K, N/pf/2]: a warp
+# store instruction then covers 64 contiguous bytes of each of its 4 rows (4-bit; 8-bit: 128 bytes of each of 2
+# rows), full sectors, half the store instructions. Measured faster for both widths, most for 8-bit
+# (docs/performance.md, "Repack kernels").
+# Why a stack of small experts (64 x 2048 x 1408) ran near a copy's rate and the 70B layers well below it with the
+# same kernel, bytes and instructions: the grid order. With blockIdx.x (fastest) over k-tiles, the ~2000 blocks
+# resident at a time covered every k-tile of only ~4 n-blocks: reads of a ~16 KiB piece of each of the 512 Marlin
+# rows and writes of a ~1 KiB-wide column strip of each of the 8192 AWQ rows (row pitch 14 KiB). In the stack a whole
+# expert (128 k-tiles x 3 n-blocks, rows of 704 bytes) is one contiguous 1.4 MB block of output, so the resident
+# blocks stream through memory. With awq_unpack_n_fastest the grid is (n-blocks, k-tiles, E): the resident blocks
+# cover ~40 whole Marlin rows and ~600 whole AWQ rows, both contiguous, as in the stack.
+# Compute: building each AWQ word from 8 (u4) / 4 (u8) single-field extracts (shift, mask, shift, or per field)
+# costs 64 / 32 extracts per thread. The fields a thread moves form an 8 x 8 nibble (u4) or two 4 x 4 byte (u8)
+# matrices: AWQ word p, field f = Marlin word col(f), field p. With the Marlin words loaded in field order
 # f, a 3-stage (2-stage) mask-and-shift transpose (the one of pass 1) gives all AWQ words: 4 ops per pair and stage.
 
 

@@ -339,40 +339,40 @@ def install_deprecated_globals(module_name: str, table: dict, policy_type: str,
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Repack kernels (kernels_numba/marlin_repack.py). "% of copy" = bench/bench_repack.py on the H200, 8192 x 28672
-# (and 28672 x 8192 where it differed), bench/NOTES_repack.md; per-width fields are ((4, u4 value), (8, u8 value)).
+# Repack kernels (kernels_numba/marlin_repack.py). Each default is the fastest measured choice; the measured shares
+# of copy bandwidth are in docs/performance.md, "Repack kernels". Per-width fields are ((4, u4 value), (8, u8 value)).
 # ---------------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, eq=True)
 class RepackPolicy(_Hashed):
     """Launch shapes and routes of the Numba weight repacks; the wrappers take ``policy=`` (this default when
     omitted)."""
 
-    # GPTQ rows -> Marlin: u4 1/2/4 k-tiles per thread 73.9/80.5/85.9% of copy; u8 90.8/94.6/93.5% (NOTES_repack 2)
+    # GPTQ rows -> Marlin, k-tiles per thread: fastest of 1/2/4 (more loads in flight is what u4 lacks)
     direct_k_tiles_per_thread: tuple = ((4, 4), (8, 2))
-    # Marlin -> GPTQ rows (u4; u8 takes the paired kernel): 4 k-tiles as the forward kernel (NOTES_repack 3)
+    # Marlin -> GPTQ rows (u4; u8 takes the paired kernel): 4 k-tiles as the forward kernel, fastest of 1/2/4
     direct_unpack_k_tiles_per_thread: tuple = ((4, 4), (8, 1))
-    # stacked act-order one-pass gather: u4 2, u8 1 k-tiles fastest in the round-2 sweep (NOTES_repack 3)
+    # stacked act-order one-pass gather: fastest of 1/2 k-tiles per thread
     perm_k_tiles_per_thread: tuple = ((4, 2), (8, 1))
-    # AWQ -> Marlin: 1 k-tile per thread 84.2% of copy, 2: 81% (NOTES_repack 3)
+    # AWQ -> Marlin: 1 k-tile per thread fastest of 1/2/4
     awq_k_tiles_per_thread: tuple = ((4, 1), (8, 1))
-    # AWQ -> Marlin on the n-fastest grid: u4 96.7 vs 87.7%, u8 98.6 vs 89.6% of copy (repack_ab_r4)
+    # AWQ -> Marlin on the n-fastest grid (blocks in flight write whole rows): faster than k-fastest, both widths
     awq_repack_n_fastest: bool = True
-    # act-order on one matrix in two passes (N-packed intermediate): u4 39.7 vs 26.2%, u8 45.4 vs 34.9% (repack_ab_r3)
+    # act-order on one matrix in two passes (N-packed intermediate): faster than the one-pass gather, both widths
     act_order_two_pass: bool = True
-    # two-pass act-order, pass 2 k-tiles per thread: u4 2 beat 1 by 3%, u8 1 beat 2 by 2% (repack_ab_r3)
+    # two-pass act-order, pass 2 k-tiles per thread: fastest of 1/2
     act_order_pass2_k_tiles_per_thread: tuple = ((4, 2), (8, 1))
-    # pass 2 on the n-fastest grid: two-pass u4 45.8 vs 44.6%, u8 46.1 vs 45.6% of copy (repack_ab_r4)
+    # pass 2 on the n-fastest grid: slightly faster than k-fastest, both widths
     act_order_pass2_n_fastest: bool = True
-    # Marlin -> AWQ with 8-byte stores: u4 68.4 -> 73.1%, u8 78.2 -> 88.8% of copy (repack_ab_r3)
+    # Marlin -> AWQ with 8-byte stores (whole sectors per warp store): faster, both widths
     awq_unpack_wide_stores: bool = True
-    # Marlin -> AWQ words loaded in AWQ field order: with n-fastest u4 96.6 vs 97.5% without, u8 97.9 vs 98.5%
-    # (repack_ab_r4, 8192 x 28672): no measured gain; kept as the default the repack_ab_r4 decision chose
+    # Marlin -> AWQ words loaded in AWQ field order (a mask-and-shift transpose instead of per-field extracts): no
+    # measured gain on the n-fastest grid (within 1%); kept as the default
     awq_unpack_transpose: bool = True
-    # Marlin -> AWQ on the n-fastest grid: u4 96.6 vs 88.7%, u8 97.9 vs 88.2% of copy (repack_ab_r4)
+    # Marlin -> AWQ on the n-fastest grid (whole rows read and written): faster than k-fastest, both widths
     awq_unpack_n_fastest: bool = True
-    # Marlin -> GPTQ u8 / FP8 raw bits through the paired 8-byte-store kernel: 77.5 -> 92.5% of copy (repack_ab_r3)
+    # Marlin -> GPTQ u8 / FP8 raw bits through the paired 8-byte-store kernel: faster than the direct unpack
     paired_unpack_8bit: bool = True
-    # paired kernel k-tiles per thread: 1 fastest of {1, 2} (repack_ab_r3)
+    # paired kernel k-tiles per thread: 1 fastest of {1, 2}
     paired_unpack_k_tiles_per_thread: int = 1
 
     def per_bits(self, field: str, bits: int) -> int:
@@ -388,4 +388,6 @@ REPACK_GLOBALS: dict[str, tuple[str, Any, Any]] = {
     **{name: (name.lower(), *_same) for name in (
         "AWQ_REPACK_N_FASTEST", "ACT_ORDER_TWO_PASS", "ACT_ORDER_PASS2_N_FASTEST", "AWQ_UNPACK_WIDE_STORES",
         "AWQ_UNPACK_TRANSPOSE", "AWQ_UNPACK_N_FASTEST", "PAIRED_UNPACK_8BIT", "PAIRED_UNPACK_K_TILES_PER_THREAD")},
+    # removed with the inverse tile's earlier modes: reads the one mode left, writes warn and change nothing
+    "TRANSPOSE_INVERSE_MODE": (None, None, lambda _: "staged_marlin"),
 }

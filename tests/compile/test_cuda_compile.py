@@ -67,9 +67,8 @@ def test_kernel_source_inlines_its_headers():
 
 # Spill bytes ptxas reports per entry function that are known (arch, mangled-name fragment) -> bytes: the 64-row bf16
 # kernel with zero points sits at the 255-register cap on sm_80 (none at sm_90, the H200's). The 128-register
-# two-block kernels with zero points or act-order groups were found spilling in session 5 (2026-11-30), when they were
-# first compiled here; d3fd847, before the round-8 finishing, spilled the same (non-swapped) or 0-4 bytes less
-# (swapped). What these spills cost is not measured (bench/NOTES_gemm.md "Round 8").
+# two-block kernels with zero points or act-order groups spill a little (docs/performance.md, "Open"); what these
+# spills cost is not measured.
 KNOWN_SPILLS = {(80, "marlin_gemmI13__nv_bfloat16Li4ELi4ELi4ELi2ELi4ELi1ELi1ELi0EE"): 8,
                 (80, "marlin_gemmI6__halfLi4ELi1ELi2ELi4ELi3ELi1ELi2ELi0EE"): 64,
                 (80, "marlin_gemmI6__halfLi5ELi1ELi2ELi4ELi3ELi2ELi2ELi0EE"): 28,

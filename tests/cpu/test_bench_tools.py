@@ -76,23 +76,26 @@ def test_results_file_has_the_schema_and_rejects_incomplete_rows(tmp_path):
     path = timing.write_results(tmp_path, "gemm", _meta(), [row])
     doc = json.loads(path.read_text())
     assert path.name == "gemm.json" and doc["schema"] == 1 and doc["family"] == "gemm" and doc["rows"] == [row]
-    with pytest.raises(ValueError, match=r"lacks \['gbs'\]"):
+    with pytest.raises(ValueError, match=r"rows\[0\] lacks the required key 'gbs'"):
         timing.write_results(tmp_path, "gemm", _meta(), [{k: v for k, v in row.items() if k != "gbs"}])
-    with pytest.raises(ValueError, match="us = 0"):
-        timing.check_rows("gemm", [dict(row, us=0)])
-    with pytest.raises(ValueError, match="launch"):
-        timing.check_rows("gemm", [dict(row, launch="eager")])
-    with pytest.raises(ValueError, match="family"):
-        timing.check_rows("sweeps", [row])
+    for us in (0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="must be a positive time"):
+            timing.write_results(tmp_path, "gemm", _meta(), [dict(row, us=us)])
+    with pytest.raises(ValueError, match="'eager', not one of"):
+        timing.write_results(tmp_path, "gemm", _meta(), [dict(row, launch="eager")])
+    with pytest.raises(ValueError, match="family 'sweeps' is not one of"):
+        timing.write_results(tmp_path, "sweeps", _meta(), [row])
     bad = _meta()
     del bad["ceilings"]["read_gbs"]
     with pytest.raises(ValueError, match="read_gbs"):
         timing.write_results(tmp_path, "gemm", bad, [row])
     assert json.loads(path.read_text())["rows"] == [row]  # a rejected write leaves the file as it was
-    timing.check_rows("moe", [dict(model="mixtral", experts=8, topk=2, n=14336, k=4096, m=1, wtype="u4b8", group=128,
-                                   act="fp16", launch="graph", method="ours", us=10.0)])
-    timing.check_rows("repack", [dict(op="gptq_marlin_repack", n=1, k=1, wtype="u4b8", method="ours", us=1.0,
-                                      gbs=1.0, pct_copy=1.0)])
+    assert not (tmp_path / "sweeps.json").exists()
+    timing.results_document("moe", _meta(), [dict(model="mixtral", experts=8, topk=2, n=14336, k=4096, m=1,
+                                                  wtype="u4b8", group=128, act="fp16", launch="graph", method="ours",
+                                                  us=10.0)])
+    timing.results_document("repack", _meta(), [dict(op="gptq_marlin_repack", n=1, k=1, wtype="u4b8", method="ours",
+                                                     us=1.0, gbs=1.0, pct_copy=1.0)])
 
 
 def test_ab_variants_parse_to_policy_replacements():

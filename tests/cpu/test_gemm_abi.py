@@ -205,8 +205,8 @@ def test_grid_never_exceeds_sms_or_work():
                                      (33, 512, 1024), (1, 64, 128)])
 def test_slice_aligned_grid_keeps_blocks_in_one_slice_without_lengthening_any(sms, m, n, k):
     """The kernel gives block b iterations [b T / G, (b + 1) T / G); mirrored here for every block. An aligned grid
-    may lengthen the longest range by up to GemmPolicy.aligned_max_longer (round 6: a straddled slice end costs more than the
-    extra steps; the name predates that)."""
+    may lengthen the longest range by up to GemmPolicy.aligned_max_longer (a straddled slice end costs more than the
+    extra steps)."""
     cfg = gemm.choose_config(S.F16, S.U4B8, m, n, k, 128, False, 227 * 1024)
     slices = -(-m // cfg.block_m) * (n // cfg.block_n)
     ki = k // cfg.block_k

@@ -1,7 +1,7 @@
 """The kernel-choice policy (workbench.gemm.choose_config / grid_blocks) on the H200's limits, pinned cell by cell
-to what round 6's configuration sweep measured (bench/results/sweep_head16b6c93_*, bench/NOTES_gemm.md "Round 6 —
-policy"), and the pre-round-6 policy (OLD_POLICY below, the A/B variant that timed it) pinned to what HEAD chose,
-so that an A/B run given it times what it claims to."""
+to what the configuration sweeps measured fastest (docs/performance.md, "The dense GEMM"), and the earlier policy
+(OLD_POLICY below, a bench/ab.py variant) pinned to what it chose, so that an A/B run given it times what it claims
+to. Percentages in the comments: the measured gain of the choice over the alternative named."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +13,7 @@ from workbench import gemm
 from workbench.policy import DEFAULT_GEMM_POLICY
 from workbench.scalar_types import ScalarType as S
 
-# the policy before round 6's sweep: 8 stages first for M <= 16, the (2, 4) tile first for 8-bit, aligned grids only
+# the earlier policy: 8 stages first for M <= 16, the (2, 4) tile first for 8-bit, aligned grids only
 # when no longer than the striped one (an A/B variant: bench/ab.py --variant with these fields)
 OLD_POLICY = dataclasses.replace(
     DEFAULT_GEMM_POLICY, one_m_block_stages=((4, (8, 6, 4)), (8, (8, 6, 4))),
@@ -36,26 +36,26 @@ def replaced(**fields):
     return dataclasses.replace(DEFAULT_GEMM_POLICY, **fields)
 
 
-# (weight, M, K, N) -> (new choice, HEAD's choice); the measured cells' best candidates in the comments (µs)
+# (weight, M, K, N) -> (the policy's choice, OLD_POLICY's choice)
 CELLS = [
-    # 4-bit one block: 6 stages (sweep: 4096^2 M = 1 10.89 -> 10.26, 14336x4096 M = 16 24.02 -> 22.67)
+    # 4-bit one block: 6 stages (against 8: 6% on 4096^2 M = 1 and on 14336x4096 M = 16)
     ((S.U4B8, 1, 4096, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
-    # M = 9..16 since round 18: the 512 x 128 tile, 3 stages (GemmPolicy.rows_wide_first; sweeps r18c / r18d)
+    # M = 9..16: the 512 x 128 tile, 3 stages (GemmPolicy.rows_wide_first)
     ((S.U4B8, 16, 4096, 4096), (2, 8, 3, 1, 128), (2, 4, 8, 1, 128)),
     ((S.U4B8, 8, 14336, 4096), (2, 4, 6, 1, 128), (2, 4, 8, 1, 128)),
-    # the slice-aligned 112 grid, 16 steps instead of the striped 132 with ~14 (M = 2: 25.38 -> 19.01)
+    # the slice-aligned 112 grid, 16 steps instead of the striped 132 with ~14 (M = 2: 25%)
     ((S.U4B8, 1, 4096, 14336), (2, 4, 6, 1, 112), (2, 4, 8, 1, 132)),
     ((S.U4B8, 16, 4096, 14336), (2, 8, 3, 1, 112), (2, 4, 8, 1, 132)),
-    # one block on the aligned 128 for the swapped u4b8 kernel of 8192^2 (7.8 steps with two; round 8g A/B, after
-    # round 8's finishing: 17.7 -> 16.95 at M = 1..8); zero points keep two blocks (18.7 -> 19.1 with one)
+    # one block on the aligned 128 for the swapped u4b8 kernel of 8192^2 (7.8 steps with two; 4% at M = 1..8); zero
+    # points keep two blocks (one was 2% slower)
     ((S.U4B8, 1, 8192, 8192), (2, 4, 6, 1, 128), (2, 4, 3, 2, 256)),
     ((S.U4B8, 8, 8192, 8192), (2, 4, 6, 1, 128), (2, 4, 3, 2, 256)),
     ((S.U4, 1, 8192, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
-    # two blocks per SM at M = 16 until round 18 (then the aligned 224 on 8192x28672, 32 steps vs 28, lost 5%); now
-    # one block of the 512 x 128 tile (r18d: 8192x28672 43.33 -> 38.71 µs)
+    # M = 16: one block of the 512 x 128 tile (against two blocks per SM: 11% on 8192x28672; the two-block kernel's
+    # aligned 224 there, 32 steps vs 28, lost 5%)
     ((S.U4B8, 16, 8192, 8192), (2, 8, 3, 1, 128), (2, 4, 3, 2, 256)),
     ((S.U4B8, 16, 8192, 28672), (2, 8, 3, 1, 132), (2, 4, 3, 2, 264)),
-    # ... except swapped ones without zero points since round 14 (A/B r14d, M = 1: 36.66 -> 32.74 on the aligned 224)
+    # ... except swapped ones without zero points (M = 1: 11% on the aligned 224)
     ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 224), (2, 4, 3, 2, 264)),
     ((S.U4, 1, 8192, 28672), (2, 4, 3, 2, 264), (2, 4, 3, 2, 264)),
     ((S.U4B8, 1, 28672, 8192), (2, 4, 3, 2, 256), (2, 4, 3, 2, 256)),
@@ -67,9 +67,9 @@ CELLS = [
     ((S.U4B8, 64, 28672, 8192), (4, 2, 4, 1, 128), (4, 2, 4, 1, 132)),
     ((S.U4B8, 64, 8192, 8192), (4, 2, 4, 1, 128), (4, 2, 4, 1, 128)),
     ((S.U4B8, 64, 8192, 28672), (4, 2, 4, 1, 132), (4, 2, 4, 1, 132)),
-    # 8-bit, M <= 16: the (4, 2) tile, 4 stages (A/B: FP8 8192^2 M = 16 49.1 -> 44.8, 4096x14336 M = 16 44.5 ->
-    # 38.2 with the aligned 112; u8b128 8192^2 M = 16 48.8 -> 46.2); on 8192x28672 (aligned: 128 vs 109 steps) the
-    # aligned grid for the swapped kernel since round 16 (A/B r16c, M = 1: 63.54 -> 59.17), striped at M = 16
+    # 8-bit, M <= 16: the (4, 2) tile, 4 stages (FP8 8192^2 M = 16 9%, 4096x14336 M = 16 14% with the aligned 112;
+    # u8b128 8192^2 M = 16 5%); on 8192x28672 (aligned: 128 vs 109 steps) the aligned grid for the swapped kernel
+    # (M = 1: 7%), striped at M = 16
     ((S.FE4M3FN, 1, 8192, 28672), (4, 2, 4, 1, 112), (2, 4, 4, 1, 132)),
     ((S.FE4M3FN, 16, 4096, 14336), (4, 2, 4, 1, 112), (2, 4, 4, 1, 132)),
     ((S.FE4M3FN, 16, 8192, 8192), (4, 2, 4, 1, 128), (2, 4, 4, 1, 128)),
@@ -80,22 +80,22 @@ CELLS = [
 ]
 
 
-@pytest.mark.parametrize("key, new, head", CELLS, ids=lambda v: str(v) if not isinstance(v, tuple) else None)
-def test_policy_choices(key, new, head):
+@pytest.mark.parametrize("key, new, old", CELLS, ids=lambda v: str(v) if not isinstance(v, tuple) else None)
+def test_policy_choices(key, new, old):
     assert choice(*key) == new
 
 
-@pytest.mark.parametrize("key, new, head", CELLS, ids=lambda v: str(v) if not isinstance(v, tuple) else None)
-def test_old_policy_reproduces_head(key, new, head):
-    assert choice(*key, policy=OLD_POLICY) == head
+@pytest.mark.parametrize("key, new, old", CELLS, ids=lambda v: str(v) if not isinstance(v, tuple) else None)
+def test_old_policy_reproduces_its_choices(key, new, old):
+    assert choice(*key, policy=OLD_POLICY) == old
 
 
 def test_aligned_grid_bound():
     """ALIGNED_MAX_LONGER = 1.15: 4096 x 14336's aligned 112 grid (16 steps vs 14) passes, an aligned grid that leaves
     about half the SMs idle does not (here 67 slices of a 16-step K: 67 blocks x 16 steps vs 132 x ~9), nor one
     17% longer (8192 x 28672 at M = 64: 128 vs 109 steps), nor a rows-layout or zero-point two-block kernel's 224 on
-    8192 x 28672 (32 vs 28); the swapped u4b8 two-block kernel takes it (round 14)."""
-    p = replaced(rows_wide_first=False)  # (the rows-layout two-block kernel: M = 16 before round 18)
+    8192 x 28672 (32 vs 28); the swapped u4b8 two-block kernel takes it."""
+    p = replaced(rows_wide_first=False)  # (the rows-layout two-block kernel at M = 16 without the wide tile)
     cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT, policy=p)
     assert gemm.grid_blocks(cfg, 1, 14336, 4096, SMS, policy=p) == 112
     assert gemm.grid_blocks(cfg, 1, 67 * 128, 4096, SMS, policy=p) == SMS  # striped: 1072 steps over 132 blocks
@@ -125,8 +125,8 @@ def test_every_choice_fits_and_divides(weight, m):
 
 
 def test_ab_variant_policy_leaves_the_default_alone():
-    """The new-oldpolicy A/B variant is a policy value: calls given it choose HEAD's configuration, calls
-    without it the default's, before and after."""
+    """The old-policy A/B variant is a policy value: calls given it choose its configuration, calls without it the
+    default's, before and after."""
     def pick(policy=None):
         cfg = gemm.choose_config(S.F16, S.U4B8, 1, 14336, 4096, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
                                  policy=policy)
@@ -170,14 +170,14 @@ def test_old_globals_warn_and_reach_the_default_policy():
 
 
 # (weight, M, K, N) -> blocks per cluster on the H200 (gemm.cluster_blocks): slice-aligned grids with two blocks per
-# slice and 16-row tiles (CLUSTER_SIZES: clusters of 4 measured slower, round 9b); the kernel also takes 4 and 8.
+# slice and 16-row tiles (CLUSTER_SIZES: clusters of 4 measured slower); the kernel also takes 4 and 8.
 CLUSTERS = [
-    ((S.U4B8, 1, 8192, 8192), 2, 2),  # 64 slices x 2 (17.04 -> 14.85 µs)
+    ((S.U4B8, 1, 8192, 8192), 2, 2),  # 64 slices x 2 (13% against the sum through global memory)
     ((S.U4B8, 8, 8192, 8192), 2, 2),
     ((S.FE4M3FN, 1, 4096, 14336), 2, 2),  # (4, 2) tile: 56 x 2
     ((S.FE4M3FN, 16, 4096, 14336), 2, 2),
     ((S.U4B8, 1, 4096, 4096), 1, 4),  # 32 x 4
-    ((S.U4B8, 16, 8192, 8192), 2, 2),  # the 512 x 128 tile (round 18): 64 x 2
+    ((S.U4B8, 16, 8192, 8192), 2, 2),  # the 512 x 128 tile: 64 x 2
     ((S.U4B8, 1, 28672, 8192), 1, 4),
     ((S.FE4M3FN, 1, 4096, 4096), 1, 8),  # 16 x 8
     ((S.U4B8, 1, 4096, 14336), 1, 1),  # 112 slices, one block each: no cross-block sum at all
@@ -220,39 +220,37 @@ def pair_choice(weight, m, k, n, policy=None):
                                                                                               True, policy=policy)
 
 
-# (weight, M, K, N) -> the pair policy's choice (round 9c sweep, µs default -> pair in gemm.py's PAIR_* comment)
+# (weight, M, K, N) -> the pair policy's choice (GemmPolicy's pair_* fields)
 PAIRS = [
-    # one-block pairs of 4-bit weights and of the 8-bit 256 x 128 tile: 3 stages first (round 16, GemmPolicy.pair_stages)
+    # one-block pairs of 4-bit weights and of the 8-bit 256 x 128 tile: 3 stages first (GemmPolicy.pair_stages)
     ((S.U4B8, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),
-    ((S.U4B8, 16, 8192, 8192), (2, 8, 3, 1, 128, 2)),  # the 512 x 128 tile since round 18 (GemmPolicy.rows_wide_first)
+    ((S.U4B8, 16, 8192, 8192), (2, 8, 3, 1, 128, 2)),  # the 512 x 128 tile (GemmPolicy.rows_wide_first)
     ((S.U4B8, 1, 28672, 8192), (2, 4, 3, 1, 128, 2)),  # 56 steps per block, but swapped and the first-choice tile
-    ((S.U4B8, 16, 28672, 8192), (2, 8, 3, 1, 128, 2)),  # 28 steps of 512 x 128 (round 18; sweep r18d 38.70 -> 34.51)
-    # 4-bit: the 512 x 64 tile, 64 slices x 2, 4 steps per block on 4096^2 (round 14: sweep r14a, A/B r14b);
-    # 8-bit: the 256 x 64 tile (sweep r11a), 4 stages
+    ((S.U4B8, 16, 28672, 8192), (2, 8, 3, 1, 128, 2)),  # 28 steps of 512 x 128 (11%)
+    # 4-bit: the 512 x 64 tile, 64 slices x 2, 4 steps per block on 4096^2; 8-bit: the 256 x 64 tile, 4 stages
     ((S.U4B8, 1, 4096, 4096), (1, 4, 3, 1, 128, 2)),
     ((S.U4B8, 16, 4096, 4096), (1, 4, 3, 1, 128, 2)),
     ((S.U4B8, 1, 14336, 4096), (1, 4, 3, 1, 128, 2)),  # 14 steps per block (256 x 64: 28; 128 x 64: 56)
     ((S.FE4M3FN, 1, 4096, 4096), (1, 2, 4, 1, 128, 2)),
-    ((S.U4, 1, 4096, 4096), (1, 4, 3, 1, 128, 2)),  # zero points, 4 steps: pairs (A/B r14b: 7.18 -> 6.85 µs)
-    ((S.U4, 1, 14336, 4096), (1, 4, 3, 1, 128, 2)),  # zero points, 14 steps: pairs (r14b: 15.58 -> 14.14; 28
-    # steps of 256 x 64 lost in round 11b: 16.61 -> 17.80)
-    # no shape's pairs fill 90% of the SMs one block each; the first's fill 85% two blocks each (sweep r10i)
+    ((S.U4, 1, 4096, 4096), (1, 4, 3, 1, 128, 2)),  # zero points, 4 steps: pairs (5%)
+    ((S.U4, 1, 14336, 4096), (1, 4, 3, 1, 128, 2)),  # zero points, 14 steps: pairs (9%; 28 steps of 256 x 64 lost 7%)
+    # no shape's pairs fill 90% of the SMs one block each; the first's fill 85% two blocks each
     ((S.U4B8, 1, 4096, 14336), (2, 4, 3, 2, 224, 2)),
-    ((S.U4B8, 16, 4096, 14336), (2, 8, 3, 1, 112, 1)),  # not swapped: one block, 512 x 128 since round 18
+    ((S.U4B8, 16, 4096, 14336), (2, 8, 3, 1, 112, 1)),  # not swapped: one block, 512 x 128
     ((S.U4, 1, 4096, 14336), (2, 4, 6, 1, 112, 1)),  # zero points: as before
-    ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 224, 1)),  # swapped two-block kernels: aligned (round 14)
+    ((S.U4B8, 1, 8192, 28672), (2, 4, 3, 2, 224, 1)),  # swapped two-block kernels: aligned
     ((S.U4B8, 32, 8192, 8192), (2, 4, 6, 1, 128, 1)),  # two m16 blocks: no clusters
     ((S.FE4M3FN, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),  # (4, 2) gives 32 slices: the next shape, 64
     ((S.FE4M3FN, 16, 8192, 8192), (2, 4, 3, 1, 128, 2)),
     ((S.FE4M3FN, 1, 4096, 14336), (4, 2, 4, 1, 112, 2)),  # the grid the policy gave already: 56 x 2
-    # 8-bit at M = 9..16: the first tile whose 112 slices fill the SMs two blocks each, 16 steps per block (sweep r12f)
+    # 8-bit at M = 9..16: the first tile whose 112 slices fill the SMs two blocks each, 16 steps per block
     ((S.FE4M3FN, 16, 4096, 14336), (2, 2, 3, 2, 224, 2)),
     ((S.U8B128, 9, 4096, 14336), (2, 2, 3, 2, 224, 2)),
     ((S.FE4M3FN, 16, 8192, 28672), (4, 2, 4, 1, 132, 1)),  # 112 slices, but 64 steps per block: as before
     ((S.FE4M3FN, 8, 4096, 14336), (4, 2, 4, 1, 112, 2)),  # swapped: as before
     ((S.FE4M3FN, 1, 28672, 8192), (4, 2, 4, 1, 128, 1)),
-    ((S.U4, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),  # zero points, 16 steps: pairs (round 9d: 18.71 -> 17.12)
-    ((S.U4, 1, 28672, 8192), (2, 4, 3, 1, 128, 2)),  # zero points, 56 steps: long pairs (r17b: 41.37 -> 35.05)
+    ((S.U4, 1, 8192, 8192), (2, 4, 3, 1, 128, 2)),  # zero points, 16 steps: pairs (8%)
+    ((S.U4, 1, 28672, 8192), (2, 4, 3, 1, 128, 2)),  # zero points, 56 steps: long pairs (15%)
 ]
 
 
@@ -269,9 +267,8 @@ def test_pairs_off_is_the_policy_without_pairs():
 
 
 def test_pairs_long_range_exception_is_for_the_first_tile_without_act_order():
-    """56 steps per block: long pairs for u4b8 fp16 (M <= 8 since round 9, M <= 16 since round 10's late scaling), for
-    bf16 and zero points since round 17 (A/B r17b, after the per-warp pipeline for two tiles; they lost in rounds 9d /
-    9f), never for act-order groups (PAIR_MAX_STEPS_NOT_PLAIN)."""
+    """56 steps per block: long pairs for u4b8 at M <= 16 with fp16 or bf16 and for zero points (they lost before the
+    per-warp pipeline for two tiles), never for act-order groups (PAIR_MAX_STEPS_NOT_PLAIN)."""
     def pick(act, weight, m, per_row=False, policy=None):
         cfg = gemm.choose_config(act, weight, m, 8192, 28672, 128, per_row, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
                                  pairs=True, policy=policy)
@@ -281,10 +278,10 @@ def test_pairs_long_range_exception_is_for_the_first_tile_without_act_order():
         assert pick(S.BF16, S.U4B8, m) == (1, 128)
         assert pick(S.F16, S.U4, m) == (1, 128)
         assert pick(S.F16, S.U4B8, m, per_row=True)[0] == 2
-    # round 16's rules, as a policy (the A/B variant new-r16pairs)
-    r16 = replaced(pair_long_acts=(S.F16,), pair_long_zero_points=False, rows_wide_first=False)
-    assert pick(S.BF16, S.U4B8, 8, policy=r16) == (2, 256) and pick(S.F16, S.U4, 16, policy=r16) == (2, 256)
-    assert pick(S.F16, S.U4B8, 8, policy=r16) == (1, 128)
+    # the earlier rules (long pairs for fp16 alone), as a policy: an A/B variant
+    narrow = replaced(pair_long_acts=(S.F16,), pair_long_zero_points=False, rows_wide_first=False)
+    assert pick(S.BF16, S.U4B8, 8, policy=narrow) == (2, 256) and pick(S.F16, S.U4, 16, policy=narrow) == (2, 256)
+    assert pick(S.F16, S.U4B8, 8, policy=narrow) == (1, 128)
     # group 32 in the rows layout: a late-scaling flush per k16 tile (not measured with pairs): two blocks as before
     cfg = gemm.choose_config(S.F16, S.U4B8, 16, 8192, 28672, 32, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
                              pairs=True)
@@ -292,9 +289,9 @@ def test_pairs_long_range_exception_is_for_the_first_tile_without_act_order():
                                                          sm_smem=SM_SMEM, sms=SMS, pairs=True).blocks_per_sm == 1
 
 
-def test_two_block_pairs_take_bf16_since_round_17():
-    """u4b8 4096x14336 M <= 8 (112 slices of 128 columns): two blocks per SM in pairs on 224 for fp16 and bf16 (A/B
-    r17b: bf16 M = 1 12.46 -> 11.48 µs); zero points keep one block on 112."""
+def test_two_block_pairs_take_bf16():
+    """u4b8 4096x14336 M <= 8 (112 slices of 128 columns): two blocks per SM in pairs on 224 for fp16 and bf16 (bf16
+    M = 1: 8%); zero points keep one block on 112."""
     def pick(act, weight, m):
         cfg = gemm.choose_config(act, weight, m, 14336, 4096, 128, False, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,
                                  pairs=True)
@@ -323,7 +320,7 @@ def test_late_scale_mirrors_the_kernel_rule():
 
 
 def test_eight_bit_row_pairs_switch():
-    """pair_two_block_eight_bit_rows off (A/B variant new-no8bitpairs): FP8 4096 x 14336 at M = 16 back to one
+    """pair_two_block_eight_bit_rows off (an A/B variant): FP8 4096 x 14336 at M = 16 back to one
     block per SM on 112 blocks in clusters of two."""
     p = replaced(pair_two_block_eight_bit_rows=False)
     assert pair_choice(S.FE4M3FN, 16, 4096, 14336, policy=p) == (4, 2, 4, 1, 112, 2)
@@ -331,7 +328,7 @@ def test_eight_bit_row_pairs_switch():
 
 
 def test_rows_wide_tile_scope():
-    """Round 18's 512 x 128 tile (GemmPolicy.rows_wide_first) is for 4-bit rows-layout kernels with one m16 block (M = 9..16)
+    """The 512 x 128 tile (GemmPolicy.rows_wide_first) is for 4-bit rows-layout kernels with one m16 block (M = 9..16)
     and groups of >= 128 rows, where a block gets >= 8 stages of it; nothing else changes."""
     def tile(m, k=8192, n=8192, weight=S.U4B8, group=128, per_row=False, act=S.F16, pairs=True, policy=None):
         cfg = gemm.choose_config(act, weight, m, n, k, group, per_row, SMEM_LIMIT, sm_smem=SM_SMEM, sms=SMS,

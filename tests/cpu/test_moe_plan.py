@@ -411,13 +411,14 @@ def test_programmatic_layer_launches_the_same_kernels(fake, monkeypatch):
 
 
 @pytest.mark.parametrize("block, n, k, items, expected", [
-    (8, 1408, 2048, 6, (1, 2, 4, 1)),  # dsv2-lite M = 1: 6 items of 8 rows, one CTA per SM (A/B r16d: 8 -> 4 stages)
+    (8, 1408, 2048, 6, (1, 2, 4, 1)),  # dsv2-lite M = 1: 6 items of 8 rows, one CTA per SM, 4 stages (8 were slower)
     (32, 14336, 4096, 12, (2, 4, 4, 1)),  # mixtral M = 64: 32-row items (two m16 blocks)
     (8, 1408, 2048, 48, (2, 4, 3, 2)),  # dsv2-lite M = 8: enough items for two CTAs per SM, 3 stages as before
     (64, 14336, 4096, 64, (2, 1, 4, 1)),  # 64-row items: (4, 3) as before
 ])
 def test_fused_moe_stage_order(block, n, k, items, expected):
     """(n_tiles, k_warp, stages, CTAs per SM) on the H200's limits: one-CTA kernels of at most two m16 blocks take
-    MoePolicy.one_block_stages (4 first since round 16; 8 before)."""
+    MoePolicy.one_block_stages (4 first: one CTA with 8 stages was slower everywhere, docs/performance.md, "The fused
+    MoE kernel")."""
     cfg = moe.choose_moe_config(S.F16, S.U4B8, block, n, k, 128, items, 132, 227 * 1024, 228 * 1024)
     assert (cfg.n_tiles, cfg.k_warp, cfg.stages, cfg.blocks_per_sm) == expected

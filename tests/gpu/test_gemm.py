@@ -361,7 +361,7 @@ def test_cluster_slice_sums_equal_the_global_fp32_sums_bit_for_bit(case, expect,
     wt, gs, shard, act, m, k, n, sms, pairs = case
     if gemm.device_properties(cp.cuda.Device().id)[0] < 90:
         pytest.skip("thread-block clusters need sm_90")
-    # (the cases were picked for the tiles before round 18's 512 x 128 rows tile, which tests/gpu/
+    # (the cases were picked for the tiles without the 512 x 128 rows tile, which tests/gpu/
     # test_gemm_bench_shapes.py checks in clusters at full size); every cluster size the kernel takes
     clusters = dataclasses.replace(DEFAULT_GEMM_POLICY, pair_clusters=pairs, rows_wide_first=False, cluster_sums=True,
                                    cluster_sizes=gemm.KERNEL_CLUSTER_SIZES)

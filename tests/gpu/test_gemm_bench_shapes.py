@@ -35,19 +35,19 @@ CASES = ([(S.U4B8, 128, kn, m) for kn in LAYERS for m in (1, 8, 16, 64)]
          + [(S.FE4M3FN, -1, kn, m) for kn in ((8192, 8192), (8192, 28672), (28672, 8192)) for m in (1, 16)]
          + [(S.U8B128, 128, kn, m) for kn in ((8192, 8192), (8192, 28672)) for m in (1, 16)]
          + [(S.U4, 128, (8192, 28672), m) for m in (1, 16)]
-         # the 8-bit two-block pairs at M = 9..16 (GemmPolicy.pair_two_block_eight_bit_rows, round 12)
+         # the 8-bit two-block pairs at M = 9..16 (GemmPolicy.pair_two_block_eight_bit_rows)
          + [(wt, gs, (4096, 14336), m) for wt, gs in ((S.FE4M3FN, -1), (S.U8B128, 128)) for m in (9, 16)])
 CASES = [case + (np.float16,) for case in CASES]
-# round 14: the 512 x 64 pairs of 4-bit weights (GemmPolicy.four_bit_pair_shapes) with zero points and with bf16; bf16 on
+# the 512 x 64 pairs of 4-bit weights (GemmPolicy.four_bit_pair_shapes) with zero points and with bf16; bf16 on
 # the slice-aligned grid of swapped two-block kernels (GemmPolicy.aligned_swap_two_blocks)
 CASES += [(wt, 128, (14336, 4096), m, act) for wt, act in ((S.U4, np.float16), (S.U4B8, BF16)) for m in (1, 16)]
 CASES += [(S.U4B8, 128, (8192, 28672), 8, BF16)]
-# round 17: long one-block pairs for zero points and bf16 (GemmPolicy.pair_long_acts / pair_long_zero_points: 56 steps a
+# long one-block pairs for zero points and bf16 (GemmPolicy.pair_long_acts / pair_long_zero_points: 56 steps a
 # block on 28672 x 8192), bf16 in the swapped two-block pairs (GemmPolicy.two_block_pair_acts: 4096 x 14336 at M <= 8)
 CASES += [(S.U4, 128, (28672, 8192), m, np.float16) for m in (1, 16)]
 CASES += [(S.U4B8, 128, (28672, 8192), m, BF16) for m in (1, 16)]
 CASES += [(S.U4B8, 128, (4096, 14336), m, BF16) for m in (1, 8)]
-# round 18: the 512 x 128 tile at M = 9..16 (GemmPolicy.rows_wide_first): alone on the aligned grid (4096 x 14336), in pairs
+# the 512 x 128 tile at M = 9..16 (GemmPolicy.rows_wide_first): alone on the aligned grid (4096 x 14336), in pairs
 # (8192^2), striped (8192 x 28672); M below 16, zero points and bf16
 CASES += [(S.U4B8, 128, (8192, 8192), 9, np.float16), (S.U4, 128, (4096, 14336), 12, np.float16),
           (S.U4B8, 128, (4096, 14336), 16, BF16), (S.U4B8, 128, (8192, 28672), 13, BF16)]
@@ -130,7 +130,7 @@ def test_two_full_grids_on_two_streams_finish_and_match_their_serial_results():
                          ids=lambda v: str(v))
 def test_programmatic_plans_keep_their_planned_blocks_per_sm(wt, gs, kn, m):
     """GemmPolicy.programmatic_pin_occupancy: a programmatic launch's shared memory lets no more blocks share an SM than
-    its plan counts on (round 12a: the first two cells lost 15-33% when the next grid's blocks stacked two to an SM
+    its plan counts on (unpinned, the first two cells lost 15-33% when the next grid's blocks stacked two to an SM
     on the SMs the grid before left idle; the last two plan two blocks per SM)."""
     device = cp.cuda.Device().id
     if not gemm.programmatic_launches(device):

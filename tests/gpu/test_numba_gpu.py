@@ -234,7 +234,7 @@ def test_non_contiguous_cupy_array_is_a_clear_error(rng):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Round 3/4 variants at real shapes: every switch value of the wrappers, compiled integer semantics, poisoned outputs
+# The policy's variants at real shapes: every switch value of the wrappers, compiled integer semantics, poisoned outputs
 # ---------------------------------------------------------------------------------------------------------------
 ROUND3_SHAPES = [(4096, 14336), (14336, 4096), (16, 64)]
 

@@ -235,7 +235,8 @@ def test_direct_unpack_with_several_k_tiles_per_thread(bits, target, k_tiles_per
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Round 3 variants: every one against the reference, poisoned outputs, several experts, partial blocks
+# The inverse tile, the AWQ inverse's store forms, two-pass act-order: each against the reference, poisoned
+# outputs, several experts, partial blocks
 # ---------------------------------------------------------------------------------------------------------------
 def test_transpose_tile_inverse(rng):
     """Marlin -> row-major FP8 through the inverse tile: K = 144 (one full block of 8 k-tiles, one with 1), 2
@@ -386,3 +387,14 @@ def test_old_module_switches_are_deprecated_shims_over_the_policy():
         assert kr._policy.per_bits("perm_k_tiles_per_thread", 4) == 1
     finally:
         kr.__dict__["_policy"] = saved
+
+
+def test_removed_transpose_inverse_mode_warns_and_changes_nothing():
+    """TRANSPOSE_INVERSE_MODE went with the inverse tile's earlier modes: writing it warns that it has no effect and
+    leaves the policy as it was; reading it warns and gives the one mode left."""
+    saved = kr._policy
+    with pytest.warns(DeprecationWarning, match="TRANSPOSE_INVERSE_MODE was removed and has no effect"):
+        kr.TRANSPOSE_INVERSE_MODE = "loads_first"
+    assert kr._policy is saved and "TRANSPOSE_INVERSE_MODE" not in vars(kr)
+    with pytest.warns(DeprecationWarning, match="was removed"):
+        assert kr.TRANSPOSE_INVERSE_MODE == "staged_marlin"

@@ -35,7 +35,6 @@ Every public name of those modules is importable from ``workbench.gemm`` itself.
 """
 from __future__ import annotations
 
-from workbench import cuda as rt  # noqa: F401  (re-exported: callers reach the runtime as gemm.rt)
 from workbench.policy import DEFAULT_GEMM_POLICY, GEMM_GLOBALS, GemmPolicy, install_deprecated_globals
 from workbench.scalar_types import ScalarType  # noqa: F401
 
@@ -64,6 +63,5 @@ from workbench.gemm_abi import (ABI_VERSION, ACT_TYPES, FLAG_DETERMINISTIC, FLAG
                                 MarlinMmProblem, MarlinMmRequest)
 
 _default = default_policy
-_THREAD_SHAPES = THREAD_SHAPES  # (bench/sweep_gemm.py reads it by this name)
 
 install_deprecated_globals(__name__, GEMM_GLOBALS, "workbench.policy.DEFAULT_GEMM_POLICY")

@@ -52,8 +52,8 @@ def _resident_blocks(kernel, smem_bytes: int) -> int:
 
     The query is a driver-API call: it needs a current context in the calling thread. precompile() loads kernels in
     fresh worker threads, where CuPy's device switch alone may leave none current; the query then failed, the
-    fallback said 1, and two-block kernels ran on half their grid (H200, 8192 x 28672 M = 1: 61.6 instead of 54.4
-    µs; round-6 device call 4). cudaFree(0) binds the device's primary context to the thread first."""
+    fallback said 1, and two-block kernels ran on half their grid (13% slower on the H200, 8192 x 28672 M = 1).
+    cudaFree(0) binds the device's primary context to the thread first."""
     try:
         driver, runtime = _driver_apis()
         if not driver.ctxGetCurrent():
@@ -69,7 +69,7 @@ def resident_blocks(name_expression: str, device: int) -> int:
 
 def programmatic_launches(device: int, programmatic: bool | None = None) -> bool:
     """Whether launches on ``device`` are programmatic dependent launches: ``programmatic`` (None: the default
-    GemmPolicy's ``programmatic_launch``) on an sm_90+ device. The dense GEMM's and the MoE kernels' (workbench/moe.py).
+    GemmPolicy's ``programmatic_launch``) on an sm_90+ device. The dense GEMM's and the MoE kernels' (workbench/moe/).
 
     A programmatic launch lets a kernel's blocks be scheduled while the kernel before it in the stream finishes; they
     fetch their first weight stage at once and wait (griddepcontrol.wait, kernels_cuda/mma.cuh) before they read the

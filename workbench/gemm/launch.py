@@ -163,8 +163,8 @@ class PreparedLaunch:
                         cfg, cluster=cluster_blocks(cfg, m, n, k, self.grid, 90, True, policy=policy))
             if cfg.cluster > 1 and self.grid // cfg.cluster > kernels.resident_clusters(cfg, self.device, self.grid):
                 # clusters that do not all fit at once run in a second wave (the H200 keeps 30 clusters of 4 of a
-                # one-block-per-SM kernel, not the 32 a 128-block grid needs: bench/cluster_occupancy.py); the same
-                # grid sums in global memory instead
+                # one-block-per-SM kernel, not the 32 a 128-block grid needs: docs/performance.md, "The dense GEMM");
+                # the same grid sums in global memory instead
                 cfg = self.cfg = dataclasses.replace(cfg, cluster=1)
             self._kernel = kernels.get_kernel(cfg.name_expression, self.device, self.smem)
             self._function = kernels.function_ptr(cfg.name_expression, self.device, self.smem)
@@ -205,7 +205,7 @@ class PreparedLaunch:
                        *fast_div_plan(k // cfg.block_k), *fast_div_plan(n // cfg.block_n)]
 
     def set_grid(self, blocks: int) -> None:
-        """Launch ``blocks`` blocks instead of the planned grid (bench/sweep_gemm.py's forced grids): the kernel's
+        """Launch ``blocks`` blocks instead of the planned grid (a forced grid: prepare_launch's ``grid``): the kernel's
         division plan and the programmatic launch's configuration, built for the planned grid, follow."""
         self.grid = int(blocks)
         if self.m > 0:
@@ -276,7 +276,8 @@ def prepare_launch(launch: MarlinLaunch, *, config: KernelConfig | None = None, 
     """check_launch on the device's properties, then the prepared launch (cached per record layout and policy).
 
     ``config`` / ``grid`` force the kernel configuration and the number of blocks instead of choose_config /
-    grid_blocks (bench/sweep_gemm.py times the alternatives): checked by ``_prepare_forced``, never cached."""
+    grid_blocks, to time or check a partition the policy would not choose (the alternatives a policy rule is
+    measured against): checked by ``_prepare_forced``, never cached."""
     if not isinstance(launch, MarlinLaunch):
         raise TypeError(f"expected a MarlinLaunch record, got {type(launch).__name__}")
     policy = policy or _default()

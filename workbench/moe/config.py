@@ -113,7 +113,8 @@ _MAX_CACHED = 1024  # entries per cache: a serving loop sees a few dozen shapes;
 
 def cached_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int, items_hint: int,
                       sms: int, smem_limit: int, sm_smem: int, policy: MoePolicy | None = None) -> MoeConfig:
-    """choose_moe_config, remembered per arguments and policy (choose_moe_config costs tens of µs, twice a layer)."""
+    """choose_moe_config, remembered per arguments and policy (choose_moe_config costs more host time than
+    the launch it configures, twice a layer)."""
     policy = policy or _default()
     key = (act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms, smem_limit, sm_smem, policy)
     cfg = _config_cache.get(key)

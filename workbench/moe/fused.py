@@ -125,7 +125,8 @@ def launch_fused_phase(cfg: MoeConfig, grid: int, device: int, policy: MoePolicy
     """One fused GEMM phase on checked arguments: ``values`` in the kernel's parameter order
     (PLAN_ARG_KINDS["marlin_moe"]: addresses, then int32 scalars), launched programmatically (the policy's
     programmatic_launch on sm_90+, shared memory pinned as the dense GEMM's) or plainly. The launch and argument
-    block are made once per (kernel, device, grid, form) and reused under a lock (making them costs tens of µs)."""
+    block are made once per (kernel, device, grid, form) and reused under a lock (making them costs more host time
+    than a launch)."""
     programmatic = gemm_kernels.programmatic_launches(device, policy.programmatic_launch)
     key = (cfg.name_expression, device, grid, cfg.blocks_per_sm, programmatic,
            programmatic and policy.programmatic_pin_occupancy)

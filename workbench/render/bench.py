@@ -20,6 +20,7 @@ in microseconds; ``gbs`` is the bytes the cell must move divided by that time.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import re
 from numbers import Real
@@ -35,6 +36,7 @@ _META_KEYS = {"gpu": str, "sms": int, "date": str, "commit": str, "torch": str, 
               "ceilings": dict, "method": dict, "peers": dict}
 _CEILING_KEYS = {"copy_gbs": (_NUMBER, None), "read_gbs": (_NUMBER, None), "mma_tflops": (_NUMBER, None),
                  "cublas_tflops": (_NUMBER, None)}
+CEILING_KEYS = tuple(_CEILING_KEYS)
 GPU_FAMILIES = ("gemm", "moe", "repack")  # their files must carry the bandwidth ceilings; a CPU run has none
 _COMMON_ROW_KEYS = {"method": str, "us": _NUMBER}
 ROW_KEYS = {
@@ -117,7 +119,7 @@ def validate_results(doc, source: str = "results", family: str | None = None) ->
             if key in keys and row[key] not in allowed:
                 raise ResultsSchemaError(f"{source}: {where}[{key!r}] is {row[key]!r}, not one of "
                                          f"{', '.join(allowed)}")
-        if row["us"] <= 0:
+        if not (math.isfinite(row["us"]) and row["us"] > 0):
             raise ResultsSchemaError(f"{source}: {where}['us'] must be a positive time, got {row['us']!r}")
     return doc
 
