@@ -155,3 +155,18 @@ def test_dense_gemm_on_interface_arrays_launches_what_cupy_arrays_launch():
     assert (f0, g0, b0, s0, st0) == (f1, g1, b1, s1, st1) and args0[8:] == args1[8:]
     assert args1[0] == foreign["a"].like.data.ptr and args1[2] == got.data.ptr and args2[2] == again.data.ptr
     assert plans == plans_again, "the views' plan serves the next call"
+
+
+def test_torch_and_numpy_dtypes_map_both_ways_including_raw_bits():
+    # bf16 scales travel to the layout kernels as uint16 bit patterns: the runtime must take that dtype from torch
+    # and allocate it for torch callers (this missing entry failed the torch layout ops on a GPU)
+    torch = pytest.importorskip("torch")
+    import ml_dtypes
+    from workbench.cuda.arrays import _torch_numpy_dtype, numpy_to_torch_dtype
+
+    for np_dtype in (np.float16, ml_dtypes.bfloat16, np.float32, np.int32, np.uint16, np.uint8, np.int8):
+        t = numpy_to_torch_dtype(np_dtype)
+        assert torch.empty(0, dtype=t).element_size() == np.dtype(np_dtype).itemsize
+        assert _torch_numpy_dtype(t) == np.dtype(np_dtype)
+    with pytest.raises(TypeError, match="complex64"):
+        numpy_to_torch_dtype(np.complex64)

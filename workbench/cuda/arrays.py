@@ -76,6 +76,9 @@ def _torch_numpy_dtype(dtype) -> np.dtype:
                          torch.float32: np.dtype(np.float32), torch.int32: np.dtype(np.int32),
                          torch.int64: np.dtype(np.int64), torch.uint8: np.dtype(np.uint8),
                          torch.int8: np.dtype(np.int8), torch.int16: np.dtype(np.int16)}
+        # raw bit patterns (bf16 scales travel as uint16); torch has unsigned 16/32-bit dtypes since 2.3
+        _torch_dtypes.update({getattr(torch, name): np.dtype(name) for name in ("uint16", "uint32")
+                              if hasattr(torch, name)})
     try:
         return _torch_dtypes[dtype]
     except KeyError:
@@ -83,14 +86,14 @@ def _torch_numpy_dtype(dtype) -> np.dtype:
 
 
 def numpy_to_torch_dtype(dtype):
+    """The inverse of ``_torch_numpy_dtype`` (one table for both directions)."""
     import torch
 
+    _torch_numpy_dtype(torch.float16)  # builds the table
     dtype = np.dtype(dtype)
-    for t, n in ((torch.float16, np.float16), (torch.float32, np.float32), (torch.int32, np.int32)):
-        if dtype == n:
+    for t, n in _torch_dtypes.items():
+        if n == dtype:
             return t
-    if dtype.name == "bfloat16":
-        return torch.bfloat16
     raise TypeError(f"dtype {dtype} has no torch counterpart here")
 
 
