@@ -1,11 +1,16 @@
 """One compile path for the CUDA C++ kernels (kernels_cuda/): a source with its local headers inlined, compiled by
-NVRTC through CuPy's RawModule for the device's architecture, once per process and (instantiation, device).
+NVRTC through CuPy's RawModule for the device's architecture, once per process and (instantiation, device). Every
+C++ kernel of the project is built here (the GEMM and the MoE kernels); nothing else calls RawModule.
 
-On disk, the cubins live in CuPy's kernel cache (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``): CuPy names
-each file by a hash of the source, the NVRTC version, the options, the target architecture and the name
-expressions (read in CuPy 14.2's compiler). Whether its write is safe across processes is CuPy's to guarantee
-(earlier CuPy versions write through a temporary file and a rename, with a content hash a reader checks; 14.2's
-write was not read); a cache of our own would sit here.
+On disk, the cubins live in CuPy's kernel cache (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``), which is the
+cache this project relies on rather than a second one of its own. What it guarantees, read in CuPy 14.2's
+``cupy/cuda/compiler.py`` (``_compile_with_cache_cuda``) and ``cupy/cuda/_compiler_cache.py``:
+- the file name is a hash of the target architecture, the options, the NVRTC version, the compiler's output for an
+  empty file (its internal version), the source and the name expressions: a change of any of them is a new entry;
+- a write goes to a temporary file in the cache folder and is renamed over the entry (``os.replace``), so a reader in
+  another process sees a whole file or none; every file starts with a hash of its cubin, checked on load, so a
+  damaged entry is recompiled instead of loaded.
+The ``[cuda]`` extra therefore asks for CuPy 14.2 or later.
 """
 from __future__ import annotations
 
