@@ -408,8 +408,11 @@ def _interrupt(tmp_path, src, sig) -> subprocess.CompletedProcess:
     """Start a repack, send ``sig`` once its first output bytes exist, return the finished process."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": ROOT}
+    # SIGINT back to its default in the child: a test runner started in the background (``cmd &``) hands its
+    # children SIGINT ignored, and Python then keeps it ignored, as a user's background job would
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "repack", src, "--out", str(out), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     partial = tmp_path / "out.partial"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
