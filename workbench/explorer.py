@@ -220,7 +220,8 @@ def layout_explorer(**kwargs) -> LayoutExplorer:
 # ---------------------------------------------------------------------------------------------------------------
 # index-map inspector
 # ---------------------------------------------------------------------------------------------------------------
-MAPS = ("scale P64 (grouped)", "scale P32 (channelwise)", "block-FP8 word sources", "block-FP8 scale sources")
+MAPS = ("scale P64 (grouped)", "scale P32 (channelwise)", "scale P64 + [0,2,1,3] shuffle (NVFP4, MX)",
+        "block-FP8 word sources", "block-FP8 scale sources")
 
 
 class IndexMapInspector:
@@ -278,7 +279,14 @@ class IndexMapInspector:
 
     def refresh(self) -> None:
         which, size_k, size_n, d = self.which.value, self.size_k.value, self.size_n.value, self.index.value
-        if which.startswith("scale"):
+        if which.endswith("(NVFP4, MX)"):
+            permuted, shuffled = rtile.microscale_scale_chunk()
+            fig = rtile.render_microscale_scale_shuffle(d)
+            src = int(shuffled[d])
+            rows = [("destination d", d), ("checkpoint column", src),
+                    ("P64 put it at", int(np.flatnonzero(permuted == src)[0])),
+                    ("P64 alone would leave there", int(permuted[d]))]
+        elif which.startswith("scale"):
             width = 64 if "P64" in which else 32
             perm = rscales.PERMS[width]
             fig = rscales.render_scale_permutation(width, d)

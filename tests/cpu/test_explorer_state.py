@@ -188,3 +188,21 @@ def test_an_unknown_format_or_group_is_refused_by_name():
         ex.LayoutExplorer(fmt="nvfp8")
     with pytest.raises(ValueError, match=r"group_size = 16 is not one of \[-1, 32\] for K = 32"):
         ex.LayoutExplorer(fmt="u4b8", group_size=16)
+
+
+def test_the_scale_shuffle_view_is_the_mx_scale_route():
+    """The inspector's third map draws what mx_marlin_scales does to one 64-chunk of distinct codes."""
+    size_k, size_n = 64, 64
+    codes = (np.arange(size_n)[:, None] + np.array([[0, 64]])).astype(np.uint8)  # [N, 2]: column n of group g
+    marlin = f4.mx_marlin_scales(codes, size_k, size_n, "mxfp4")
+    permuted, shuffled = ex.rtile.microscale_scale_chunk()
+    assert np.array_equal(marlin[0], shuffled) and np.array_equal(marlin[1], shuffled + 64)
+    assert np.array_equal(shuffled, f4.shuffle_scales(permuted)) and not np.array_equal(shuffled, permuted)
+    i = ex.IndexMapInspector(which="scale P64 + [0,2,1,3] shuffle (NVFP4, MX)", index=9, dpi=20)
+    assert i.size_k.layout.display == "none"
+    assert "<td>checkpoint column</td><td>17</td>" in i.info.value and "<td>P64 put it at</td><td>10</td>" in i.info.value
+    fig = ex.rtile.render_microscale_scale_shuffle(9)
+    labels = [int(t.get_text()) for t in fig.axes[-1].texts]
+    assert labels == shuffled.tolist()
+    with pytest.raises(ValueError, match="selected = 64 is outside a 64-chunk"):
+        ex.rtile.render_microscale_scale_shuffle(64)

@@ -442,3 +442,40 @@ def words_html(words: np.ndarray, rows: int = 4, cols: int = 8, caption: str = "
     body = [[f"[{r}]"] + [hex_word(v) for v in corner[r]] for r in range(corner.shape[0])]
     return HTML(html_table([""] + [f"[{c}]" for c in range(corner.shape[1])], body,
                            caption=caption or f"shape {tuple(words.shape)}, dtype {words.dtype}"))
+
+
+def microscale_scale_chunk() -> tuple[np.ndarray, np.ndarray]:
+    """(after the permutation, after the shuffle): the checkpoint column that each of the 64 Marlin positions of one
+    chunk holds, for any grouped microscaled layer (two groups of 32 along K: P64), through ``fp4_marlin``'s route."""
+    size_k, size_n, group = 64, 64, 32
+    index = np.tile(np.arange(size_n, dtype=np.int64), (size_k // group, 1))  # [ng, N]: each scale's own column
+    permuted = permute_scales(index, size_k, size_n, group)
+    return permuted[0], fp4_marlin.shuffle_scales(permuted)[0]
+
+
+def render_microscale_scale_shuffle(selected: int | None = None):
+    """One 64-chunk of NVFP4 / MX scales: checkpoint order, after P64, after the [0, 2, 1, 3] shuffle (8 × 8 each,
+    each cell labelled with the checkpoint column it holds, coloured by that column's row of the left grid)."""
+    permuted, shuffled = microscale_scale_chunk()
+    source = np.arange(permuted.size)
+    fig, axes = new_figure(12, 4.2, ncols=3)
+    for ax, order, title in ((axes[0], source, "checkpoint scales, one 64-chunk (column i)"),
+                             (axes[1], permuted, "after P64: out[d] = in[P64[d]]"),
+                             (axes[2], shuffled, "after the shuffle: [0, 2, 1, 3] in every four")):
+        draw_grid(ax, (order // 8).reshape(8, 8), count=8, cmap="Set2", labels=order.reshape(8, 8), fontsize=8)
+        separators(ax, None, 4, (8, 8), color="black", linewidth=1.2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(8))
+        ax.set_yticks(range(8))
+    if selected is not None:
+        if not 0 <= int(selected) < source.size:
+            raise ValueError(f"selected = {selected} is outside a 64-chunk")
+        d = int(selected)
+        src = int(shuffled[d])
+        via = int(np.flatnonzero(permuted == src)[0])
+        outline(axes[2], *divmod(d, 8))
+        outline(axes[1], *divmod(via, 8))
+        outline(axes[0], *divmod(src, 8))
+        fig.suptitle(f"Marlin position {d} holds checkpoint column {src} (P64 put it at {via}, the shuffle moved it"
+                     f"{' nowhere' if via == d else f' to {d}'})", fontsize=10)
+    return fig
