@@ -20,7 +20,8 @@ from workbench.render import scales as rscales
 from workbench.render import tile as rtile
 from workbench.render._draw import html_table
 
-FORMATS = ("u4b8", "u4", "u8b128", "u8", "fe4m3fn")
+MICROSCALE_FORMATS = ("nvfp4", "mxfp4", "mxfp8")  # their group size is fixed by the format (formats.microscale)
+FORMATS = ("u4b8", "u4", "u8b128", "u8", "fe4m3fn") + MICROSCALE_FORMATS
 K_CHOICES = (16, 32, 64, 128)
 N_CHOICES = (64, 128, 192, 256)
 GROUP_CHOICES = (-1, 32, 64, 128)
@@ -58,22 +59,45 @@ def _display_widget(widget, summary: str) -> None:
     display(widget_bundle(widget, summary), raw=True)
 
 
-def _groups_for(size_k: int) -> list[int]:
-    return [g for g in GROUP_CHOICES if g == -1 or (g <= size_k and size_k % g == 0)]
+def _groups_for(size_k: int, fmt: str = FORMATS[0]) -> list[int]:
+    """The group sizes the dropdown offers. A microscaling format offers its own group (even where K does not hold a
+    whole one: the widget then says why) beside the others, so that choosing another shows the format's rule."""
+    groups = [g for g in GROUP_CHOICES if g == -1 or (g <= size_k and size_k % g == 0)]
+    micro = rtile.microscale_of(fmt)
+    if micro is not None and micro.group_size not in groups:
+        groups = sorted(groups + [micro.group_size], key=lambda g: (g != -1, g))
+    return groups
+
+
+def _default_group(fmt: str, groups: list[int], previous: int) -> int:
+    micro = rtile.microscale_of(fmt)
+    if micro is not None:
+        return micro.group_size
+    return previous if previous in groups else -1
 
 
 class LayoutExplorer:
     """Choose format, K, N, group size and a position; see its path in the source matrix and the packed tensor."""
 
-    def __init__(self, fmt: str = "u4b8", size_k: int = 32, size_n: int = 128, group_size: int = -1,
+    def __init__(self, fmt: str = "u4b8", size_k: int = 32, size_n: int = 128, group_size: int | None = None,
                  k: int = 5, n: int = 70, color_by: str = "subblock", dpi: int = DPI):
         self.dpi = dpi
         self._syncing = False
         style = {"description_width": "initial"}
+        if fmt not in FORMATS:
+            raise ValueError(f"fmt = {fmt!r} is not one of the explorer's formats {FORMATS}")
+        groups = _groups_for(size_k, fmt)
+        if group_size is None:  # the format's own group for a microscaling format, else channelwise
+            group_size = _default_group(fmt, groups, -1)
+        if group_size not in groups:
+            if rtile.microscale_of(fmt) is None:
+                raise ValueError(f"group_size = {group_size!r} is not one of {groups} for K = {size_k}")
+            # a Dropdown refuses a value outside its options: add it, and the widget says why the format refuses it
+            groups = sorted(groups + [group_size], key=lambda g: (g != -1, g))
         self.fmt = widgets.Dropdown(options=FORMATS, value=fmt, description="format")
         self.size_k = widgets.Dropdown(options=K_CHOICES, value=size_k, description="K")
         self.size_n = widgets.Dropdown(options=N_CHOICES, value=size_n, description="N")
-        self.group_size = widgets.Dropdown(options=_groups_for(size_k), value=group_size, description="group size",
+        self.group_size = widgets.Dropdown(options=groups, value=group_size, description="group size",
                                            style=style)
         self.color_by = widgets.Dropdown(options=list(rtile.COLOR_BY), value=color_by, description="colour by",
                                          style=style)
@@ -132,10 +156,10 @@ class LayoutExplorer:
             self.n.max = self.size_n.value - 1
             self.word.max = self._words() - 1
             self.field.max = pack_factor(self.bits) - 1
-            groups = _groups_for(self.size_k.value)
+            groups = _groups_for(self.size_k.value, self.fmt.value)
             previous = self.group_size.value
             self.group_size.options = groups
-            self.group_size.value = previous if previous in groups else -1
+            self.group_size.value = _default_group(self.fmt.value, groups, previous)
         finally:
             self._syncing = False
         self._sync_word_field()
@@ -196,7 +220,8 @@ def layout_explorer(**kwargs) -> LayoutExplorer:
 # ---------------------------------------------------------------------------------------------------------------
 # index-map inspector
 # ---------------------------------------------------------------------------------------------------------------
-MAPS = ("scale P64 (grouped)", "scale P32 (channelwise)", "block-FP8 word sources", "block-FP8 scale sources")
+MAPS = ("scale P64 (grouped)", "scale P32 (channelwise)", "scale P64 + [0,2,1,3] shuffle (NVFP4, MX)",
+        "block-FP8 word sources", "block-FP8 scale sources")
 
 
 class IndexMapInspector:
@@ -254,7 +279,14 @@ class IndexMapInspector:
 
     def refresh(self) -> None:
         which, size_k, size_n, d = self.which.value, self.size_k.value, self.size_n.value, self.index.value
-        if which.startswith("scale"):
+        if which.endswith("(NVFP4, MX)"):
+            permuted, shuffled = rtile.microscale_scale_chunk()
+            fig = rtile.render_microscale_scale_shuffle(d)
+            src = int(shuffled[d])
+            rows = [("destination d", d), ("checkpoint column", src),
+                    ("P64 put it at", int(np.flatnonzero(permuted == src)[0])),
+                    ("P64 alone would leave there", int(permuted[d]))]
+        elif which.startswith("scale"):
             width = 64 if "P64" in which else 32
             perm = rscales.PERMS[width]
             fig = rscales.render_scale_permutation(width, d)

