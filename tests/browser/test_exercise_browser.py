@@ -105,6 +105,9 @@ def test_shrinking_k_under_a_group_size_keeps_the_explorer_consistent(jupyter_la
             _open_and_run(page, base, token, name)
             page.wait_for_selector(".wb-layout-explorer .wb-word", timeout=90_000)
             dropdowns = page.locator(".wb-layout-explorer .widget-dropdown select")  # format, K, N, group, colour
+            # run-all ends at the notebook's last cell and JupyterLab leaves cells out of view unrendered: bring the
+            # first explorer back before reading it
+            page.locator(".wb-layout-explorer").first.scroll_into_view_if_needed()
             _wait_for_word(page, 5, 70)  # the notebook opens at (k=5, n=70), K=32, N=128
             dropdowns.nth(1).select_option(label="128")
             _wait_for_path(page, "K=128 N=128 group_size=-1")  # the k slider now reaches 127
