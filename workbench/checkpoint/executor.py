@@ -33,6 +33,12 @@ class Executor:
         return self.kind if self.kind != "dask" else SCHEME + self.address[len("tcp://"):]
 
 
+def is_killed_worker(exc: BaseException) -> bool:
+    """Whether a task failed because its workers kept dying (dask's ``KilledWorker``, matched by name so that this
+    module imports dask only when a cluster is used)."""
+    return type(exc).__name__ == "KilledWorker"
+
+
 def parse_executor(text: str) -> Executor:
     """``serial`` | ``local`` | ``dask://HOST:PORT`` -> Executor (a ValueError naming the text otherwise)."""
     if text in ("serial", "local"):
@@ -157,7 +163,7 @@ def _collect(finished, futures, executor, folder, on_shard, stats, bar) -> None:
             raise KeptPartialError(f"{exc.filename or os.path.join(folder, job.name)}: {exc.strerror or exc} on a"
                                    f" worker while writing {job.name}") from None
         except Exception as exc:
-            if type(exc).__name__ == "KilledWorker":
+            if is_killed_worker(exc):
                 raise KeptPartialError(f"--executor {executor}: the workers running {job.name} died"
                                        f" {_allowed_failures()} times (killed, or out of memory); the files finished"
                                        " so far are kept") from None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workbench.checkpoint.convert import compare_with_source
-from workbench.checkpoint.executor import check_shared, check_workers, connect, parse_executor
+from workbench.checkpoint.executor import check_shared, check_workers, connect, is_killed_worker, parse_executor
 from workbench.checkpoint.files import CheckpointError, is_regular, open_regular, read_json
 from workbench.checkpoint.layers import discover
 from workbench.checkpoint.marlin_ckpt import open_marlin
@@ -225,7 +225,7 @@ def _run_layers(marlin, src, specs, max_problems, where, workers, retries, worke
                 try:
                     yield fut.result()
                 except Exception as exc:
-                    if type(exc).__name__ == "KilledWorker":
+                    if is_killed_worker(exc):
                         raise CheckpointError(f"--executor {where}: the workers checking layer"
                                               f" {futures[fut].name!r} kept dying (killed, or out of memory); rerun"
                                               " with --resume to skip the layers already checked") from None
