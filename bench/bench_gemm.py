@@ -3,6 +3,7 @@
     python bench/bench_gemm.py [--out bench/results] [--m 1,16,32,64,128,256] [--wtypes u4b8,fe4m3fn,u4,u8b128]
                                [--peers cublas,vllm_marlin,humming] [--peers-src _dev/peers_src]
                                [--vllm-wtypes u4b8,fe4m3fn] [--launch graph,plain] [--budget-s 300]
+                               [--modes default,batch_invariant]
 
 Method: bench/timing.py (graphs and plain launches over inputs rotated past 3 x L2, interleaved medians). Weights are
 random words (speed does not depend on their values). vLLM's Marlin runs on our arrays (the format is the same
@@ -11,6 +12,8 @@ x |a| @ |W|, fp32 accumulation in different orders), reported as ``agree_vllm`` 
 |ours - vllm| / bound). humming gets its own random weights of the same type and shape (its layout differs).
 ``us`` per call; ``gbs`` = (weights + scales [+ zero points] + A + C) bytes / time. ``pdl``: ours with
 programmatic dependent launches (the default on sm_90) or without (the GEMM before it in a graph cannot overlap).
+``mode``: ours in the default mode or with ``batch_invariant=True`` (its cost is the ratio of the two; rows of
+ours carry ``mode``, and invariant rows ``vs_default``, their time over the default's in the same cell).
 Writes OUT/gemm.json (schema: bench/README.md). ``--budget-s``: wall seconds after which remaining layers and
 optional types are skipped (the rows say what ran).
 """
@@ -98,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--vllm-wtypes", default="u4b8,fe4m3fn")
     p.add_argument("--humming-wtypes", default="u4b8")
     p.add_argument("--launch", default="graph,plain")
+    p.add_argument("--modes", default="default", help="ours: default and/or batch_invariant")
     p.add_argument("--budget-s", type=float, default=0, help="skip what remains after this many seconds (0: none)")
     p.add_argument("--append", action="store_true", help="add to the rows of an existing OUT/gemm.json")
     p.add_argument("--humming-ready", help="PREFIX: time humming on a layer only once PREFIX.KxN exists (written "
@@ -115,6 +119,7 @@ def main(argv=None) -> int:
     wtypes = args.wtypes.split(",")
     peers = set(args.peers.split(",")) if args.peers else set()
     launches = args.launch.split(",")
+    modes = args.modes.split(",")
     dev = timing.device()
     ceil = timing.ceilings(dev)
     print(f"{dev.name}: {dev.sms} SMs, L2 {dev.l2_bytes >> 20} MiB, ceilings {ceil}", flush=True)
@@ -128,7 +133,19 @@ def main(argv=None) -> int:
     policy_nopdl = dataclasses.replace(DEFAULT_GEMM_POLICY, programmatic_launch=False)
     programmatic = gemm.programmatic_launches(torch.cuda.current_device())
     cfgs = [gemm.config_for(ScalarType.F16, ScalarType.parse(w), m, n, k, GROUP[w], False)
-            for w in wtypes for k, n in layers for m in ms]
+            for w in wtypes for k, n in layers for m in ms] if "default" in modes else []
+    if "batch_invariant" in modes:
+        smem_limit = gemm.device_properties(torch.cuda.current_device())[2]
+        for w in wtypes:
+            for k, n in layers:
+                for m in ms:
+                    cfg = gemm.geometry.choose_invariant_config(ScalarType.F16, ScalarType.parse(w), m, n, k,
+                                                                GROUP[w], False, smem_limit)
+                    cfgs.append(cfg)
+                    split = gemm.geometry.invariant_split(cfg, n, k, dev.sms)
+                    _, rows, grid = gemm.geometry.invariant_launches(cfg, m, n, k, dev.sms, split)[0]
+                    cfgs.append(dataclasses.replace(cfg, cluster=gemm.cluster_blocks(cfg, rows, n, k, grid, 90,
+                                                                                     True)))
     gemm.precompile(cfgs, workers=16)
     compile_key = "ours_compile_s_" + "_".join(wtypes)
     notes[compile_key] = round(time.time() - t0, 1)
@@ -218,13 +235,18 @@ def main(argv=None) -> int:
                 nb = weight_bytes(k, n, wt.bits, GROUP[w], wt.has_zero_points) + io_bytes
                 c = torch.empty(m, n, device="cuda", dtype=torch.float16)
 
-                def ours_call(i, c=c, ws=ws, pol=policy_pdl):
+                def ours_call(i, c=c, ws=ws, pol=policy_pdl, invariant=False):
                     return gemm.marlin_gemm(a[i % 2], ws[i % len(ws)], c=c, workspace=workspace, c_tmp=c_tmp,
-                                            policy=pol)
+                                            policy=pol, batch_invariant=invariant)
 
-                cells[("ours", w, programmatic)] = (launch_list(ours_call), nb)
-                if programmatic:
-                    cells[("ours", w, False)] = (launch_list(lambda i, f=ours_call: f(i, pol=policy_nopdl)), nb)
+                if "default" in modes:
+                    cells[("ours", w, programmatic)] = (launch_list(ours_call), nb)
+                    if programmatic:
+                        cells[("ours", w, False)] = (launch_list(lambda i, f=ours_call: f(i, pol=policy_nopdl)),
+                                                     nb)
+                if "batch_invariant" in modes:  # (programmatic launches where the default has them)
+                    cells[("ours_invariant", w, programmatic)] = (
+                        launch_list(lambda i, f=ours_call: f(i, invariant=True)), nb)
                 if vllm is not None and w in vllm_wtypes:
                     cv = torch.empty(m, n, device="cuda", dtype=torch.float16)
                     cells[("vllm_marlin", w, None)] = (
@@ -237,7 +259,7 @@ def main(argv=None) -> int:
             timers = {}
             for key, (ls, _) in cells.items():
                 for launch in launches:
-                    if launch == "plain" and key[0] == "ours" and key[2] is False and programmatic:
+                    if launch == "plain" and key[0].startswith("ours") and key[2] is False and programmatic:
                         continue  # plain launches: the default policy only
                     try:
                         timers[key + (launch,)] = (timing.GraphTimer if launch == "graph" else timing.PlainTimer)(ls)
@@ -253,14 +275,23 @@ def main(argv=None) -> int:
                            method=method, us=round(st["us"], 3), q1=round(st["q1"], 3), q3=round(st["q3"], 3),
                            gbs=round(timing.gbs(nb, st["us"]), 1),
                            pct_copy=round(100 * timing.gbs(nb, st["us"]) / ceil["copy_gbs"], 1))
-                if method == "ours":
+                if method == "ours_invariant":  # (the schema's method stays "ours"; the mode tells them apart)
+                    method = "ours"
+                    row.update(method=method, mode="batch_invariant", pdl=bool(pdl))
+                    ref = stats.get(("ours", w, pdl, launch))
+                    if ref is not None:
+                        row["default_us"] = round(ref["us"], 3)
+                        row["vs_default"] = round(st["us"] / ref["us"], 3)
+                elif method == "ours":
                     row["pdl"] = bool(pdl)
+                    row["mode"] = "default"
                 if launch in cublas_us:
                     row["speedup_vs_cublas"] = round(cublas_us[launch] / st["us"], 3)
-                if method in ("ours", "vllm_marlin") and w in agree:
+                if method in ("ours", "vllm_marlin") and w in agree and row.get("mode") != "batch_invariant":
                     row["agree_vllm"], row["err_ratio_vllm"] = agree[w]
                 rows.append(row)
-                print(f"{name:>11s} M={m:4d} {method:12s} {w:8s} {launch:5s} pdl={str(pdl):5s} {st['us']:9.2f} us "
+                print(f"{name:>11s} M={m:4d} {method:12s} {row.get('mode', ''):15s} {w:8s} {launch:5s} "
+                      f"pdl={str(pdl):5s} {st['us']:9.2f} us "
                       f"{row['gbs']:7.0f} GB/s x{row.get('speedup_vs_cublas', 0):.2f}"
                       + (f" agree={agree[w]}" if method == "vllm_marlin" and w in agree else ""), flush=True)
             del timers, cells

@@ -8,7 +8,8 @@ ferrum-kernels (docs/formats.md, "Launch record"; Sources) calls its native Marl
 Everything here is pure Python (no GPU, no CuPy): ``workbench.gemm`` validates a record and launches it.
 
 Differences from ferrum-kernels, all additive: ``act_type`` may be ``bf16`` (ferrum-kernels fixes fp16; a, c and scale
-types follow it), and flag bit 6 asks for the deterministic reduction (``FLAG_DETERMINISTIC``, ours).
+types follow it), flag bit 6 asks for the deterministic reduction (``FLAG_DETERMINISTIC``, ours) and bit 7 for the batch-invariant
+partition (``FLAG_BATCH_INVARIANT``, ours).
 """
 from __future__ import annotations
 
@@ -28,8 +29,11 @@ FLAG_USE_FP32_REDUCE = 1 << 5
 # Ours: fixed-order cross-block sums only (atomic add refused), so the output is bitwise identical run to run.
 # (Both non-atomic reductions already sum in block order; the flag makes the guarantee part of the request.)
 FLAG_DETERMINISTIC = 1 << 6
+# Ours: one tile and one K partition for every M and every sms (workbench.gemm.geometry.invariant_launches), so row r
+# of C has the same bits whatever the other rows are; implies the deterministic reduction.
+FLAG_BATCH_INVARIANT = 1 << 7
 KNOWN_FLAGS = (FLAG_HAS_ACT_ORDER | FLAG_IS_K_FULL | FLAG_HAS_ZERO_POINTS | FLAG_USE_ATOMIC_ADD
-               | FLAG_USE_FP32_REDUCE | FLAG_DETERMINISTIC)
+               | FLAG_USE_FP32_REDUCE | FLAG_DETERMINISTIC | FLAG_BATCH_INVARIANT)
 
 ACT_TYPES = (ScalarType.F16, ScalarType.BF16)
 GEMM_WEIGHT_TYPES = (ScalarType.U4B8, ScalarType.U4, ScalarType.U8B128, ScalarType.U8, ScalarType.FE4M3FN)
@@ -117,6 +121,7 @@ class MarlinMmExecution:
     use_atomic_add: bool = False
     use_fp32_reduce: bool = True
     deterministic: bool = False
+    batch_invariant: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +149,8 @@ class MarlinMmRequest:
             flags |= FLAG_USE_FP32_REDUCE
         if ex.deterministic:
             flags |= FLAG_DETERMINISTIC
+        if ex.batch_invariant:
+            flags |= FLAG_BATCH_INVARIANT
         return flags
 
     def into_launch(self) -> MarlinLaunch:

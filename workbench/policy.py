@@ -177,6 +177,20 @@ class GemmPolicy(_Hashed):
     # placed beside a running grid otherwise stacked on the SMs it left idle
     programmatic_pin_occupancy: bool = True
 
+    # ---- batch-invariant mode (batch_invariant=True: row r of C the same bits for every M) ------------------------
+    # One tile for every M, the first of these that divides (K, N) and the group size and whose 16-row kernel does not
+    # late-scale: the kernels of 2..4 m16 blocks never do, and a row's sums are the same in all of them only if the
+    # 16-row one sums as they do (so for integer weights K_WARP = 1: the 64 x 256 tile late-scales at M <= 16; FP8
+    # never late-scales and takes it). No swapped loop (it late-scales integer weights), no pairs, one block per SM.
+    invariant_shapes: tuple = ((4, 2), (2, 1), (1, 1))
+    # The K split is planned once per layer, for this many blocks (at most the device's SMs) and never for M or the
+    # sms argument: each column slice gets s = blocks // slices-per-64-rows blocks (1: no split), each summing
+    # ceil(KI / s) or floor(KI / s) k steps, and the s partials are added in fp32 in block order. Larger M runs as
+    # several launches of 64-row chunks on the same partition; sms below a launch's blocks is refused.
+    invariant_blocks: int = 128
+    # ... with at least this many k steps per block (a shorter range pays more for the sum than it streams)
+    invariant_min_steps: int = 4
+
     def __post_init__(self):
         if self.swap_max_m > 8:
             warnings.warn(f"GemmPolicy(swap_max_m = {self.swap_max_m}): the swapped loop's 16-row form was removed; "
@@ -202,6 +216,9 @@ class MoePolicy(_Hashed):
     small_shapes: tuple = ((2, 4), (1, 2), (2, 2), (1, 1), (2, 1))
     # 48/64-row items keep K_WARP <= 2 so the accumulators fit in registers ((2, 2) spills with 8-bit weights)
     large_shapes: tuple = ((1, 1), (2, 1))
+    # tiles of 128 columns first where the items still give every SM one (else 64-column tiles first); False: the
+    # shape order as listed
+    prefer_wide_items: bool = True
     # two CTAs per SM for 16-row items only for 4-bit weights (8-bit ones fit only shallow rings beside a second)
     two_blocks_weight_bits: tuple = (4,)
     # CTAs per SM: 0 = the rule (two where the one-CTA grid leaves some CTA more than one item), 1 or 2 to force
@@ -224,6 +241,18 @@ class MoePolicy(_Hashed):
     programmatic_pin_occupancy: bool = True
     # the dense GEMM policy of the batched and dense-loop paths
     gemm: GemmPolicy = GemmPolicy()
+    # batch-invariant mode (batch_invariant=True): every moe_block_size runs one of these tiles, the first that divides
+    # (K, N) and the group size, in the row layout (no swapped loop for 8-row blocks). K_WARP = 1 keeps late scaling out
+    # of the 16-row kernels, so a routed row sums in the same order whatever block size its M gives (the CTA owns the
+    # whole K of an item: no cross-CTA sum to pin).
+    invariant_shapes: tuple = ((2, 1), (1, 1))
+
+    def batch_invariant(self) -> "MoePolicy":
+        """This policy with its tile choice pinned for batch invariance (``invariant_shapes`` for every block size, no
+        swapped loop): what ``fused_moe(..., batch_invariant=True)`` runs."""
+        shapes = tuple(self.invariant_shapes)
+        return dataclasses.replace(self, small_shapes=shapes, large_shapes=shapes, swap_max_block=0,
+                                   prefer_wide_items=False)
 
 
 def _env_off(name: str) -> bool:

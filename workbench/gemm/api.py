@@ -72,7 +72,7 @@ _FLAG_TYPES = (bool, int)
 
 
 def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full,
-              use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy):
+              use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy, batch_invariant=False):
     """Everything the checks of gptq_marlin_gemm read except addresses and devices of the other arrays, and the
     policy that chose the plan, or None
     when an input is not of the cached kind (then every check runs). Exact types for the ints: 1.0, True and
@@ -86,6 +86,7 @@ def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type
             or type(size_m) is not int or type(size_n) is not int or type(size_k) is not int or type(sms) is not int
             or type(is_k_full) not in _FLAG_TYPES or type(use_atomic_add) not in _FLAG_TYPES
             or type(use_fp32_reduce) not in _FLAG_TYPES or type(deterministic) not in _FLAG_TYPES
+            or type(batch_invariant) not in _FLAG_TYPES
             or not isinstance(b_q_type, (str, ScalarType))):
         return None
     optional = (_meta(b_zeros, nd), _meta(g_idx, nd), _meta(perm, nd), _meta(c, nd), _meta(c_tmp, nd),
@@ -95,7 +96,7 @@ def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type
     return (a.shape, a.strides, a.dtype, a.data.device_id, b_q_weight.shape, b_q_weight.strides, b_q_weight.dtype,
             b_scales.shape, b_scales.strides, b_scales.dtype, workspace.shape, workspace.dtype, optional, b_q_type,
             size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add), bool(use_fp32_reduce),
-            bool(deterministic), sms, policy.token)
+            bool(deterministic), bool(batch_invariant), sms, policy.token)
 
 
 def _address_on(x, device: int, name: str) -> int:
@@ -110,8 +111,8 @@ def _address_on(x, device: int, name: str) -> int:
 
 def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m: int, size_n: int,
                      size_k: int, is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = True,
-                     *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, stream=None, sms: int = -1,
-                     policy: GemmPolicy | None = None):
+                     *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, batch_invariant: bool = False,
+                     stream=None, sms: int = -1, policy: GemmPolicy | None = None):
     """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays, PyTorch
     CUDA tensors or any ``__cuda_array_interface__`` arrays (Numba's).
 
@@ -125,6 +126,11 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
 
     ``policy``: how the kernel, grid and launch are chosen (workbench.policy.GemmPolicy; None: the default).
 
+    ``deterministic``: bitwise the same output run to run (atomic add refused). ``batch_invariant``: moreover row r
+    of C has the same bits for every M, whatever the other rows hold, for every ``sms`` at least the partition's
+    blocks per launch and on every stream: one tile and one K partition for every M (the policy's ``invariant_*``
+    fields; docs/performance.md, "Batch invariance", says what is and is not guaranteed).
+
     Frameworks: ``stream=None`` is the current stream of A's framework (``torch.cuda.current_stream()`` for a torch
     tensor, CuPy's otherwise; a torch / CuPy / Numba stream object or a raw handle may be passed), and what the call
     allocates (``c``, ``a_tmp``, the default ``c_tmp``) comes from A's framework's pool: torch's caching allocator for
@@ -133,16 +139,18 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     if policy is None:
         policy = _defaults["_default_policy"]
     key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-                    is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy)
+                    is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy,
+                    batch_invariant)
     plan = _array_plans.get(key) if key is not None else None
     if plan is None:
         if type(a) is not rt_arrays.cupy_array_type() and not isinstance(a, rt.DeviceArray) and _on_device(a):
             return _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
                                   size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
-                                  deterministic, stream, sms, policy)
+                                  deterministic, stream, sms, policy, batch_invariant)
         return _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type,
                                          size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c,
-                                         c_tmp, a_tmp, deterministic, stream, sms, policy)
+                                         c_tmp, a_tmp, deterministic, stream, sms, policy,
+                                         batch_invariant=batch_invariant)
     device = plan.device
     pointers = (a.data.ptr, _address_on(b_q_weight, device, "b_q_weight"), _address_on(b_scales, device, "b_scales"),
                 _address_on(b_zeros, device, "b_zeros") if plan.prepared.has_zero_points else 0,
@@ -168,7 +176,8 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
 
 
 def _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-                   is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms, policy):
+                   is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms, policy,
+                   batch_invariant=False):
     """gptq_marlin_gemm on another framework's arrays: DeviceArray views of them (CuPy's attribute names) through
     the same checks and plan cache, outputs and scratch from A's framework's pool, that framework's stream."""
     framework = rt.framework_of(a)
@@ -190,7 +199,7 @@ def _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q
     vc = view(c, "c")
     gptq_marlin_gemm(va, *views[:6], b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
                      c=vc, c_tmp=view(c_tmp, "c_tmp"), a_tmp=view(a_tmp, "a_tmp"), deterministic=deterministic,
-                     stream=stream_ptr, sms=sms, policy=policy)
+                     batch_invariant=batch_invariant, stream=stream_ptr, sms=sms, policy=policy)
     return c
 
 
@@ -204,10 +213,10 @@ def _outputs(plan: _ArrayPlan, c, a_tmp, cupy):
 
 def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
                               size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
-                              deterministic, stream, sms, policy, launch: bool = True):
+                              deterministic, stream, sms, policy, launch: bool = True, batch_invariant=False):
     """Every check, in order, then the launch; the verdict is kept under ``key`` (None: not kept). With ``launch``
     False: the checks only, returning the plan (``plan_marlin_gemm``)."""
-    checks.check_reduction(use_atomic_add, deterministic)
+    checks.check_reduction(use_atomic_add, deterministic, batch_invariant)
     plan = check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
                              is_k_full, c)
     if isinstance(sms, bool) or not isinstance(sms, (int, np.integer)):
@@ -253,7 +262,7 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
         execution=MarlinMmExecution(device=device, stream=stream_ptr, sms=sms,
                                     has_act_order=plan.has_act_order, is_k_full=plan.is_k_full,
                                     use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce,
-                                    deterministic=deterministic),
+                                    deterministic=deterministic, batch_invariant=bool(batch_invariant)),
     )
     record = request.into_launch()
     prepared = prepare_launch(record, policy=policy)  # every record-level rule (check_launch) on this first call
@@ -299,14 +308,14 @@ def scratch_buffers(device: int, stream_ptr: int, sms: int, framework: str = "cu
 
 def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_add: bool = False,
                 use_fp32_reduce: bool = True, deterministic: bool = False, workspace=None, c_tmp=None, a_tmp=None,
-                stream=None, sms: int = -1, policy: GemmPolicy | None = None):
+                stream=None, sms: int = -1, policy: GemmPolicy | None = None, batch_invariant: bool = False):
     """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array or
     another framework's (see gptq_marlin_gemm: streams and allocations follow a's framework).
 
     Numerics: fp32 accumulation, one rounding to the activation type at the end. Most integer-weight kernels at
     M <= 16 (``KernelConfig.late_scale``; not act-order groups) apply the scales to fp32 partial sums, so the weight is
     never rounded to the activation type there: results may differ from a @ (the rounded dequantized weight) by one
-    rounding more, towards the exact product."""
+    rounding more, towards the exact product. ``batch_invariant`` (see gptq_marlin_gemm) never late-scales."""
     if getattr(weight, "num_experts", None) is not None:
         raise ValueError("weight is a stack of experts; pick one with weight.expert(e) (or run the stack through "
                          "workbench.moe.MarlinExpertStack)")
@@ -330,7 +339,8 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
     return gptq_marlin_gemm(a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm, workspace,
                             weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
                             use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
-                            a_tmp=a_tmp, deterministic=deterministic, stream=stream_ptr, sms=sms, policy=policy)
+                            a_tmp=a_tmp, deterministic=deterministic, batch_invariant=batch_invariant,
+                            stream=stream_ptr, sms=sms, policy=policy)
 
 
 def _on_device(x) -> bool:
@@ -343,7 +353,8 @@ def _on_device(x) -> bool:
 
 def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_full: bool | None = None,
                      use_atomic_add: bool = False, use_fp32_reduce: bool = True, deterministic: bool = False,
-                     stream=None, sms: int = -1, policy: GemmPolicy | None = None) -> PreparedLaunch:
+                     stream=None, sms: int = -1, policy: GemmPolicy | None = None,
+                     batch_invariant: bool = False) -> PreparedLaunch:
     """Every check ``marlin_gemm`` makes on these arrays, without launching: the ``PreparedLaunch`` that runs the
     same problem on any addresses (``launch``). For callers that launch many GEMMs of one shape at row or expert
     offsets of buffers already checked once (``MoE.gemm_phase_batched``); M > 0."""
@@ -354,5 +365,5 @@ def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_fu
     return _gptq_marlin_gemm_checked(None, a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm,
                                      workspace, weight.weight_type, size_m, weight.size_n, weight.size_k, k_full,
                                      use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms,
-                                     policy or _default(), launch=False).prepared
+                                     policy or _default(), launch=False, batch_invariant=batch_invariant).prepared
 

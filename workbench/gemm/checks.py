@@ -88,9 +88,11 @@ def check_groups(weight: ScalarType, k: int, num_groups: int, act_order: bool, i
     return group_size
 
 
-def check_reduction(use_atomic_add: bool, deterministic: bool) -> None:
+def check_reduction(use_atomic_add: bool, deterministic: bool, batch_invariant: bool = False) -> None:
     if use_atomic_add and deterministic:
         raise ValueError("use_atomic_add cannot be deterministic: atomics sum in arrival order")
+    if use_atomic_add and batch_invariant:
+        raise ValueError("use_atomic_add cannot be batch_invariant: atomics sum in arrival order")
 
 
 def check_pointers(pointers: dict[str, int], *, uses_c_tmp: bool, has_zero_points: bool, act_order: bool) -> None:

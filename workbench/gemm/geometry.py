@@ -327,6 +327,89 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
     return striped
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The batch-invariant partition (docs/performance.md, "Batch invariance")
+# ---------------------------------------------------------------------------------------------------------------
+def _stage_order(weight: ScalarType, m_blocks: int, p: GemmPolicy) -> tuple:
+    """choose_config's stage order for kernels of ``m_blocks`` m16 blocks (one block per SM)."""
+    if m_blocks == 1:
+        return p.one_block_stages(weight.bits)
+    return p.two_m_block_stages if m_blocks == 2 else p.large_m_stages
+
+
+def choose_invariant_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int, size_k: int,
+                            group_size: int, per_row_groups: bool, smem_limit: int, thread_k: int = -1,
+                            thread_n: int = -1, policy: GemmPolicy | None = None) -> KernelConfig:
+    """The batch-invariant configuration: the first of the policy's ``invariant_shapes`` that divides (K, N) and the
+    group size, fits shared memory at every m16 block count and whose 16-row kernel does not late-scale (so every M
+    sums a row in the same order: the kernels of 2..4 m16 blocks never late-scale). Row layout, one block per SM, no
+    cluster of its own choosing; only ``m_blocks`` (and so the stages) follows M, and a row's sums do not depend on
+    either. ValueError naming the shapes tried otherwise."""
+    p = policy or _default()
+    m_blocks = min(4, max(1, math.ceil(size_m / 16)))
+    group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
+    tried = []
+    for n_tiles, k_warp in p.invariant_shapes:
+        tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
+        if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
+            continue
+        tried.append((tk, tn))
+        if size_k % tk or size_n % tn:
+            continue
+        if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
+            continue
+
+        def fitting(mb):
+            return next((cfg for stages in _stage_order(weight, mb, p)
+                         for cfg in [KernelConfig(act, weight, mb, n_tiles, k_warp, stages, group_mode)]
+                         if cfg.smem_bytes <= smem_limit), None)
+
+        fits = [fitting(mb) for mb in (1, 2, 3, 4)]
+        if None in fits or fits[0].late_scale:
+            continue
+        return fits[m_blocks - 1]
+    raise ValueError(
+        f"batch_invariant: no (thread_k, thread_n) in {tried or [(thread_k, thread_n)]} (GemmPolicy.invariant_shapes) "
+        f"divides (size_k, size_n) = ({size_k}, {size_n}) and group size {group_size} within {smem_limit} bytes of "
+        f"shared memory without late scaling at M <= 16")
+
+
+def invariant_split(cfg: KernelConfig, size_n: int, size_k: int, device_sms: int,
+                    policy: GemmPolicy | None = None) -> int:
+    """Blocks per column slice of the batch-invariant partition: ``invariant_blocks`` (at most the device's SMs)
+    over the slices of one 64-row chunk, at most one per ``invariant_min_steps`` k steps, at least 1. A function of
+    the layer, the tile and the device only: never of M or of the ``sms`` a launch is given."""
+    p = policy or _default()
+    cols, ki = size_n // cfg.block_n, size_k // cfg.block_k
+    blocks = min(p.invariant_blocks, device_sms)
+    return max(1, min(blocks // cols, ki // max(1, p.invariant_min_steps)))
+
+
+def invariant_launches(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, split: int
+                       ) -> tuple[tuple[int, int, int], ...]:
+    """The launches of the batch-invariant partition, (first row, rows, grid) each. Every launch gives each of its
+    column slices ``split`` blocks of its own (block c split + j sums k steps [floor(j KI / split),
+    floor((j + 1) KI / split)) of slice c: the same ranges whatever the number of slices), so a row's partials and
+    their fp32 sum in block order are the same for every M. With ``split`` = 1 one launch takes every slice on the
+    largest grid <= ``sms`` that divides their count (whole slices per block). Else a launch holds as many 64-row
+    chunks as ``sms`` blocks take at once (every block must be resident); ValueError if one chunk needs more."""
+    chunk = cfg.block_m
+    chunks = math.ceil(size_m / chunk)
+    cols = size_n // cfg.block_n
+    if split == 1:
+        slices = chunks * cols
+        grid = next(g for g in range(min(sms, slices), 0, -1) if slices % g == 0)
+        return ((0, size_m, grid),)
+    per_chunk = cols * split
+    if per_chunk > sms:
+        raise ValueError(f"batch_invariant: this layer's partition gives each of its {cols} column slices {split} "
+                         f"blocks ({per_chunk} resident at once); sms = {sms} is fewer (pass sms >= {per_chunk}, or "
+                         f"a policy with a smaller invariant_blocks)")
+    rows = (sms // per_chunk) * chunk
+    return tuple((r0, min(rows, size_m - r0), math.ceil(min(rows, size_m - r0) / chunk) * per_chunk)
+                 for r0 in range(0, size_m, rows))
+
+
 KERNEL_CLUSTER_SIZES = (2, 4, 8)  # what marlin_gemm_cluster takes: the blocks share a partial's float4s evenly
 
 

@@ -16,9 +16,10 @@ from workbench.cuda import launch as rt_launch
 from workbench.gemm import checks
 from workbench.gemm import kernels
 from workbench.gemm.geometry import (GROUP_GROUPED, KERNEL_CLUSTER_SIZES, REDUCE_ATOMIC, REDUCE_FP32, REDUCE_IN_C,
-                                     THREADS, KernelConfig, choose_config, cluster_blocks, default_policy,
-                                     grid_blocks, pairs_possible, pipeline_steps, THREAD_SHAPES, two_block_smem)
-from workbench.gemm_abi import (ABI_VERSION, ACT_TYPES, FLAG_DETERMINISTIC, FLAG_HAS_ACT_ORDER,
+                                     THREADS, KernelConfig, choose_config, choose_invariant_config, cluster_blocks,
+                                     default_policy, grid_blocks, invariant_launches, invariant_split,
+                                     pairs_possible, pipeline_steps, THREAD_SHAPES, two_block_smem)
+from workbench.gemm_abi import (ABI_VERSION, ACT_TYPES, FLAG_BATCH_INVARIANT, FLAG_DETERMINISTIC, FLAG_HAS_ACT_ORDER,
                                 FLAG_HAS_ZERO_POINTS, FLAG_IS_K_FULL, FLAG_USE_ATOMIC_ADD, FLAG_USE_FP32_REDUCE,
                                 GEMM_WEIGHT_TYPES, KNOWN_FLAGS, MarlinLaunch)
 from workbench.policy import GemmPolicy
@@ -81,7 +82,8 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     elif gs != k // ng:
         raise ValueError(f"group_size = {gs} is not size_k / num_groups = {k} / {ng} = {k // ng}")
     atomic = bool(flags & FLAG_USE_ATOMIC_ADD)
-    checks.check_reduction(atomic, bool(flags & FLAG_DETERMINISTIC))
+    invariant = bool(flags & FLAG_BATCH_INVARIANT)
+    checks.check_reduction(atomic, bool(flags & FLAG_DETERMINISTIC), invariant)
     if compute_capability < 80:
         raise ValueError(f"the Marlin kernels need sm_80 or newer; device {launch.device} is sm_{compute_capability}")
     fp32_reduce = bool(flags & FLAG_USE_FP32_REDUCE) and not atomic
@@ -93,6 +95,14 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     per_row = act_order and not k_full
     group_size = -1 if ng == 1 else gs
     fp32_reduce = bool(flags & FLAG_USE_FP32_REDUCE) and not atomic
+    if invariant:  # (one tile and one K partition for every M and sms: geometry.invariant_launches)
+        cfg = choose_invariant_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
+                                      launch.thread_k_init, launch.thread_n_init, policy=policy)
+        checks.check_pipeline_steps(pipeline_steps(cfg, max(m, 1), n, k))
+        _, rows, grid = invariant_launches(cfg, max(m, 1), n, k, sms, invariant_split(cfg, n, k, device_sms,
+                                                                                     policy))[0]
+        cluster = cluster_blocks(cfg, rows, n, k, grid, compute_capability, fp32_reduce, policy=policy)
+        return dataclasses.replace(cfg, cluster=cluster), sms, grid
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
                         launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms,
                         pairs=pairs_possible(compute_capability, fp32_reduce, policy), policy=policy)
@@ -150,12 +160,22 @@ class PreparedLaunch:
         self.smem = cfg.smem_bytes
         self.c_bytes = m * n * 2  # the atomic mode sums into C: zeroed first
         self.grid = grid  # (final once the kernel's residency is known: set_grid)
+        # batch-invariant plans of more rows than one launch takes: (first row, rows, grid) per launch
+        self.pieces = ()
+        if flags & FLAG_BATCH_INVARIANT and m > 0:
+            device_sms = kernels.device_properties(self.device)[1]
+            self.pieces = invariant_launches(cfg, m, n, k, sms, invariant_split(cfg, n, k, device_sms, policy))
+            if len(self.pieces) == 1:
+                self.pieces = ()
         self._lock = threading.Lock()
         self._kernel = None
         self._function = self._permute_function = 0
         if m > 0:
             kernels.get_kernel(cfg.name_expression, self.device, self.smem)
             resident = kernels.resident_blocks(cfg.name_expression, self.device)
+            if resident < cfg.blocks_per_sm and flags & FLAG_BATCH_INVARIANT:  # (its grid is its partition)
+                raise ValueError(f"batch_invariant: the driver keeps {resident} blocks of {cfg.name_expression} "
+                                 f"per SM")
             if resident < cfg.blocks_per_sm:  # the driver keeps fewer blocks resident than planned: launch fewer
                 self.grid = grid_blocks(cfg, m, n, k, sms, resident, policy=policy)
                 if cfg.cluster > 1:  # (sm_90+ and fp32: the planned grid had clusters) the new grid's, if any
@@ -176,6 +196,8 @@ class PreparedLaunch:
         self._args = rt.ArgBlock(KERNEL_ARG_KINDS["marlin_gemm"])
         self._ptrs, self._ints, self._args_address = self._args.ptrs, self._args.ints, self._args.address
         self._ints[:] = self._kernel_ints()
+        # every launch of a plan in pieces: (A's and C's byte offsets, its argument block, its launch), filled below
+        self._piece_launches = []
         # permute_cols(A, perm, out, prob_m, prob_k, lda): (3,) u64 + (3,) i32
         self._perm_args = rt.ArgBlock(KERNEL_ARG_KINDS["permute_cols"])
         self._perm_args.ints[:] = (m, k, self.lda)
@@ -190,18 +212,26 @@ class PreparedLaunch:
             self.programmatic = self.programmatic and self._main.supported  # (no driver bindings: plain)
             if self.act_order:  # (the gather before it stays a plain launch)
                 self._gather = rt.Launch(self._permute_function, m, THREADS, 0)
+            kernel_lda = k if self.act_order else self.lda
+            for row0, rows, blocks in self.pieces:
+                args = rt.ArgBlock(KERNEL_ARG_KINDS["marlin_gemm"])
+                args.ints[:] = self._kernel_ints(rows, blocks)
+                self._piece_launches.append((row0 * kernel_lda * 2, row0 * n * 2, args, rt.Launch(
+                    self._function, blocks, THREADS, self.launch_smem, programmatic=self.programmatic)))
 
-    def _kernel_ints(self) -> list[int]:
+    def _kernel_ints(self, m: int | None = None, grid: int | None = None) -> list[int]:
         """The kernel's int32 arguments: problem, group size, reduction mode, then its division plan for this grid
         (the block ranges' steps per block, quotient and remainder, and fast_div_plan of the grid, of the k steps per
-        slice and of the slices per m16 chunk)."""
-        cfg, m, n, k = self.cfg, self.m, self.n, self.k
+        slice and of the slices per m16 chunk). ``m`` / ``grid``: a launch of a plan in pieces (default: the plan's)."""
+        cfg, n, k = self.cfg, self.n, self.k
+        m = self.m if m is None else m
+        grid = self.grid if grid is None else grid
         kernel_lda = k if self.act_order else self.lda  # act-order runs on the gathered M x K copy in a_tmp
         head = [m, n, k, kernel_lda, self.group_size, self.mode]
         if m == 0:  # (never launched)
             return head + [0] * 8
         steps = pipeline_steps(cfg, m, n, k)
-        return head + [steps // self.grid, steps % self.grid, *fast_div_plan(self.grid),
+        return head + [steps // grid, steps % grid, *fast_div_plan(grid),
                        *fast_div_plan(k // cfg.block_k), *fast_div_plan(n // cfg.block_n)]
 
     def set_grid(self, blocks: int) -> None:
@@ -251,6 +281,11 @@ class PreparedLaunch:
                 pp[0], pp[1], pp[2] = a, permutation, a_tmp
                 launch(self._gather, stream, self._perm_args.address)
                 a = a_tmp
+            if self._piece_launches:  # (one stream: the pieces share the scratch in order, each leaves it zero)
+                for a_off, c_off, args, piece in self._piece_launches:
+                    args.ptrs[:] = (a + a_off, b, c + c_off, c_tmp, scales, zero_points, group_index, workspace)
+                    launch(piece, stream, args.address)
+                return
             p = self._ptrs
             p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7] = (a, b, c, c_tmp, scales, zero_points, group_index,
                                                               workspace)
@@ -303,6 +338,8 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     memory fits)
     and every block of the grid can be resident (the in-C and fp32 reductions wait on other blocks; the scratch buffers
     hold sms x blocks_per_sm blocks)."""
+    if launch.flags & FLAG_BATCH_INVARIANT:
+        raise ValueError("batch_invariant fixes the configuration and the grid: config / grid cannot be forced")
     cc, device_sms, smem_limit, sm_smem = kernels.device_properties(launch.device)
     default, sms, _ = check_launch(launch, cc, device_sms, smem_limit, sm_smem, policy)
     cfg = default if config is None else config

@@ -84,7 +84,7 @@ def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int
                          f"and size_n % 64 == 0 always works")
     wide = [c for c in fits if c.n_tiles >= 2 and items_hint * (size_n // c.block_n) >= sms]
     narrow = [c for c in fits if c.n_tiles == 1]
-    preferred = wide or narrow or fits
+    preferred = (wide or narrow or fits) if p.prefer_wide_items else fits[:1]
     order = preferred + [c for c in fits if c not in preferred]
     if blocks_per_sm < 0:
         blocks_per_sm = p.blocks_per_sm

@@ -54,7 +54,7 @@ def _check_layer(hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, topk_wei
 
 def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack, topk_weights, topk_ids, *,
               path: str = "fused", block_size: int | None = None, expert_map=None, stream=None,
-              policy: MoePolicy | None = None):
+              policy: MoePolicy | None = None, batch_invariant: bool = False):
     """An MoE layer: ``out[t] = Σ_j w[t, j] · (silu(gate) · up)(hidden[t] @ W13[e]) @ W2[e]``, e = topk_ids[t, j].
 
     hidden [M, K] fp16/bf16, topk_weights [M, top_k] float32, topk_ids [M, top_k] int32: CuPy arrays, torch CUDA
@@ -79,10 +79,16 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     buffers you own; replaying a captured ``fused_moe`` after its buffers were released is not safe.
 
     ``policy``: how kernels are chosen and launched (workbench.policy.MoePolicy; None: the default).
+
+    ``batch_invariant``: token t's output has the same bits whatever M, the other tokens and their routing are
+    (every path: the fused one under ``policy.batch_invariant()``, one tile for every block size; the dense ones
+    through the dense GEMM's batch-invariant mode). docs/performance.md, "Batch invariance".
     """
     if path not in PATHS:
         raise ValueError(f"path = {path!r} is not one of {PATHS}")
     policy = policy or _default()
+    if batch_invariant:
+        policy = policy.batch_invariant()
     given, pool, nd = hidden, "cupy", rt.cupy_array_type()
     if type(hidden) is not nd or type(topk_weights) is not nd or type(topk_ids) is not nd or (
             expert_map is not None and type(expert_map) is not nd):  # (CuPy arrays: no conversion)
@@ -119,7 +125,8 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
                                         caller.ptr, policy, pool)
             return for_caller(out, given)
         return for_caller(_grouped_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, expert_map,
-                                        caller, batched=(path == "batched"), policy=policy, pool=pool), given)
+                                        caller, batched=(path == "batched"), policy=policy, pool=pool,
+                                        batch_invariant=bool(batch_invariant)), given)
 
 
 def _device_copy(x, pool: str, device: int, stream_ptr: int):
@@ -145,7 +152,8 @@ def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, e
     return moe_sum(y, top_k, stream=caller, pool=pool)
 
 
-def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map, caller, batched, policy, pool):
+def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map, caller, batched, policy, pool,
+                  batch_invariant=False):
     """Sort the (token, slot) entries by expert on the host, gather rows, one dense GEMM per expert."""
     cupy = rt.cupy()
     device, s = hidden.data.device_id, caller.ptr
@@ -174,9 +182,11 @@ def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map,
         g1 = new_array(pool, (rows, w13.n_per_expert), hidden.dtype, device, s)
         y = new_array(pool, (rows, w2.n_per_expert), hidden.dtype, device, s)
         if batched:
-            w13.gemm_phase_batched(a, dispatches, g1, stream=caller, policy=policy, pool=pool)
+            w13.gemm_phase_batched(a, dispatches, g1, stream=caller, policy=policy, pool=pool,
+                                   batch_invariant=batch_invariant)
             h = silu_and_mul(g1, stream=caller, pool=pool)
-            w2.gemm_phase_batched(h, dispatches, y, stream=caller, policy=policy, pool=pool)
+            w2.gemm_phase_batched(h, dispatches, y, stream=caller, policy=policy, pool=pool,
+                                  batch_invariant=batch_invariant)
         else:
             h = new_array(pool, (rows, w13.n_per_expert // 2), hidden.dtype, device, s)
             scratch = {}  # (CuPy callers: marlin_gemm's own per-stream scratch, which comes from CuPy's pool)
@@ -189,7 +199,8 @@ def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map,
                     pool, (max(counts.tolist()), stack.k), hidden.dtype, device, s)  # (one stream: reused)
                 for e, r0, _, c in dispatches:
                     gemm.marlin_gemm(x[r0:r0 + c], stack.expert_views()[e], c=out[r0:r0 + c], stream=caller,
-                                     a_tmp=None if a_tmp is None else a_tmp[:c], policy=policy.gemm, **scratch)
+                                     a_tmp=None if a_tmp is None else a_tmp[:c], policy=policy.gemm,
+                                     batch_invariant=batch_invariant, **scratch)
                 if stack is w13:
                     silu_and_mul(g1, h, stream=caller)
     return moe_sum(y, top_k, weights=topk_weights, row_of=upload(pool, row_of, device, s), stream=caller,

@@ -218,7 +218,7 @@ class MarlinExpertStack:
             raise ValueError("output is not contiguous")
 
     def gemm_phase_batched(self, input, dispatches: Sequence[tuple[int, int, int, int]], output, *, stream=None,
-                           policy: MoePolicy | None = None, pool: str | None = None):
+                           policy: MoePolicy | None = None, pool: str | None = None, batch_invariant: bool = False):
         """For each ``(e, in_off, out_off, m)``: ``output[out_off:out_off+m] = input[in_off:in_off+m] @ W[e]``.
 
         input [R_in, K], output [R_out, n_per_expert] (act dtype, on the GPU). Dispatches go round-robin onto
@@ -230,9 +230,11 @@ class MarlinExpertStack:
         re-checked for alignment by ``PreparedLaunch.launch``. No views, records or allocations per dispatch.
         The dense GEMMs run under ``policy.gemm`` (workbench.policy.MoePolicy; None: the default). CuPy arrays or
         torch tensors; the scratch (lock counters, partial sums, act-order's permuted activations) comes from ``pool``
-        (None: input's framework's); ``stream`` None: the current stream of input's framework.
+        (None: input's framework's); ``stream`` None: the current stream of input's framework. ``batch_invariant``:
+        the dense GEMM's batch-invariant mode for every dispatch.
         """
         gemm_policy = (policy or _default()).gemm
+        invariant = bool(batch_invariant)
         given, framework, nd = output, "cupy", rt.cupy_array_type()
         if type(input) is not nd or type(output) is not nd:
             framework = pool_of(input)
@@ -254,7 +256,8 @@ class MarlinExpertStack:
             a_tmp = None if not w.has_act_order else new_array(
                 pool, (len(lanes), max(m for *_, m in work), self.k), input.dtype, device, stream_ptr)
             with cupy.cuda.Device(device):  # per-dispatch views through marlin_gemm: every check every time
-                self._batched_through_views(input, work, output, ws, c_tmp, a_tmp, lanes, sms, gemm_policy)
+                self._batched_through_views(input, work, output, ws, c_tmp, a_tmp, lanes, sms, gemm_policy,
+                                            invariant)
             self._join_lanes(caller, lanes, len(work), device, before=False)
             return given
         for name, x in (("input", input), ("output", output)):
@@ -274,13 +277,13 @@ class MarlinExpertStack:
         lane_ptrs = [s.ptr for s in lanes]
         n_lanes = len(lanes)
         plans = self._plans
-        layout = (input.strides, output.strides, input.dtype, device, sms, gemm_policy.token)
+        layout = (input.strides, output.strides, input.dtype, device, sms, gemm_policy.token, invariant)
         for i, (e, r_in, r_out, m) in enumerate(work):
             lane = i % n_lanes
             prepared = plans.get((m,) + layout)
             if prepared is None:
                 prepared = self._plan_dispatch(input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lanes[lane],
-                                               gemm_policy)
+                                               gemm_policy, invariant)
                 if len(plans) >= 1024:  # one per row count and layout: bounded for a long-running server
                     plans.clear()
                 plans[(m,) + layout] = prepared
@@ -290,14 +293,17 @@ class MarlinExpertStack:
         self._join_lanes(caller, lanes, len(work), device, before=False)
         return given
 
-    def _plan_dispatch(self, input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lane_stream, gemm_policy):
+    def _plan_dispatch(self, input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lane_stream, gemm_policy,
+                       batch_invariant=False):
         """gemm.plan_marlin_gemm on this dispatch's views: every check of a dense call, no launch."""
         per_ws = gemm.workspace_numel(sms)
         return gemm.plan_marlin_gemm(input[r_in:r_in + m], self.expert_views()[e], c=output[r_out:r_out + m],
                                      workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
-                                     stream=lane_stream, sms=sms, policy=gemm_policy)
+                                     stream=lane_stream, sms=sms, policy=gemm_policy,
+                                     batch_invariant=batch_invariant)
 
-    def _batched_through_views(self, input, work, output, ws, c_tmp, a_tmp, lanes, sms, gemm_policy):
+    def _batched_through_views(self, input, work, output, ws, c_tmp, a_tmp, lanes, sms, gemm_policy,
+                               batch_invariant=False):
         per_ws = gemm.workspace_numel(sms)
         experts = self.expert_views()
         for i, (e, r_in, r_out, m) in enumerate(work):
@@ -305,7 +311,7 @@ class MarlinExpertStack:
             gemm.marlin_gemm(input[r_in:r_in + m], experts[e], c=output[r_out:r_out + m],
                              workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
                              a_tmp=None if a_tmp is None else a_tmp[lane, :m], stream=lanes[lane], sms=sms,
-                             policy=gemm_policy)
+                             policy=gemm_policy, batch_invariant=batch_invariant)
 
     def _join_lanes(self, caller, streams, n_work: int, device: int, *, before: bool):
         """before=True: the streams the dispatches use, each made to wait for the caller's stream (one dispatch:
@@ -334,13 +340,17 @@ class MarlinExpertStack:
 
     def gemm_phase_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m: int,
                          moe_block_size: int, top_k: int, *, topk_weights=None, stream=None,
-                         policy: MoePolicy | None = None):
+                         policy: MoePolicy | None = None, batch_invariant: bool = False):
         """One launch: ``output[id] = input[id // top_k] @ W[expert_ids[b]]`` (× ``topk_weights.flat[id]`` when
         given) for every id < prob_m·top_k of every block b < num_tokens_post_padded / moe_block_size with an
         expert id >= 0. Rows of ``output`` no block names are left untouched. Inputs come from
         ``moe_align_block_size``; input [prob_m, K], output [prob_m·top_k, n_per_expert]. CuPy arrays or torch tensors
-        (nothing is allocated); ``stream`` None: the current stream of input's framework."""
+        (nothing is allocated); ``stream`` None: the current stream of input's framework. ``batch_invariant``: under
+        ``policy.batch_invariant()`` (one tile for every block size: a row's bits do not depend on it)."""
         given = output
+        policy = policy or _default()
+        if batch_invariant:
+            policy = policy.batch_invariant()
         if type(input) is not rt.cupy_array_type():
             stream = rt.stream_handle(stream, pool_of(input), rt.device_pointer(input, "input")[1]) \
                 if on_gpu(input) else stream
@@ -348,7 +358,7 @@ class MarlinExpertStack:
                 as_cupy(x) for x in (input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
                                      topk_weights))
         fused.launch_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m,
-                           moe_block_size, top_k, topk_weights, stream, policy or _default())
+                           moe_block_size, top_k, topk_weights, stream, policy)
         return given
 
     def make_expert_linear(self, expert_offset: int, expert_n: int, bias=None) -> ExpertLinear:
