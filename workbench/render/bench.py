@@ -222,8 +222,9 @@ def compare_cells(doc: dict) -> list[dict]:
 
 
 def is_variant(row: dict) -> bool:
-    """A row of ours timed with a non-default setting beside the default one (programmatic launches off)."""
-    return row.get("pdl") is False
+    """A row of ours timed with a non-default setting beside the default one (programmatic launches off, or the
+    batch-invariant mode)."""
+    return row.get("pdl") is False or row.get("mode", "default") != "default"
 
 
 # the keys that name one table (BENCHMARKS.md) or one panel (notebook 07) of a family
@@ -267,8 +268,10 @@ def config_label(row: dict) -> str:
     if "act" in row and row["act"] != row.get("wtype"):  # a dense fp16 peer is just "fp16"
         parts.append(str(row["act"]))
     label = " ".join(parts)
-    if is_variant(row):  # ours without programmatic dependent launches, beside the default
+    if row.get("pdl") is False:  # ours without programmatic dependent launches, beside the default
         label += " no-PDL"
+    if row.get("mode", "default") != "default":  # e.g. batch_invariant
+        label += f" {row['mode']}"
     return f"{label}, {row['launch']}" if "launch" in row else label
 
 
