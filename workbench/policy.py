@@ -250,9 +250,14 @@ class MoePolicy(_Hashed):
     def batch_invariant(self) -> "MoePolicy":
         """This policy with its tile choice pinned for batch invariance (``invariant_shapes`` for every block size, no
         swapped loop): what ``fused_moe(..., batch_invariant=True)`` runs."""
-        shapes = tuple(self.invariant_shapes)
-        return dataclasses.replace(self, small_shapes=shapes, large_shapes=shapes, swap_max_block=0,
-                                   prefer_wide_items=False)
+        return _moe_invariant_variant(self)
+
+
+@functools.lru_cache(maxsize=64)  # (one per policy value: a layer call then pays a lookup, not a new policy's hash)
+def _moe_invariant_variant(policy: MoePolicy) -> MoePolicy:
+    shapes = tuple(policy.invariant_shapes)
+    return dataclasses.replace(policy, small_shapes=shapes, large_shapes=shapes, swap_max_block=0,
+                               prefer_wide_items=False)
 
 
 def _env_off(name: str) -> bool:
