@@ -6,6 +6,7 @@ inputs, interleaved (GPU).
                             [--variant nopdl:programmatic_launch=False ...] [--tree NAME=DIR ...]
                             [--launch graph,isolated] [--rounds 7] [--out DIR]
     python bench/ab.py moe  --old-dir OLD [--m 1,8,64] [--models mixtral,dsv3] [--variant b1:blocks_per_sm=1 ...]
+    python bench/ab.py host --old-dir OLD [--rounds 5]   (host µs per planned call, CuPy and torch inputs)
 
 OLD's ``workbench`` package is loaded as a second package, ``workbench_old`` (a copy whose ``workbench`` imports are
 renamed, beside links to OLD's kernel folders), so its kernels compile from OLD's sources. Variants: ``new`` (this
@@ -16,7 +17,10 @@ gemm, MoePolicy for moe; values are Python literals). Method: bench/timing.py, `
 LAUNCHES calls on rotated inputs) and/or isolated (one call after an L2 flush, a spin kernel ahead of the start event:
 device time of a lone launch), ``--rounds`` interleaved rounds, median and quartiles. Each variant's output is
 compared with old's: ``bits_equal_old`` (what a change that keeps the partition and the summation order must give)
-and ``max_rel_old`` = max |x - old| / max |old|. Writes OUT/ab_<family>.json (default: the current directory) and
+and ``max_rel_old`` = max |x - old| / max |old|. ``host``: host µs per planned call (HOST_CALLS calls queued
+without a synchronisation, wall clock / calls; median of ``--rounds`` interleaved batches) of gptq_marlin_gemm on
+CuPy arrays and on torch tensors, marlin_gemm, one fused MoE phase and fused_moe at M = 1 (policy variants apply to
+the dense calls). Writes OUT/ab_<family>.json (default: the current directory) and
 prints a table.
 """
 from __future__ import annotations
@@ -272,6 +276,117 @@ def ab_moe(args, torch, old, trees) -> list[dict]:
     return rows
 
 
+HOST_K = HOST_N = 4096  # the dense host cells: M = 1, u4b8 g128 fp16 (the kernel's time stays below the host's)
+HOST_MOE = ("mixtral", 8, 4096, 14336, 2)  # fused_moe cell: experts, hidden, intermediate, top-k; M = 1
+HOST_CALLS = 200  # calls per batch, queued back to back (the launch queue never fills)
+
+
+def host_batch(fn, calls: int = HOST_CALLS) -> float:
+    """µs of host time per call: ``calls`` calls without a synchronisation, wall clock / calls (synchronised
+    before, so the queue starts empty)."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter_ns()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls / 1e3
+
+
+def ab_host(args, torch, old, trees) -> list[dict]:
+    """Host µs per planned call of the GEMM and MoE entry points, each variant on the same arrays: CuPy and torch
+    inputs (c and scratch given), marlin_gemm, one MoE phase (gemm_phase_fused) and fused_moe (align, two fused
+    GEMMs, SiLU, top-k sum). Each cell's output compared with old's."""
+    import cupy as cp
+
+    import bench_moe as bm
+    from workbench import gemm, moe
+    from workbench.formats.moe_align import moe_align_block_size as align_ref
+    from workbench.policy import DEFAULT_GEMM_POLICY
+    from workbench.scalar_types import ScalarType
+    from workbench.weight import MarlinWeight
+
+    variants = variants_of(gemm, importlib_module(old, "gemm"), DEFAULT_GEMM_POLICY, args.variant,
+                           {name: importlib_module(pkg, "gemm") for name, pkg in trees.items()})
+    dev = timing.device()
+    rng = np.random.default_rng(0)
+
+    def words(shape):
+        return cp.random.randint(-2**31, 2**31 - 1, size=shape, dtype=np.int64).astype(np.int32)
+
+    def scales(shape):
+        return (cp.random.random(shape, dtype=np.float32) * 0.01 + 0.001).astype(np.float16)
+
+    k, n = HOST_K, HOST_N
+    w = MarlinWeight(words((k // 16, n * 2)), scales((k // 128, n)), None, None, None, k, n, 128, ScalarType.U4B8,
+                     np.dtype(np.float16))
+    a = cp.asarray(rng.standard_normal((1, k), dtype=np.float32).astype(np.float16))
+    ws = cp.zeros(gemm.workspace_numel(dev.sms), dtype=np.int32)
+    ct = cp.empty(gemm.c_tmp_numel(dev.sms), dtype=np.float32)
+    t = {name: torch.from_dlpack(x) for name, x in (("a", a), ("q", w.qweight), ("s", w.scales), ("ws", ws),
+                                                     ("ct", ct))}
+    _, e, hid, inter, top_k = HOST_MOE
+    w13 = MarlinWeight(words((e, hid // 16, 2 * inter * 2)), scales((e, hid // 128, 2 * inter)), None, None, None,
+                       hid, 2 * inter, 128, ScalarType.U4B8, np.dtype(np.float16), num_experts=e)
+    w2 = MarlinWeight(words((e, inter // 16, hid * 2)), scales((e, inter // 128, hid)), None, None, None, inter, hid,
+                      128, ScalarType.U4B8, np.dtype(np.float16), num_experts=e)
+    hidden = cp.asarray(rng.standard_normal((1, hid), dtype=np.float32).astype(np.float16))
+    ids = rng.choice(e, size=(1, top_k), replace=False).astype(np.int32)
+    topk_ids, topk_w = cp.asarray(ids), cp.asarray(np.array([[0.6, 0.4]], np.float32))
+    block = moe.choose_block_size(1, top_k, e)
+    aligned = tuple(cp.asarray(x) for x in align_ref(ids, block, e))
+
+    def cells(mod, pol):
+        """name -> fn() -> output (a fresh array per variant for the outputs it writes)."""
+        pkg = package_of(mod)
+        mmod = importlib_module(pkg, "moe")
+        wv = w if mod is gemm else old_weight(pkg, w)
+        s13, s2 = (mmod.MarlinExpertStack(x if mod is gemm else old_weight(pkg, x)) for x in (w13, w2))
+        kw = {} if pol is None else {"policy": pol}
+        c = cp.empty((1, n), dtype=np.float16)
+        tc = torch.empty(1, n, dtype=torch.float16, device="cuda")
+        y = cp.empty((top_k, 2 * inter), dtype=np.float16)
+        return {
+            "gptq_marlin_gemm cupy": lambda: mod.gptq_marlin_gemm(a, w.qweight, w.scales, None, None, None, ws,
+                                                                  "u4b8", 1, n, k, c=c, c_tmp=ct, **kw),
+            "gptq_marlin_gemm torch": lambda: mod.gptq_marlin_gemm(t["a"], t["q"], t["s"], None, None, None,
+                                                                   t["ws"], "u4b8", 1, n, k, c=tc, c_tmp=t["ct"],
+                                                                   **kw),
+            "marlin_gemm cupy": lambda: mod.marlin_gemm(a, wv, c=c, workspace=ws, c_tmp=ct, **kw),
+            "gemm_phase_fused mixtral": lambda: s13.gemm_phase_fused(hidden, *aligned, y, 1, block, top_k),
+            "fused_moe mixtral": lambda: mmod.fused_moe(hidden, s13, s2, topk_w, topk_ids),
+        }
+
+    per_variant = {name: cells(mod, pol) for name, (mod, pol) in variants.items()}
+    rows = []
+    for cell in per_variant["new"]:
+        timers, outs = {}, {}
+        for name, fns in per_variant.items():
+            fn = fns[cell]
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 (a tree without this entry point: the cell goes without it)
+                print(f"{cell:26s} {name:10s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            outs[name] = torch.from_dlpack(out).clone()
+            host_batch(fn, 20)  # plans and allocator warm
+            timers[name] = (lambda f=fn: host_batch(f))
+        stats = timing.interleaved(timers, args.rounds)
+        for name, st in stats.items():
+            ref = "old" if "old" in stats else name
+            ck, cn = (hid, 2 * inter) if "mixtral" in cell else (k, n)
+            row = dict(op=cell, k=ck, n=cn, m=1, wtype="u4b8", group=128, act="fp16", launch="plain", method=name, us=round(st["us"], 2),
+                       q1=round(st["q1"], 2), q3=round(st["q3"], 2), ratio_old=round(stats[ref]["us"] / st["us"], 4),
+                       calls=HOST_CALLS, **compare(torch, outs[name], outs[ref]))
+            rows.append(row)
+            print(f"{cell:26s} {name:10s} host {st['us']:8.2f} us/call [{st['q1']:.2f}-{st['q3']:.2f}] "
+                  f"x{row['ratio_old']:.3f} vs old  bits_equal={row['bits_equal_old']}", flush=True)
+    return rows
+
+
 def importlib_module(package, name: str):
     import importlib
 
@@ -286,7 +401,7 @@ def old_weight(old, w):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("family", choices=("gemm", "moe"))
+    p.add_argument("family", choices=("gemm", "moe", "host"))
     p.add_argument("--old-dir", required=True, type=pathlib.Path)
     p.add_argument("--out", default=".", type=pathlib.Path)
     p.add_argument("--m", default=None, help="default: 1,16,64 (gemm), 1,8,64 (moe)")
@@ -311,7 +426,7 @@ def main(argv=None) -> int:
     old = load_old(args.old_dir)
     trees = {name: load_old(folder, f"workbench_{name}") for name, folder in tree_dirs.items()}
     dev = timing.device()
-    rows = (ab_gemm if args.family == "gemm" else ab_moe)(args, torch, old, trees)
+    rows = {"gemm": ab_gemm, "moe": ab_moe, "host": ab_host}[args.family](args, torch, old, trees)
     meta = timing.meta(ROOT, dev, timing.ceilings(dev), {"old_dir": str(args.old_dir), "variants": args.variant,
                                                         "trees": {n: str(d) for n, d in tree_dirs.items()},
                                                         "launch": args.launch, "rounds": args.rounds,
