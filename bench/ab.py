@@ -15,9 +15,9 @@ way as ``workbench_NAME``, its defaults: e.g. this tree with a compile-time cons
 ``--variant NAME:field=value,...``: this tree with ``dataclasses.replace`` of its default policy (GemmPolicy for
 gemm, MoePolicy for moe; values are Python literals). Method: bench/timing.py, ``--launch`` graph (a graph of
 LAUNCHES calls on rotated inputs) and/or isolated (one call after an L2 flush, a spin kernel ahead of the start event:
-device time of a lone launch), ``--rounds`` interleaved rounds, median and quartiles. Each variant's output is
-compared with old's: ``bits_equal_old`` (what a change that keeps the partition and the summation order must give)
-and ``max_rel_old`` = max |x - old| / max |old|. ``host``: host µs per planned call (HOST_CALLS calls queued
+device time of a lone launch), ``--rounds`` interleaved rounds, median and quartiles. Each variant's first output
+(into a NaN-poisoned buffer) is compared with old's: ``bits_equal_old`` (what a change that keeps the partition and
+the summation order must give), ``max_rel_old`` = max |x - old| / max |old| and ``written`` (no poison left). ``host``: host µs per planned call (HOST_CALLS calls queued
 without a synchronisation, wall clock / calls; median of ``--rounds`` interleaved batches) of gptq_marlin_gemm on
 CuPy arrays and on torch tensors, marlin_gemm, one fused MoE phase and fused_moe at M = 1 (policy variants apply to
 the dense calls). Writes OUT/ab_<family>.json (default: the current directory) and
