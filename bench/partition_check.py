@@ -57,7 +57,11 @@ def cases():
             # 64-row tiles of 256 columns: the last slice's warp fold split over the k groups, beside
             # earlier slices folded whole
             (64, 2048, 1024, S.U4B8, 128, np.float16, 5), (64, 1024, 2048, S.U4B8, 128, BF16, 16),
-            (128, 1024, 1024, S.U4, 128, np.float16, 7), (256, 1024, 512, S.FE4M3FN, -1, np.float16, 6)]
+            (128, 1024, 1024, S.U4, 128, np.float16, 7), (256, 1024, 512, S.FE4M3FN, -1, np.float16, 6),
+            # the remaining M of the GEMM bench (2, 4, 32; 128 and 256 with the other weight types)
+            (2, 2048, 1024, S.U4B8, 128, np.float16, 5), (4, 1024, 1024, S.U8B128, 128, BF16, 6),
+            (32, 2048, 1024, S.FE4M3FN, -1, np.float16, 5), (32, 1024, 512, S.U4, 128, BF16, 3),
+            (128, 2048, 1024, S.U4B8, 128, BF16, 5), (256, 1024, 1024, S.U8B128, 128, np.float16, 7)]
 
 
 def run(old_dir, case_list=None) -> int:

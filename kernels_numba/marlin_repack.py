@@ -719,6 +719,7 @@ def launch_act_order_two_pass(src, perm, out, size_k: int, size_n: int, bits: in
 # costs 64 / 32 extracts per thread. The fields a thread moves form an 8 x 8 nibble (u4) or two 4 x 4 byte (u8)
 # matrices: AWQ word p, field f = Marlin word col(f), field p. With the Marlin words loaded in field order
 # f, a 3-stage (2-stage) mask-and-shift transpose (the one of pass 1) gives all AWQ words: 4 ops per pair and stage.
+# The only form kept: it timed the same as the per-field extracts (docs/performance.md, "Repack kernels").
 
 
 @cuda.jit(device=True, inline=True)
@@ -741,14 +742,11 @@ def transpose_stages(bits: int):
     return tuple(d for d, _, _ in stages), tuple(sh for _, sh, _ in stages), tuple(m for _, _, m in stages)
 
 
-def awq_direct_unpack_kernel_source(bits: int, wide_stores: bool | None = None, transpose: bool | None = None,
-                                    n_fastest: bool | None = None):
+def awq_direct_unpack_kernel_source(bits: int, wide_stores: bool | None = None, n_fastest: bool | None = None):
     """Marlin [E, K/16, N*16/pf] -> AWQ words [E, K, N/pf] (``wide_stores``: out is that array viewed as uint64
-    [E, K, N/pf/2]): the direct AWQ repack backwards, one k-tile a thread. ``transpose``: fields moved by the
-    transpose network instead of one at a time; ``n_fastest``: grid (n-blocks, K/16, E) instead of (K/16, n-blocks,
-    E). The defaults are the module switches."""
+    [E, K, N/pf/2]): the direct AWQ repack backwards, one k-tile a thread, the fields moved by the transpose network;
+    ``n_fastest``: grid (n-blocks, K/16, E) instead of (K/16, n-blocks, E). The defaults are the module switches."""
     wide = _policy.awq_unpack_wide_stores if wide_stores is None else wide_stores
-    use_transpose = _policy.awq_unpack_transpose if transpose is None else transpose
     nfast = _policy.awq_unpack_n_fastest if n_fastest is None else n_fastest
     four_bit, tiles_per_block, lane_shift, wpt = awq_layout(bits, DIRECT_THREADS)
     col_shift = 4 if four_bit else 5
@@ -768,22 +766,18 @@ def awq_direct_unpack_kernel_source(bits: int, wide_stores: bool | None = None, 
             ukt = uint64(kt)
             mw = cuda.local.array(8, dtype=uint32)
             for col in range(8):
-                if use_transpose:
-                    # AWQ field of column col: u4 (col >> 1) + 4*(col & 1); u8 word col >> 2, field as u4 in 2 bits
-                    if four_bit:
-                        slot = (col >> 1) + 4 * (col & 1)
-                    else:
-                        slot = 4 * (col >> 2) + ((col & 3) >> 1) + 2 * (col & 1)
-                else:
-                    slot = col
-                mw[slot] = marlin[ue, ukt, uint64(base + (col << col_shift))]  # Marlin word 16*col (32*col) + lane
-            if use_transpose:
-                # now mw[p] (u4) / mw[4h + p] (u8) = the AWQ word whose fields come from Marlin field p
+                # AWQ field of column col: u4 (col >> 1) + 4*(col & 1); u8 word col >> 2, field as u4 in 2 bits
                 if four_bit:
-                    transpose_fields(mw, 0, 8, t_dist, t_shift, t_mask)
+                    slot = (col >> 1) + 4 * (col & 1)
                 else:
-                    transpose_fields(mw, 0, 4, t_dist, t_shift, t_mask)
-                    transpose_fields(mw, 4, 4, t_dist, t_shift, t_mask)
+                    slot = 4 * (col >> 2) + ((col & 3) >> 1) + 2 * (col & 1)
+                mw[slot] = marlin[ue, ukt, uint64(base + (col << col_shift))]  # Marlin word 16*col (32*col) + lane
+            # now mw[p] (u4) / mw[4h + p] (u8) = the AWQ word whose fields come from Marlin field p
+            if four_bit:
+                transpose_fields(mw, 0, 8, t_dist, t_shift, t_mask)
+            else:
+                transpose_fields(mw, 0, 4, t_dist, t_shift, t_mask)
+                transpose_fields(mw, 4, 4, t_dist, t_shift, t_mask)
             k0 = kt * 16 + (row2 << 1)
             pair = cuda.local.array(2, dtype=uint32)  # AWQ words c0, c0 + 1 of one row
             for dr in range(4):  # rows k0, k0+1, k0+8, k0+9
@@ -793,19 +787,7 @@ def awq_direct_unpack_kernel_source(bits: int, wide_stores: bool | None = None, 
                         pos = (dr >> 1) + (h << 1) + ((dr & 1) << 2)  # nibble of the Marlin word (see the repack)
                     else:
                         pos = (dr >> 1) + ((dr & 1) << 1)  # byte: rows k0, k0+8, k0+1, k0+9
-                    if use_transpose:
-                        pair[h] = mw[pos] if four_bit else mw[4 * h + pos]
-                    else:
-                        w = uint32(0)
-                        if four_bit:
-                            for col in range(8):
-                                f = (col >> 1) + 4 * (col & 1)
-                                w = w | uint32(awq_field(mw[col], pos, 4) << uint32(f << 2))
-                        else:
-                            for i in range(4):
-                                f = (i >> 1) + 2 * (i & 1)
-                                w = w | uint32(awq_field(mw[4 * h + i], pos, 8) << uint32(f << 3))
-                        pair[h] = w
+                    pair[h] = mw[pos] if four_bit else mw[4 * h + pos]
                 if wide:
                     out[ue, uint64(k), uint64(c0 >> 1)] = uint64(pair[0]) | (uint64(pair[1]) << uint64(32))
                 else:
@@ -929,18 +911,16 @@ def _awq_direct_repack_kernel(bits: int, k_tiles_per_thread: int | None = None, 
                                                     n_fastest))
 
 
-def _awq_direct_unpack_kernel(bits: int, wide_stores: bool | None = None, transpose: bool | None = None,
-                              n_fastest: bool | None = None):
+def _awq_direct_unpack_kernel(bits: int, wide_stores: bool | None = None, n_fastest: bool | None = None):
     # None means the module switch; resolved here so the cache key names the kernel actually built
     wide = _policy.awq_unpack_wide_stores if wide_stores is None else wide_stores
-    use_transpose = _policy.awq_unpack_transpose if transpose is None else transpose
     nfast = _policy.awq_unpack_n_fastest if n_fastest is None else n_fastest
-    return _awq_direct_unpack_kernel_built(bits, wide, use_transpose, nfast)
+    return _awq_direct_unpack_kernel_built(bits, wide, nfast)
 
 
 @functools.lru_cache(maxsize=None)
-def _awq_direct_unpack_kernel_built(bits: int, wide: bool, use_transpose: bool, nfast: bool):
-    return jit(awq_direct_unpack_kernel_source(bits, wide, use_transpose, nfast))
+def _awq_direct_unpack_kernel_built(bits: int, wide: bool, nfast: bool):
+    return jit(awq_direct_unpack_kernel_source(bits, wide, nfast))
 
 
 @functools.lru_cache(maxsize=None)
@@ -1104,10 +1084,9 @@ def compile_targets():
     for bits in (4, 8):
         yield f"perm_gather[{bits}-bit]", perm_repack_kernel_source(bits), (u32_3d, i32_2d, u32_3d, types.int64)
         yield f"awq_direct_repack[{bits}-bit]", awq_direct_repack_kernel_source(bits), (u32_3d, u32_3d, types.int64)
-        for wide, use_transpose, nfast in ((False, False, False), (True, False, False), (True, True, False),
-                                           (True, False, True), (True, True, True)):
-            yield (f"awq_direct_unpack[{bits}-bit,wide_stores={wide},transpose={use_transpose},n_fastest={nfast}]",
-                   awq_direct_unpack_kernel_source(bits, wide, use_transpose, nfast),
+        for wide, nfast in ((False, False), (True, False), (True, True)):
+            yield (f"awq_direct_unpack[{bits}-bit,wide_stores={wide},n_fastest={nfast}]",
+                   awq_direct_unpack_kernel_source(bits, wide, nfast),
                    (u32_3d, u64_3d if wide else u32_3d, types.int64))
         yield f"npacked[{bits}-bit]", gptq_to_npacked_kernel_source(bits), (u32_3d, u32_3d, types.int64)
         for nfast in (False, True):
@@ -1330,7 +1309,7 @@ def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: 
     if target == "awq":
         nfast = p.awq_unpack_n_fastest and grid_n_fastest_fits(size_k)
         grid = awq_grid(size_k, size_n, bits, experts, 1, DIRECT_THREADS, nfast)
-        kernel = _awq_direct_unpack_kernel(bits, p.awq_unpack_wide_stores, p.awq_unpack_transpose, nfast)
+        kernel = _awq_direct_unpack_kernel(bits, p.awq_unpack_wide_stores, nfast)
         target_words = out.view(np.uint64) if p.awq_unpack_wide_stores else out  # N/pf is even (N % 64 == 0)
         return lambda: kernel[grid, DIRECT_THREADS, stream](src, target_words, size_n)
     if target == "row_major_bytes":

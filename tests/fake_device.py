@@ -1,5 +1,5 @@
 """A stand-in for CuPy and the CUDA driver, enough for the GEMM launch path to run to the final cuLaunchKernel on a
-machine without a GPU (CPU tests of the plan caches, bench/bench_host.py's CPU profile).
+machine without a GPU (CPU tests of the plan caches).
 
 ``FakeArray`` carries shape/strides/dtype/flags, a fake device address and device id, and the
 ``__cuda_array_interface__`` the launch path reads; ``install(monkeypatch_or_None)`` swaps it in for

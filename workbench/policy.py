@@ -399,9 +399,6 @@ class RepackPolicy(_Hashed):
     act_order_pass2_n_fastest: bool = True
     # Marlin -> AWQ with 8-byte stores (whole sectors per warp store): faster, both widths
     awq_unpack_wide_stores: bool = True
-    # Marlin -> AWQ words loaded in AWQ field order (a mask-and-shift transpose instead of per-field extracts): no
-    # measured gain on the n-fastest grid (within 1%); kept as the default
-    awq_unpack_transpose: bool = True
     # Marlin -> AWQ on the n-fastest grid (whole rows read and written): faster than k-fastest, both widths
     awq_unpack_n_fastest: bool = True
     # Marlin -> GPTQ u8 / FP8 raw bits through the paired 8-byte-store kernel: faster than the direct unpack
@@ -421,7 +418,9 @@ REPACK_GLOBALS: dict[str, tuple[str, Any, Any]] = {
         "AWQ_K_TILES_PER_THREAD", "ACT_ORDER_PASS2_K_TILES_PER_THREAD")},
     **{name: (name.lower(), *_same) for name in (
         "AWQ_REPACK_N_FASTEST", "ACT_ORDER_TWO_PASS", "ACT_ORDER_PASS2_N_FASTEST", "AWQ_UNPACK_WIDE_STORES",
-        "AWQ_UNPACK_TRANSPOSE", "AWQ_UNPACK_N_FASTEST", "PAIRED_UNPACK_8BIT", "PAIRED_UNPACK_K_TILES_PER_THREAD")},
+        "AWQ_UNPACK_N_FASTEST", "PAIRED_UNPACK_8BIT", "PAIRED_UNPACK_K_TILES_PER_THREAD")},
     # removed with the inverse tile's earlier modes: reads the one mode left, writes warn and change nothing
     "TRANSPOSE_INVERSE_MODE": (None, None, lambda _: "staged_marlin"),
+    # removed (the AWQ unpack always moves fields by the transpose network): reads True, writes warn
+    "AWQ_UNPACK_TRANSPOSE": (None, None, lambda _: True),
 }

@@ -201,3 +201,20 @@ def test_moe_rotated_routings_avoid_the_previous_experts_at_decode_sizes():
         assert not set(prev.ravel()) & set(cur.ravel())
     big = bench_moe.rotated_routings(rng, 64, 8, 2, 3)  # every expert touched: drawn from all
     assert all(r.shape == (64, 2) and all(len(set(row)) == 2 for row in r) for r in big)
+
+
+def test_ab_compare_is_bitwise_and_sees_poison_left():
+    import torch
+
+    x = torch.randn(4, 8).half()
+    assert ab.compare(torch, x, x.clone()) == {"bits_equal_old": True, "max_rel_old": 0.0, "written": True}
+    z = torch.zeros(2, 2).half()
+    assert not ab.compare(torch, -z, z)["bits_equal_old"]  # -0.0 == 0.0 as values, not as bits
+    y = x.clone()
+    y[1, 2] = float("nan")  # a poisoned element the kernel did not write
+    r = ab.compare(torch, y, x)
+    assert not r["bits_equal_old"] and not r["written"]
+    assert not ab.compare(torch, y, y.clone())["written"]
+    with pytest.raises(ValueError, match="NAME=DIR"):
+        ab.parse_tree("no-equals-sign")
+    assert ab.parse_tree("nosr=../nosr") == ("nosr", pathlib.Path("../nosr"))

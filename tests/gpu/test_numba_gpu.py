@@ -247,7 +247,7 @@ def test_round3_inverse_and_act_order_switches(k, n, bits, new):
     defaults (two-pass act-order with pass 2 on the n-fastest grid, AWQ inverse with 8-byte stores, the transpose
     network and the n-fastest grid, paired GPTQ u8 inverse)."""
     policy = dataclasses.replace(RepackPolicy(), act_order_two_pass=new, act_order_pass2_n_fastest=new,
-                                 awq_unpack_wide_stores=new, awq_unpack_transpose=new, awq_unpack_n_fastest=new,
+                                 awq_unpack_wide_stores=new, awq_unpack_n_fastest=new,
                                  paired_unpack_8bit=new)
     case = _case(k, n, bits)
     d_marlin = cupy.asarray(case["marlin"])
@@ -264,10 +264,10 @@ def test_round3_inverse_and_act_order_switches(k, n, bits, new):
 
 @pytest.mark.parametrize("k,n", ROUND3_SHAPES[:2])
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("transpose,n_fastest", [(True, False), (False, True)])
-def test_round4_awq_inverse_mixed_switches(k, n, bits, transpose, n_fastest):
-    """The AWQ inverse's two round-4 switches one at a time (both on and both off: the switch test above)."""
-    policy = dataclasses.replace(RepackPolicy(), awq_unpack_transpose=transpose, awq_unpack_n_fastest=n_fastest)
+@pytest.mark.parametrize("n_fastest", [False, True])
+def test_round4_awq_inverse_mixed_switches(k, n, bits, n_fastest):
+    """The AWQ inverse's grid order alone, 8-byte stores on (every switch off and all on: the switch test above)."""
+    policy = dataclasses.replace(RepackPolicy(), awq_unpack_n_fastest=n_fastest)
     case = _case(k, n, bits)
     with poison_outputs():
         awq = kr.marlin_to_awq_qweight(cupy.asarray(case["marlin"]), k, n, bits, policy=policy)

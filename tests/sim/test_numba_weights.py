@@ -251,15 +251,14 @@ def test_transpose_tile_inverse(rng):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("wide_stores,transpose,n_fastest", [(False, False, False), (True, False, False),
-                                                             (True, True, False), (True, True, True)])
-def test_awq_unpack_store_widths(bits, wide_stores, transpose, n_fastest, rng):
-    """Marlin -> AWQ with 4-byte and 8-byte stores, fields one at a time or through the transpose network, k- or
-    n-fastest grid; 2 experts, N = 576 (the last block of n-tiles is partial)."""
+@pytest.mark.parametrize("wide_stores,n_fastest", [(False, False), (True, False), (True, True)])
+def test_awq_unpack_store_widths(bits, wide_stores, n_fastest, rng):
+    """Marlin -> AWQ with 4-byte and 8-byte stores, k- or n-fastest grid; 2 experts, N = 576 (the last block of
+    n-tiles is partial)."""
     experts, k, n = 2, 32, 576
     codes = [_codes(rng, k, n, bits) for _ in range(experts)]
     marlin = np.stack([marlin_tile.marlin_repack_codes(c, bits) for c in codes]).view(np.uint32)
-    kernel = kr._awq_direct_unpack_kernel(bits, wide_stores, transpose, n_fastest)
+    kernel = kr._awq_direct_unpack_kernel(bits, wide_stores, n_fastest)
     grid = kr.awq_grid(k, n, bits, experts, 1, kr.DIRECT_THREADS, n_fastest)
     out_shape = (experts, k, n * bits // 32)
     got = _run_kernel(kernel, grid, kr.DIRECT_THREADS, out_shape, [marlin], n, np.uint64 if wide_stores else None)
@@ -336,7 +335,7 @@ def test_awq_repack_on_an_n_fastest_grid(rng):
 def test_round3_switches_off_give_the_round2_kernels_exactly(bits, rng):
     """The A/B's old variants stay reachable through the wrappers: Marlin -> AWQ with 4-byte stores, Marlin -> GPTQ
     8-bit through the direct unpack."""
-    policy = dataclasses.replace(RepackPolicy(), awq_unpack_wide_stores=False, awq_unpack_transpose=False,
+    policy = dataclasses.replace(RepackPolicy(), awq_unpack_wide_stores=False,
                                  awq_unpack_n_fastest=False, paired_unpack_8bit=False)
     k, n = 32, 128
     codes = _codes(rng, k, n, bits)
