@@ -111,7 +111,7 @@ def _address_on(x, device: int, name: str) -> int:
 def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m: int, size_n: int,
                      size_k: int, is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = True,
                      *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, stream=None, sms: int = -1,
-                     policy: GemmPolicy | None = None):
+                     policy: GemmPolicy | None = None, family: str | None = None):
     """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays, PyTorch
     CUDA tensors or any ``__cuda_array_interface__`` arrays (Numba's).
 
@@ -124,6 +124,8 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     device of every array and each address (non-null, 16-byte aligned).
 
     ``policy``: how the kernel, grid and launch are chosen (workbench.policy.GemmPolicy; None: the default).
+    ``family``: "mma_sync" or "wgmma" forces that kernel family (workbench.gemm.hopper); None: the policy's
+    ``kernel_families`` table, falling back to mma.sync where the wgmma family cannot run the problem.
 
     Frameworks: ``stream=None`` is the current stream of A's framework (``torch.cuda.current_stream()`` for a torch
     tensor, CuPy's otherwise; a torch / CuPy / Numba stream object or a raw handle may be passed), and what the call
@@ -132,6 +134,12 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     """
     if policy is None:
         policy = _defaults["_default_policy"]
+    if family is not None or policy.kernel_families:
+        from workbench.gemm import hopper
+        if hopper.routes_to_wgmma(a, b_q_weight, b_scales, g_idx, perm, b_q_type, size_m, size_n, size_k, policy,
+                                  family):
+            return hopper.wgmma_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
+                                     is_k_full, c=c, stream=stream, sms=sms, policy=policy)
     key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                     is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy)
     plan = _array_plans.get(key) if key is not None else None
@@ -299,7 +307,7 @@ def scratch_buffers(device: int, stream_ptr: int, sms: int, framework: str = "cu
 
 def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_add: bool = False,
                 use_fp32_reduce: bool = True, deterministic: bool = False, workspace=None, c_tmp=None, a_tmp=None,
-                stream=None, sms: int = -1, policy: GemmPolicy | None = None):
+                stream=None, sms: int = -1, policy: GemmPolicy | None = None, family: str | None = None):
     """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array or
     another framework's (see gptq_marlin_gemm: streams and allocations follow a's framework).
 
@@ -330,7 +338,8 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
     return gptq_marlin_gemm(a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm, workspace,
                             weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
                             use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
-                            a_tmp=a_tmp, deterministic=deterministic, stream=stream_ptr, sms=sms, policy=policy)
+                            a_tmp=a_tmp, deterministic=deterministic, stream=stream_ptr, sms=sms, policy=policy,
+                            family=family)
 
 
 def _on_device(x) -> bool:
