@@ -11,6 +11,9 @@ x |a| @ |W|, fp32 accumulation in different orders), reported as ``agree_vllm`` 
 |ours - vllm| / bound). humming gets its own random weights of the same type and shape (its layout differs).
 ``us`` per call; ``gbs`` = (weights + scales [+ zero points] + A + C) bytes / time. ``pdl``: ours with
 programmatic dependent launches (the default on sm_90) or without (the GEMM before it in a graph cannot overlap).
+``ours_wgmma``: our wgmma kernel family (workbench.gemm.hopper, forced with ``family="wgmma"``) on the same weights
+as ``ours``, where it can run them (sm_90, u4b8 g128 so far; ``--wgmma off`` leaves it out); its output is checked
+against ours (mma.sync) within twice the bound both must meet (``agree_mma_sync``, ``err_ratio_mma_sync``).
 Writes OUT/gemm.json (schema: bench/README.md). ``--budget-s``: wall seconds after which remaining layers and
 optional types are skipped (the rows say what ran).
 """
@@ -98,6 +101,8 @@ def main(argv=None) -> int:
     p.add_argument("--vllm-wtypes", default="u4b8,fe4m3fn")
     p.add_argument("--humming-wtypes", default="u4b8")
     p.add_argument("--launch", default="graph,plain")
+    p.add_argument("--wgmma", default="auto", choices=("auto", "off"),
+                   help="auto: time ours_wgmma where the wgmma family runs the cell")
     p.add_argument("--budget-s", type=float, default=0, help="skip what remains after this many seconds (0: none)")
     p.add_argument("--append", action="store_true", help="add to the rows of an existing OUT/gemm.json")
     p.add_argument("--humming-ready", help="PREFIX: time humming on a layer only once PREFIX.KxN exists (written "
@@ -130,6 +135,16 @@ def main(argv=None) -> int:
     cfgs = [gemm.config_for(ScalarType.F16, ScalarType.parse(w), m, n, k, GROUP[w], False)
             for w in wtypes for k, n in layers for m in ms]
     gemm.precompile(cfgs, workers=16)
+    from workbench.gemm import hopper
+
+    cc = gemm.device_properties(torch.cuda.current_device())[0]
+
+    def wgmma_runs(w, k, n):
+        wt = ScalarType.parse(w)
+        return args.wgmma == "auto" and hopper.unsupported(ScalarType.F16, wt, n, k, GROUP[w], False, k, cc) is None
+
+    hopper.precompile({hopper.choose_config(ScalarType.F16, ScalarType.parse(w), m, DEFAULT_GEMM_POLICY)
+                       for w in wtypes for k, n in layers for m in ms if wgmma_runs(w, k, n)})
     compile_key = "ours_compile_s_" + "_".join(wtypes)
     notes[compile_key] = round(time.time() - t0, 1)
     print(f"ours compiled {len(set(c.name_expression for c in cfgs))} kernels in {notes[compile_key]} s", flush=True)
@@ -211,7 +226,7 @@ def main(argv=None) -> int:
                 c16 = torch.empty(m, n, device="cuda", dtype=torch.float16)
                 cells[("cublas", "fp16", None)] = (
                     launch_list(lambda i: torch.matmul(a[i % 2], w16[i % len(w16)], out=c16)), k * n * 2 + io_bytes)
-            agree = {}
+            agree, agree_mma = {}, {}
             for w in wtypes:
                 ws = ours[w]
                 wt = ws[0].weight_type
@@ -223,6 +238,15 @@ def main(argv=None) -> int:
                                             policy=pol)
 
                 cells[("ours", w, programmatic)] = (launch_list(ours_call), nb)
+                if wgmma_runs(w, k, n):
+                    cg = torch.empty(m, n, device="cuda", dtype=torch.float16)
+
+                    def wgmma_call(i, cg=cg, ws=ws):
+                        return gemm.marlin_gemm(a[i % 2], ws[i % len(ws)], c=cg, family="wgmma")
+
+                    cells[("ours_wgmma", w, None)] = (launch_list(wgmma_call), nb)
+                    agree_mma[w] = compare(torch, gemm, a[0], ws[0], c, cg, workspace, c_tmp, None,
+                                           lambda a_, w_, c_, _: gemm.marlin_gemm(a_, w_, c=c_, family="wgmma"))
                 if programmatic:
                     cells[("ours", w, False)] = (launch_list(lambda i, f=ours_call: f(i, pol=policy_nopdl)), nb)
                 if vllm is not None and w in vllm_wtypes:
@@ -259,6 +283,8 @@ def main(argv=None) -> int:
                     row["speedup_vs_cublas"] = round(cublas_us[launch] / st["us"], 3)
                 if method in ("ours", "vllm_marlin") and w in agree:
                     row["agree_vllm"], row["err_ratio_vllm"] = agree[w]
+                if method == "ours_wgmma" and w in agree_mma:
+                    row["agree_mma_sync"], row["err_ratio_mma_sync"] = agree_mma[w]
                 rows.append(row)
                 print(f"{name:>11s} M={m:4d} {method:12s} {w:8s} {launch:5s} pdl={str(pdl):5s} {st['us']:9.2f} us "
                       f"{row['gbs']:7.0f} GB/s x{row.get('speedup_vs_cublas', 0):.2f}"

@@ -278,12 +278,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_gemm(MWB_HOPPER_PARAMS) {
       for (int e = 0; e < WN / 2; ++e) red_at(s, e) = acc[s][e];
   }
   __syncthreads();
-  if (!SPLIT_M && wg == 0) {  // warpgroup 0's sums after warpgroup 1's: one fixed order
+  if (!SPLIT_M) {
+    if (wg == 0) {  // warpgroup 0's sums after warpgroup 1's: one fixed order
 #pragma unroll
-    for (int s = 0; s < 4; ++s)
+      for (int s = 0; s < 4; ++s)
 #pragma unroll
-      for (int e = 0; e < WN / 2; ++e) red_at(s, e) = acc[s][e] + red_at(s, e);
-    __syncthreads();
+        for (int e = 0; e < WN / 2; ++e) red_at(s, e) = acc[s][e] + red_at(s, e);
+    }
+    __syncthreads();  // (every thread: a barrier inside the branch would pair with another one of warpgroup 1)
   }
 
   // 256 threads, 8 consecutive columns each: 8 rows of the tile per pass

@@ -184,8 +184,9 @@ class GemmPolicy(_Hashed):
     kernel_families: tuple = ()
     # the wgmma family's block tile by M: ((max M, (rows of A per block, warpgroups split M, stages)), ...), first
     # row with M <= max M (None: any M): a 32- or 64-row tile whose two warpgroups split each stage's k16 steps for
-    # small M, 128 rows split between the warpgroups above
-    wgmma_tiles: tuple = ((32, (32, False, 6)), (64, (64, False, 4)), (None, (128, True, 4)))
+    # small M, 128 rows split between the warpgroups above; rings as deep as one block per SM allows (a slot is
+    # refilled two stages after its use, so STAGES - 2 stages are in flight)
+    wgmma_tiles: tuple = ((32, (32, False, 10)), (64, (64, False, 8)), (None, (128, True, 6)))
     # the wgmma family splits K over blocks until about one block per SM runs, each split keeping at least this many
     # 64-deep stages (fewer leave the ring's prologue uncovered)
     wgmma_min_split_stages: int = 4

@@ -66,6 +66,32 @@ def test_identity_rows_give_the_dequantized_weight_exactly(m, i0, gs):
         np.testing.assert_array_equal(out, q.w_ref[i0:i0 + m], err_msg=f"M={m} rows from {i0}, sms={sms}")
 
 
+@pytest.mark.parametrize("m", [32, 33, 64, 96, 128, 129, 256, 511, 1024])
+@pytest.mark.parametrize("k,n", [(4096, 512), (1024, 2048)])
+def test_random_data_within_the_fp32_accumulation_bound(m, k, n):
+    mw, q = random_marlin_weight(k, n, S.U4B8, 128, act_dtype=F16, seed=m + k)
+    w_dev = gemm.upload_weight(mw)
+    a = (np.random.default_rng(m).standard_normal((m, k)) * 0.5).astype(F16)
+    ref = a.astype(np.float32) @ q.w_ref
+    for sms in (-1, 3):
+        out = run(a, w_dev, sms=sms)
+        assert np.isfinite(out).all()
+        err = np.abs(out - ref)
+        b = bound(a, q.w_ref, k)
+        assert (err <= b).all(), f"M={m} sms={sms}: worst error / bound = {np.max(err / b):.3g}"
+
+
+def test_split_k_is_deterministic():
+    k, n, m = 8192, 512, 64
+    mw, _ = random_marlin_weight(k, n, S.U4B8, 128, act_dtype=F16, seed=7)
+    w_dev = gemm.upload_weight(mw)
+    a = (np.random.default_rng(8).standard_normal((m, k))).astype(F16)
+    assert hopper.grid(m, n, k, 64, gemm.device_properties(0)[1], DEFAULT_GEMM_POLICY)[2] > 1
+    first = run(a, w_dev)
+    for _ in range(3):
+        np.testing.assert_array_equal(run(a, w_dev), first)
+
+
 def exact_weight(k, n, gs, seed):
     """Weights whose products with small integers sum exactly in fp32: codes arange-coded (code of (k, n) =
     (k + 3 n) % 16, so a misplaced element changes the sum) and power-of-two scales 2^-2 .. 2^1."""
@@ -91,32 +117,6 @@ def test_arange_coded_weights_exact_and_equal_to_the_mma_sync_kernel(m):
     out = run(a, w_dev)
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_array_equal(out, run(a, w_dev, family="mma_sync"))
-
-
-@pytest.mark.parametrize("m", [32, 33, 64, 96, 128, 129, 256, 511, 1024])
-@pytest.mark.parametrize("k,n", [(4096, 512), (1024, 2048)])
-def test_random_data_within_the_fp32_accumulation_bound(m, k, n):
-    mw, q = random_marlin_weight(k, n, S.U4B8, 128, act_dtype=F16, seed=m + k)
-    w_dev = gemm.upload_weight(mw)
-    a = (np.random.default_rng(m).standard_normal((m, k)) * 0.5).astype(F16)
-    ref = a.astype(np.float32) @ q.w_ref
-    for sms in (-1, 3):
-        out = run(a, w_dev, sms=sms)
-        assert np.isfinite(out).all()
-        err = np.abs(out - ref)
-        b = bound(a, q.w_ref, k)
-        assert (err <= b).all(), f"M={m} sms={sms}: worst error / bound = {np.max(err / b):.3g}"
-
-
-def test_split_k_is_deterministic():
-    k, n, m = 8192, 512, 64
-    mw, _ = random_marlin_weight(k, n, S.U4B8, 128, act_dtype=F16, seed=7)
-    w_dev = gemm.upload_weight(mw)
-    a = (np.random.default_rng(8).standard_normal((m, k))).astype(F16)
-    assert hopper.grid(m, n, k, 64, gemm.device_properties(0)[1], DEFAULT_GEMM_POLICY)[2] > 1
-    first = run(a, w_dev)
-    for _ in range(3):
-        np.testing.assert_array_equal(run(a, w_dev), first)
 
 
 def test_the_default_policy_keeps_mma_sync_and_the_table_routes():

@@ -138,6 +138,8 @@ def routes_to_wgmma(a, b_q_weight, b_scales, g_idx, perm, b_q_type, size_m, size
     if family == "wgmma":
         return True
     try:
+        a, b_scales, g_idx, perm = (rt.as_device_array(x, name) for x, name in
+                                    ((a, "A"), (b_scales, "b_scales"), (g_idx, "g_idx"), (perm, "perm")))
         act = act_scalar_type(a.dtype)
         groups = int(b_scales.shape[0])
         group = size_k // groups if groups > 1 else -1
@@ -213,11 +215,17 @@ def wgmma_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m: 
     or ``__cuda_array_interface__`` arrays). Every check runs on the first call of a layout; a problem the family
     cannot run is a ValueError naming why (see ``unsupported``)."""
     policy = policy or default_policy()
+    framework = rt.framework_of(a)
+    c_given = c
+    # another framework's arrays: views with CuPy's attribute names (outputs still come from that framework's pool)
+    a, b_q_weight, b_scales, b_zeros, g_idx, perm, c = (
+        rt.as_device_array(x, name) for x, name in ((a, "A"), (b_q_weight, "b_q_weight"), (b_scales, "b_scales"),
+                                                   (b_zeros, "b_zeros"), (g_idx, "g_idx"), (perm, "perm"), (c, "c")))
     key = (type(a), tuple(a.shape), tuple(a.strides), str(a.dtype), tuple(b_q_weight.shape),
            tuple(b_scales.shape), str(b_scales.dtype), None if b_zeros is None else tuple(b_zeros.shape),
            None if g_idx is None else tuple(g_idx.shape), None if perm is None else tuple(perm.shape),
            str(b_q_type), size_m, size_n, size_k, bool(is_k_full), sms, policy.token,
-           rt.device_pointer(a, "A")[1])
+           a.data.device_id)
     plan = _plans.get(key)
     if plan is None:
         plan = _plan(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k, is_k_full, c,
@@ -225,14 +233,14 @@ def wgmma_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m: 
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[key] = plan
-    framework = rt.framework_of(a)
     device = plan.device
     stream_ptr = rt.stream_handle(stream, framework, device)
     if c is None:
-        c = rt_arrays.empty(framework, plan.out_shape, plan.out_dtype, device)
-    elif tuple(c.shape) != plan.out_shape or np.dtype(c.dtype) != plan.out_dtype:
-        raise ValueError(f"c has shape {tuple(c.shape)} and dtype {c.dtype}; expected {plan.out_shape}, "
-                         f"{plan.out_dtype}")
+        c = c_given = rt_arrays.empty(framework, plan.out_shape, plan.out_dtype, device)
+    elif (tuple(c.shape) != plan.out_shape or np.dtype(c.dtype) != plan.out_dtype
+          or not c.flags["C_CONTIGUOUS"]):
+        raise ValueError(f"c has shape {tuple(c.shape)}, dtype {c.dtype}, contiguous {c.flags['C_CONTIGUOUS']}; "
+                         f"expected a contiguous {plan.out_shape} array of {plan.out_dtype}")
     partial, counters = _scratch_for(device, stream_ptr, framework, plan.partial_floats, plan.counters)
     ptrs = []
     for x, name in ((a, "A"), (b_q_weight, "b_q_weight"), (c, "c"), (partial, "partial"), (counters, "counters"),
@@ -246,7 +254,7 @@ def wgmma_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m: 
     with plan.lock:
         plan.args.set(ptrs + [size_m, size_n, size_k, plan.lda, size_k // b_scales.shape[0]])
         rt.launch_kernel(plan.launch, stream_ptr, plan.args.address)
-    return c
+    return c_given
 
 
 def precompile(configs, device: int = 0) -> None:
