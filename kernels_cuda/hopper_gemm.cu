@@ -11,13 +11,13 @@
 // wgmma row 16 w + i is problem column 64 w + 16 s + i.
 //
 // One block = two warpgroups (256 threads), 256 problem columns (4 Marlin tiles) x BM rows of A. All threads fetch a
-// stage (cp.async, 64 k: four k16 rows of weights, one group row of scales, BM rows of A written with the 128-byte
-// swizzle the wgmma descriptor names); STAGES slots, refilled two stages after their use so that the one wgmma group a
-// warpgroup leaves in flight never reads a slot being overwritten. The two warpgroups split the block's work:
+// stage (cp.async, STAGE_K = 64 or 128 k: STAGE_K / 16 k16 rows of weights, the group rows of scales they span, BM
+// rows of A written with the 128-byte swizzle the wgmma descriptor names); STAGES slots, refilled two stages after
+// their use so that the one wgmma group a warpgroup leaves in flight never reads a slot being overwritten. The two warpgroups split the block's work:
 //   SPLIT_M = false: both take all BM rows, warpgroup g the k16 steps g and g + 2 of each stage (their sums are folded
 //                    through shared memory at the end);
 //   SPLIT_M = true:  warpgroup g takes rows g BM/2 .. of every k16 step (each dequantizes the stage's weights).
-// Scales multiply the weight before the MMA (grouped scales, groups of >= 64 rows: one group row per stage), so the
+// Scales multiply the weight before the MMA (grouped scales, groups of >= 64 rows: at most two rows per stage), so the
 // numerics are those of the mma.sync kernel's grouped path: fp16 weight = round((code - 8) x scale), fp32 sums.
 // Epilogue: accumulators -> shared fp32 tile [BM][256] -> 16-byte rows of C; with split-K over blocks (gridDim.z > 1)
 // every block writes its fp32 partial, and the last block of a tile (a counter, reset by that block) sums them in
@@ -29,20 +29,25 @@
 namespace mwb {
 namespace hopper {
 
-constexpr int kThreads = 256;       // two warpgroups
-constexpr int kBlockN = 256;        // problem columns per block: four 64-column Marlin tiles
-constexpr int kStageK = 64;         // k per stage: one 128-byte swizzle row of 16-bit activations
-constexpr int kSteps = kStageK / 16;  // k16 steps per stage
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kBlockN = 256;   // problem columns per block: four 64-column Marlin tiles
+constexpr int kAtomK = 64;     // k of one 128-byte swizzle row of 16-bit activations
 
-template <typename T, int W, int BM, bool SPLIT_M, int STAGES>
+// STAGE_K: k per stage, 64 or 128 (one or two swizzle atoms of A side by side: atom j holds k 64 j .. 64 j + 63 of
+// the stage's BM rows); a longer stage spreads the stage's barrier and fetch issue over more wgmma.
+template <typename T, int W, int BM, bool SPLIT_M, int STAGES, int STAGE_K>
 struct Tile {
   static_assert(Weight<W>::kBits == 4, "this stage of the family reads 4-bit weights");
   static_assert(STAGES >= 3, "slots are refilled two stages after their use");
+  static_assert(STAGE_K == 64 || STAGE_K == 128, "stages of one or two swizzle atoms");
   static constexpr int WN = SPLIT_M ? BM / 2 : BM;  // wgmma n: rows of A per warpgroup
   static_assert(WN == 32 || WN == 64, "wgmma n of 32 or 64 (accumulators: 2 WN floats a thread)");
-  static constexpr int kABytes = BM * 128;                  // BM rows x 64 k, 128-byte swizzled
-  static constexpr int kBBytes = kSteps * 4 * 512;          // four k16 rows of four 512-byte tiles
-  static constexpr int kSBytes = 1024;                      // one group row (512 bytes), padded: slots stay aligned
+  static constexpr int kSteps = STAGE_K / 16;               // k16 steps per stage
+  static constexpr int kAtoms = STAGE_K / kAtomK;
+  static constexpr int kAtomBytes = BM * 128;               // BM rows x 64 k, 128-byte swizzled
+  static constexpr int kABytes = kAtoms * kAtomBytes;
+  static constexpr int kBBytes = kSteps * 4 * 512;          // kSteps k16 rows of four 512-byte tiles
+  static constexpr int kSBytes = 1024;  // up to two group rows (512 bytes each; groups >= 64), slots stay aligned
   static constexpr int kAOff = 0, kBOff = kABytes, kSOff = kABytes + kBBytes;
   static constexpr int kStageBytes = kABytes + kBBytes + kSBytes;  // a multiple of 1024 (the swizzle's period)
   static constexpr int kRedStride = kBlockN + 4;  // floats per row of the epilogue tile (+4: conflict-free stores)
@@ -133,10 +138,11 @@ struct Wgmma<kBf16, 64> {
 // Grid: (prob_n / 256 column blocks, ceil(prob_m / BM) row tiles, splits of K). partial: splits x BM x 256 fp32 per
 // (row tile, column block) when splits > 1; counters: one int per (row tile, column block), zero between calls.
 // lda: A's row stride in elements (a multiple of 8).
-template <typename T, int W, int BM, bool SPLIT_M, int STAGES>
+template <typename T, int W, int BM, bool SPLIT_M, int STAGES, int STAGE_K>
 __global__ void __launch_bounds__(kThreads, 1) hopper_gemm(MWB_HOPPER_PARAMS) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using G = Tile<T, W, BM, SPLIT_M, STAGES>;
+  using G = Tile<T, W, BM, SPLIT_M, STAGES, STAGE_K>;
+  constexpr int kSteps = G::kSteps;
   using Pair = typename Act<T>::Pair;
   constexpr int WN = G::WN;
   extern __shared__ int4 smem_raw[];
@@ -151,35 +157,37 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_gemm(MWB_HOPPER_PARAMS) {
   const int nb = blockIdx.x, mt = blockIdx.y, z = blockIdx.z, splits = gridDim.z;
   const int m0 = mt * BM;
   const int n_tiles = prob_n / 64;
-  const int total_stages = prob_k / kStageK;
+  const int total_stages = prob_k / STAGE_K;
+  const int scale_rows = STAGE_K > group_size ? STAGE_K / group_size : 1;  // group rows a stage spans (1 or 2)
   const int st_begin = static_cast<int>(static_cast<long long>(z) * total_stages / splits);
   const int st_end = static_cast<int>(static_cast<long long>(z + 1) * total_stages / splits);
   const int n_st = st_end - st_begin;
 
   // ---- fetch of stage st (global) into slot (shared address) ----
   auto fetch = [&](int st, unsigned slot) {
-    // weights: four k16 rows x four tiles x 32 int4, contiguous per k16 row in global memory
+    // weights: kSteps k16 rows x four tiles x 32 int4, contiguous per k16 row in global memory
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < kSteps * 128 / kThreads; ++n) {
       const int i = tid + n * kThreads;
       const int r = i / 128, within = i % 128;
       const int4* src = B + (static_cast<long long>(st * kSteps + r) * n_tiles + nb * 4) * 32 + within;
       cp_async16_at(slot + G::kBOff + 16 * i, src);
     }
-    // scales: the stage's group row, this block's 256 columns (32 int4)
-    if (tid < 32) {
-      const int g = st * kStageK / group_size;
-      cp_async16_at(slot + G::kSOff + 16 * tid, scales + (static_cast<long long>(g) * prob_n + nb * kBlockN) / 8 + tid);
+    // scales: the stage's group rows, this block's 256 columns (32 int4 a row)
+    if (tid < 32 * scale_rows) {
+      const int g = st * STAGE_K / group_size + tid / 32;
+      cp_async16_at(slot + G::kSOff + 16 * tid,
+                    scales + (static_cast<long long>(g) * prob_n + nb * kBlockN) / 8 + tid % 32);
     }
-    // activations: BM rows x 8 chunks of 16 bytes; chunk c of row r at c ^ (r % 8) (the 128-byte swizzle)
+    // activations: per atom, BM rows x 8 chunks of 16 bytes; chunk c of row r at c ^ (r % 8) (the 128-byte swizzle)
 #pragma unroll
-    for (int n = 0; n < BM * 8 / kThreads; ++n) {
+    for (int n = 0; n < G::kAtoms * BM * 8 / kThreads; ++n) {
       const int i = tid + n * kThreads;
-      const int r = i / 8, c = i % 8;
+      const int atom = i / (BM * 8), r = (i / 8) % BM, c = i % 8;
       const int row = m0 + r;
       const bool valid = row < prob_m;
-      const int4* src = A + (static_cast<long long>(valid ? row : 0) * lda + st * kStageK) / 8 + c;
-      cp_async16_at(slot + G::kAOff + r * 128 + 16 * (c ^ (r % 8)), src, valid);
+      const int4* src = A + (static_cast<long long>(valid ? row : 0) * lda + st * STAGE_K + atom * kAtomK) / 8 + c;
+      cp_async16_at(slot + G::kAOff + atom * G::kAtomBytes + r * 128 + 16 * (c ^ (r % 8)), src, valid);
     }
   };
 
@@ -216,10 +224,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_gemm(MWB_HOPPER_PARAMS) {
       cp_async_commit();
     }
     const unsigned slot = base + (it % STAGES) * G::kStageBytes;
-    // scale pairs of this lane's columns 64 wl + 16 s + lane / 4 + 8 h (P64: value 2 s + h of the lane's vector)
+    // scale pairs of this lane's columns 64 wl + 16 s + lane / 4 + 8 h (P64: value 2 s + h of the lane's vector) in
+    // group row `row` of the stage
     Pair sc[4][2][2];
-    {
-      const int4 v = lds128(slot + G::kSOff + 16 * (wl * 8 + lane / 4));
+    auto load_scales = [&](int row) {
+      const int4 v = lds128(slot + G::kSOff + 512 * row + 16 * (wl * 8 + lane / 4));
       const unsigned w[4] = {static_cast<unsigned>(v.x), static_cast<unsigned>(v.y), static_cast<unsigned>(v.z),
                              static_cast<unsigned>(v.w)};
 #pragma unroll
@@ -227,11 +236,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_gemm(MWB_HOPPER_PARAMS) {
         sc[s][0][0] = sc[s][0][1] = as_pair<Pair>(__byte_perm(w[s], 0, 0x1010));
         sc[s][1][0] = sc[s][1][1] = as_pair<Pair>(__byte_perm(w[s], 0, 0x3232));
       }
-    }
+    };
     constexpr int kMySteps = SPLIT_M ? kSteps : kSteps / 2;
 #pragma unroll
     for (int q = 0; q < kMySteps; ++q) {
       const int step = SPLIT_M ? q : 2 * q + wg;
+      // a stage of 128 with groups of 64 spans two group rows: the second from step 4 on
+      auto row_of = [&](int k16) { return STAGE_K > group_size && k16 * 16 >= group_size ? 1 : 0; };
+      if (q == 0 || row_of(step) != row_of(step - (SPLIT_M ? 1 : 2))) load_scales(row_of(step));
       const int4 wv = lds128(slot + G::kBOff + 16 * ((step * 4 + wl) * 32 + lane));
       const unsigned words[4] = {static_cast<unsigned>(wv.x), static_cast<unsigned>(wv.y),
                                  static_cast<unsigned>(wv.z), static_cast<unsigned>(wv.w)};
@@ -245,7 +257,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_gemm(MWB_HOPPER_PARAMS) {
         a[s][2] = b[0][1];
         a[s][3] = b[1][1];
       }
-      const unsigned long long desc = sw128_desc(slot + G::kAOff + a_rows + 32 * step);
+      const unsigned long long desc =
+          sw128_desc(slot + G::kAOff + (step / 4) * G::kAtomBytes + a_rows + 32 * (step % 4));
       wgmma_fence();
 #pragma unroll
       for (int s = 0; s < 4; ++s) Wgmma<Act<T>::kIsBf16, WN>::mma(acc[s], a[s], desc);

@@ -13,8 +13,11 @@ from workbench.gemm import hopper
 from workbench.policy import DEFAULT_GEMM_POLICY
 from workbench.scalar_types import ScalarType as S
 
-CONFIGS = sorted({hopper.choose_config(S.F16, S.U4B8, m, DEFAULT_GEMM_POLICY)
-                  for m in (32, 64, 128, 1024)}, key=lambda c: c.name_expression)
+# the default tiles, and one of 64-deep stages per warpgroup split (the policy's other stage length)
+CONFIGS = sorted({hopper.choose_config(S.F16, S.U4B8, m, DEFAULT_GEMM_POLICY) for m in (32, 64, 128, 1024)}
+                 | {hopper.WgmmaConfig(S.F16, S.U4B8, 64, False, 8, 64), hopper.WgmmaConfig(S.F16, S.U4B8, 128, True,
+                                                                                            6, 64)},
+                 key=lambda c: c.name_expression)
 
 
 def test_nvcc_builds_every_default_tile_for_sm90a(tmp_path):
@@ -51,8 +54,10 @@ def test_tile_and_grid_choice():
     # 16 column blocks of a 4096-wide layer: K split 8 ways fills 128 of 132 SMs; a 28672-wide one needs no split
     assert hopper.grid(64, 4096, 4096, 64, 132, p) == (16, 1, 8)
     assert hopper.grid(64, 28672, 8192, 64, 132, p) == (112, 1, 1)
-    # each split keeps at least wgmma_min_split_stages stages of 64
+    # each split keeps at least wgmma_min_split_stages k steps of 64, in whole stages
     assert hopper.grid(32, 256, 512, 32, 132, p) == (1, 1, 2)
+    assert hopper.grid(32, 256, 1024, 32, 132, p, stage_k=128) == (1, 1, 4)
+    assert hopper.grid(32, 256, 512, 32, 132, p, stage_k=128) == (1, 1, 2)
     assert hopper.grid(1024, 4096, 4096, 128, 132, p) == (16, 8, 1)
 
 
@@ -68,5 +73,6 @@ def test_family_choice_and_refusals():
                           (dict(act_order=True), "no act-order"),
                           (dict(group_size=-1), "groups of 64 or 128 rows, not -1"),
                           (dict(size_n=4096 + 64), "multiple of 256, got 4160"),
+                          (dict(size_k=4096 + 64), "size_k a multiple of 128, got 4160"),
                           (dict(lda=4100), "multiple of 8 elements, got 4100")):
         assert words in hopper.unsupported(**{**ok, **change})

@@ -55,7 +55,7 @@ def bound(a, w_ref, k):
 @pytest.mark.parametrize("gs", [64, 128])
 @pytest.mark.parametrize("m,i0", [(32, 0), (33, 5), (64, 900), (100, 17), (128, 256), (250, 3), (1024, 0)])
 def test_identity_rows_give_the_dequantized_weight_exactly(m, i0, gs):
-    k, n = 1024 + 64, 512
+    k, n = 1024 + 128, 512  # 9 stages of 128: splits of unequal length
     mw, q = random_marlin_weight(k, n, S.U4B8, gs, act_dtype=F16, seed=m + gs)
     w_dev = gemm.upload_weight(mw)
     eye = np.eye(k, dtype=np.float32).astype(F16)

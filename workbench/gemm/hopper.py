@@ -31,7 +31,8 @@ FAMILIES = ("mma_sync", "wgmma")
 KERNEL_SOURCE = "hopper_gemm.cu"
 THREADS = 256            # two warpgroups (kThreads)
 BLOCK_N = 256            # problem columns per block (kBlockN)
-STAGE_K = 64             # k per pipeline stage (kStageK)
+STAGE_KS = (64, 128)     # k per pipeline stage (STAGE_K)
+K_MULTIPLE = 128         # size_k a multiple of the longest stage: every tile of the policy can run every K
 GROUP_SIZES = (64, 128)  # grouped scales, one group row per stage at most
 _ACT_NAMES = {ScalarType.F16: "__half"}
 
@@ -49,42 +50,49 @@ _module = rt.KernelModule(lambda: kernel_source(), options=OPTIONS + ("-arch=sm_
 @dataclasses.dataclass(frozen=True)
 class WgmmaConfig:
     """One instantiation of ``hopper_gemm``: activation type, weight code, rows of A per block, whether the two
-    warpgroups split those rows (else each stage's k16 steps), pipeline stages."""
+    warpgroups split those rows (else each stage's k16 steps), pipeline stages, k per stage."""
 
     act: ScalarType
     weight: ScalarType
     block_m: int
     split_m: bool
     stages: int
+    stage_k: int = 64
+
+    def __post_init__(self):
+        if self.stage_k not in STAGE_KS:
+            raise ValueError(f"stage_k = {self.stage_k}: one of {STAGE_KS}")
 
     @property
     def name_expression(self) -> str:
         return (f"mwb::hopper::hopper_gemm<{_ACT_NAMES[self.act]}, {self.weight.abi_code}, {self.block_m}, "
-                f"{'true' if self.split_m else 'false'}, {self.stages}>")
+                f"{'true' if self.split_m else 'false'}, {self.stages}, {self.stage_k}>")
 
     @property
     def smem_bytes(self) -> int:
         """Tile::kSmemBytes: the stage ring or the epilogue's fp32 tile, whichever is larger, + 1 KiB to align."""
-        stage = self.block_m * 128 + 4 * 4 * 512 + 1024
+        stage = self.block_m * 128 * (self.stage_k // 64) + self.stage_k // 16 * 4 * 512 + 1024
         red = self.block_m * (BLOCK_N + 4) * 4
         return max(self.stages * stage, red) + 1024
 
 
 def choose_config(act: ScalarType, weight: ScalarType, size_m: int, policy: GemmPolicy) -> WgmmaConfig:
-    for max_m, (block_m, split_m, stages) in policy.wgmma_tiles:
+    for max_m, (block_m, split_m, stages, stage_k) in policy.wgmma_tiles:
         if max_m is None or size_m <= max_m:
-            return WgmmaConfig(act, weight, int(block_m), bool(split_m), int(stages))
+            return WgmmaConfig(act, weight, int(block_m), bool(split_m), int(stages), int(stage_k))
     raise ValueError(f"GemmPolicy.wgmma_tiles = {policy.wgmma_tiles!r} has no row for M = {size_m} (end it with "
                      f"a max M of None)")
 
 
-def grid(size_m: int, size_n: int, size_k: int, block_m: int, sms: int, policy: GemmPolicy) -> tuple[int, int, int]:
+def grid(size_m: int, size_n: int, size_k: int, block_m: int, sms: int, policy: GemmPolicy,
+         stage_k: int = 64) -> tuple[int, int, int]:
     """(column blocks, row tiles, K splits): K is split until about one block per SM runs, each split keeping at
-    least ``policy.wgmma_min_split_stages`` stages."""
+    least ``policy.wgmma_min_split_stages`` 64-row k steps (whole stages of ``stage_k``)."""
     n_blocks, m_tiles = size_n // BLOCK_N, -(-size_m // block_m)
-    stages = size_k // STAGE_K
+    stages = size_k // stage_k
+    policy_stages = max(1, policy.wgmma_min_split_stages * 64 // stage_k)
     blocks = n_blocks * m_tiles
-    splits = max(1, min(sms // blocks, stages // max(1, policy.wgmma_min_split_stages)))
+    splits = max(1, min(sms // blocks, stages // policy_stages))
     return n_blocks, m_tiles, splits
 
 
@@ -103,8 +111,8 @@ def unsupported(act: ScalarType, weight: ScalarType, size_n: int, size_k: int, g
         return f"the wgmma family takes groups of {' or '.join(map(str, GROUP_SIZES))} rows, not {group_size}"
     if size_n % BLOCK_N:
         return f"the wgmma family needs size_n a multiple of {BLOCK_N}, got {size_n}"
-    if size_k % STAGE_K:
-        return f"the wgmma family needs size_k a multiple of {STAGE_K}, got {size_k}"
+    if size_k % K_MULTIPLE:
+        return f"the wgmma family needs size_k a multiple of {K_MULTIPLE}, got {size_k}"
     if lda % 8:
         return f"the wgmma family needs A's row stride a multiple of 8 elements, got {lda}"
     return None
@@ -201,7 +209,7 @@ def _plan(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_
         raise ValueError(f"wgmma tile {config} needs {config.smem_bytes} bytes of shared memory; the device allows "
                          f"{smem_limit}")
     sms = device_sms if sms <= 0 else int(sms)
-    g = grid(size_m, size_n, size_k, config.block_m, sms, policy)
+    g = grid(size_m, size_n, size_k, config.block_m, sms, policy, config.stage_k)
     fn = _module.function_ptr(config.name_expression, device, config.smem_bytes)
     tiles = g[0] * g[1]
     return _Plan(config, rt.Launch(fn, g, THREADS, config.smem_bytes), rt.ArgBlock("ppppppiiiii"), threading.Lock(),
