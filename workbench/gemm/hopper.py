@@ -174,20 +174,31 @@ class _Plan:
     lda: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Scratch:
+    """The split-K buffers of one stream: fp32 partial tiles and the per-tile arrival counters (left zero by every
+    launch), in ``framework``'s arrays, with their element counts (torch's ``size`` is a method)."""
+
+    partial: Any
+    counters: Any
+    partial_floats: int
+    n_counters: int
+
+
 _plans: dict[tuple, _Plan] = {}
-_scratch: dict[tuple, tuple[Any, Any]] = {}
+_scratch: dict[tuple, Scratch] = {}
 _MAX_PLANS = 256
 
 
-def _scratch_for(device: int, stream_ptr: int, framework: str, floats: int, counters: int):
-    """(partial fp32, counters int32) of at least these sizes for launches on one stream (in order, so they share
-    them; the counters are left zero by every launch)."""
+def _scratch_for(device: int, stream_ptr: int, framework: str, floats: int, counters: int) -> Scratch:
+    """Scratch of at least these sizes for launches on one stream (in order, so they share it), grown as needed."""
     key = (device, stream_ptr, framework)
     have = _scratch.get(key)
-    if have is None or have[0].size < floats or have[1].size < counters:
-        grown = (max(floats, have[0].size if have else 0), max(counters, have[1].size if have else 0))
-        have = (rt_arrays.empty(framework, max(1, grown[0]), np.float32, device),
-                rt_arrays.empty(framework, max(1, grown[1]), np.int32, device, zero=True))
+    if have is None or have.partial_floats < floats or have.n_counters < counters:
+        floats = max(1, floats, have.partial_floats if have else 0)
+        counters = max(1, counters, have.n_counters if have else 0)
+        have = Scratch(rt_arrays.empty(framework, floats, np.float32, device),
+                       rt_arrays.empty(framework, counters, np.int32, device, zero=True), floats, counters)
         _scratch[key] = have
     return have
 
@@ -249,7 +260,8 @@ def wgmma_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m: 
           or not c.flags["C_CONTIGUOUS"]):
         raise ValueError(f"c has shape {tuple(c.shape)}, dtype {c.dtype}, contiguous {c.flags['C_CONTIGUOUS']}; "
                          f"expected a contiguous {plan.out_shape} array of {plan.out_dtype}")
-    partial, counters = _scratch_for(device, stream_ptr, framework, plan.partial_floats, plan.counters)
+    scratch = _scratch_for(device, stream_ptr, framework, plan.partial_floats, plan.counters)
+    partial, counters = scratch.partial, scratch.counters
     ptrs = []
     for x, name in ((a, "A"), (b_q_weight, "b_q_weight"), (c, "c"), (partial, "partial"), (counters, "counters"),
                     (b_scales, "b_scales")):
