@@ -12,7 +12,7 @@ x |a| @ |W|, fp32 accumulation in different orders), reported as ``agree_vllm`` 
 ``us`` per call; ``gbs`` = (weights + scales [+ zero points] + A + C) bytes / time. ``pdl``: ours with
 programmatic dependent launches (the default on sm_90) or without (the GEMM before it in a graph cannot overlap).
 ``ours_wgmma``: our wgmma kernel family (workbench.gemm.hopper, forced with ``family="wgmma"``) on the same weights
-as ``ours``, where it can run them (sm_90, u4b8 g128 so far; ``--wgmma off`` leaves it out); its output is checked
+as ``ours``, where it can run them (sm_90, u4b8 g128 so far, M >= 32; ``--wgmma off`` leaves it out); its output is checked
 against ours (mma.sync) within twice the bound both must meet (``agree_mma_sync``, ``err_ratio_mma_sync``).
 Writes OUT/gemm.json (schema: bench/README.md). ``--budget-s``: wall seconds after which remaining layers and
 optional types are skipped (the rows say what ran).
@@ -37,6 +37,7 @@ import timing  # noqa: E402
 LAYERS = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192))  # (K, N)
 M_VALUES = (1, 16, 32, 64, 128, 256)
 GROUP = {"u4b8": 128, "u4": 128, "u8b128": 128, "fe4m3fn": -1}
+WGMMA_MIN_M = 32  # the wgmma family is built for M >= 32 (the mma.sync kernels lead below)
 
 
 def layer_name(k: int, n: int) -> str:
@@ -139,12 +140,13 @@ def main(argv=None) -> int:
 
     cc = gemm.device_properties(torch.cuda.current_device())[0]
 
-    def wgmma_runs(w, k, n):
+    def wgmma_runs(w, k, n, m):
         wt = ScalarType.parse(w)
-        return args.wgmma == "auto" and hopper.unsupported(ScalarType.F16, wt, n, k, GROUP[w], False, k, cc) is None
+        return (args.wgmma == "auto" and m >= WGMMA_MIN_M
+                and hopper.unsupported(ScalarType.F16, wt, n, k, GROUP[w], False, k, cc) is None)
 
     hopper.precompile({hopper.choose_config(ScalarType.F16, ScalarType.parse(w), m, DEFAULT_GEMM_POLICY)
-                       for w in wtypes for k, n in layers for m in ms if wgmma_runs(w, k, n)})
+                       for w in wtypes for k, n in layers for m in ms if wgmma_runs(w, k, n, m)})
     compile_key = "ours_compile_s_" + "_".join(wtypes)
     notes[compile_key] = round(time.time() - t0, 1)
     print(f"ours compiled {len(set(c.name_expression for c in cfgs))} kernels in {notes[compile_key]} s", flush=True)
@@ -238,7 +240,7 @@ def main(argv=None) -> int:
                                             policy=pol)
 
                 cells[("ours", w, programmatic)] = (launch_list(ours_call), nb)
-                if wgmma_runs(w, k, n):
+                if wgmma_runs(w, k, n, m):
                     cg = torch.empty(m, n, device="cuda", dtype=torch.float16)
 
                     def wgmma_call(i, cg=cg, ws=ws):
