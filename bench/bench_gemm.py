@@ -14,6 +14,9 @@ x |a| @ |W|, fp32 accumulation in different orders), reported as ``agree_vllm`` 
 programmatic dependent launches (the default on sm_90) or without (the GEMM before it in a graph cannot overlap).
 ``mode``: ours in the default mode or with ``batch_invariant=True`` (its cost is the ratio of the two; rows of
 ours carry ``mode``, and invariant rows ``vs_default``, their time over the default's in the same cell).
+``ours_wgmma``: our wgmma kernel family (workbench.gemm.hopper, forced with ``family="wgmma"``) on the same weights
+as ``ours``, where it can run them (sm_90, u4b8 g128 so far, M >= 32; ``--wgmma off`` leaves it out); its output is checked
+against ours (mma.sync) within twice the bound both must meet (``agree_mma_sync``, ``err_ratio_mma_sync``).
 Writes OUT/gemm.json (schema: bench/README.md). ``--budget-s``: wall seconds after which remaining layers and
 optional types are skipped (the rows say what ran).
 """
@@ -37,6 +40,7 @@ import timing  # noqa: E402
 LAYERS = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192))  # (K, N)
 M_VALUES = (1, 16, 32, 64, 128, 256)
 GROUP = {"u4b8": 128, "u4": 128, "u8b128": 128, "fe4m3fn": -1}
+WGMMA_MIN_M = 32  # the wgmma family is built for M >= 32 (the mma.sync kernels lead below)
 
 
 def layer_name(k: int, n: int) -> str:
@@ -102,6 +106,8 @@ def main(argv=None) -> int:
     p.add_argument("--humming-wtypes", default="u4b8")
     p.add_argument("--launch", default="graph,plain")
     p.add_argument("--modes", default="default", help="ours: default and/or batch_invariant")
+    p.add_argument("--wgmma", default="auto", choices=("auto", "off"),
+                   help="auto: time ours_wgmma where the wgmma family runs the cell")
     p.add_argument("--budget-s", type=float, default=0, help="skip what remains after this many seconds (0: none)")
     p.add_argument("--append", action="store_true", help="add to the rows of an existing OUT/gemm.json")
     p.add_argument("--humming-ready", help="PREFIX: time humming on a layer only once PREFIX.KxN exists (written "
@@ -147,6 +153,17 @@ def main(argv=None) -> int:
                     cfgs.append(dataclasses.replace(cfg, cluster=gemm.cluster_blocks(cfg, rows, n, k, grid, 90,
                                                                                      True)))
     gemm.precompile(cfgs, workers=16)
+    from workbench.gemm import hopper
+
+    cc = gemm.device_properties(torch.cuda.current_device())[0]
+
+    def wgmma_runs(w, k, n, m):
+        wt = ScalarType.parse(w)
+        return (args.wgmma == "auto" and m >= WGMMA_MIN_M
+                and hopper.unsupported(ScalarType.F16, wt, n, k, GROUP[w], False, k, cc) is None)
+
+    hopper.precompile({hopper.choose_config(ScalarType.F16, ScalarType.parse(w), m, DEFAULT_GEMM_POLICY)
+                       for w in wtypes for k, n in layers for m in ms if wgmma_runs(w, k, n, m)})
     compile_key = "ours_compile_s_" + "_".join(wtypes)
     notes[compile_key] = round(time.time() - t0, 1)
     print(f"ours compiled {len(set(c.name_expression for c in cfgs))} kernels in {notes[compile_key]} s", flush=True)
@@ -228,7 +245,7 @@ def main(argv=None) -> int:
                 c16 = torch.empty(m, n, device="cuda", dtype=torch.float16)
                 cells[("cublas", "fp16", None)] = (
                     launch_list(lambda i: torch.matmul(a[i % 2], w16[i % len(w16)], out=c16)), k * n * 2 + io_bytes)
-            agree = {}
+            agree, agree_mma = {}, {}
             for w in wtypes:
                 ws = ours[w]
                 wt = ws[0].weight_type
@@ -247,6 +264,15 @@ def main(argv=None) -> int:
                 if "batch_invariant" in modes:  # (programmatic launches where the default has them)
                     cells[("ours_invariant", w, programmatic)] = (
                         launch_list(lambda i, f=ours_call: f(i, invariant=True)), nb)
+                    if wgmma_runs(w, k, n, m):
+                        cg = torch.empty(m, n, device="cuda", dtype=torch.float16)
+
+                        def wgmma_call(i, cg=cg, ws=ws):
+                            return gemm.marlin_gemm(a[i % 2], ws[i % len(ws)], c=cg, family="wgmma")
+
+                        cells[("ours_wgmma", w, None)] = (launch_list(wgmma_call), nb)
+                        agree_mma[w] = compare(torch, gemm, a[0], ws[0], c, cg, workspace, c_tmp, None,
+                                               lambda a_, w_, c_, _: gemm.marlin_gemm(a_, w_, c=c_, family="wgmma"))
                 if vllm is not None and w in vllm_wtypes:
                     cv = torch.empty(m, n, device="cuda", dtype=torch.float16)
                     cells[("vllm_marlin", w, None)] = (
@@ -289,6 +315,8 @@ def main(argv=None) -> int:
                     row["speedup_vs_cublas"] = round(cublas_us[launch] / st["us"], 3)
                 if method in ("ours", "vllm_marlin") and w in agree and row.get("mode") != "batch_invariant":
                     row["agree_vllm"], row["err_ratio_vllm"] = agree[w]
+                if method == "ours_wgmma" and w in agree_mma:
+                    row["agree_mma_sync"], row["err_ratio_mma_sync"] = agree_mma[w]
                 rows.append(row)
                 print(f"{name:>11s} M={m:4d} {method:12s} {row.get('mode', ''):15s} {w:8s} {launch:5s} "
                       f"pdl={str(pdl):5s} {st['us']:9.2f} us "

@@ -191,6 +191,21 @@ class GemmPolicy(_Hashed):
     # ... with at least this many k steps per block (a shorter range pays more for the sum than it streams)
     invariant_min_steps: int = 4
 
+    # ---- kernel family (workbench.gemm.hopper) -----------------------------------------------------------------------
+    # which family runs a call: ((min compute capability, min M, max M, family), ...), the first row whose capability
+    # and M range hold wins, "mma_sync" where none does. Empty: the mma.sync kernel everywhere, until the wgmma family
+    # ("wgmma", sm_90a) measures faster in a cell (bench/bench_gemm.py, method "ours_wgmma").
+    kernel_families: tuple = ()
+    # the wgmma family's block tile by M: ((max M, (rows of A per block, warpgroups split M, stages, k per stage)),
+    # ...), first row with M <= max M (None: any M): a 32- or 64-row tile whose two warpgroups split each stage's
+    # k16 steps for small M, 128 rows split between the warpgroups above; 128-deep stages (a stage's barrier and
+    # fetch issue spread over twice the wgmma of a 64-deep one) in rings as deep as one block per SM allows (a slot
+    # is refilled two stages after its use: STAGES - 2 stages in flight)
+    wgmma_tiles: tuple = ((32, (32, False, 8, 128)), (64, (64, False, 6, 128)), (None, (128, True, 4, 128)))
+    # the wgmma family splits K over blocks until about one block per SM runs, each split keeping at least this many
+    # 64-row k steps (fewer leave the ring's prologue uncovered)
+    wgmma_min_split_stages: int = 4
+
     def __post_init__(self):
         if self.swap_max_m > 8:
             warnings.warn(f"GemmPolicy(swap_max_m = {self.swap_max_m}): the swapped loop's 16-row form was removed; "

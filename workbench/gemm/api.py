@@ -112,7 +112,7 @@ def _address_on(x, device: int, name: str) -> int:
 def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m: int, size_n: int,
                      size_k: int, is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = True,
                      *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, batch_invariant: bool = False,
-                     stream=None, sms: int = -1, policy: GemmPolicy | None = None):
+                     stream=None, sms: int = -1, policy: GemmPolicy | None = None, family: str | None = None):
     """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays, PyTorch
     CUDA tensors or any ``__cuda_array_interface__`` arrays (Numba's).
 
@@ -125,6 +125,8 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     device of every array and each address (non-null, 16-byte aligned).
 
     ``policy``: how the kernel, grid and launch are chosen (workbench.policy.GemmPolicy; None: the default).
+    ``family``: "mma_sync" or "wgmma" forces that kernel family (workbench.gemm.hopper); None: the policy's
+    ``kernel_families`` table, falling back to mma.sync where the wgmma family cannot run the problem.
 
     ``deterministic``: bitwise the same output run to run (atomic add refused). ``batch_invariant``: moreover row r
     of C has the same bits for every M, whatever the other rows hold, for every ``sms`` at least the partition's
@@ -138,6 +140,15 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     """
     if policy is None:
         policy = _defaults["_default_policy"]
+    if family is not None or policy.kernel_families:
+        from workbench.gemm import hopper
+        if batch_invariant and family == "wgmma":
+            raise ValueError("batch_invariant=True pins the mma.sync family's invariant tile; the wgmma family has no "
+                             "batch-invariant mode (pass family=None or 'mma_sync')")
+        if not batch_invariant and hopper.routes_to_wgmma(a, b_q_weight, b_scales, g_idx, perm, b_q_type, size_m, size_n, size_k, policy,
+                                  family):
+            return hopper.wgmma_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
+                                     is_k_full, c=c, stream=stream, sms=sms, policy=policy)
     key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                     is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy,
                     batch_invariant)
@@ -308,7 +319,8 @@ def scratch_buffers(device: int, stream_ptr: int, sms: int, framework: str = "cu
 
 def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_add: bool = False,
                 use_fp32_reduce: bool = True, deterministic: bool = False, workspace=None, c_tmp=None, a_tmp=None,
-                stream=None, sms: int = -1, policy: GemmPolicy | None = None, batch_invariant: bool = False):
+                stream=None, sms: int = -1, policy: GemmPolicy | None = None, batch_invariant: bool = False,
+                family: str | None = None):
     """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array or
     another framework's (see gptq_marlin_gemm: streams and allocations follow a's framework).
 
@@ -340,7 +352,7 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
                             weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
                             use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
                             a_tmp=a_tmp, deterministic=deterministic, batch_invariant=batch_invariant,
-                            stream=stream_ptr, sms=sms, policy=policy)
+                            stream=stream_ptr, sms=sms, policy=policy, family=family)
 
 
 def _on_device(x) -> bool:
