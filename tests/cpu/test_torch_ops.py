@@ -457,12 +457,24 @@ def test_mutating_ops_refuse_tracked_inputs():
 
 
 def test_eager_bypass_is_taken_only_for_plain_untracked_tensors():
-    from workbench.torch._library import _plain
-
+    """The eager check reads the schema's tensor positions: plain CPU tensors pass, meta, tracked, subclassed and
+    non-tensor values there do not, nor anything under vmap or the profiler."""
+    eager = OPS.marlin_permute_scales.default.eager_device
     x = torch.zeros(2)
-    assert _plain((x, 3)) and not _plain((x.to("meta"),)) and not _plain((torch.zeros(2, requires_grad=True),))
+    assert eager((x, 3)) == "cpu" and eager((x.to("meta"), 3)) is None
+    assert eager((torch.zeros(2, requires_grad=True), 3)) is None and eager(([1.0], 3)) is None
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert eager((x.as_subclass(Sub), 3)) is None
     with torch.no_grad():
-        assert _plain((torch.zeros(2, requires_grad=True),))
+        assert eager((torch.zeros(2, requires_grad=True), 3)) == "cpu"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert eager((x, 3)) is None
+    seen = []
+    torch.vmap(lambda r: seen.append(eager((r, 3))) or r)(torch.zeros(3, 2))
+    assert seen == [None]
 
 
 def test_every_op_has_its_kernel_at_the_autograd_key_and_eager_calls_agree(rng):
