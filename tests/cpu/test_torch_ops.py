@@ -490,8 +490,8 @@ def test_every_op_has_its_kernel_at_the_autograd_key_and_eager_calls_agree(rng):
 
 
 def test_modes_see_the_op_the_eager_fast_paths_step_aside():
-    """Under a TorchDispatchMode or TorchFunctionMode the packet and the Python functions take the dispatcher, so the
-    mode sees the op (a fast path that skipped it would hide the call from profilers, fake modes, ...)."""
+    """Under a TorchDispatchMode or TorchFunctionMode the packet, .default and the Python functions take the
+    dispatcher, so the mode sees the op (a fast path that skipped it would hide the call from fake modes, ...)."""
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -519,8 +519,9 @@ def test_modes_see_the_op_the_eager_fast_paths_step_aside():
         with mode:
             a = OPS.marlin_permute_scales(s, 256, 128, 128)
             b = wt.marlin_permute_scales(s, 256, 128, 128)
-        assert sum("marlin_permute_scales" in op for op in mode.ops) >= 2, mode.ops
-        assert torch.equal(a, plain) and torch.equal(b, plain)
+            c = OPS.marlin_permute_scales.default(s, 256, 128, 128)
+        assert sum("marlin_permute_scales" in op for op in mode.ops) >= 3, mode.ops
+        assert torch.equal(a, plain) and torch.equal(b, plain) and torch.equal(c, plain)
 
 
 def test_gemm_plan_key_separates_what_the_checks_read():
