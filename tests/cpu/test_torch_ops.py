@@ -399,9 +399,36 @@ def test_tensors_on_two_devices():
     ("global_scale", 6, torch.empty(1, dtype=torch.float32, device="meta")),
     ("is_zp_float", 18, True)])
 def test_unimplemented_arguments_are_refused_by_name(name, index, value):
+    from workbench.torch import ops
+
+    if name == "b_bias" and ops.GEMM_BIAS_EPILOGUE:
+        pytest.skip("the GEMM has a bias epilogue: b_bias is implemented (test_bias_goes_to_the_gemm_only_...)")
     args = meta_gemm_args(4)
     args[index] = value
     with pytest.raises(NotImplementedError, match=rf"marlin_gemm: {name} = .* is not implemented"):
+        OPS.marlin_gemm(*args)
+
+
+def test_bias_goes_to_the_gemm_only_where_its_epilogue_exists(monkeypatch):
+    """``ops.GEMM_BIAS_EPILOGUE`` is the one switch: False refuses b_bias by name (MarlinLinear adds its bias in
+    torch); True checks it with the GEMM's own rule and lets it through. The fused MoE GEMM refuses it either way."""
+    from workbench import gemm
+    from workbench.torch import ops
+
+    bias = torch.empty(128, dtype=torch.float16, device="meta")
+    moe = moe_args()
+    moe[3] = bias
+    for flag in (False, True):
+        monkeypatch.setattr(ops, "GEMM_BIAS_EPILOGUE", flag)
+        with pytest.raises(NotImplementedError, match=r"moe_wna16_marlin_gemm: b_bias = .* is not implemented"):
+            OPS.moe_wna16_marlin_gemm(*moe)
+    if not hasattr(gemm, "check_bias"):
+        pytest.skip("workbench.gemm has no bias epilogue yet (gemm.check_bias, bias= of plan_marlin_gemm)")
+    args = meta_gemm_args(4)
+    args[3] = bias
+    assert tuple(OPS.marlin_gemm(*args).shape) == (4, 128)
+    args[3] = torch.empty(64, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match=r"b_bias has shape \(64,\), expected \(128,\)"):
         OPS.marlin_gemm(*args)
 
 
