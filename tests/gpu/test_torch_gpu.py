@@ -224,15 +224,18 @@ def test_marlin_moe_against_the_reference(rng):
 
 
 def test_dispatcher_bypass_and_compiled_calls_agree_bitwise_and_repeat_calls_recheck_addresses():
-    """The three ways into one GEMM (the dispatcher, the Python wrapper's eager bypass, a compiled graph) launch the
-    same plan; a repeated call with an equal key re-checks what the key leaves out (alignment of an address)."""
+    """The ways into one GEMM (the dispatcher, the packet's and .default's fast paths, the Python wrapper's eager
+    bypass, a compiled graph) launch the same plan; a repeated call with an equal key re-checks what the key leaves
+    out (alignment of an address)."""
     w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
     a = torch.randn(9, 256, device=DEV).half()
     args = gemm_args(a, w, torch_weight(w), wt.make_workspace(DEV))
-    via_dispatcher = OPS.marlin_gemm(*args)
+    via_dispatcher = OPS.marlin_gemm.default._op.through_dispatcher(*args)
+    via_packet, via_default = OPS.marlin_gemm(*args), OPS.marlin_gemm.default(*args)
     via_bypass = wt.marlin_gemm(*args)
     compiled = torch.compile(lambda *xs: OPS.marlin_gemm(*xs), fullgraph=True)(*args)
-    assert torch.equal(via_dispatcher, via_bypass) and torch.equal(via_dispatcher, compiled)
+    for other in (via_packet, via_default, via_bypass, compiled):
+        assert torch.equal(via_dispatcher, other)
     base = torch.empty(9 * 256 + 1, device=DEV, dtype=torch.float16)
     misaligned = base[1:].view(9, 256)  # equal shape, strides and dtype: the plan cache's key; 2-byte aligned
     misaligned.copy_(a)
