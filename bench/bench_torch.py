@@ -627,11 +627,20 @@ def decoder_rows(quiet: pathlib.Path | None = None, launches: list[str] | None =
         models = {"fp16": (base, None, 0)}
         for weight_type, group in FORMATS:
             models[weight_type] = swap(base, weight_type, group)
-        steppers = {}
+        steppers, failed = {}, {}
         for name, (model, _, _) in models.items():  # compile and capture everything first (may overlap others)
             for launch in launches:
-                steppers[(name, launch)] = Stepper(model, launch)
+                try:
+                    steppers[(name, launch)] = Stepper(model, launch)
+                except Exception as exc:  # (one launch that fails is reported as a row; the others still run)
+                    failed[(name, launch)] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                    print(f"FAILED {name} {launch}: {failed[(name, launch)]}", flush=True)
+                    continue
                 print(f"built {name} {launch} in {steppers[(name, launch)].warmup_s:.1f} s", flush=True)
+        launches = [x for x in launches if ("fp16", x) in steppers]
+        for (name, launch), why in failed.items():
+            rows.append({"cell": "decoder", "model": "llama-shaped", "wtype": name, "launch": launch, "method": "ours"
+                         if name != "fp16" else "torch_fp16", "us": None, "error": why})
         wait_for_quiet(quiet)
         results = {key: st.decode(prompt, DECODE_STEPS) for key, st in steppers.items()}
         ref_tokens, ref_logits, _ = results[("fp16", "eager")]
@@ -645,6 +654,8 @@ def decoder_rows(quiet: pathlib.Path | None = None, launches: list[str] | None =
             print(f"decoder {weight_type} g{group}: {count} Linears; vs dequantized fp16 {kernel}; vs fp16 {fmt}; "
                   f"greedy tokens equal to fp16's for the first {match}/{DECODE_STEPS}", flush=True)
             for launch in launches:
+                if (weight_type, launch) not in results:
+                    continue
                 _, graph, mode = next(x for x in LAUNCHES if x[0] == launch)
                 toks_l, logits_l, per = results[(weight_type, launch)]
                 fp16_toks, fp16_logits, per16 = results[("fp16", launch)]

@@ -90,16 +90,22 @@ def make_workspace(device) -> torch.Tensor:
     return torch.zeros(gemm.workspace_numel(_sms(device)), dtype=torch.int32, device=device)
 
 
-_C_TMP: dict[tuple[int, int, int], torch.Tensor] = {}
+_C_TMP: dict[tuple[int, int], torch.Tensor] = {}
+DEFAULT_STREAM = 0  # the raw handle of a device's default (legacy) stream
 
 
 def _c_tmp(device: torch.device, stream_ptr: int, sms: int) -> torch.Tensor:
-    """The fp32 partial-sum buffer, one per (device, stream, SMs) from torch's allocator: launches on one stream run
-    in order and can share it (as ``gemm.scratch_buffers`` does for CuPy). Kept for the process, until these ops
-    use ``workbench.cuda``'s pooled scratch."""
+    """The fp32 partial-sum buffer of one launch, from torch's allocator. On the default stream one buffer per
+    (device, SMs) is kept for the process: launches on one stream run in order and can share it (as
+    ``gemm.scratch_buffers`` does for CuPy), and no CUDA graph captures or allocates on that stream. On any other
+    stream it is a temporary of the call (as vLLM allocates it): a buffer kept there would be made inside a CUDA
+    graph's private pool whenever the first call on that stream is under capture or Inductor's CUDA graph trees
+    (which refuse a live allocation in their pool that no output owns)."""
     from workbench import gemm
 
-    key = (device.index, stream_ptr, sms)
+    if stream_ptr != DEFAULT_STREAM:
+        return torch.empty(gemm.c_tmp_numel(sms), dtype=torch.float32, device=device)
+    key = (device.index, sms)
     if key not in _C_TMP:
         _C_TMP[key] = torch.empty(gemm.c_tmp_numel(sms), dtype=torch.float32, device=device)
     return _C_TMP[key]
@@ -178,13 +184,14 @@ class _GemmPlan:
     """A dense GEMM call whose every check passed: the runtime's prepared launch for it and what a call needs
     besides the addresses (kept under the key of the call's shapes, strides, dtypes, devices and flags)."""
 
-    __slots__ = ("prepared", "device", "index", "sms", "uses_c_tmp", "act_order", "has_zeros", "has_bias", "c_tmp")
+    __slots__ = ("prepared", "device", "index", "sms", "uses_c_tmp", "act_order", "has_zeros", "has_bias",
+                 "c_tmp_default")
 
     def __init__(self, prepared, device: torch.device, sms: int, uses_c_tmp: bool, act_order: bool, has_zeros: bool,
                  has_bias: bool):
         self.prepared, self.device, self.index, self.sms = prepared, device, device.index, sms
         self.uses_c_tmp, self.act_order, self.has_zeros, self.has_bias = uses_c_tmp, act_order, has_zeros, has_bias
-        self.c_tmp: dict[int, int] = {}  # stream -> address of that stream's partial-sum buffer (_c_tmp keeps it)
+        self.c_tmp_default = 0  # address of the default stream's partial-sum buffer (_c_tmp keeps it)
 
 
 _GEMM_PLANS: dict[tuple, _GemmPlan] = {}
@@ -278,11 +285,15 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
     stream = torch._C._cuda_getCurrentRawStream(plan.index)  # (torch.cuda.current_stream builds a Stream object)
     if c is None:
         c = torch.empty((size_m, size_n), dtype=a.dtype, device=plan.device)
-    c_tmp = 0
+    c_tmp, scratch = 0, None
     if plan.uses_c_tmp:
-        c_tmp = plan.c_tmp.get(stream)
-        if c_tmp is None:
-            c_tmp = plan.c_tmp[stream] = _c_tmp(plan.device, stream, plan.sms).data_ptr()
+        if stream == DEFAULT_STREAM:
+            c_tmp = plan.c_tmp_default
+            if not c_tmp:
+                c_tmp = plan.c_tmp_default = _c_tmp(plan.device, stream, plan.sms).data_ptr()
+        else:
+            scratch = _c_tmp(plan.device, stream, plan.sms)  # (held until the launch is enqueued)
+            c_tmp = scratch.data_ptr()
     if plan.act_order:
         a_tmp = torch.empty((size_m, size_k), dtype=a.dtype, device=plan.device)
         a_tmp_ptr, g_ptr, p_ptr = a_tmp.data_ptr(), g_idx.data_ptr(), perm.data_ptr()
