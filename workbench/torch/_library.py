@@ -137,9 +137,10 @@ def _tensor_positions(op) -> tuple[int, ...]:
 
 def _eager_check(op) -> Callable:
     """``eager(args)``: "cuda" or "cpu" (the backend the dispatcher would pick: CUDA if any tensor is on it) when
-    the eager bypass may run on the positional ``args`` of ``op``, else None: something must see the op
-    (a dispatch mode, a transform, the profiler), a tensor argument is a subclass (fake, functional, ...) or not a tensor, is on another
-    device (meta, ...) or would be tracked by autograd. Only the schema's tensor positions are read, and only cheap
+    the eager bypass may run on the positional ``args`` of ``op``, else None: something must see the op (a
+    dispatch mode, a transform, the profiler), a tensor argument is a subclass (fake, functional, ...) or not a
+    tensor, is on another device (meta, ...) or would be tracked by autograd. Only the schema's tensor positions
+    are read, and only cheap
     attributes: this runs on every eager call."""
     positions = _tensor_positions(op)
 
