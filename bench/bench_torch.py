@@ -392,6 +392,7 @@ def host_rows() -> list[dict]:
     lin = wt.MarlinLinear.from_weight(w).to(DEVICE)
     dense = nn.Linear(k, n, bias=False).half().to(DEVICE)
     ops = torch.ops.workbench
+    dispatcher = ops.gptq_marlin_gemm.default._op.through_dispatcher  # (what .default called before its fast path)
     cells = {
         "cupy gemm.gptq_marlin_gemm (c, c_tmp given)": lambda: gemm.gptq_marlin_gemm(
             ca, cq, cs, None, None, None, cws, "u4b8", 1, n, k, c=cc, c_tmp=cct),
@@ -401,8 +402,10 @@ def host_rows() -> list[dict]:
             a, q, s, None, None, None, ws, "u4b8", 1, n, k),
         "torch.ops.workbench.gptq_marlin_gemm (c allocated)": lambda: ops.gptq_marlin_gemm(a, None, *args),
         "torch.ops.workbench.marlin_gemm (c allocated)": lambda: ops.marlin_gemm(a, None, *args),
-        "torch.ops.workbench.gptq_marlin_gemm.default (the dispatcher, c allocated)":
+        "torch.ops.workbench.gptq_marlin_gemm.default (c allocated)":
             lambda: ops.gptq_marlin_gemm.default(a, None, *args),
+        "torch.ops.workbench.gptq_marlin_gemm.default through the dispatcher (forced; c allocated)":
+            lambda: dispatcher(a, None, *args),
         "torch.ops.workbench.gptq_marlin_gemm_out (c given)": lambda: ops.gptq_marlin_gemm_out(a, c, *args),
         "workbench.torch.gptq_marlin_gemm (c allocated)": lambda: wt.gptq_marlin_gemm(a, None, *args),
         "workbench.torch.gptq_marlin_gemm (c given)": lambda: wt.gptq_marlin_gemm(a, c, *args),
@@ -528,80 +531,151 @@ def gpu_us(fn, reps: int = 20) -> float:
     return (time.perf_counter() - t0) / reps * 1e6
 
 
-def decode_loop(model: Decoder, prompt: torch.Tensor, steps: int, graph: bool):
-    """Greedy decoding, one token a step on a static cache: (tokens, logits of every step, s per decoded token)."""
-    cache = model.new_cache(1, DECODE_CACHE, torch.float16, DEVICE)
-    tok = torch.zeros((1, 1), dtype=torch.long, device=DEVICE)
-    pos = torch.zeros(1, dtype=torch.long, device=DEVICE)
-    step = (lambda: model(tok, pos, cache))
-    if graph:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):  # (warm-up: plans and kernels exist before capture; the cache is rewritten below)
+# How a decode step runs: (name, CUDA graph, torch.compile mode or None). "graph" captures one eager step by hand;
+# "compile" is Inductor's default (our GEMMs stay opaque custom-op calls in its wrapper); "compile+graph" is
+# Inductor's "reduce-overhead" (its CUDA graph trees around the compiled step).
+LAUNCHES = [("eager", False, None), ("graph", True, None), ("compile", False, "default"),
+            ("compile+graph", True, "reduce-overhead")]
+
+
+class Stepper:
+    """One decode step of ``model`` on its own static cache and input tensors, run as ``launch`` says; warmed up
+    (compiled, captured) when built, so that the timed loop runs only replays."""
+
+    def __init__(self, model: Decoder, launch: str):
+        _, graph, mode = next(x for x in LAUNCHES if x[0] == launch)
+        self.launch, self.cache = launch, model.new_cache(1, DECODE_CACHE, torch.float16, DEVICE)
+        self.tok = torch.zeros((1, 1), dtype=torch.long, device=DEVICE)
+        self.pos = torch.zeros(1, dtype=torch.long, device=DEVICE)
+        t0 = time.perf_counter()
+        if mode is not None:
+            if graph:  # (CUDA graph trees take the caches' in-place writes only on inputs of fixed address)
+                for t in [self.tok, self.pos] + [x for kv in self.cache for x in kv]:
+                    torch._dynamo.mark_static_address(t)
+            compiled = torch.compile(model, fullgraph=True, dynamic=False, mode=mode)
+            if graph:
+                def step():
+                    torch.compiler.cudagraph_mark_step_begin()
+                    return compiled(self.tok, self.pos, self.cache)
+            else:
+                step = (lambda: compiled(self.tok, self.pos, self.cache))
+            for _ in range(3):  # compile (and for reduce-overhead: record, then capture)
                 step()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            static_logits = step()
-        run = (lambda: (g.replay(), static_logits)[1])
-    else:
-        run = step
-    for kc, vc in cache:
-        kc.zero_(), vc.zero_()
-    tokens, logits = [], []
-    t0 = None
-    for i in range(PROMPT + steps):
-        if i == PROMPT:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-        pos.fill_(i)
-        tok.copy_(prompt[:, i:i + 1] if i < PROMPT else tokens[-1])
-        out = run()[:, -1]
-        logits.append(out.clone())
-        if i >= PROMPT - 1:
-            tokens.append(out.argmax(-1, keepdim=True))
-    torch.cuda.synchronize()
-    per_token = (time.perf_counter() - t0) / steps
-    return torch.cat(tokens[:-1], dim=1), torch.stack(logits), per_token
+            self.run = step
+        elif graph:
+            step = (lambda: model(self.tok, self.pos, self.cache))
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):  # (warm-up: plans and kernels exist before capture; the cache is rewritten)
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                static_logits = step()
+            self.run = (lambda: (g.replay(), static_logits)[1])
+        else:
+            self.run = (lambda: model(self.tok, self.pos, self.cache))
+            self.run()
+        torch.cuda.synchronize()
+        self.warmup_s = time.perf_counter() - t0
+
+    def decode(self, prompt: torch.Tensor, steps: int):
+        """Greedy decoding, one token a step: (tokens, logits of every step, s per decoded token)."""
+        for kc, vc in self.cache:
+            kc.zero_(), vc.zero_()
+        tokens, logits = [], []
+        t0 = None
+        for i in range(PROMPT + steps):
+            if i == PROMPT:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            self.pos.fill_(i)
+            self.tok.copy_(prompt[:, i:i + 1] if i < PROMPT else tokens[-1])
+            out = self.run()[:, -1]
+            logits.append(out.clone())
+            if i >= PROMPT - 1:
+                tokens.append(out.argmax(-1, keepdim=True))
+        torch.cuda.synchronize()
+        per_token = (time.perf_counter() - t0) / steps
+        return torch.cat(tokens[:-1], dim=1), torch.stack(logits), per_token
 
 
-def decoder_rows() -> list[dict]:
+def wait_for_quiet(flag: pathlib.Path | None, timeout_s: float = 600) -> None:
+    """Block until ``flag`` exists (the caller's sign that nothing else runs on the GPU any more), so compiling
+    and capturing can overlap other work while timing does not."""
+    t0 = time.perf_counter()
+    while flag is not None and not flag.exists() and time.perf_counter() - t0 < timeout_s:
+        time.sleep(0.2)
+
+
+def decoder_rows(quiet: pathlib.Path | None = None, launches: list[str] | None = None) -> list[dict]:
+    """Every format through every launch: agreement (eager logits against the dequantized fp16 model's and the
+    fp16 model's; each other launch's logits against eager's) and decode tokens/s, fp16 nn.Linear beside."""
+    import torch._dynamo
+
     c = DECODER_CONFIG
+    launches = launches or [x[0] for x in LAUNCHES]
+    limit = 2 * len(LAUNCHES) * (len(FORMATS) + 1)  # one compiled step per model and mode, all of one code object
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), limit))
     base = load_decoder(c, decoder_state(c)).half().to(DEVICE).eval()
     prompt = torch.from_numpy(np.random.default_rng(11).integers(0, c["vocab_size"], (1, PROMPT))).to(DEVICE)
     rows = []
     with torch.no_grad():
-        ref_tokens, ref_logits, _ = decode_loop(base, prompt, DECODE_STEPS, graph=False)
-        timing = {}
-        for graph in (False, True):
-            timing[("fp16", graph)] = decode_loop(base, prompt, DECODE_STEPS, graph)[2]
+        models = {"fp16": (base, None, 0)}
         for weight_type, group in FORMATS:
-            ours, same, count = swap(base, weight_type, group)
-            toks, logits, _ = decode_loop(ours, prompt, DECODE_STEPS, graph=False)
+            models[weight_type] = swap(base, weight_type, group)
+        steppers, failed = {}, {}
+        for name, (model, _, _) in models.items():  # compile and capture everything first (may overlap others)
+            for launch in launches:
+                try:
+                    steppers[(name, launch)] = Stepper(model, launch)
+                except Exception as exc:  # (one launch that fails is reported as a row; the others still run)
+                    failed[(name, launch)] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                    print(f"FAILED {name} {launch}: {failed[(name, launch)]}", flush=True)
+                    continue
+                print(f"built {name} {launch} in {steppers[(name, launch)].warmup_s:.1f} s", flush=True)
+        launches = [x for x in launches if ("fp16", x) in steppers]
+        for (name, launch), why in failed.items():
+            rows.append({"cell": "decoder", "model": "llama-shaped", "wtype": name, "launch": launch, "method": "ours"
+                         if name != "fp16" else "torch_fp16", "us": None, "error": why})
+        wait_for_quiet(quiet)
+        results = {key: st.decode(prompt, DECODE_STEPS) for key, st in steppers.items()}
+        ref_tokens, ref_logits, _ = results[("fp16", "eager")]
+        for weight_type, group in FORMATS:
+            ours, same, count = models[weight_type]
+            toks, logits, _ = results[(weight_type, "eager")]
             # one token sequence for both sides: the dequantized fp16 model fed the tokens ours chose
             kernel = agreement(logits, forced_logits(same, prompt, toks))
             fmt = agreement(forced_logits(ours, prompt, ref_tokens), ref_logits)
-            for graph in (False, True):
-                toks_g, logits_g, per = decode_loop(ours, prompt, DECODE_STEPS, graph)
-                timing[(weight_type, graph)] = per
-                if graph:
-                    graph_equal = bool(torch.equal(logits_g, logits))
             match = int((toks == ref_tokens).cumprod(1).sum())
             print(f"decoder {weight_type} g{group}: {count} Linears; vs dequantized fp16 {kernel}; vs fp16 {fmt}; "
-                  f"greedy tokens equal to fp16's for the first {match}/{DECODE_STEPS}; graph replay logits equal "
-                  f"to eager: {graph_equal}", flush=True)
-            for graph in (False, True):
-                per, per16 = timing[(weight_type, graph)], timing[("fp16", graph)]
-                rows.append({"cell": "decoder", "model": "llama-shaped", "config": c, "seed": DECODER_SEED,
-                             "wtype": weight_type, "group": group, "act": "fp16", "linears": count,
-                             "launch": "graph" if graph else "plain", "method": "ours", "us": round(per * 1e6, 1),
-                             "tokens_per_s": round(1 / per, 1), "fp16_us": round(per16 * 1e6, 1),
-                             "fp16_tokens_per_s": round(1 / per16, 1), "vs_dequant_fp16": kernel, "vs_fp16": fmt,
-                             "greedy_prefix_equal_fp16": match, "steps": DECODE_STEPS,
-                             "graph_logits_equal_eager": graph_equal})
-                print(f"decode {'graph' if graph else 'eager'} {weight_type}: {1 / per:8.1f} tok/s "
-                      f"({per * 1e6:.0f} us/token) vs fp16 nn.Linear {1 / per16:8.1f} tok/s", flush=True)
+                  f"greedy tokens equal to fp16's for the first {match}/{DECODE_STEPS}", flush=True)
+            for launch in launches:
+                if (weight_type, launch) not in results:
+                    continue
+                _, graph, mode = next(x for x in LAUNCHES if x[0] == launch)
+                toks_l, logits_l, per = results[(weight_type, launch)]
+                fp16_toks, fp16_logits, per16 = results[("fp16", launch)]
+                row = {"cell": "decoder", "model": "llama-shaped", "config": c, "seed": DECODER_SEED,
+                       "wtype": weight_type, "group": group, "act": "fp16", "linears": count,
+                       "launch": "graph" if graph else "plain",
+                       "compiled": None if mode is None else f"inductor {mode}, fullgraph",
+                       "method": "ours", "us": round(per * 1e6, 1), "tokens_per_s": round(1 / per, 1),
+                       "fp16_us": round(per16 * 1e6, 1), "fp16_tokens_per_s": round(1 / per16, 1),
+                       "warmup_s": round(steppers[(weight_type, launch)].warmup_s, 2),
+                       "fp16_warmup_s": round(steppers[("fp16", launch)].warmup_s, 2),
+                       "vs_dequant_fp16": kernel, "vs_fp16": fmt, "greedy_prefix_equal_fp16": match,
+                       "steps": DECODE_STEPS}
+                if launch != "eager":
+                    row["logits_equal_eager"] = bool(torch.equal(logits_l, logits))
+                    row["vs_eager"] = agreement(logits_l, logits)
+                    row["fp16_vs_eager"] = agreement(fp16_logits, ref_logits)
+                rows.append(row)
+                print(f"decode {launch:13s} {weight_type}: {1 / per:8.1f} tok/s ({per * 1e6:.0f} us/token) vs fp16 "
+                      f"nn.Linear {1 / per16:8.1f} tok/s; vs eager {row.get('vs_eager', '-')}", flush=True)
     return rows
 
 
@@ -636,7 +710,9 @@ def meta() -> dict:
                        "minilm": "min over sentences of the cosine similarity of sentence embeddings; us: one "
                                  "batch, synchronised, mean of 20",
                        "decoder": f"batch 1, greedy, static KV cache of {DECODE_CACHE}, {PROMPT} prompt tokens "
-                                  f"then {DECODE_STEPS} timed decode steps; graph: one CUDA graph per step",
+                                  f"then {DECODE_STEPS} timed decode steps; graph: one CUDA graph per step; "
+                                  f"compiled: torch.compile(fullgraph=True, dynamic=False) of the whole step, "
+                                  f"warmup_s: the first 3 calls (compile, capture)",
                        "bias": "MiniLM's biases added in torch after the GEMM (no bias epilogue yet)"},
             "peers": {"torch_fp16": f"torch {torch.__version__} nn.Linear (cuBLAS)"}}
 
@@ -671,18 +747,21 @@ def precompile(data: pathlib.Path, parts: list[str]) -> None:
     print(f"precompiled {len(shapes)} shapes' kernels in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def run(data: pathlib.Path, out: pathlib.Path, parts: list[str]) -> int:
+def run(data: pathlib.Path, out: pathlib.Path, parts: list[str], quiet: pathlib.Path | None = None) -> int:
     precompile(data, parts)
     rows = []
-    if "minilm" in parts:
-        rows += minilm_rows(data)
-    if "decoder" in parts:
-        rows += decoder_rows()
-    if "host" in parts:
-        rows += host_rows()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"schema": 1, "family": "torch_models", "meta": meta(), "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    # (the decoder first: its compiling and capturing may overlap other work, its timing waits; the file is
+    # rewritten after every part, so a run cut short keeps what it measured)
+    for part, make in (("decoder", lambda: decoder_rows(quiet)), ("minilm", lambda: minilm_rows(data)),
+                       ("host", host_rows)):
+        if part in parts:
+            if part != "decoder":
+                wait_for_quiet(quiet)
+            rows += make()
+            out.write_text(json.dumps({"schema": 1, "family": "torch_models", "meta": meta(), "rows": rows},
+                                      indent=1))
+            print(f"wrote {out} ({part})", flush=True)
     failed = [r for r in rows if r.get("passes") is False]
     return 1 if failed else 0
 
@@ -693,13 +772,15 @@ def main() -> int:
     p.add_argument("--data", type=pathlib.Path, default=pathlib.Path("_dev/torch2/data"))
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/torch_models.json"))
     p.add_argument("--parts", default="minilm,decoder,host")
+    p.add_argument("--quiet-after", type=pathlib.Path, default=None,
+                   help="time nothing before this file exists (compile and capture meanwhile)")
     args = p.parse_args()
     if args.step == "prepare":
         prepare(args.data)
     elif args.step == "validate":
         validate(args.data)
     else:
-        return run(args.data, args.out, args.parts.split(","))
+        return run(args.data, args.out, args.parts.split(","), args.quiet_after)
     return 0
 
 

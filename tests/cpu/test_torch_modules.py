@@ -259,3 +259,33 @@ def test_moe_compiles_once_per_block_size_not_per_batch_size():
         out = compiled(torch.empty((m, 256), dtype=torch.float16, device="meta"), torch.empty((m, 4), device="meta"))
         assert tuple(out.shape) == (m, 256)
     assert counter.frame_count == len({choose_block_size(m, 2, 4) for m in rows}) == 2
+
+
+def test_llama_shaped_decoder_of_marlin_linears_traces_to_one_graph():
+    """bench/bench_torch.py's decoder (one layer; GQA, RoPE, a static KV cache written in place), every nn.Linear a
+    MarlinLinear, compiled whole with fullgraph=True on meta tensors: the GEMM's fake and schema let Dynamo and
+    AOTAutograd trace every layer into one graph (no graph break, which fullgraph turns into an error)."""
+    import pathlib
+    import sys
+
+    import torch._dynamo
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+    import bench_torch
+
+    c = dict(bench_torch.DECODER_CONFIG, num_hidden_layers=1, vocab_size=256)
+    model = bench_torch.load_decoder(c, bench_torch.decoder_state(c)).half().eval()
+    report = wt.replace_linears(model, "*", "u4b8", 128)
+    assert len(report.replaced) == 8 and not report.skipped
+    model = model.to("meta")
+    cache = model.new_cache(1, 32, torch.float16, "meta")
+    tok = torch.zeros((1, 1), dtype=torch.long, device="meta")
+    pos = torch.zeros(1, dtype=torch.long, device="meta")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(tok, pos, cache)
+        assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+        gemms = [n for g in explained.graphs for n in g.graph.nodes if "marlin_gemm" in str(n.target)]
+        assert len(gemms) == 8
+        logits = torch.compile(model, fullgraph=True, backend="aot_eager")(tok, pos, cache)
+    assert logits.shape == (1, 1, c["vocab_size"]) and logits.dtype == torch.float32

@@ -399,9 +399,36 @@ def test_tensors_on_two_devices():
     ("global_scale", 6, torch.empty(1, dtype=torch.float32, device="meta")),
     ("is_zp_float", 18, True)])
 def test_unimplemented_arguments_are_refused_by_name(name, index, value):
+    from workbench.torch import ops
+
+    if name == "b_bias" and ops.GEMM_BIAS_EPILOGUE:
+        pytest.skip("the GEMM has a bias epilogue: b_bias is implemented (test_bias_goes_to_the_gemm_only_...)")
     args = meta_gemm_args(4)
     args[index] = value
     with pytest.raises(NotImplementedError, match=rf"marlin_gemm: {name} = .* is not implemented"):
+        OPS.marlin_gemm(*args)
+
+
+def test_bias_goes_to_the_gemm_only_where_its_epilogue_exists(monkeypatch):
+    """``ops.GEMM_BIAS_EPILOGUE`` is the one switch: False refuses b_bias by name (MarlinLinear adds its bias in
+    torch); True checks it with the GEMM's own rule and lets it through. The fused MoE GEMM refuses it either way."""
+    from workbench import gemm
+    from workbench.torch import ops
+
+    bias = torch.empty(128, dtype=torch.float16, device="meta")
+    moe = moe_args()
+    moe[3] = bias
+    for flag in (False, True):
+        monkeypatch.setattr(ops, "GEMM_BIAS_EPILOGUE", flag)
+        with pytest.raises(NotImplementedError, match=r"moe_wna16_marlin_gemm: b_bias = .* is not implemented"):
+            OPS.moe_wna16_marlin_gemm(*moe)
+    if not hasattr(gemm, "check_bias"):
+        pytest.skip("workbench.gemm has no bias epilogue yet (gemm.check_bias, bias= of plan_marlin_gemm)")
+    args = meta_gemm_args(4)
+    args[3] = bias
+    assert tuple(OPS.marlin_gemm(*args).shape) == (4, 128)
+    args[3] = torch.empty(64, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match=r"b_bias has shape \(64,\), expected \(128,\)"):
         OPS.marlin_gemm(*args)
 
 
@@ -457,12 +484,24 @@ def test_mutating_ops_refuse_tracked_inputs():
 
 
 def test_eager_bypass_is_taken_only_for_plain_untracked_tensors():
-    from workbench.torch._library import _plain
-
+    """The eager check reads the schema's tensor positions: plain CPU tensors pass, meta, tracked, subclassed and
+    non-tensor values there do not, nor anything under vmap or the profiler."""
+    eager = OPS.marlin_permute_scales.default.eager_device
     x = torch.zeros(2)
-    assert _plain((x, 3)) and not _plain((x.to("meta"),)) and not _plain((torch.zeros(2, requires_grad=True),))
+    assert eager((x, 3)) == "cpu" and eager((x.to("meta"), 3)) is None
+    assert eager((torch.zeros(2, requires_grad=True), 3)) is None and eager(([1.0], 3)) is None
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert eager((x.as_subclass(Sub), 3)) is None
     with torch.no_grad():
-        assert _plain((torch.zeros(2, requires_grad=True),))
+        assert eager((torch.zeros(2, requires_grad=True), 3)) == "cpu"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert eager((x, 3)) is None
+    seen = []
+    torch.vmap(lambda r: seen.append(eager((r, 3))) or r)(torch.zeros(3, 2))
+    assert seen == [None]
 
 
 def test_every_op_has_its_kernel_at_the_autograd_key_and_eager_calls_agree(rng):
@@ -478,8 +517,8 @@ def test_every_op_has_its_kernel_at_the_autograd_key_and_eager_calls_agree(rng):
 
 
 def test_modes_see_the_op_the_eager_fast_paths_step_aside():
-    """Under a TorchDispatchMode or TorchFunctionMode the packet and the Python functions take the dispatcher, so the
-    mode sees the op (a fast path that skipped it would hide the call from profilers, fake modes, ...)."""
+    """Under a TorchDispatchMode or TorchFunctionMode the packet, .default and the Python functions take the
+    dispatcher, so the mode sees the op (a fast path that skipped it would hide the call from fake modes, ...)."""
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -507,8 +546,9 @@ def test_modes_see_the_op_the_eager_fast_paths_step_aside():
         with mode:
             a = OPS.marlin_permute_scales(s, 256, 128, 128)
             b = wt.marlin_permute_scales(s, 256, 128, 128)
-        assert sum("marlin_permute_scales" in op for op in mode.ops) >= 2, mode.ops
-        assert torch.equal(a, plain) and torch.equal(b, plain)
+            c = OPS.marlin_permute_scales.default(s, 256, 128, 128)
+        assert sum("marlin_permute_scales" in op for op in mode.ops) >= 3, mode.ops
+        assert torch.equal(a, plain) and torch.equal(b, plain) and torch.equal(c, plain)
 
 
 def test_gemm_plan_key_separates_what_the_checks_read():

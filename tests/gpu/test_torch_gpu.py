@@ -116,6 +116,23 @@ def test_compile_marlin_linear_with_symbolic_m(backend):
     assert counter.frame_count == 1
 
 
+def test_compile_reduce_overhead_marlin_linear_under_cuda_graph_trees():
+    """Inductor's CUDA graph trees warm up and record on their own stream into their own pool, and refuse a live
+    allocation there that no output owns: the op's scratch on such a stream is a temporary of the call. Fresh
+    layer and shapes, so the first call of the op on any stream happens inside the trees."""
+    torch._dynamo.reset()
+    w, _ = random_marlin_weight(512, 256, S.U4B8, 128, seed=5)
+    layer = wt.MarlinLinear.from_weight(w, torch.randn(256).half()).to(DEV)
+    x = torch.randn(7, 512, device=DEV).half()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=False, mode="reduce-overhead")
+    outs = []
+    for _ in range(4):  # warm-up, record, replays
+        torch.compiler.cudagraph_mark_step_begin()
+        outs.append(compiled(x).clone())
+    want = layer(x)
+    assert all(torch.equal(o, want) for o in outs)
+
+
 def test_graph_replay_after_the_captures_temporaries_were_freed():
     w, _ = random_marlin_weight(256, 256, S.U4, 128, act_order=True)  # act-order: the op allocates a_tmp too
     layer = wt.MarlinLinear.from_weight(w).to(DEV)
@@ -224,15 +241,18 @@ def test_marlin_moe_against_the_reference(rng):
 
 
 def test_dispatcher_bypass_and_compiled_calls_agree_bitwise_and_repeat_calls_recheck_addresses():
-    """The three ways into one GEMM (the dispatcher, the Python wrapper's eager bypass, a compiled graph) launch the
-    same plan; a repeated call with an equal key re-checks what the key leaves out (alignment of an address)."""
+    """The ways into one GEMM (the dispatcher, the packet's and .default's fast paths, the Python wrapper's eager
+    bypass, a compiled graph) launch the same plan; a repeated call with an equal key re-checks what the key leaves
+    out (alignment of an address)."""
     w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
     a = torch.randn(9, 256, device=DEV).half()
     args = gemm_args(a, w, torch_weight(w), wt.make_workspace(DEV))
-    via_dispatcher = OPS.marlin_gemm(*args)
+    via_dispatcher = OPS.marlin_gemm.default._op.through_dispatcher(*args)
+    via_packet, via_default = OPS.marlin_gemm(*args), OPS.marlin_gemm.default(*args)
     via_bypass = wt.marlin_gemm(*args)
     compiled = torch.compile(lambda *xs: OPS.marlin_gemm(*xs), fullgraph=True)(*args)
-    assert torch.equal(via_dispatcher, via_bypass) and torch.equal(via_dispatcher, compiled)
+    for other in (via_packet, via_default, via_bypass, compiled):
+        assert torch.equal(via_dispatcher, other)
     base = torch.empty(9 * 256 + 1, device=DEV, dtype=torch.float16)
     misaligned = base[1:].view(9, 256)  # equal shape, strides and dtype: the plan cache's key; 2-byte aligned
     misaligned.copy_(a)

@@ -46,6 +46,11 @@ from workbench.torch.scalar_ids import as_type_id, from_vllm_id
 VLLM_COMMIT = "7bcae67b5de3f155e70026695285de25d096b801"
 TILE = 16  # Marlin tile height along K (and the 16 rows of a tile row in b_q_weight)
 
+# Whether the dense GEMM adds vLLM's b_bias in its epilogue (``bias=`` of ``gemm.plan_marlin_gemm`` and of
+# ``PreparedLaunch.launch``). While False, ``b_bias`` is refused by name and ``MarlinLinear`` adds its bias in torch
+# after the GEMM; True passes it to the kernel from both (the fused MoE GEMM refuses it either way).
+GEMM_BIAS_EPILOGUE = False
+
 # A symbolic M is at least 2 (Dynamo specializes extents 0 and 1), and every shape rule treats M = 2 as any M > 1:
 # the checks written for ints run on this stand-in while the traced graph keeps M symbolic.
 REPRESENTATIVE_ROWS = 2
@@ -85,16 +90,22 @@ def make_workspace(device) -> torch.Tensor:
     return torch.zeros(gemm.workspace_numel(_sms(device)), dtype=torch.int32, device=device)
 
 
-_C_TMP: dict[tuple[int, int, int], torch.Tensor] = {}
+_C_TMP: dict[tuple[int, int], torch.Tensor] = {}
+DEFAULT_STREAM = 0  # the raw handle of a device's default (legacy) stream
 
 
 def _c_tmp(device: torch.device, stream_ptr: int, sms: int) -> torch.Tensor:
-    """The fp32 partial-sum buffer, one per (device, stream, SMs) from torch's allocator: launches on one stream run
-    in order and can share it (as ``gemm.scratch_buffers`` does for CuPy). Kept for the process, until these ops
-    use ``workbench.cuda``'s pooled scratch."""
+    """The fp32 partial-sum buffer of one launch, from torch's allocator. On the default stream one buffer per
+    (device, SMs) is kept for the process: launches on one stream run in order and can share it (as
+    ``gemm.scratch_buffers`` does for CuPy), and no CUDA graph captures or allocates on that stream. On any other
+    stream it is a temporary of the call (as vLLM allocates it): a buffer kept there would be made inside a CUDA
+    graph's private pool whenever the first call on that stream is under capture or Inductor's CUDA graph trees
+    (which refuse a live allocation in their pool that no output owns)."""
     from workbench import gemm
 
-    key = (device.index, stream_ptr, sms)
+    if stream_ptr != DEFAULT_STREAM:
+        return torch.empty(gemm.c_tmp_numel(sms), dtype=torch.float32, device=device)
+    key = (device.index, sms)
     if key not in _C_TMP:
         _C_TMP[key] = torch.empty(gemm.c_tmp_numel(sms), dtype=torch.float32, device=device)
     return _C_TMP[key]
@@ -120,8 +131,8 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
     T.require_cuda(op, "a", a)
     T.require_same_device(op, "a", a, c=c, b_q_weight=b_q_weight, b_scales=b_scales, b_zeros=b_zeros, g_idx=g_idx,
                           perm=perm, workspace=workspace, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale)
-    T.require_unimplemented_absent(op, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale,
-                                   is_zp_float=is_zp_float)
+    T.require_unimplemented_absent(op, a_scales=a_scales, global_scale=global_scale, is_zp_float=is_zp_float,
+                                   **({} if GEMM_BIAS_EPILOGUE else {"b_bias": b_bias}))
     weight = from_vllm_id(b_q_type)
     size_n, size_k = _static(size_n, "size_n"), _static(size_k, "size_k")
     rows = None
@@ -135,6 +146,8 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
     gemm.check_gemm_shapes(T.spec(a, "a", rows), T.spec(b_q_weight, "b_q_weight"), T.spec(b_scales, "b_scales"),
                            T.spec(zeros, "b_zeros"), T.spec(g_idx, "g_idx"), T.spec(perm, "perm"), weight, m, size_n,
                            size_k, is_k_full, T.spec(c, "c", rows))
+    if GEMM_BIAS_EPILOGUE and not T.is_empty(b_bias):
+        gemm.check_bias(T.spec(b_bias, "b_bias"), size_n, T.numpy_dtype(a.dtype, "a"), name="b_bias")
     if workspace.dtype != torch.int32 or workspace.dim() != 1:
         raise TypeError(f"{op}: workspace must be a 1-D int32 tensor (zeroed lock counters, see make_workspace), "
                         f"got {workspace.dtype} of shape {tuple(workspace.shape)}")
@@ -171,12 +184,14 @@ class _GemmPlan:
     """A dense GEMM call whose every check passed: the runtime's prepared launch for it and what a call needs
     besides the addresses (kept under the key of the call's shapes, strides, dtypes, devices and flags)."""
 
-    __slots__ = ("prepared", "device", "index", "sms", "uses_c_tmp", "act_order", "has_zeros", "c_tmp")
+    __slots__ = ("prepared", "device", "index", "sms", "uses_c_tmp", "act_order", "has_zeros", "has_bias",
+                 "c_tmp_default")
 
-    def __init__(self, prepared, device: torch.device, sms: int, uses_c_tmp: bool, act_order: bool, has_zeros: bool):
+    def __init__(self, prepared, device: torch.device, sms: int, uses_c_tmp: bool, act_order: bool, has_zeros: bool,
+                 has_bias: bool):
         self.prepared, self.device, self.index, self.sms = prepared, device, device.index, sms
-        self.uses_c_tmp, self.act_order, self.has_zeros = uses_c_tmp, act_order, has_zeros
-        self.c_tmp: dict[int, int] = {}  # stream -> address of that stream's partial-sum buffer (_c_tmp keeps it)
+        self.uses_c_tmp, self.act_order, self.has_zeros, self.has_bias = uses_c_tmp, act_order, has_zeros, has_bias
+        self.c_tmp_default = 0  # address of the default stream's partial-sum buffer (_c_tmp keeps it)
 
 
 _GEMM_PLANS: dict[tuple, _GemmPlan] = {}
@@ -193,7 +208,7 @@ def _meta(x):
 
 
 def _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-              is_k_full, use_atomic_add, use_fp32_reduce):
+              is_k_full, use_atomic_add, use_fp32_reduce, b_bias=None):
     """The plan key, or None where an argument is not of the cached kind (then every check runs). Exact types for
     the ints: True and 1.0 compare equal to 1 but are checked differently."""
     if (type(size_m) is not int or type(size_n) is not int or type(size_k) is not int or type(b_q_type) is not int
@@ -204,7 +219,7 @@ def _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_t
     return (a.shape, a.stride(), a.dtype, a.get_device(), b_q_weight.shape, b_q_weight.stride(), b_q_weight.dtype,
             b_q_weight.get_device(), b_scales.shape, b_scales.stride(), b_scales.dtype, b_scales.get_device(),
             workspace.shape, workspace.stride(), workspace.dtype, workspace.get_device(), _meta(c), _meta(b_zeros), _meta(g_idx),
-            _meta(perm), b_q_type, size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add),
+            _meta(perm), _meta(b_bias), b_q_type, size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add),
             bool(use_fp32_reduce))
 
 
@@ -225,6 +240,7 @@ def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, globa
     device = a.device
     act_order = not (T.is_empty(g_idx) and T.is_empty(perm))
     zeros = None if T.is_empty(b_zeros) else b_zeros
+    bias = {"bias": rt.as_device_array(b_bias, "b_bias")} if GEMM_BIAS_EPILOGUE and not T.is_empty(b_bias) else {}
     sms = _sms(device)
     uses_c_tmp = bool(use_fp32_reduce) and not use_atomic_add
     stream = _stream_ptr(device)
@@ -238,8 +254,8 @@ def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, globa
     prepared = gemm.plan_marlin_gemm(v(a, "a"), layer, c=v(out, "c"), workspace=v(workspace, "workspace"),
                                      c_tmp=v(c_tmp, "c_tmp"), a_tmp=v(a_tmp, "a_tmp"), is_k_full=bool(is_k_full),
                                      use_atomic_add=bool(use_atomic_add), use_fp32_reduce=bool(use_fp32_reduce),
-                                     stream=stream, sms=sms)
-    plan = _GemmPlan(prepared, device, sms, uses_c_tmp, act_order, zeros is not None)
+                                     stream=stream, sms=sms, **bias)
+    plan = _GemmPlan(prepared, device, sms, uses_c_tmp, act_order, zeros is not None, bool(bias))
     if key is not None:
         if len(_GEMM_PLANS) >= MAX_GEMM_PLANS:
             _GEMM_PLANS.clear()
@@ -253,11 +269,12 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
     unimplemented arguments every call), output and scratch from torch's allocator, then the runtime's prepared
     launch on the tensors' addresses and the current torch stream. Repeated calls re-check only what can change
     under an equal key: the addresses (non-null, 16-byte aligned: ``PreparedLaunch.launch``)."""
-    if b_bias is not None or a_scales is not None or global_scale is not None or is_zp_float:
-        T.require_unimplemented_absent(op, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale,
-                                       is_zp_float=is_zp_float)
+    if (b_bias is not None and not GEMM_BIAS_EPILOGUE) or a_scales is not None or global_scale is not None \
+            or is_zp_float:
+        T.require_unimplemented_absent(op, a_scales=a_scales, global_scale=global_scale, is_zp_float=is_zp_float,
+                                       **({} if GEMM_BIAS_EPILOGUE else {"b_bias": b_bias}))
     key = _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-                    is_k_full, use_atomic_add, use_fp32_reduce)
+                    is_k_full, use_atomic_add, use_fp32_reduce, b_bias)
     plan = _GEMM_PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _plan_gemm(op, key, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx,
@@ -268,19 +285,27 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
     stream = torch._C._cuda_getCurrentRawStream(plan.index)  # (torch.cuda.current_stream builds a Stream object)
     if c is None:
         c = torch.empty((size_m, size_n), dtype=a.dtype, device=plan.device)
-    c_tmp = 0
+    c_tmp, scratch = 0, None
     if plan.uses_c_tmp:
-        c_tmp = plan.c_tmp.get(stream)
-        if c_tmp is None:
-            c_tmp = plan.c_tmp[stream] = _c_tmp(plan.device, stream, plan.sms).data_ptr()
+        if stream == DEFAULT_STREAM:
+            c_tmp = plan.c_tmp_default
+            if not c_tmp:
+                c_tmp = plan.c_tmp_default = _c_tmp(plan.device, stream, plan.sms).data_ptr()
+        else:
+            scratch = _c_tmp(plan.device, stream, plan.sms)  # (held until the launch is enqueued)
+            c_tmp = scratch.data_ptr()
     if plan.act_order:
         a_tmp = torch.empty((size_m, size_k), dtype=a.dtype, device=plan.device)
         a_tmp_ptr, g_ptr, p_ptr = a_tmp.data_ptr(), g_idx.data_ptr(), perm.data_ptr()
     else:
         a_tmp_ptr = g_ptr = p_ptr = 0
-    plan.prepared.launch(a.data_ptr(), b_q_weight.data_ptr(), c.data_ptr(), c_tmp, b_scales.data_ptr(),
-                         b_zeros.data_ptr() if plan.has_zeros else 0, g_ptr, p_ptr, a_tmp_ptr, workspace.data_ptr(),
-                         stream)
+    z_ptr = b_zeros.data_ptr() if plan.has_zeros else 0
+    if plan.has_bias:
+        plan.prepared.launch(a.data_ptr(), b_q_weight.data_ptr(), c.data_ptr(), c_tmp, b_scales.data_ptr(), z_ptr,
+                             g_ptr, p_ptr, a_tmp_ptr, workspace.data_ptr(), stream, b_bias.data_ptr())
+    else:
+        plan.prepared.launch(a.data_ptr(), b_q_weight.data_ptr(), c.data_ptr(), c_tmp, b_scales.data_ptr(), z_ptr,
+                             g_ptr, p_ptr, a_tmp_ptr, workspace.data_ptr(), stream)
     return c
 
 
@@ -362,7 +387,8 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
     T.require_cuda(op, "a", a)
     T.require_same_device(op, "a", a, c=c, sorted_token_ids=sorted_token_ids, expert_ids=expert_ids,
                           num_tokens_past_padded=num_tokens_past_padded, topk_weights=topk_weights)
-    T.require_unimplemented_absent(op, g_idx=g_idx, perm=perm)  # the fused kernel has no act-order (docs/torch.md)
+    # the fused kernel has no act-order (docs/torch.md) and no bias epilogue
+    T.require_unimplemented_absent(op, g_idx=g_idx, perm=perm, b_bias=b_bias)
     for name, x in (("b_q_weight", b_q_weight), ("b_scales", b_scales), ("b_zeros", b_zeros)):
         if not T.is_empty(x) and x.dim() != 3:
             raise ValueError(f"{op}: {name} must be a 3-D stack [E, ...] of expert tensors, got shape "
