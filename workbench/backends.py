@@ -20,6 +20,7 @@ native-order C-contiguous copy; a list is refused.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 from typing import Any, Callable
@@ -208,9 +209,8 @@ def _array_key(x: Any):
         return ("cupy", x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
     if t is _rta.DeviceArray:
         return (x.framework, x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
-    if isinstance(x, _rta.torch_tensor_type()) and x.is_cuda:
-        return (("torch", tuple(x.shape), x.dtype, x.stride(), x.device.index), x.data_ptr(),
-                x.numel() * x.element_size())
+    if isinstance(x, _rta.torch_tensor_type()) and x.is_cuda:  # (get_device, nbytes: no device/size objects made)
+        return ("torch", x.shape, x.dtype, x.stride(), x.get_device()), x.data_ptr(), x.nbytes
     return None
 
 
@@ -264,10 +264,67 @@ def run_planned(op: Callable[..., Any], args: tuple, kwargs: dict, backend: str,
         plan = entry[0]
         if plan is None:
             return op(*args, backend=backend, stream=stream, **kwargs)
-        result = plan([ptr for ptr, _ in inputs], stream)
+        ptrs = [ptr for ptr, _ in inputs]
+        result = _replay_torch(plan, ptrs, stream) if plan.framework == "torch" else plan(ptrs, stream)
         if result is not None:
             return result
     with _launch.recording(inputs) as rec:
         result = op(*args, backend=backend, stream=stream, **kwargs)
     _plans[key] = (rec.plan(result), _repack_policy())
     return result
+
+
+_torch_devices: dict[int, Any] = {}
+
+
+def _torch_current_stream(device: int) -> int:
+    """The raw handle of torch's current stream on ``device``: torch's own accessor of the handle when it has one
+    (``torch.cuda.current_stream`` builds a Stream object per call, a few microseconds), else that."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(raw(device)) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _replay_torch(plan, ptrs: list[int], stream: Any):
+    """``plan(ptrs, stream)`` for torch callers, at less host cost: the stream read once, the result allocated
+    with its own shape and dtype (no views to make afterwards), temporaries as bytes; from torch's caching
+    allocator on the launch's stream, as the full path allocates. None where the full path must say why (another
+    current device)."""
+    import torch
+
+    from kernels_numba import _launch
+
+    device = plan.device
+    if _launch._current_device() != device:
+        return None
+    if stream is None:
+        handle = _torch_current_stream(device)
+    else:
+        handle = _rta_stream_handle(stream, device)
+        if handle != _torch_current_stream(device):
+            return plan(ptrs, stream)  # another stream: the full replay allocates on it
+    dev = _torch_devices.get(device)
+    if dev is None:
+        dev = _torch_devices.setdefault(device, torch.device("cuda", device))
+    index, offset, shape, dtype = plan.out
+    result, owners = None, []  # (the temporaries are held until their kernels are queued)
+    for i, nbytes in enumerate(plan.allocs):
+        if i == index and offset == 0 and nbytes == math.prod(shape) * dtype.itemsize:
+            result = torch.empty(shape, dtype=_launch._torch_dtype(dtype), device=dev)
+            owners.append(result)
+        else:
+            owners.append(torch.empty(nbytes, dtype=torch.uint8, device=dev))
+    bases = [o.data_ptr() for o in owners]
+    if not plan.run(ptrs, bases, handle):
+        return None
+    if result is None:
+        result = _launch._wrap("torch", _launch.KernelArray(bases[index] + offset, shape, dtype, owners[index],
+                                                            device))
+    return result
+
+
+def _rta_stream_handle(stream: Any, device: int) -> int:
+    from workbench.cuda import streams
+
+    return streams.stream_handle(stream, "torch", device)
