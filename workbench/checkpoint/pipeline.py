@@ -442,36 +442,39 @@ class _PinnedPool:
 
 
 class _ThreadStreams:
-    """One non-blocking CUDA stream per converter thread (made on the thread's first task, destroyed by ``close``):
-    a non-blocking stream does not wait for work on the legacy default stream, nor that on it."""
+    """One non-blocking CUDA stream per converter thread (made on the thread's first task, by CuPy, whose runtime
+    binds the device's context in any thread; released by ``close``): a non-blocking stream does not wait for work
+    on the legacy default stream, nor that on it."""
 
     def __init__(self):
+        from workbench.cuda.arrays import cupy
+
+        self._cupy = cupy()
+        self._device = self._cupy.cuda.runtime.getDevice()  # the coordinator's: every thread works on it
         self._local = threading.local()
-        self._made: list[int] = []
+        self._made: list = []
         self._lock = threading.Lock()
 
     def current(self) -> int | None:
+        """This thread's stream handle (None: the current stream, when OWN_STREAMS is off)."""
+        if not getattr(self._local, "bound", False):
+            # the driver-API launches need the device's context current in this thread: setDevice binds it
+            self._cupy.cuda.runtime.setDevice(self._device)
+            self._local.bound = True
         if not OWN_STREAMS:
             return None
         handle = getattr(self._local, "handle", None)
         if handle is None:
-            from cuda.bindings import driver
-
-            err, stream = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
-            if int(err) != 0:
-                raise RuntimeError(f"cuStreamCreate failed: {err!r}")
-            handle = self._local.handle = int(stream)
+            stream = self._cupy.cuda.Stream(non_blocking=True)
+            handle = self._local.handle = int(stream.ptr)
             with self._lock:
-                self._made.append(handle)
+                self._made.append(stream)
         return handle
 
     def close(self) -> None:
-        from cuda.bindings import driver
-
-        for handle in self._made:
-            driver.cuStreamSynchronize(handle)
-            driver.cuStreamDestroy(handle)
-        self._made.clear()
+        for stream in self._made:
+            stream.synchronize()
+        self._made.clear()  # (CuPy destroys a stream it made when its object goes)
 
 
 def _on_stream(handle: int | None):
