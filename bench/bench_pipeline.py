@@ -279,10 +279,16 @@ def main(argv=None) -> int:
                    "peak_worker_rss_bytes": result["peak_worker_rss_bytes"],
                    "memory_bound_bytes": result["memory_bound_bytes"],
                    "largest_tensor_bytes": info["largest_tensor_bytes"], "identical_to_first": ident}
+            row["cell"] = "GPU path" if path_kind == "gpu" else "CPU path (worker processes)"
             if mode is not None:
                 threads, kind = mode.split(":")
                 row["gpu_threads"] = int(threads)
                 row["streams"] = "one per thread" if kind == "own" else "one shared (the legacy default stream)"
+            # the table's memory columns (the exact bytes stay in the row)
+            row["peak_rss_mb"] = round(result["peak_rss_bytes"] / 2**20)
+            if path_kind == "cpu":
+                row["peak_worker_rss_mb"] = round(result["peak_worker_rss_bytes"] / 2**20)
+            row["memory_bound_mb"] = round(result["memory_bound_bytes"] / 2**20)
             rows.append(row)
             print(json.dumps(row), flush=True)
             save()

@@ -245,8 +245,9 @@ def run_planned(op: Callable[..., Any], args: tuple, kwargs: dict, backend: str,
     """``op(*args, backend=backend, stream=stream, **kwargs)``; on device arrays through its call plan: the first
     call with some argument metadata runs in full (every check, then the kernels) while being recorded, later calls
     with the same metadata (shapes, dtypes, strides, devices, scalar values) replay its launches on the new
-    addresses. Calls whose outcome depends on values (a device perm's check, zero-point codes: a verdict read
-    back) always run in full."""
+    addresses. A call that reads a verdict back (a device perm's check, zero-point codes) replays it too: the
+    verdict is read again before the result is returned, and one that differs from the recorded call's sends the
+    call the full way, which raises the check's message (kernels_numba._launch._Recording)."""
     found = plan_key(op.__name__, backend, args, kwargs)
     if found is None or ensure_numba_target() != "gpu":
         return op(*args, backend=backend, stream=stream, **kwargs)
