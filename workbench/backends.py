@@ -56,9 +56,20 @@ KERNELS = {
 }
 
 
+def _is_cupy_array(t: type) -> bool:
+    """``t`` is CuPy's array type. Without CuPy imported there is no CuPy array, and asking must not import it: the
+    CPU path would pay CuPy's import (and the CUDA libraries' memory) in every worker process."""
+    known = _rta._cupy_array  # (resolved by the first caller that had CuPy)
+    if known is None:
+        if "cupy" not in sys.modules:
+            return False
+        known = _rta.cupy_array_type()
+    return t is known
+
+
 def is_device_array(x: Any) -> bool:
     t = type(x)
-    if t is _rta.DeviceArray or t is _rta.cupy_array_type():
+    if t is _rta.DeviceArray or _is_cupy_array(t):
         return True
     if isinstance(x, _rta.torch_tensor_type()):  # (torch's interface property raises TypeError for bfloat16)
         return x.is_cuda
@@ -143,7 +154,7 @@ def normalize(x: Any, name: str | None = None) -> Any:
             x = x.astype(x.dtype.newbyteorder("="))
         return np.ascontiguousarray(x)
     t = type(x)
-    if t is _rta.cupy_array_type() or t is _rta.DeviceArray:
+    if t is _rta.DeviceArray or _is_cupy_array(t):
         return x
     torch_cuda = isinstance(x, _rta.torch_tensor_type()) and x.is_cuda
     if torch_cuda or (not isinstance(x, _rta.torch_tensor_type()) and hasattr(x, "__cuda_array_interface__")
@@ -158,7 +169,7 @@ def normalize(x: Any, name: str | None = None) -> Any:
     return x
 
 
-_SCALAR_TYPES = (int, bool, type(None), np.ndarray, str)  # (np.ndarray: a host array)
+_SCALAR_TYPES = (int, bool, type(None), np.ndarray, str, float, type)  # (np.ndarray: a host array)
 
 
 def dispatch(op_name: str, backend: str, stream: Any, reference: Callable[..., Any], *args: Any) -> Any:
@@ -167,7 +178,7 @@ def dispatch(op_name: str, backend: str, stream: Any, reference: Callable[..., A
         raise ValueError(f"backend = {backend!r} is not one of {BACKENDS}")
     on_device = False
     for a in args:
-        if type(a) in _SCALAR_TYPES:
+        if type(a) in _SCALAR_TYPES or isinstance(a, np.dtype):
             continue
         if is_device_array(a) or isinstance(a, (list, tuple)) and any(is_device_array(b) for b in a):
             on_device = True
@@ -205,7 +216,7 @@ _plans: dict[tuple, Any] = {}  # key -> (CallPlan or None = "always the full pat
 def _array_key(x: Any):
     """(metadata, address, nbytes) of a device array whose framework gives them cheaply, else None."""
     t = type(x)
-    if t is _rta.cupy_array_type():
+    if _is_cupy_array(t):
         return ("cupy", x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
     if t is _rta.DeviceArray:
         return (x.framework, x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
