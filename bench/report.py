@@ -79,7 +79,8 @@ def family_section(family: str, doc: dict) -> list[str]:
             cols = [str(r.get(k, "—")) for k in row_keys] + [config_label(r)] * (family in FORMAT_FAMILIES)
             cols.append(_fmt_us(float(r["us"])))
             if has_gbs:
-                cols += [(f"{r['gbs']:.0f}" if r["gbs"] >= 10 else f"{r['gbs']:.2f}") if r.get("gbs") is not None else "—",
+                gbs = r.get("gbs")
+                cols += ["—" if gbs is None else f"{gbs:.0f}" if gbs >= 10 else f"{gbs:.2f}",
                          f"{c['pct_read']:.0f}%" if c["pct_read"] is not None else "—"]
             if has_copy:
                 cols.append(f"{r['pct_copy']:.0f}%" if "pct_copy" in r else "—")
