@@ -105,17 +105,25 @@ import json, os, shutil, sys, time
 os.fsync = lambda fd: None  # outputs written to the page cache, not synced: the pipeline's time, not the disk's
 from workbench.checkpoint import repack
 from workbench.checkpoint.pipeline import Stats
-out, backend, workers, warm, sources = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+from workbench.checkpoint import pipeline
+out, backend, workers, warm = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 for w in filter(None, warm.split(",")):  # compile the kernels of each format before the timed runs
     repack(w, out + ".warm", backend=backend, workers=1, progress=False, log=lambda m: None)
     shutil.rmtree(out + ".warm")
-for src in sources:
+runs = []  # (GPU mode, source): "T:own" = T converter threads, each on its own stream; "T:shared" = on one stream
+for item in sys.argv[5:]:
+    mode, src = item.split("=", 1)
+    runs.append((mode, src))
+for mode, src in runs:
+    threads, streams = mode.split(":")
+    pipeline.GPU_STREAMS, pipeline.OWN_STREAMS = int(threads), streams == "own"
     stats = Stats()
     # 1 GB output files: finishing one (checksum, rename) overlaps converting the next, as in a 700 GB run
     manifest = repack(src, out, backend=backend, workers=workers, max_shard_bytes=1 << 30, progress=False,
                       log=lambda m: None, stats=stats)
     shutil.rmtree(out)
-    print(json.dumps({"source": src, "seconds": stats.seconds, "baseline_rss_bytes": stats.baseline_rss_bytes,
+    print(json.dumps({"source": src, "mode": mode, "seconds": stats.seconds,
+                      "baseline_rss_bytes": stats.baseline_rss_bytes,
                       "startup_seconds": stats.startup_seconds, "cpu_seconds": stats.cpu_seconds,
                       "source_bytes": stats.source_bytes, "output_bytes": stats.output_bytes, "path": stats.path,
                       "workers": stats.workers, "peak_rss_bytes": stats.peak_rss_bytes,
@@ -125,11 +133,15 @@ for src in sources:
 """
 
 
-def measure(sources: list[str], out: str, backend: str, workers: int, warm: str = "", timeout: float = 400) -> list:
-    """One fresh process repacking each of ``sources`` in turn (the GPU rows share one, so the kernels compile
-    once; a row's peak RSS is then that process's so far)."""
+GPU_MODES = ("2:own", "2:shared", "1:own")  # the pipeline's two streams, both threads on one stream, one thread
+
+
+def measure(sources: list, out: str, backend: str, workers: int, warm: str = "", timeout: float = 400) -> list:
+    """One fresh process repacking each of ``sources`` in turn (paths, or (GPU mode, path) pairs; the GPU rows
+    share one process, so the kernels compile once; a row's peak RSS is then that process's so far)."""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", _CHILD, out, backend, str(workers), warm, *sources], env=env,
+    runs = [f"{s[0]}={s[1]}" if isinstance(s, tuple) else f"2:own={s}" for s in sources]
+    done = subprocess.run([sys.executable, "-c", _CHILD, out, backend, str(workers), warm, *runs], env=env,
                           capture_output=True, text=True, timeout=timeout)
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out + ".warm", ignore_errors=True)
@@ -210,6 +222,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=120.0, help="stop starting measurements after this long")
     p.add_argument("--workdir", default=None, help="where source and outputs go (default: /dev/shm when it has room)")
     p.add_argument("--out", default=RESULT, help="results file")
+    p.add_argument("--gpu-timeout-s", type=float, default=400.0, help="limit of the process timing the GPU rows")
     args = p.parse_args(argv)
     started = time.perf_counter()
     if args.tiny:
@@ -252,7 +265,7 @@ def main(argv=None) -> int:
         ceilings.update(host_ceilings(first_file, (1 << 24) if args.tiny else (1 << 28)))
         reference = {}
 
-        def record(source, fmt, path_kind, result, info):
+        def record(source, fmt, path_kind, result, info, mode=None):
             ident = reference.setdefault(source, result["shards"]) == result["shards"]
             row = {"method": "ours", "path": path_kind, "format": fmt, "workers": result["workers"],
                    "us": round(result["seconds"] * 1e6, 1), "gbs": round(result["source_bytes"] / result["seconds"]
@@ -266,6 +279,16 @@ def main(argv=None) -> int:
                    "peak_worker_rss_bytes": result["peak_worker_rss_bytes"],
                    "memory_bound_bytes": result["memory_bound_bytes"],
                    "largest_tensor_bytes": info["largest_tensor_bytes"], "identical_to_first": ident}
+            row["cell"] = "GPU path" if path_kind == "gpu" else "CPU path (worker processes)"
+            if mode is not None:
+                threads, kind = mode.split(":")
+                row["gpu_threads"] = int(threads)
+                row["streams"] = "one per thread" if kind == "own" else "one shared (the legacy default stream)"
+            # the table's memory columns (the exact bytes stay in the row)
+            row["peak_rss_mb"] = round(result["peak_rss_bytes"] / 2**20)
+            if path_kind == "cpu":
+                row["peak_worker_rss_mb"] = round(result["peak_worker_rss_bytes"] / 2**20)
+            row["memory_bound_mb"] = round(result["memory_bound_bytes"] / 2**20)
             rows.append(row)
             print(json.dumps(row), flush=True)
             save()
@@ -281,12 +304,13 @@ def main(argv=None) -> int:
                 gpu_sources.append((src, fmt, sources[f"gpu-{fmt}"]))
             warm_gptq = os.path.join(work, "warm-gptq")
             write_source(warm_gptq, "gptq", 1, shapes=TINY)
-            results = measure([s for s, _, _ in gpu_sources], os.path.join(work, "out"), "numba", 1,
-                              f"{warm},{warm_gptq}")
-            for (src, fmt, info), result in zip(gpu_sources, results):
-                record(src, fmt, "gpu", result, info)
-                if src != cpu_src:
-                    shutil.rmtree(src, ignore_errors=True)
+            runs = [(GPU_MODES[0], gpu_sources[0])] + [(m, g) for m in GPU_MODES for g in gpu_sources[1:]]
+            results = measure([(m, g[0]) for m, g in runs], os.path.join(work, "out"), "numba", 1,
+                              f"{warm},{warm_gptq}", timeout=args.gpu_timeout_s)
+            for (mode, (src, fmt, info)), result in zip(runs, results):
+                record(src, fmt, "gpu", result, info, mode)
+            for src, _, _ in gpu_sources[1:]:
+                shutil.rmtree(src, ignore_errors=True)
         for n in workers:
             if time.perf_counter() - started > args.budget_s:
                 print(f"budget reached: {n} workers and beyond not measured", flush=True)

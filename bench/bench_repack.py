@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import timing  # noqa: E402
 
 LAYERS = ((4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192))  # (K, N)
-OPS = (("gptq_marlin_repack", 4, "u4b8"), ("gptq_marlin_repack", 8, "u8b128"), ("awq_marlin_repack", 4, "u4"))
+OPS = (("gptq_marlin_repack", 4, "u4b8"), ("gptq_marlin_repack", 8, "u8b128"), ("awq_marlin_repack", 4, "u4"),
+       ("gptq_marlin_repack act-order", 4, "u4b8"))  # act-order: a random device perm (ours checks it: a sync)
 ROUNDS = 11
 
 
@@ -31,7 +32,6 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), type=pathlib.Path)
     p.add_argument("--peers-src", default=str(ROOT / "_dev" / "peers_src"), type=pathlib.Path)
-    p.add_argument("--vllm-wtypes", default="u4b8,fe4m3fn", help="the vLLM build to load (the bench GEMM's)")
     p.add_argument("--no-vllm", action="store_true")
     p.add_argument("--layers", default="", help="KxN,... (default: five layers 4096x14336 .. 28672x8192)")
     args = p.parse_args(argv)
@@ -49,10 +49,9 @@ def main(argv=None) -> int:
         import peers as peer_mod
 
         try:
-            vllm, secs = peer_mod.build_vllm_marlin(args.peers_src, args.vllm_wtypes.split(","))
+            vllm, secs = peer_mod.build_vllm_repack(args.peers_src)  # the repack ops alone: three files
             versions["vllm_marlin"] = peer_mod.peer_versions(args.peers_src).get("vllm_marlin", "unknown")
-            notes["vllm_marlin_load_s"] = round(secs, 1)
-            notes["vllm_marlin_build"] = peer_mod.vllm_build_record(args.vllm_wtypes.split(","))
+            notes["vllm_marlin_build_s"] = round(secs, 1)
         except Exception as exc:
             notes["vllm_marlin"] = f"not built: {type(exc).__name__}: {str(exc)[-400:]}"
             print(notes["vllm_marlin"], flush=True)
@@ -60,17 +59,22 @@ def main(argv=None) -> int:
     for k, n in layers:
         for op, bits, wtype in OPS:
             pf = 32 // bits
-            shape = (k // pf, n) if op == "gptq_marlin_repack" else (k, n // pf)
+            gptq = op.startswith("gptq_marlin_repack")
+            shape = (k // pf, n) if gptq else (k, n // pf)
             src = cp.asarray(cp.random.randint(-2**31, 2**31 - 1, size=shape, dtype=cp.int64).astype(cp.int32))
             src_t = torch.from_dlpack(src)  # the same memory
-            perm = torch.empty(0, dtype=torch.int32, device="cuda")
+            if op.endswith("act-order"):
+                ours_perm = cp.random.permutation(k).astype(cp.int32)
+                perm = torch.from_dlpack(ours_perm)
+            else:
+                ours_perm, perm = None, torch.empty(0, dtype=torch.int32, device="cuda")
 
             def stream():
                 return torch.cuda.current_stream().cuda_stream
 
-            if op == "gptq_marlin_repack":
+            if gptq:
                 def ours():
-                    return ops.gptq_marlin_repack(src, None, k, n, bits, backend="numba", stream=stream())
+                    return ops.gptq_marlin_repack(src, ours_perm, k, n, bits, backend="numba", stream=stream())
 
                 def peer():
                     return vllm.gptq_marlin_repack(src_t, perm, k, n, bits)
@@ -91,7 +95,7 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 equal = bool(a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32)))
             stats = timing.interleaved(timers, ROUNDS)
-            nbytes = 2 * k * n * bits // 8
+            nbytes = 2 * k * n * bits // 8 + (4 * k if ours_perm is not None else 0)
             for (method, launch), st in stats.items():
                 g = timing.gbs(nbytes, st["us"])
                 row = dict(op=op, n=n, k=k, wtype=wtype, method=method, launch=launch, us=round(st["us"], 2),
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"{op:20s} {wtype:7s} {k:6d}x{n:<6d} {method:12s} {launch:8s} {st['us']:9.1f} us {g:7.0f} GB/s "
                       f"{row['pct_copy']:5.1f}% copy equal={equal}", flush=True)
-            del timers, src, src_t
+            del timers, src, src_t, ours_perm, perm
             cp.get_default_memory_pool().free_all_blocks()
     meta = timing.meta(ROOT, dev, ceil, {"launch": ["isolated", "plain"], "rounds": ROUNDS, "spin_ns": timing.SPIN_NS, "flush_bytes":
                                          timing.FLUSH_MULTIPLE * dev.l2_bytes, "notes": notes,

@@ -220,6 +220,56 @@ def build_vllm_marlin(src: pathlib.Path, wtypes, jobs: int = 16, record: bool = 
     return torch.ops.peer_vllm_marlin, seconds
 
 
+REPACK_BINDINGS = r"""
+#include <torch/library.h>
+#include "gptq_marlin_repack.cuh"
+#include "awq_marlin_repack.cuh"
+
+namespace {
+torch::Tensor repack(torch::Tensor b_q_weight, torch::Tensor perm, int64_t size_k, int64_t size_n, int64_t bits) {
+  return gptq_marlin_repack(b_q_weight, perm, size_k, size_n, bits);
+}
+torch::Tensor awq_repack(torch::Tensor b_q_weight, int64_t size_k, int64_t size_n, int64_t bits) {
+  return awq_marlin_repack(b_q_weight, size_k, size_n, bits);
+}
+}  // namespace
+
+TORCH_LIBRARY(peer_vllm_repack, m) {
+  m.def("gptq_marlin_repack(Tensor b_q_weight, Tensor perm, int size_k, int size_n, int num_bits) -> Tensor");
+  m.def("awq_marlin_repack(Tensor b_q_weight, int size_k, int size_n, int num_bits) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(peer_vllm_repack, CUDA, m) {
+  m.impl("gptq_marlin_repack", &repack);
+  m.impl("awq_marlin_repack", &awq_repack);
+}
+"""
+
+
+def build_vllm_repack(src: pathlib.Path, jobs: int = 16):
+    """vLLM's two repack ops alone (their sources unchanged, bindings of our own, namespace ``peer_vllm_repack``):
+    three files, so a repack comparison does not wait for the GEMM's instantiations; (namespace, seconds)."""
+    import torch.utils.cpp_extension as ext
+    import torch
+
+    marlin = pathlib.Path(src) / "vllm_marlin"
+    build = CACHE / "vllm_repack"
+    build.mkdir(parents=True, exist_ok=True)
+    bindings = build / "bindings.cpp"
+    if not bindings.exists() or bindings.read_text() != REPACK_BINDINGS:
+        bindings.write_text(REPACK_BINDINGS)
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    os.environ["MAX_JOBS"] = str(jobs)
+    t0 = time.time()
+    ext.load(name="peer_vllm_repack", sources=[str(bindings), str(marlin / "gptq_marlin_repack.cu"),
+                                               str(marlin / "awq_marlin_repack.cu")],
+             extra_include_paths=[str(marlin)], build_directory=str(build), is_python_module=False,
+             extra_cflags=["-O3", "-std=c++17"],
+             extra_cuda_cflags=["-O3", "-std=c++17", "-static-global-template-stub=false", "--expt-relaxed-constexpr",
+                                "-DMARLIN_NAMESPACE_NAME=marlin"],
+             verbose=False)
+    return torch.ops.peer_vllm_repack, time.time() - t0
+
+
 def vllm_build_record(wtypes) -> dict:
     """What the last build of these types cost (build_vllm_marlin's record), {} if none."""
     path = CACHE / ("vllm_marlin_" + "_".join(sorted(set(wtypes)))) / "build_seconds.json"

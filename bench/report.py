@@ -63,7 +63,8 @@ def family_section(family: str, doc: dict) -> list[str]:
         else:  # every identifying key of the kind's first row that is not measured
             first = members[0]["row"]
             row_keys = [k for k in first if k not in ("method", "us", "gbs", "pct_copy", "pct_read", "cell")
-                        and isinstance(first[k], (str, int)) and not isinstance(first[k], bool)]
+                        and isinstance(first[k], (str, int)) and not isinstance(first[k], bool)
+                        and not k.endswith("_bytes")]  # (exact byte counts stay in the file)
         header = ([k if k != "m" else "M" for k in row_keys] + ["format, launch"] * (family in FORMAT_FAMILIES)
                   + ["ours µs"] + ["GB/s", "% of read"] * has_gbs + ["% of copy"] * has_copy
                   + [f"× {p}" for p in peers])
@@ -78,7 +79,8 @@ def family_section(family: str, doc: dict) -> list[str]:
             cols = [str(r.get(k, "—")) for k in row_keys] + [config_label(r)] * (family in FORMAT_FAMILIES)
             cols.append(_fmt_us(float(r["us"])))
             if has_gbs:
-                cols += [f"{r['gbs']:.0f}" if r.get("gbs") is not None else "—",
+                gbs = r.get("gbs")
+                cols += ["—" if gbs is None else f"{gbs:.0f}" if gbs >= 10 else f"{gbs:.2f}",
                          f"{c['pct_read']:.0f}%" if c["pct_read"] is not None else "—"]
             if has_copy:
                 cols.append(f"{r['pct_copy']:.0f}%" if "pct_copy" in r else "—")

@@ -186,13 +186,15 @@ class KernelArray:
 
     def copy_to_host(self, stream: Any = 0) -> np.ndarray:
         """A NumPy copy, after the work queued on ``stream`` (a raw handle or any stream object)."""
-        _not_replayable()  # a result read back (a verdict): the call's outcome depends on values
         host = np.empty(self.shape, self.dtype)
         handle = _rts.stream_handle(stream)
         cu = _driver()
         if self.nbytes:
             _check(cu.cuMemcpyDtoHAsync(host.ctypes.data, self.ptr, self.nbytes, handle), "cuMemcpyDtoHAsync")
         _check(cu.cuStreamSynchronize(handle), "cuStreamSynchronize")
+        rec = _recording()
+        if rec is not None:  # a verdict read back: a replay reads it again and goes the full way if it differs
+            rec.readback(self.ptr, host, handle)
         return host
 
     @property
@@ -281,7 +283,9 @@ class _RuntimeArrays:
                 a = a.view(np.uint16)  # ml_dtypes.bfloat16: move the raw bits
             a = np.ascontiguousarray(a)
             d = self._alloc(a.shape, a.dtype)
-            _not_replayable()  # host data in the call: a replay could not reproduce it
+            rec = _recording()
+            if rec is not None:  # (host data in a recorded call: the op's constants, e.g. a verdict's first value;
+                rec.upload(d.ptr, a, self.stream)  # NumPy inputs never reach a recording, backends.plan_key)
             if a.nbytes:
                 _check(_driver().cuMemcpyHtoDAsync(d.ptr, a.ctypes.data, a.nbytes, self.stream), "cuMemcpyHtoDAsync")
         if view_dtype is not None and d.dtype != np.dtype(view_dtype):
@@ -600,6 +604,7 @@ def jit(function):
 # call with the same metadata replays them with the new addresses (workbench.backends.run_planned decides when)
 # ---------------------------------------------------------------------------------------------------------------
 _local = threading.local()
+UPLOAD, READBACK = "upload", "readback"  # the steps of a recorded call that are not launches
 
 
 def _recording() -> _Recording | None:
@@ -615,8 +620,11 @@ def _not_replayable() -> None:
 class _Recording:
     """What one op call did on the GPU path, in terms a replay can redo: allocations (sizes), launches (the
     compiled plan, the argument values, which of them are addresses of which input or allocation), the result
-    (which allocation, its shape and dtype, the framework it was handed back in). Host uploads, readbacks, poison
-    and Numba-dispatcher launches make it not replayable (``ok`` False)."""
+    (which allocation, its shape and dtype, the framework it was handed back in), in ``launches`` with them, in
+    order: uploads of the op's host constants and readbacks of verdicts (the bytes read). A replay reads each
+    verdict again and gives up (the caller goes the full way, which raises the error) when its bytes differ from
+    the recorded call's, so everything the op decided from them holds. Poison, staging uploads and Numba-dispatcher
+    launches make it not replayable (``ok`` False)."""
 
     def __init__(self, inputs: list[tuple[int, int]]):
         self.inputs = inputs  # (address, nbytes) of the op's device array arguments, in order
@@ -651,6 +659,20 @@ class _Recording:
                 return
             subs.append((slot,) + where)
         self.launches.append((plan, list(values), tuple(subs), grid, block))
+
+    def upload(self, ptr: int, host: np.ndarray, handle: int) -> None:
+        self._step(UPLOAD, ptr, np.array(host, copy=True), handle)
+
+    def readback(self, ptr: int, host: np.ndarray, handle: int) -> None:
+        self._step(READBACK, ptr, np.array(host, copy=True), handle)
+
+    def _step(self, tag: str, ptr: int, data: np.ndarray, handle: int) -> None:
+        self._same_stream(handle)
+        where = self._locate(ptr)
+        if where is None:
+            self.ok = False
+            return
+        self.launches.append((tag,) + where + (data,))
 
     def give(self, arrays: _RuntimeArrays, d: KernelArray, result) -> None:
         where = self._locate(d.ptr)
@@ -696,7 +718,8 @@ class CallPlan:
 
     def __call__(self, ptrs: list[int], stream: Any):
         """The op's result for inputs at ``ptrs`` on ``stream``; None when the current device is not the
-        recorded one (the caller takes the full path, which says why)."""
+        recorded one or a verdict differs from the recorded call's (the caller takes the full path, which says
+        why)."""
         if _current_device() != self.device:
             return None
         handle = _rts.stream_handle(stream, self.framework or "cupy", self.device)
@@ -705,13 +728,36 @@ class CallPlan:
             owner, ptr = _allocate(self.framework, self.device, handle, nbytes)
             owners.append(owner)
             bases.append(ptr)
-        for plan, template, subs, grid, block in self.launches:
+        if not self.run(ptrs, bases, handle):
+            return None
+        index, offset, shape, dtype = self.out
+        return _wrap(self.framework, KernelArray(bases[index] + offset, shape, dtype, owners[index], self.device))
+
+    def run(self, ptrs: list[int], bases: list[int], handle: int) -> bool:
+        """The recorded steps for inputs at ``ptrs`` and allocations at ``bases`` on stream ``handle``; False as
+        soon as a verdict read back differs from the recorded one."""
+        cu = None
+        for step in self.launches:
+            tag = step[0]
+            if tag is UPLOAD or tag is READBACK:
+                _, kind, index, offset, data = step
+                ptr = (ptrs if kind == 0 else bases)[index] + offset
+                cu = cu or _driver()
+                if tag is UPLOAD:
+                    _check(cu.cuMemcpyHtoDAsync(ptr, data.ctypes.data, data.nbytes, handle), "cuMemcpyHtoDAsync")
+                    continue
+                host = np.empty_like(data)
+                _check(cu.cuMemcpyDtoHAsync(host.ctypes.data, ptr, data.nbytes, handle), "cuMemcpyDtoHAsync")
+                _check(cu.cuStreamSynchronize(handle), "cuStreamSynchronize")
+                if host.tobytes() != data.tobytes():
+                    return False
+                continue
+            plan, template, subs, grid, block = step
             values = template.copy()
             for slot, kind, index, offset in subs:
                 values[slot] = (ptrs if kind == 0 else bases)[index] + offset
             _launch_plan(plan, grid, block, handle, values)
-        index, offset, shape, dtype = self.out
-        return _wrap(self.framework, KernelArray(bases[index] + offset, shape, dtype, owners[index], self.device))
+        return True
 
 
 # ---------------------------------------------------------------------------------------------------------------

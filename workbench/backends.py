@@ -20,6 +20,7 @@ native-order C-contiguous copy; a list is refused.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 from typing import Any, Callable
@@ -55,9 +56,20 @@ KERNELS = {
 }
 
 
+def _is_cupy_array(t: type) -> bool:
+    """``t`` is CuPy's array type. Without CuPy imported there is no CuPy array, and asking must not import it: the
+    CPU path would pay CuPy's import (and the CUDA libraries' memory) in every worker process."""
+    known = _rta._cupy_array  # (resolved by the first caller that had CuPy)
+    if known is None:
+        if "cupy" not in sys.modules:
+            return False
+        known = _rta.cupy_array_type()
+    return t is known
+
+
 def is_device_array(x: Any) -> bool:
     t = type(x)
-    if t is _rta.DeviceArray or t is _rta.cupy_array_type():
+    if t is _rta.DeviceArray or _is_cupy_array(t):
         return True
     if isinstance(x, _rta.torch_tensor_type()):  # (torch's interface property raises TypeError for bfloat16)
         return x.is_cuda
@@ -142,7 +154,7 @@ def normalize(x: Any, name: str | None = None) -> Any:
             x = x.astype(x.dtype.newbyteorder("="))
         return np.ascontiguousarray(x)
     t = type(x)
-    if t is _rta.cupy_array_type() or t is _rta.DeviceArray:
+    if t is _rta.DeviceArray or _is_cupy_array(t):
         return x
     torch_cuda = isinstance(x, _rta.torch_tensor_type()) and x.is_cuda
     if torch_cuda or (not isinstance(x, _rta.torch_tensor_type()) and hasattr(x, "__cuda_array_interface__")
@@ -157,7 +169,7 @@ def normalize(x: Any, name: str | None = None) -> Any:
     return x
 
 
-_SCALAR_TYPES = (int, bool, type(None), np.ndarray, str)  # (np.ndarray: a host array)
+_SCALAR_TYPES = (int, bool, type(None), np.ndarray, str, float, type)  # (np.ndarray: a host array)
 
 
 def dispatch(op_name: str, backend: str, stream: Any, reference: Callable[..., Any], *args: Any) -> Any:
@@ -166,7 +178,7 @@ def dispatch(op_name: str, backend: str, stream: Any, reference: Callable[..., A
         raise ValueError(f"backend = {backend!r} is not one of {BACKENDS}")
     on_device = False
     for a in args:
-        if type(a) in _SCALAR_TYPES:
+        if type(a) in _SCALAR_TYPES or isinstance(a, np.dtype):
             continue
         if is_device_array(a) or isinstance(a, (list, tuple)) and any(is_device_array(b) for b in a):
             on_device = True
@@ -204,13 +216,12 @@ _plans: dict[tuple, Any] = {}  # key -> (CallPlan or None = "always the full pat
 def _array_key(x: Any):
     """(metadata, address, nbytes) of a device array whose framework gives them cheaply, else None."""
     t = type(x)
-    if t is _rta.cupy_array_type():
+    if _is_cupy_array(t):
         return ("cupy", x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
     if t is _rta.DeviceArray:
         return (x.framework, x.shape, x.dtype, x.strides, x.data.device_id), x.data.ptr, x.nbytes
-    if isinstance(x, _rta.torch_tensor_type()) and x.is_cuda:
-        return (("torch", tuple(x.shape), x.dtype, x.stride(), x.device.index), x.data_ptr(),
-                x.numel() * x.element_size())
+    if isinstance(x, _rta.torch_tensor_type()) and x.is_cuda:  # (get_device, nbytes: no device/size objects made)
+        return ("torch", x.shape, x.dtype, x.stride(), x.get_device()), x.data_ptr(), x.nbytes
     return None
 
 
@@ -245,8 +256,9 @@ def run_planned(op: Callable[..., Any], args: tuple, kwargs: dict, backend: str,
     """``op(*args, backend=backend, stream=stream, **kwargs)``; on device arrays through its call plan: the first
     call with some argument metadata runs in full (every check, then the kernels) while being recorded, later calls
     with the same metadata (shapes, dtypes, strides, devices, scalar values) replay its launches on the new
-    addresses. Calls whose outcome depends on values (a device perm's check, zero-point codes: a verdict read
-    back) always run in full."""
+    addresses. A call that reads a verdict back (a device perm's check, zero-point codes) replays it too: the
+    verdict is read again before the result is returned, and one that differs from the recorded call's sends the
+    call the full way, which raises the check's message (kernels_numba._launch._Recording)."""
     found = plan_key(op.__name__, backend, args, kwargs)
     if found is None or ensure_numba_target() != "gpu":
         return op(*args, backend=backend, stream=stream, **kwargs)
@@ -264,10 +276,67 @@ def run_planned(op: Callable[..., Any], args: tuple, kwargs: dict, backend: str,
         plan = entry[0]
         if plan is None:
             return op(*args, backend=backend, stream=stream, **kwargs)
-        result = plan([ptr for ptr, _ in inputs], stream)
+        ptrs = [ptr for ptr, _ in inputs]
+        result = _replay_torch(plan, ptrs, stream) if plan.framework == "torch" else plan(ptrs, stream)
         if result is not None:
             return result
     with _launch.recording(inputs) as rec:
         result = op(*args, backend=backend, stream=stream, **kwargs)
     _plans[key] = (rec.plan(result), _repack_policy())
     return result
+
+
+_torch_devices: dict[int, Any] = {}
+
+
+def _torch_current_stream(device: int) -> int:
+    """The raw handle of torch's current stream on ``device``: torch's own accessor of the handle when it has one
+    (``torch.cuda.current_stream`` builds a Stream object per call, a few microseconds), else that."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(raw(device)) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _replay_torch(plan, ptrs: list[int], stream: Any):
+    """``plan(ptrs, stream)`` for torch callers, at less host cost: the stream read once, the result allocated
+    with its own shape and dtype (no views to make afterwards), temporaries as bytes; from torch's caching
+    allocator on the launch's stream, as the full path allocates. None where the full path must say why (another
+    current device)."""
+    import torch
+
+    from kernels_numba import _launch
+
+    device = plan.device
+    if _launch._current_device() != device:
+        return None
+    if stream is None:
+        handle = _torch_current_stream(device)
+    else:
+        handle = _rta_stream_handle(stream, device)
+        if handle != _torch_current_stream(device):
+            return plan(ptrs, stream)  # another stream: the full replay allocates on it
+    dev = _torch_devices.get(device)
+    if dev is None:
+        dev = _torch_devices.setdefault(device, torch.device("cuda", device))
+    index, offset, shape, dtype = plan.out
+    result, owners = None, []  # (the temporaries are held until their kernels are queued)
+    for i, nbytes in enumerate(plan.allocs):
+        if i == index and offset == 0 and nbytes == math.prod(shape) * dtype.itemsize:
+            result = torch.empty(shape, dtype=_launch._torch_dtype(dtype), device=dev)
+            owners.append(result)
+        else:
+            owners.append(torch.empty(nbytes, dtype=torch.uint8, device=dev))
+    bases = [o.data_ptr() for o in owners]
+    if not plan.run(ptrs, bases, handle):
+        return None
+    if result is None:
+        result = _launch._wrap("torch", _launch.KernelArray(bases[index] + offset, shape, dtype, owners[index],
+                                                            device))
+    return result
+
+
+def _rta_stream_handle(stream: Any, device: int) -> int:
+    from workbench.cuda import streams
+
+    return streams.stream_handle(stream, "torch", device)

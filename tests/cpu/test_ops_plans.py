@@ -161,3 +161,85 @@ def test_replayed_calls_launch_what_the_full_path_launches():
     assert result["plans"] == len([c for c in result.values() if isinstance(c, dict)])
     assert result["poison_memsets"] == 1
     assert result["replay_us"] < result["full_us"]
+
+
+# A verdict read back inside a recorded call (zero-point codes here) is replayed: the replay uploads the op's
+# constant (the verdict slot's first value), launches, reads the verdict again, and goes the full way when it
+# differs from the recorded one; the full path then raises the check's message. The stand-in driver keeps the
+# bytes uploaded, and a "bad" switch makes the next launch mark every verdict slot, as the check kernel would.
+VERDICT_SCRIPT = SCRIPT[:SCRIPT.index("result = {}")] + r'''
+import ctypes
+memory, state = {}, {"bad": False, "launches": 0, "full": 0}
+
+
+class MemoryDriver(Driver):
+    @staticmethod
+    def cuMemcpyHtoDAsync(dst, src, nbytes, stream):
+        memory[int(dst)] = bytearray(ctypes.string_at(src, nbytes))
+        return (0,)
+
+    @staticmethod
+    def cuMemcpyDtoHAsync(dst, src, nbytes, stream):
+        data = bytes(memory.get(int(src), bytes(nbytes))[:nbytes])
+        ctypes.memmove(dst, data, len(data))
+        return (0,)
+
+    @staticmethod
+    def cuStreamSynchronize(stream):
+        return (0,)
+
+
+L._driver = lambda: MemoryDriver
+
+
+def launch_marking_verdicts(launch, stream, params):
+    state["launches"] += 1
+    if state["bad"]:  # the check found an offender: each verdict slot now names element 0
+        for slot in memory.values():
+            slot[:8] = (0).to_bytes(8, "little")
+    launch_kernel(launch, stream, params)
+
+
+rtl.launch_kernel = launch_marking_verdicts
+zp = Array((K // G, N), np.uint8)
+ops.marlin_zero_points(zp, K, N, 4)  # recorded
+full = backends._kernels["marlin_zero_points"]
+
+
+def counted(*args, **kwargs):
+    state["full"] += 1
+    return full(*args, **kwargs)
+
+
+backends._kernels["marlin_zero_points"] = counted
+outs = [ops.marlin_zero_points(zp, K, N, 4) for _ in range(3)]
+result = {"planned": sum(k[0] == "marlin_zero_points" and p is not None for k, (p, _) in backends._plans.items()),
+          "good_full": state["full"], "good_launches": state["launches"] - 1,
+          "fresh": len({o.data.ptr for o in outs}) == 3}
+state["bad"], state["launches"] = True, 0
+try:
+    ops.marlin_zero_points(zp, K, N, 4)
+    result["raised"] = None
+except ValueError as exc:
+    result["raised"] = str(exc)
+result["bad_full"], result["bad_launches"] = state["full"] - result["good_full"], state["launches"]
+state["bad"] = False
+ops.marlin_zero_points(zp, K, N, 4)
+result["after_full"] = state["full"] - result["good_full"] - result["bad_full"]
+print(json.dumps(result))
+'''
+
+
+def test_replayed_verdicts_are_read_again_and_a_bad_one_takes_the_full_path():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-c", VERDICT_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["planned"] == 1 and result["fresh"], result
+    assert result["good_full"] == 0 and result["good_launches"] == 3, result  # three replays, one launch each
+    # the replay launched and read the bad verdict, then the full path launched again and raised the check's message
+    assert result["bad_launches"] == 2 and result["bad_full"] == 1, result
+    assert result["raised"] and "zp[0, 0] = 0" in result["raised"], result
+    assert result["after_full"] == 0, result  # the recorded plan still serves good calls

@@ -289,3 +289,33 @@ def test_the_gpu_path_writes_the_serial_bytes_in_the_simulator(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _files(tmp_path / "gpu") == _files(tmp_path / "serial")
+
+
+CPU_IMPORTS = r'''
+import importlib.abc, json, sys
+attempted = []
+
+
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("cupy", "torch"):
+            attempted.append(name)
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+from workbench.checkpoint import repack
+for i, src in enumerate(sys.argv[1:]):
+    repack(src, src + f".out{i}", backend="numpy", workers=1, progress=False, log=lambda m: None)
+print(json.dumps(sorted(set(attempted))))
+'''
+
+
+def test_the_cpu_path_never_imports_cupy_or_torch(tmp_path):
+    """Asking whether an op's argument (a dtype, a host array) is a CuPy array must not import CuPy: on a GPU machine
+    that import (and the CUDA libraries it loads) would cost every CPU worker process time and memory."""
+    sources = [_model(tmp_path, opt, name=opt.fmt) for opt in FORMATS]
+    run = subprocess.run([sys.executable, "-c", CPU_IMPORTS, *sources], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == []

@@ -83,3 +83,62 @@ def test_device_zero_point_codes_out_of_range_are_reported(bits, bad):
     zp[17, 300] = bad
     with pytest.raises(ValueError, match=rf"zp\[17, 300\] = {bad} is outside the 4-bit code range"):
         ops.marlin_zero_points(cuda.to_device(zp), K, N, bits, backend="numba")
+
+
+def _planned_entries(op_name: str) -> list:
+    from workbench import backends
+
+    return [plan for key, (plan, _) in backends._plans.items() if key[0] == op_name and plan is not None]
+
+
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_a_bad_device_perm_is_refused_when_its_call_is_replayed(weights, framework):
+    """A call plan keeps the verdict's read-back: a bad perm with the metadata of good ones (whose plan is then
+    replayed) is still refused with the check's message, and the next good call returns the right tiles."""
+    if framework == "cupy":
+        cp = pytest.importorskip("cupy")
+        on, back = cp.asarray, cp.asnumpy
+    else:
+        torch = pytest.importorskip("torch")
+        on, back = (lambda a: torch.from_numpy(a).cuda()), (lambda t: t.cpu().numpy())
+    q, perm = weights
+    expected = ops.gptq_marlin_repack(q, perm, K, N, 4, backend="numpy")
+    q_d = on(q)
+    for _ in range(3):  # the first call records, the others replay
+        assert np.array_equal(back(ops.gptq_marlin_repack(q_d, on(perm), K, N, 4, backend="numba")), expected)
+    assert _planned_entries("gptq_marlin_repack"), "the act-order call was not planned"
+    for bad, message in ((K, rf"perm\[1234\] = {K} is outside"), ("repeat", r"appears 2 times")):
+        bad_perm = perm.copy()
+        bad_perm[1234] = perm[1235] if bad == "repeat" else bad
+        with pytest.raises(ValueError, match=message):
+            ops.gptq_marlin_repack(q_d, on(bad_perm), K, N, 4, backend="numba")
+    assert np.array_equal(back(ops.gptq_marlin_repack(q_d, on(perm), K, N, 4, backend="numba")), expected)
+
+
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_bad_device_zero_points_are_refused_when_their_call_is_replayed(framework):
+    if framework == "cupy":
+        cp = pytest.importorskip("cupy")
+        on, back = cp.asarray, cp.asnumpy
+    else:
+        torch = pytest.importorskip("torch")
+        on, back = (lambda a: torch.from_numpy(a).cuda()), (lambda t: t.cpu().numpy())
+    rng = np.random.default_rng(33)
+    zp = rng.integers(0, 16, size=(32, N), dtype=np.uint8)
+    expected = ops.marlin_zero_points(zp, K, N, 4, backend="numpy")
+    for _ in range(3):
+        assert np.array_equal(back(ops.marlin_zero_points(on(zp), K, N, 4, backend="numba")), expected)
+    assert _planned_entries("marlin_zero_points"), "the zero-point call was not planned"
+    bad = zp.copy()
+    bad[17, 300] = 16
+    with pytest.raises(ValueError, match=r"zp\[17, 300\] = 16 is outside the 4-bit code range"):
+        ops.marlin_zero_points(on(bad), K, N, 4, backend="numba")
+    v1 = packing.pack_cols(rng.integers(0, 15, size=(32, N), dtype=np.uint8), 4)  # no all-ones field
+    expected = ops.repack_gptq_qzeros_to_marlin(v1, K, N, K // 32, 4, backend="numpy")
+    for _ in range(3):
+        assert np.array_equal(back(ops.repack_gptq_qzeros_to_marlin(on(v1), K, N, K // 32, 4, backend="numba")),
+                              expected)
+    v1_bad = v1.copy()
+    v1_bad[5, 7] |= np.int32(0xF << 8)  # an all-ones stored field: zero 16 does not fit 4 bits
+    with pytest.raises(ValueError, match=r"qzeros group=5 packed_col=7 lane=2 has code 15"):
+        ops.repack_gptq_qzeros_to_marlin(on(v1_bad), K, N, K // 32, 4, backend="numba")

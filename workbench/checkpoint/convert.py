@@ -167,7 +167,7 @@ COLUMN_BLOCK = 1024
 
 
 def _part_to_marlin(src: SourceCheckpoint, spec: LayerSpec, part: Part, perm, backend: str,
-                    column_block: int | None = None):
+                    column_block: int | None = None, stream=None):
     k, n, g, bits, fmt = part.size_k, part.size_n, spec.group_size, spec.bits, spec.source_format
     pf = 32 // bits
     p = NO_PERM if perm is None else perm
@@ -199,23 +199,24 @@ def _part_to_marlin(src: SourceCheckpoint, spec: LayerSpec, part: Part, perm, ba
         w, q_cols, z_cols = n1 - n0, slice(n0 * 16 // pf, n1 * 16 // pf), slice(n0 // pf, n1 // pf)
         if fmt == FP8:
             qweight[:, q_cols] = ops.block_fp8_group128_repack(np.ascontiguousarray(row_major[n0:n1]), k, w,
-                                                               backend=backend)
+                                                               backend=backend, stream=stream)
             inv_rows = np.ascontiguousarray(inv[n0 // 128: -(-n1 // 128)])
-            scales[:, n0:n1] = ops.block_fp8_group128_scales(inv_rows, k, w, spec.act_dtype, backend=backend)
+            scales[:, n0:n1] = ops.block_fp8_group128_scales(inv_rows, k, w, spec.act_dtype, backend=backend,
+                                                             stream=stream)
             continue
         scales[:, n0:n1] = ops.marlin_permute_scales(np.ascontiguousarray(scales_src[:, n0:n1]), k, w, g,
-                                                     backend=backend)
+                                                     backend=backend, stream=stream)
         if fmt == AWQ:
             qweight[:, q_cols] = ops.awq_marlin_repack(np.ascontiguousarray(awq_q[:, z_cols]), k, w, bits,
-                                                       backend=backend)
+                                                       backend=backend, stream=stream)
             zeros[:, z_cols] = ops.awq_to_marlin_zero_points(np.ascontiguousarray(awq_z[:, z_cols]), k, w, bits,
-                                                             backend=backend)
+                                                             backend=backend, stream=stream)
             continue
         cols = np.ascontiguousarray(packed_nk[n0:n1].T if fmt == CT else gptq_q[:, n0:n1])  # (K/pf, w)
-        qweight[:, q_cols] = ops.gptq_marlin_repack(cols, p, k, w, bits, backend=backend)
+        qweight[:, q_cols] = ops.gptq_marlin_repack(cols, p, k, w, bits, backend=backend, stream=stream)
         if zeros is not None:
             zeros[:, z_cols] = ops.marlin_zero_points(np.ascontiguousarray(zero_codes[:, n0:n1]), k, w, bits,
-                                                      backend=backend)
+                                                      backend=backend, stream=stream)
     return qweight, scales, zeros
 
 
@@ -237,8 +238,10 @@ def _layer_g_idx(src: SourceCheckpoint, spec: LayerSpec, segments: list[Part]) -
 
 
 def to_marlin(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str,
-              column_block: int | None = None) -> MarlinTensors:
-    """Marlin tensors of dense layer ``spec`` (expert = 0) or of one expert of a stack; segments fused along N."""
+              column_block: int | None = None, stream=None) -> MarlinTensors:
+    """Marlin tensors of dense layer ``spec`` (expert = 0) or of one expert of a stack; segments fused along N.
+    ``stream``: where the ops' copies and kernels go (backend numba; None = the current stream), so that two
+    converter threads with a stream each overlap. (The microscaled formats take the current stream.)"""
     if spec.microscale:
         return microscale.to_marlin(src, spec, expert, backend, column_block)
     segments = spec.parts[expert]
@@ -246,7 +249,7 @@ def to_marlin(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str,
     g_idx = perm = None
     if spec.act_order:
         g_idx, perm = sort_g_idx(g_idx_ckpt)
-    pieces = [_part_to_marlin(src, spec, part, perm, backend, column_block) for part in segments]
+    pieces = [_part_to_marlin(src, spec, part, perm, backend, column_block, stream) for part in segments]
     if len(pieces) == 1:
         qweight, scales, zeros = pieces[0]
     else:

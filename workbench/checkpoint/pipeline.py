@@ -10,9 +10,10 @@ Stages (docs/scale-out.md draws them)::
 * **Local, CPU** (``workers`` > 1): a pool of processes (forkserver), each reading its task's source tensors
   itself, converting them with the NumPy reference ops and writing them into the shard file at their planned
   offsets; the coordinator streams pass-through tensors and finishes the files.
-* **Local, GPU** (backend numba): two converter threads, each with its own CUDA stream (Numba's per-thread default
-  stream), reading into page-locked staging buffers from a bounded pool; the copies in and out and the kernels of
-  one thread overlap the other's, and the reads and writes of both.
+* **Local, GPU** (backend numba): two converter threads, each with its own non-blocking CUDA stream (handed to
+  ``to_marlin`` and made the thread's current CuPy stream), reading into page-locked staging buffers from a bounded
+  pool; the copies in and out and the kernels of one thread overlap the other's, and the reads and writes of both.
+  (On one shared stream, the legacy default one, the two threads' GPU work would run one after the other.)
 * **Bounded memory**: at most ``window`` tasks are in flight (read, converting, or waiting to be written), so host
   memory stays below ``window`` x (largest task's source + Marlin bytes) plus the staging buffers, whatever the
   checkpoint's size; ``Stats`` reports the bound and the measured peak.
@@ -49,6 +50,7 @@ from workbench.checkpoint.source import SourceCheckpoint, open_source
 
 WRITING_PREFIX = ".writing-"  # a shard under this name is not finished; no run leaves one behind
 GPU_STREAMS = 2
+OWN_STREAMS = True  # each converter thread on a stream of its own (False: all on the current stream, for comparison)
 # Columns per NumPy op call on the CPU path. The output does not depend on it (column blocks convert independently,
 # convert.COLUMN_BLOCK says why); 256 keeps each block's temporaries in the core's cache, which converts a
 # DeepSeek-V3 expert (K 7168) up to 1.8x faster than 1024 columns and never slower (measured per format)
@@ -263,9 +265,10 @@ def marlin_arrays(spec: LayerSpec, m) -> dict[str, np.ndarray]:
 
 
 def run_task(src: SourceCheckpoint, maps: _Maps, shard: str, unit_index: int, unit: Unit, expert: int | None,
-             backend: str, alloc=np.empty) -> TaskResult:
+             backend: str, alloc=np.empty, stream=None) -> TaskResult:
     """Read and convert one task (one layer, or one expert of a stack). The results are fresh arrays: nothing of
-    the staged source (``alloc``'s buffers) is referenced once this returns."""
+    the staged source (``alloc``'s buffers) is referenced once this returns. ``stream``: the GPU path's, for the
+    ops."""
     from workbench.checkpoint.repack import convert_layer  # the one conversion call (repack imports this module)
 
     spec = unit.layer
@@ -274,7 +277,7 @@ def run_task(src: SourceCheckpoint, maps: _Maps, shard: str, unit_index: int, un
     warnings = nonfinite_scales(staged, one)
     # on the GPU one op call per tensor (the kernels take the whole width); on the CPU cache-sized blocks
     block = -(-spec.size_n // 64) * 64 if backend == "numba" else CPU_COLUMN_BLOCK
-    m = convert_layer(staged, spec, expert or 0, backend, block)
+    m = convert_layer(staged, spec, expert or 0, backend, block, stream)
     arrays = {k: np.array(v, order="C", copy=True) if _shares(v, staged) else np.ascontiguousarray(v)
               for k, v in marlin_arrays(spec, m).items()}
     return TaskResult(shard, unit_index, expert, arrays, unit.source_bytes // max(len(unit.tasks), 1), warnings)
@@ -438,6 +441,54 @@ class _PinnedPool:
             self._cv.notify()
 
 
+class _ThreadStreams:
+    """One non-blocking CUDA stream per converter thread (made on the thread's first task, by CuPy, whose runtime
+    binds the device's context in any thread; released by ``close``): a non-blocking stream does not wait for work
+    on the legacy default stream, nor that on it."""
+
+    def __init__(self):
+        from workbench.cuda.arrays import cupy
+
+        self._cupy = cupy()
+        self._device = self._cupy.cuda.runtime.getDevice()  # the coordinator's: every thread works on it
+        self._local = threading.local()
+        self._made: list = []
+        self._lock = threading.Lock()
+
+    def current(self) -> int | None:
+        """This thread's stream handle (None: the current stream, when OWN_STREAMS is off)."""
+        if not getattr(self._local, "bound", False):
+            # the driver-API launches need the device's context current in this thread: setDevice binds it
+            self._cupy.cuda.runtime.setDevice(self._device)
+            self._local.bound = True
+        if not OWN_STREAMS:
+            return None
+        handle = getattr(self._local, "handle", None)
+        if handle is None:
+            stream = self._cupy.cuda.Stream(non_blocking=True)
+            handle = self._local.handle = int(stream.ptr)
+            with self._lock:
+                self._made.append(stream)
+        return handle
+
+    def close(self) -> None:
+        for stream in self._made:
+            stream.synchronize()
+        self._made.clear()  # (CuPy destroys a stream it made when its object goes)
+
+
+def _on_stream(handle: int | None):
+    """The block runs with ``handle`` as this thread's current CuPy stream: ops called without a stream (the
+    microscaled formats' conversion) take it too."""
+    import contextlib
+
+    if handle is None:
+        return contextlib.nullcontext()
+    from workbench.cuda import streams as cuda_streams
+
+    return cuda_streams.cupy_stream(handle)
+
+
 def _gpu_threads() -> int:
     """Converter threads on the GPU path: one per stream; one in the CUDA simulator, which runs one kernel at a time
     (two threads launching at once would share its simulated thread state)."""
@@ -460,8 +511,12 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
     pool_kind = "gpu" if backend == "numba" else ("process" if workers > 1 else "thread")
     parallel = (_gpu_threads() if pool_kind == "gpu" else workers)
     window = 2 * parallel  # tasks in flight: one converting and one read ahead or waiting per worker
-    pinned = None
+    pinned = streams = None
     if pool_kind == "gpu":
+        from workbench import hardware
+
+        # (the CUDA simulator has no driver streams: it runs one kernel at a time anyway)
+        streams = None if hardware.simulator_enabled() else _ThreadStreams()
         staging = max((task_source_bytes(u, e, src) + 64 * len(task_tensors(u.layer, e))
                        for _, _, u, e in tasks if u.layer is not None), default=1)
         pinned = _PinnedPool(parallel, staging)
@@ -495,7 +550,9 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
                 return run_task(src, maps, job.name, i, unit, e, backend)
             alloc = pinned.alloc_for([src.info(n).nbytes for n in task_tensors(unit.layer, e)])
             try:
-                return run_task(src, maps, job.name, i, unit, e, backend, alloc)
+                stream = streams.current() if streams is not None else None
+                with _on_stream(stream):
+                    return run_task(src, maps, job.name, i, unit, e, backend, alloc, stream)
             finally:
                 pinned.give_back(alloc.buffer)
         submit = lambda job, i, unit, e: executor.submit(one, job, i, unit, e)  # noqa: E731
@@ -584,6 +641,8 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
             for process in list((getattr(executor, "_processes", None) or {}).values()):
                 process.kill()
         executor.shutdown(wait=not broken, cancel_futures=True)
+        if streams is not None:
+            streams.close()
         stats.cpu_seconds = cpu_time() - cpu0 + sum(worker_cpu.values())
         stats.peak_rss_bytes = peak_rss()
         if pool_kind == "process":

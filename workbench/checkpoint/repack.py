@@ -336,10 +336,11 @@ def _resumed(folder: str, journal: Journal, source_files: list[str], names: list
     return kept
 
 
-def convert_layer(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str, column_block: int | None = None):
+def convert_layer(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str, column_block: int | None = None,
+                  stream=None):
     """``to_marlin``, with an op's refusal (a ValueError naming values only) said with the layer and checkpoint."""
     try:
-        return to_marlin(src, spec, expert, backend, column_block)
+        return to_marlin(src, spec, expert, backend, column_block, stream)
     except CheckpointError:
         raise
     except (ValueError, TypeError) as exc:
