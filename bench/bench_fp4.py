@@ -41,6 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", default="")
     p.add_argument("--formats", default=",".join(FORMATS))
     p.add_argument("--no-repack", action="store_true")
+    p.add_argument("--vllm", action="store_true", help="time vLLM's NVFP4 Marlin too (fp16; bench/peers.py builds it)")
+    p.add_argument("--peers-src", default=str(ROOT / "_dev" / "peers_src"), type=pathlib.Path)
     p.add_argument("--budget-s", type=float, default=0)
     args = p.parse_args(argv)
     t_start = time.time()
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
     dev = timing.device()
     ceil = timing.ceilings(dev)
     print(f"{dev.name}: ceilings {ceil}", flush=True)
-    notes = {}
+    notes, versions = {}, {"cublas": f"torch {torch.__version__} (torch.matmul fp16)"}
     t0 = time.time()
     cfgs = []
     for f in formats:
@@ -69,6 +71,21 @@ def main(argv=None) -> int:
     gemm.precompile(cfgs, workers=16)
     notes["ours_compile_s"] = round(time.time() - t0, 1)
     print(f"compiled {len({c.name_expression for c in cfgs})} kernels in {notes['ours_compile_s']} s", flush=True)
+    vllm = None
+    if args.vllm:
+        import peers as peer_mod
+
+        try:
+            vops, secs = peer_mod.build_vllm_marlin(args.peers_src, ["nvfp4"])
+            vllm_id = int(vops.type_id("nvfp4"))
+            vllm = vops
+            versions["vllm_marlin"] = peer_mod.peer_versions(args.peers_src).get("vllm_marlin", "unknown")
+            notes["vllm_marlin_load_s"] = round(secs, 1)
+            notes["vllm_marlin_build"] = peer_mod.vllm_build_record(["nvfp4"])
+        except Exception as exc:  # a peer that does not build is reported, not fatal
+            notes["vllm_marlin"] = f"not built: {type(exc).__name__}: {str(exc)[-400:]}"
+            print(notes["vllm_marlin"], flush=True)
+    v_workspace = torch.zeros(dev.sms * 4, dtype=torch.int32, device="cuda")
     workspace = torch.zeros(gemm.workspace_numel(dev.sms), dtype=torch.int32, device="cuda")
     c_tmp = torch.empty(gemm.c_tmp_numel(dev.sms), dtype=torch.float32, device="cuda")
     rows = []
@@ -89,7 +106,7 @@ def main(argv=None) -> int:
                            torch.ones(1, dtype=torch.float32, device="cuda") if has_g else None)
                           for _ in range(copies)], nb
         for m in ms:
-            cells = {}
+            cells, agree = {}, {}
             a16 = [torch.randn(m, k, device="cuda", dtype=torch.float16) for _ in range(2)]
             abf = [x.to(torch.bfloat16) for x in a16]
             io = m * k * 2 + m * n * 2
@@ -112,6 +129,21 @@ def main(argv=None) -> int:
                                                  c_tmp=c_tmp, global_scale=g)
 
                 cells[("ours",) + tuple(f.split("-"))] = (launch_list(call), nb + io)
+                if vllm is not None and f == "nvfp4-fp16":
+                    cv = torch.empty(m, n, device="cuda", dtype=torch.float16)
+
+                    def vcall(i, ws=ws, a=a, cv=cv):
+                        q, s, g = ws[i % len(ws)]
+                        return vllm.gemm(a[i % 2], cv, q, None, s.view(torch.float8_e4m3fn), g, None, None, None,
+                                         v_workspace, vllm_id, m, n, k, True, False, True, False)
+
+                    cells[("vllm_marlin", "nvfp4", "fp16")] = (launch_list(vcall), nb + io)
+                    call(0)
+                    vcall(0)
+                    torch.cuda.synchronize()
+                    # the same inputs: both compute a @ (E2M1 x scale) x global in fp32; they may differ by the
+                    # order of fp32 sums and one rounding of each
+                    agree[f] = round(float((c.float() - cv.float()).abs().max() / cv.float().abs().max()), 6)
             timers = {}
             for key, (ls, _) in cells.items():
                 try:
@@ -130,6 +162,8 @@ def main(argv=None) -> int:
                            pct_copy=round(100 * g / ceil["copy_gbs"], 1))
                 if cub:
                     row["speedup_vs_cublas"] = round(cub / st["us"], 3)
+                if f"{w}-{act}" in agree:
+                    row["max_rel_diff_vllm"] = agree[f"{w}-{act}"]
                 rows.append(row)
                 print(f"{name:>11s} M={m:3d} {method:7s} {w:6s} {act:5s} {st['us']:9.2f} us {g:7.0f} GB/s "
                       f"x{row.get('speedup_vs_cublas', 0):.2f}", flush=True)
@@ -138,7 +172,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     meta = timing.meta(ROOT, dev, ceil, {"launch": ["graph"], "launches_per_graph": timing.LAUNCHES, "notes": notes,
                                          "wall_s": round(time.time() - t_start, 1)},
-                       {"cublas": f"torch {torch.__version__} (torch.matmul fp16)"})
+                       versions)
     timing.write_results(args.out, "gemm_fp4", meta, rows)
     if not args.no_repack:
         repack(args.out, dev, ceil, cp, torch)

@@ -327,7 +327,6 @@ struct WarpLoop {
   // vLLM's, and are only brought into range by the scale multiply (dequant.cuh).
   static constexpr bool kLateScale = LATE_SCALE && M_BLOCKS == 1 && GROUP_MODE != kPerRow && !Weight<W>::kIsFp8 &&
                                      !Weight<W>::kByteScales;
-  static_assert(!Weight<W>::kByteScales || GROUP_MODE == kGrouped, "microscaled formats have grouped scales only");
 
   // [m16 block][n8 block = 2 s + h][mma C registers]: C rows lane/4 (+8 for registers 2, 3), columns 8 nb + 2 (lane
   // % 4) (+1). SWAP: [8-row half][sub-block s][r]: C^T, i.e. C columns 16 s + lane/4 (+8 for r = 2, 3), rows 8 half

@@ -356,7 +356,8 @@ def _on_device(x) -> bool:
 
 def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_full: bool | None = None,
                      use_atomic_add: bool = False, use_fp32_reduce: bool = True, deterministic: bool = False,
-                     stream=None, sms: int = -1, policy: GemmPolicy | None = None) -> PreparedLaunch:
+                     stream=None, sms: int = -1, policy: GemmPolicy | None = None,
+                     global_scale=None) -> PreparedLaunch:
     """Every check ``marlin_gemm`` makes on these arrays, without launching: the ``PreparedLaunch`` that runs the
     same problem on any addresses (``launch``). For callers that launch many GEMMs of one shape at row or expert
     offsets of buffers already checked once (``MoE.gemm_phase_batched``); M > 0."""
@@ -367,5 +368,5 @@ def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_fu
     return _gptq_marlin_gemm_checked(None, a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm,
                                      workspace, weight.weight_type, size_m, weight.size_n, weight.size_k, k_full,
                                      use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms,
-                                     policy or _default(), launch=False).prepared
+                                     policy or _default(), launch=False, global_scale=global_scale).prepared
 
