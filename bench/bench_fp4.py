@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--layers", default="")
     p.add_argument("--formats", default=",".join(FORMATS))
     p.add_argument("--no-repack", action="store_true")
+    p.add_argument("--no-gemm", action="store_true")
     p.add_argument("--vllm", action="store_true", help="time vLLM's NVFP4 Marlin too (fp16; bench/peers.py builds it)")
     p.add_argument("--peers-src", default=str(ROOT / "_dev" / "peers_src"), type=pathlib.Path)
     p.add_argument("--budget-s", type=float, default=0)
@@ -52,6 +53,10 @@ def main(argv=None) -> int:
     from workbench import gemm
     from workbench.scalar_types import ScalarType
 
+    if args.no_gemm:
+        dev = timing.device()
+        repack(args.out, dev, timing.ceilings(dev), cp, torch)
+        return 0
     ms = [int(v) for v in args.m.split(",")]
     layers = [tuple(int(v) for v in s.split("x")) for s in args.layers.split(",")] if args.layers else list(LAYERS)
     formats = args.formats.split(",")
