@@ -81,6 +81,8 @@ def main(argv=None) -> int:
         import peers as peer_mod
 
         try:
+            if not peer_mod.vllm_build_record(["nvfp4"]):  # (a background build not done yet: not waited for)
+                raise RuntimeError("the background build (peers.py build-vllm --wtypes nvfp4) has not finished")
             vops, secs = peer_mod.build_vllm_marlin(args.peers_src, ["nvfp4"])
             vllm_id = int(vops.type_id("nvfp4"))
             vllm = vops
