@@ -7,7 +7,8 @@ GEMM method: bench/timing.py's graphs (LAUNCHES launches per graph over weight c
 interleaved medians), as bench/bench_gemm.py. Weights are random Marlin words and valid scale bytes (a GEMM's cost
 does not depend on the values; tests/gpu/test_fp4_gemm.py checks the results). Bytes = weights + scale bytes + A + C.
 Repack method: bench_repack.py's isolated call; bytes = read + written; pct_copy against the same run's copy.
-Writes OUT/gemm_fp4.json and OUT/repack_fp4.json (rows in the schema of gemm.json / repack.json).
+Adds its rows to OUT/gemm.json and OUT/repack.json (HELPERS.md's schema): rows of the other weight types stay,
+earlier rows of these formats are replaced, the meta is this run's (its notes and peers merged into the old ones).
 """
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ def main(argv=None) -> int:
             wq, bits, group, (lo, hi), has_g = FORMATS[f]
             nb = k * n * bits // 8 + (k // group) * n
             copies = timing.copies_for(nb, dev.l2_bytes)
-            weights[f] = [(torch.randint(-2**31, 2**31 - 1, (k // 16, n * bits), dtype=torch.int32, device="cuda"),
+            # Marlin tiles [K/16, N 16 bits / 32]
+            weights[f] = [(torch.randint(-2**31, 2**31 - 1, (k // 16, n * bits // 2), dtype=torch.int32, device="cuda"),
                            torch.randint(lo, hi + 1, (k // group, n), dtype=torch.uint8, device="cuda"),
                            torch.ones(1, dtype=torch.float32, device="cuda") if has_g else None)
                           for _ in range(copies)], nb
@@ -180,11 +182,31 @@ def main(argv=None) -> int:
     meta = timing.meta(ROOT, dev, ceil, {"launch": ["graph"], "launches_per_graph": timing.LAUNCHES, "notes": notes,
                                          "wall_s": round(time.time() - t_start, 1)},
                        versions)
-    timing.write_results(args.out, "gemm_fp4", meta, rows)
+    merge_results(args.out, "gemm", meta, rows, lambda r: r["wtype"] in FP4_WTYPES)
     if not args.no_repack:
         repack(args.out, dev, ceil, cp, torch)
     print(f"done in {time.time() - t_start:.0f} s", flush=True)
     return 0
+
+
+FP4_WTYPES = ("nvfp4", "mxfp4", "mxfp8")
+REPACK_OPS = ("fp4_marlin_repack", "mxfp8_marlin_repack", "nvfp4_marlin_scales", "mx_marlin_scales")
+
+
+def merge_results(out: pathlib.Path, family: str, meta: dict, rows: list, replaced) -> None:
+    """This run's rows into OUT/<family>.json: the old rows for which ``replaced(row)`` holds give way (this bench's
+    cells: the FP4 formats and their repacks; the cuBLAS rows of this run are kept beside the old ones under
+    ``wtype`` fp16 with ``run`` = "fp4"), everything else stays."""
+    import json
+
+    path = out / f"{family}.json"
+    old_rows, old_meta = [], {}
+    if path.exists():
+        prior = json.loads(path.read_text())
+        old_rows, old_meta = [r for r in prior["rows"] if not replaced(r) and r.get("run") != "fp4"], prior["meta"]
+        meta = {**meta, "peers": {**old_meta.get("peers", {}), **meta.get("peers", {})}}
+        meta["method"] = {**old_meta.get("method", {}), "fp4_run": meta["method"]}
+    timing.write_results(out, family, meta, old_rows + [{**r, "run": "fp4"} for r in rows])
 
 
 def repack(out, dev, ceil, cp, torch) -> None:
@@ -227,7 +249,7 @@ def repack(out, dev, ceil, cp, torch) -> None:
         cp.get_default_memory_pool().free_all_blocks()
     meta = timing.meta(ROOT, dev, ceil, {"launch": ["isolated"], "rounds": 11,
                                          "wall_s": round(time.time() - t_start, 1)}, {})
-    timing.write_results(out, "repack_fp4", meta, rows)
+    merge_results(out, "repack", meta, rows, lambda r: r["op"] in REPACK_OPS)
 
 
 if __name__ == "__main__":
