@@ -66,8 +66,11 @@ def check_microscale(weight: ScalarType, scale: ScalarType, act: ScalarType, gro
                              f" with {scale} scales takes none")
         return
     if group_size != rule.group_size:
-        raise ValueError(f"{rule.name} has groups of {rule.group_size}, got group size {group_size} (size_k / "
-                         "b_scales.size(0))")
+        msg = f"{rule.name} has groups of {rule.group_size}, got group size {group_size} (size_k / b_scales.size(0))"
+        if weight is ScalarType.FE2M1F:
+            msg += ("; uint8 scales of fe2m1f weights are read as NVFP4's where a global_scale is given or the group "
+                    "is 16, else as MXFP4's E8M0 codes")
+        raise ValueError(msg)
     if act not in rule.acts:
         raise ValueError(f"{rule.name} runs with {' or '.join(map(str, rule.acts))} activations in Marlin (as vLLM), "
                          f"got {act}")
