@@ -100,3 +100,16 @@ def test_microscaled_kernels_never_scale_late():
             cfg = gemm.choose_config(S.BF16, wt, m, 4096, 4096, 16 if not e8m0 else 32, False, 227 * 1024,
                                      sm_smem=228 * 1024, sms=132, pairs=True)
             assert not dataclasses.replace(cfg, e8m0_scales=e8m0).late_scale
+
+
+def test_a_loaded_nvfp4_layer_brings_its_global_scale(fake):
+    """marlin_gemm on a microscaled layer as workbench.load returns it uses the layer's own global scale."""
+    from workbench.checkpoint.microscale import MicroscaleMarlinWeight
+
+    _, driver = fake
+    args = layer()
+    w = MicroscaleMarlinWeight(args["b_q_weight"], args["b_scales"], None, None, None, args["size_k"],
+                               args["size_n"], 16, S.FE2M1F, F16, True, None, microscale="nvfp4",
+                               global_scale=args["global_scale"])
+    gemm.marlin_gemm(args["a"], w, c=args["c"], workspace=args["workspace"], c_tmp=args["c_tmp"])
+    assert driver.launches[-1][5][5] == args["global_scale"].data.ptr

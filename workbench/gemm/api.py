@@ -287,11 +287,15 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
 # MarlinWeight convenience
 # ---------------------------------------------------------------------------------------------------------------
 def upload_weight(weight):
-    """A copy of a ``MarlinWeight`` whose arrays live on the current CuPy device."""
+    """A copy of a ``MarlinWeight`` whose arrays live on the current CuPy device (a microscaled layer's
+    ``global_scale`` too)."""
     cupy = rt_arrays.cupy()
     up = (lambda x: None if x is None else cupy.asarray(np.ascontiguousarray(x)))
+    extra = {}
+    if getattr(weight, "global_scale", None) is not None:
+        extra["global_scale"] = up(weight.global_scale)
     return dataclasses.replace(weight, qweight=up(weight.qweight), scales=up(weight.scales), zeros=up(weight.zeros),
-                               g_idx=up(weight.g_idx), perm=up(weight.perm))
+                               g_idx=up(weight.g_idx), perm=up(weight.perm), **extra)
 
 
 _scratch: dict[tuple[int, int, int, str], tuple[Any, Any]] = {}
@@ -318,7 +322,10 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
     Numerics: fp32 accumulation, one rounding to the activation type at the end. Most integer-weight kernels at
     M <= 16 (``KernelConfig.late_scale``; not act-order groups) apply the scales to fp32 partial sums, so the weight is
     never rounded to the activation type there: results may differ from a @ (the rounded dequantized weight) by one
-    rounding more, towards the exact product."""
+    rounding more, towards the exact product.
+
+    ``global_scale``: NVFP4's one float32 on the device (default: the weight's own, for a microscaled layer as
+    ``workbench.load`` returns it)."""
     if getattr(weight, "num_experts", None) is not None:
         raise ValueError("weight is a stack of experts; pick one with weight.expert(e) (or run the stack through "
                          "workbench.moe.MarlinExpertStack)")
@@ -339,6 +346,8 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
         c_tmp = ct if c_tmp is None else c_tmp
     k_full = weight.is_k_full if is_k_full is None else is_k_full
     size_m = int(a.shape[0]) if len(a.shape) == 2 else -1
+    if global_scale is None:  # a microscaled layer (workbench.load's MicroscaleMarlinWeight) carries NVFP4's
+        global_scale = getattr(weight, "global_scale", None)
     return gptq_marlin_gemm(a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm, workspace,
                             weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
                             use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
