@@ -182,31 +182,33 @@ def main(argv=None) -> int:
     meta = timing.meta(ROOT, dev, ceil, {"launch": ["graph"], "launches_per_graph": timing.LAUNCHES, "notes": notes,
                                          "wall_s": round(time.time() - t_start, 1)},
                        versions)
-    merge_results(args.out, "gemm", meta, rows, lambda r: r["wtype"] in FP4_WTYPES)
+    merge_results(args.out, "gemm", meta, rows, ("layer", "m", "wtype", "act", "method", "launch", "run"))
     if not args.no_repack:
         repack(args.out, dev, ceil, cp, torch)
     print(f"done in {time.time() - t_start:.0f} s", flush=True)
     return 0
 
 
-FP4_WTYPES = ("nvfp4", "mxfp4", "mxfp8")
-REPACK_OPS = ("fp4_marlin_repack", "mxfp8_marlin_repack", "nvfp4_marlin_scales", "mx_marlin_scales")
-
-
-def merge_results(out: pathlib.Path, family: str, meta: dict, rows: list, replaced) -> None:
-    """This run's rows into OUT/<family>.json: the old rows for which ``replaced(row)`` holds give way (this bench's
-    cells: the FP4 formats and their repacks; the cuBLAS rows of this run are kept beside the old ones under
-    ``wtype`` fp16 with ``run`` = "fp4"), everything else stays."""
+def merge_results(out: pathlib.Path, family: str, meta: dict, rows: list, key_fields: tuple) -> None:
+    """This run's rows into OUT/<family>.json (tagged ``run`` = "fp4"): an old row with the same ``key_fields`` as a
+    new one gives way, every other row stays (so runs of different cells add up); the meta is this run's with the
+    old one's peers and, under ``fp4_run``, this run's method beside the old method."""
     import json
 
+    def key(r):
+        return tuple(r.get(f) for f in key_fields)
+
+    rows = [{**r, "run": "fp4"} for r in rows]
     path = out / f"{family}.json"
-    old_rows, old_meta = [], {}
+    new_keys = {key(r) for r in rows}
+    old_rows = []
     if path.exists():
         prior = json.loads(path.read_text())
-        old_rows, old_meta = [r for r in prior["rows"] if not replaced(r) and r.get("run") != "fp4"], prior["meta"]
-        meta = {**meta, "peers": {**old_meta.get("peers", {}), **meta.get("peers", {})}}
-        meta["method"] = {**old_meta.get("method", {}), "fp4_run": meta["method"]}
-    timing.write_results(out, family, meta, old_rows + [{**r, "run": "fp4"} for r in rows])
+        old_rows = [r for r in prior["rows"] if key(r) not in new_keys]
+        old_meta = prior["meta"]
+        meta = {**meta, "peers": {**old_meta.get("peers", {}), **meta.get("peers", {})},
+                "method": {**old_meta.get("method", {}), "fp4_run": meta["method"]}}
+    timing.write_results(out, family, meta, old_rows + rows)
 
 
 def repack(out, dev, ceil, cp, torch) -> None:
@@ -249,7 +251,7 @@ def repack(out, dev, ceil, cp, torch) -> None:
         cp.get_default_memory_pool().free_all_blocks()
     meta = timing.meta(ROOT, dev, ceil, {"launch": ["isolated"], "rounds": 11,
                                          "wall_s": round(time.time() - t_start, 1)}, {})
-    merge_results(out, "repack", meta, rows, lambda r: r["op"] in REPACK_OPS)
+    merge_results(out, "repack", meta, rows, ("op", "n", "k", "wtype", "method", "launch", "run"))
 
 
 if __name__ == "__main__":
