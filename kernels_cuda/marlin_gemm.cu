@@ -765,7 +765,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     loop.load_channelwise(reinterpret_cast<const T*>(scales) + col * BN + nt * 64,
                           reinterpret_cast<const unsigned*>(zeros) + (col * BN + nt * 64) / Weight<W>::kPack);
   };
-  const bool stage_reloads = group_size < 16 * K_WARP;  // (NVFP4's group 16 reloads at K_WARP = 2 too)
+  // (groups are >= kMinGroup rows: 32, or NVFP4's 16, which reloads at K_WARP = 2 too)
+  const bool stage_reloads = 16 * K_WARP > Weight<W>::kMinGroup && group_size < 16 * K_WARP;
   auto compute_stage = [&](unsigned slot, int slice, int kit) {
     if (Tr::kSplitReloads && !stage_reloads)
       loop.template compute_stage<false>(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, prob_n,

@@ -150,7 +150,7 @@ struct WeightFetch {
                               (!Weight<W>::kHasZero || G::kWarpsPerN * kWarpScaleRows * kZRowI4 == G::kZI4)),
                 "per-warp fetch: a warp's B rows copied by its own lanes, k groups' scale regions fill kSI4 / kZI4");
   // PER_WARP: shared int4 position (relative to the stage's scales / zero points) of lane `lane`'s copy in warp w:
-  // row lane / 8 (lane / kZTileI4) of its k group's region, tile nt's part.
+  // row lane / kSTileI4 (lane / kZTileI4) of its k group's region, tile nt's part.
   __host__ __device__ static constexpr int s_dst_of(int w, int lane) {
     return (w / N_TILES * kWarpScaleRows + lane / kSTileI4) * kSRowI4 + w % N_TILES * kSTileI4 + lane % kSTileI4;
   }
@@ -195,7 +195,7 @@ struct WeightFetch {
     b_step = G::KT * n_tiles_total * G::kTileI4;
     b_row = n_tiles_total * G::kTileI4;
     b_dst = ring_base + G::kBOff + 16 * (kRemapB ? b_dst_warp(tid / 32, tid % 32) : b_dst_of(tid));
-    s_row = prob_n * kSB / 16;
+    s_row = prob_n / (16 / kSB);
     z_row = prob_n / Weight<W>::kPack / 4;
     if constexpr (PER_WARP) {
       const int w = tid / 32, lane = tid % 32, kg = w / N_TILES;
@@ -232,7 +232,7 @@ struct WeightFetch {
     else
       b_src = B + (static_cast<long long>(tid / kRowThreads) * n_tiles_total + col * N_TILES) * G::kTileI4 +
               tid % kRowThreads;
-    if constexpr (PER_WARP) {  // (lane, tile nt): row lane / 8 (/ kZTileI4) of the region, int4 of tile nt
+    if constexpr (PER_WARP) {  // (lane, tile nt): row lane / kSTileI4 (/ kZTileI4) of the region, int4 of tile nt
       const int lane = tid % 32, nt = tid / 32 % N_TILES;
       if constexpr (GROUP_MODE == kGrouped) {
         s_src = scales + static_cast<long long>(lane / kSTileI4) * s_row + col * kSRowI4 + nt * kSTileI4 +
@@ -501,7 +501,7 @@ struct WarpLoop {
     o.a = G::kAOff + 16 * (SWAP ? G::a_index(lane % 8, 2 * kt0 + (lane / 8) % 2)
                                 : G::a_index(lane % 16, 2 * kt0 + lane / 16));
     o.b = G::kBOff + 16 * ((kt0 * N_TILES + nt) * G::kTileI4 + lane * (G::kTileI4 / 32));
-    o.s = G::kSOff + Weight<W>::kScaleBytes * (nt * 64 + 8 * (lane / 4));  // column lane / 4's 8 values
+    o.s = G::kSOff + 8 * Weight<W>::kScaleBytes * (nt * 8 + lane / 4);  // the 8 scales of column lane / 4
     o.s_acc = G::kSOff + 16 * (nt * 8 + 2 * (lane % 4));
     o.z = G::kZOff + 4 * (nt * (64 / Weight<W>::kPack) + (lane / 4) * (Weight<W>::kBits / 4));
     if constexpr (PER_WARP) {  // the k group's own region

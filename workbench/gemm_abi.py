@@ -168,7 +168,8 @@ class MarlinMmRequest:
             stream=ex.stream or None,
             prob_m=p.m, prob_n=p.n, prob_k=p.k, lda=p.lda,
             a_type=act_type.abi_code, b_type=weight_type.abi_code, c_type=act_type.abi_code,
-            scale_type=(ScalarType.parse(self.scale_type) if self.scale_type else act_type).abi_code, num_groups=p.num_groups, group_size=p.group_size,
+            scale_type=(ScalarType.parse(self.scale_type) if self.scale_type else act_type).abi_code,
+            num_groups=p.num_groups, group_size=p.group_size,
             device=ex.device, thread_k_init=-1, thread_n_init=-1, sms=ex.sms,
             flags=self.flags(), reserved=0,
         )
