@@ -38,7 +38,10 @@ VLLM_TYPES = {
     "u4": ("vllm::kU4", 8),
     "u8b128": ("vllm::kU8B128", 8),
     "fe4m3fn": ("vllm::kFE4M3fn", -1),  # channelwise
+    "nvfp4": ("vllm::kFE2M1f", 1),  # group 16 = 1 block: E4M3 (S0E5M3) scale bytes and the fp32 global scale
 }
+# the scale type of a kernel where it is not the activations' (the dispatcher's own rule, gptq_marlin.cu _GET_IF)
+VLLM_SCALE_TYPES = {("vllm::kFE2M1f", 1): "vllm::kFE4M3fn"}
 # the dispatcher's tiles: (thread_n_blocks, thread_k_blocks, threads); one m16 block (8-row form too) or 2..4
 M1_TILES = ((8, 8, 256), (8, 4, 128), (4, 8, 128))
 M234_TILES = ((16, 4, 256), (8, 4, 128), (4, 8, 128))
@@ -96,8 +99,9 @@ def instantiations(wtypes) -> list[tuple]:
 def _kernel_file(inst) -> str:
     t, mb, nb, kb, m8, gb, th = inst
     b = "true" if m8 else "false"
+    s = VLLM_SCALE_TYPES.get((t, gb), "vllm::kFloat16")
     return ('#include "kernel.h"\n#include "marlin_template.h"\nnamespace MARLIN_NAMESPACE_NAME {\n'
-            f"template __global__ void Marlin<half, {t}.id(), vllm::kFloat16.id(), {th}, {mb}, {nb}, {kb}, {b}, "
+            f"template __global__ void Marlin<half, {t}.id(), {s}.id(), {th}, {mb}, {nb}, {kb}, {b}, "
             f"pipe_stages, {gb}, false>(MARLIN_KERNEL_PARAMS);\n}}\n")
 
 
@@ -154,6 +158,7 @@ int64_t type_id(std::string name) {
   if (name == "u4") return vllm::kU4.id();
   if (name == "u8b128") return vllm::kU8B128.id();
   if (name == "fe4m3fn") return vllm::kFE4M3fn.id();
+  if (name == "nvfp4") return vllm::kFE2M1f.id();
   TORCH_CHECK(false, "unknown weight type ", name);
   return -1;
 }

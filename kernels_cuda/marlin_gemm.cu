@@ -532,6 +532,7 @@ struct GemmTraits {
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
   static_assert(CLUSTER == 1 || (M_BLOCKS == 1 && CLUSTER <= 8), "cluster sums: 16-row tiles, at most 8 blocks");
   static_assert(SWAP == 0 || (SWAP == 1 && M_BLOCKS == 1), "the swapped loop covers the 8 rows of one m16 block");
+  static_assert(!Weight<W>::kByteScales || GROUP_MODE == kGrouped, "microscaled formats have grouped scales only");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   static_assert(CLUSTER == 1 || G::kWarpsPerN * G::BM * G::BN * 4 <= G::kSmemBytes,
                 "every k group's partial fits the idle stage ring and fold buffer");
@@ -556,7 +557,8 @@ struct GemmTraits {
   static constexpr bool kInlineFinish =
       M_BLOCKS == 1 && (SWAP || MIN_BLOCKS == 1 || (!Weight<W>::kHasZero && GROUP_MODE != kPerRow));
   // A stage without group reloads between the warp's k16 tiles where the groups span them (grouped scales with
-  // G >= 16 K_WARP; the host allows G >= 32, so always for K_WARP <= 2; channelwise and per-row groups never reload
+  // G >= 16 K_WARP; the host allows G >= 32 for 16-bit scales, so always for K_WARP <= 2, and G = 16 for NVFP4's
+  // byte scales; channelwise and per-row groups never reload
   // there): a second compute_stage form. One block per SM only: with the stage as one scheduling region a swapped
   // two-block kernel ran 24% slower, and the two-block rows-layout kernel spills.
   static constexpr bool kSplitReloads = GROUP_MODE == kGrouped && MIN_BLOCKS == 1;
@@ -653,6 +655,9 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   const int it_begin = block * steps_q + fast_div(block * steps_r, grid_magic, grid_shift);
   int it_end;  // (set after the first weight fetch: that fetch does not need it)
   const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;  // group of row k = k >> shift
+  // NVFP4 has no zero points: its launch passes the fp32 global scale (vLLM's `const float*`, exponent corrections
+  // folded in: dequant.cuh) in the zero-point slot (workbench/gemm/launch.py PreparedLaunch.launch).
+  const float* const global_scale = reinterpret_cast<const float*>(zeros);
 
   // ---- fetch: global -> shared of linear iteration (slice = chunk * cols + col, kit) into a ring slot ----------
   // A: BM rows x BK columns (swizzled, Geometry::a_index). Thread t copies chunk c = t % kARowI4 of rows
@@ -760,7 +765,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     loop.load_channelwise(reinterpret_cast<const T*>(scales) + col * BN + nt * 64,
                           reinterpret_cast<const unsigned*>(zeros) + (col * BN + nt * 64) / Weight<W>::kPack);
   };
-  const bool stage_reloads = 16 * K_WARP > 32 && group_size < 16 * K_WARP;
+  // (groups are >= kMinGroup rows: 32, or NVFP4's 16, which reloads at K_WARP = 2 too)
+  const bool stage_reloads = 16 * K_WARP > Weight<W>::kMinGroup && group_size < 16 * K_WARP;
   auto compute_stage = [&](unsigned slot, int slice, int kit) {
     if (Tr::kSplitReloads && !stage_reloads)
       loop.template compute_stage<false>(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, prob_n,
@@ -863,6 +869,15 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     float partial[M_BLOCKS][8][4];
     if constexpr (SWAP) fold_warps<Loop::kAccM, N_TILES>(loop.acc, ring.red);
     loop.rows_layout(partial);
+    if constexpr (Weight<W>::kGlobalScale) {  // NVFP4: every block's fp32 partial times the global scale
+      const float gs = __ldg(global_scale);
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) partial[mb][nb][r] *= gs;
+    }
     if constexpr (Tr::kFinish == Finish::kCluster) {  // (row-layout warps are folded there)
       cp_async_wait<0>();  // (nothing is in flight: the last fetch was waited for before its compute)
       finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER, SWAP != 0>(partial, ring.base, slice_, cols, C,

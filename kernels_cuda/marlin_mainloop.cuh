@@ -46,7 +46,9 @@ struct Geometry {
   static_assert(BK >= 64, "the A swizzle needs rows of at least 8 16-byte chunks");
   static constexpr int kPack = Weight<W>::kPack;
   static constexpr int kTileI4 = 16 * 64 / kPack / 4;  // int4 per 16x64 weight tile (32 or 64)
-  static constexpr int kScaleRows = (BK / 32 > 1) ? BK / 32 : 1;  // group rows a stage can span (G >= 32)
+  // 16-bit scale rows a stage can span (G >= 32); byte scales (Weight::kByteScales, G >= 16) span twice the rows
+  // in the same bytes (WeightFetch::kSRowI4)
+  static constexpr int kScaleRows = (BK / 32 > 1) ? BK / 32 : 1;
 
   static constexpr int kAI4 = BM * BK / 8;                 // A stage
   static constexpr int kBI4 = KT * N_TILES * kTileI4;      // B stage
@@ -135,18 +137,22 @@ struct WeightFetch {
                 "every thread copies kCopies int4 of one k16 row");
   static constexpr int kZRowI4 = Weight<W>::kHasZero ? G::BN / Weight<W>::kPack / 4 : 1;  // int4 of a zero row
   static constexpr int kWarpRows = 16 * (G::KT / G::kWarpsPerN);  // PER_WARP: k rows of one warp (16 K_WARP)
-  static constexpr int kWarpScaleRows = kWarpRows / 32 > 1 ? kWarpRows / 32 : 1;  // group rows it spans (G >= 32)
+  static constexpr int kSB = Weight<W>::kScaleBytes;      // bytes of one scale (2, or 1: microscaled formats)
+  static constexpr int kSRowI4 = G::BN * kSB / 16;          // int4 of one group row of the block tile's scales
+  static constexpr int kSTileI4 = 64 * kSB / 16;            // int4 of one 64-column tile's part of that row
+  static constexpr int kMinGroup = Weight<W>::kMinGroup;    // the smallest group the fetch is sized for
+  static constexpr int kWarpScaleRows = kWarpRows / kMinGroup > 1 ? kWarpRows / kMinGroup : 1;  // group rows it spans
   static constexpr int kZTileI4 = kZRowI4 / N_TILES > 1 ? kZRowI4 / N_TILES : 1;  // one tile's part of a zero row
   static constexpr bool kRemapB = PER_WARP && N_TILES > 1;  // two tiles: each warp copies its own tile's rows
   static constexpr int kLaneB = G::kTileI4 / 32;           // kRemapB: int4 of a tile row per lane (1, 8-bit 2)
   static_assert(!PER_WARP || (N_TILES <= 2 && kWarpRows >= 32 && (N_TILES > 1 || kRowThreads * kWarpRows / 16 == 32) &&
-                              G::kWarpsPerN * kWarpScaleRows * (G::BN / 8) == G::kSI4 &&
+                              G::kWarpsPerN * kWarpScaleRows * kSRowI4 == G::kSI4 &&
                               (!Weight<W>::kHasZero || G::kWarpsPerN * kWarpScaleRows * kZRowI4 == G::kZI4)),
                 "per-warp fetch: a warp's B rows copied by its own lanes, k groups' scale regions fill kSI4 / kZI4");
   // PER_WARP: shared int4 position (relative to the stage's scales / zero points) of lane `lane`'s copy in warp w:
-  // row lane / 8 (lane / kZTileI4) of its k group's region, tile nt's part.
+  // row lane / kSTileI4 (lane / kZTileI4) of its k group's region, tile nt's part.
   __host__ __device__ static constexpr int s_dst_of(int w, int lane) {
-    return (w / N_TILES * kWarpScaleRows + lane / 8) * (G::BN / 8) + w % N_TILES * 8 + lane % 8;
+    return (w / N_TILES * kWarpScaleRows + lane / kSTileI4) * kSRowI4 + w % N_TILES * kSTileI4 + lane % kSTileI4;
   }
   __host__ __device__ static constexpr int z_dst_of(int w, int lane) {
     return (w / N_TILES * kWarpScaleRows + lane / kZTileI4) * kZRowI4 + w % N_TILES * kZTileI4 + lane % kZTileI4;
@@ -163,7 +169,7 @@ struct WeightFetch {
   }
   __host__ __device__ static constexpr int b_warp_delta(int n) { return n / kLaneB * kRowI4 + n % kLaneB * 32; }
   // PER_WARP: the first int4 of warp w's k group's scale / zero-point region (its readers add their row and column).
-  __host__ __device__ static constexpr int s_region(int w) { return w / N_TILES * kWarpScaleRows * (G::BN / 8); }
+  __host__ __device__ static constexpr int s_region(int w) { return w / N_TILES * kWarpScaleRows * kSRowI4; }
   __host__ __device__ static constexpr int z_region(int w) { return w / N_TILES * kWarpScaleRows * kZRowI4; }
 
   const int4* b_src;  // this thread's copy 0 at stage 0 of the current slice / item
@@ -189,7 +195,7 @@ struct WeightFetch {
     b_step = G::KT * n_tiles_total * G::kTileI4;
     b_row = n_tiles_total * G::kTileI4;
     b_dst = ring_base + G::kBOff + 16 * (kRemapB ? b_dst_warp(tid / 32, tid % 32) : b_dst_of(tid));
-    s_row = prob_n / 8;
+    s_row = prob_n / (16 / kSB);
     z_row = prob_n / Weight<W>::kPack / 4;
     if constexpr (PER_WARP) {
       const int w = tid / 32, lane = tid % 32, kg = w / N_TILES;
@@ -199,16 +205,16 @@ struct WeightFetch {
       g_dst = ring_base + G::kGOff + 16 * (kg * (kWarpRows / 4) + gi);
       k_first = kg * kWarpRows;
       const int rows = GROUP_MODE == kGrouped && kWarpRows > group_size ? kWarpRows / group_size : 1;
-      s_on = GROUP_MODE == kGrouped && lane < rows * 8;
+      s_on = GROUP_MODE == kGrouped && lane < rows * kSTileI4;
       z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && lane < rows * kZTileI4;
       g_on = GROUP_MODE == kPerRow && gi < kWarpRows / 4;
     } else {
       s_dst = ring_base + G::kSOff + 16 * tid;
       z_dst = ring_base + G::kZOff + 16 * tid;
       g_dst = ring_base + G::kGOff + 16 * tid;
-      // The group rows a stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= 32).
-      const int rows = GROUP_MODE == kGrouped && G::BK > group_size ? G::BK / group_size : 1;  // <= kScaleRows
-      s_on = GROUP_MODE == kGrouped && tid < rows * (G::BN / 8);
+      // The group rows a stage spans: one when G >= BK, else BK / G (G and BK are powers of two >= kMinGroup).
+      const int rows = GROUP_MODE == kGrouped && G::BK > group_size ? G::BK / group_size : 1;
+      s_on = GROUP_MODE == kGrouped && tid < rows * kSRowI4;
       z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && tid < rows * kZRowI4;
       g_on = GROUP_MODE == kPerRow && tid < G::kGI4;
     }
@@ -226,10 +232,11 @@ struct WeightFetch {
     else
       b_src = B + (static_cast<long long>(tid / kRowThreads) * n_tiles_total + col * N_TILES) * G::kTileI4 +
               tid % kRowThreads;
-    if constexpr (PER_WARP) {  // (lane, tile nt): row lane / 8 (/ kZTileI4) of the region, int4 of tile nt
+    if constexpr (PER_WARP) {  // (lane, tile nt): row lane / kSTileI4 (/ kZTileI4) of the region, int4 of tile nt
       const int lane = tid % 32, nt = tid / 32 % N_TILES;
       if constexpr (GROUP_MODE == kGrouped) {
-        s_src = scales + static_cast<long long>(lane / 8) * s_row + col * (G::BN / 8) + nt * 8 + lane % 8;
+        s_src = scales + static_cast<long long>(lane / kSTileI4) * s_row + col * kSRowI4 + nt * kSTileI4 +
+                lane % kSTileI4;
         if constexpr (Weight<W>::kHasZero)
           z_src = zeros + static_cast<long long>(lane / kZTileI4) * z_row + col * kZRowI4 + nt * kZTileI4 +
                   lane % kZTileI4;
@@ -237,7 +244,7 @@ struct WeightFetch {
       if constexpr (GROUP_MODE == kPerRow) g_src = g_idx + k_first + 4 * (tid % (32 * N_TILES));
     } else {
       if constexpr (GROUP_MODE == kGrouped) {
-        s_src = scales + static_cast<long long>(tid / (G::BN / 8)) * s_row + col * (G::BN / 8) + tid % (G::BN / 8);
+        s_src = scales + static_cast<long long>(tid / kSRowI4) * s_row + col * kSRowI4 + tid % kSRowI4;
         if constexpr (Weight<W>::kHasZero)
           z_src = zeros + static_cast<long long>(tid / kZRowI4) * z_row + col * kZRowI4 + tid % kZRowI4;
       }
@@ -316,7 +323,10 @@ struct WarpLoop {
   // stay exact (round(scale x (code - zero)) once, at the output). Not for FP8: measured no faster with fp16 (its
   // dequant is bit moves, its kernels bound by the fetch), and with bf16 the unscaled E4M3 bits carry 2^-120, whose
   // products with activations fall below fp32's normal range.
-  static constexpr bool kLateScale = LATE_SCALE && M_BLOCKS == 1 && GROUP_MODE != kPerRow && !Weight<W>::kIsFp8;
+  // Not for the microscaled formats either: their unscaled moved bits carry 2^-14 (fp16) / 2^-126 (bf16), as
+  // vLLM's, and are only brought into range by the scale multiply (dequant.cuh).
+  static constexpr bool kLateScale = LATE_SCALE && M_BLOCKS == 1 && GROUP_MODE != kPerRow && !Weight<W>::kIsFp8 &&
+                                     !Weight<W>::kByteScales;
 
   // [m16 block][n8 block = 2 s + h][mma C registers]: C rows lane/4 (+8 for registers 2, 3), columns 8 nb + 2 (lane
   // % 4) (+1). SWAP: [8-row half][sub-block s][r]: C^T, i.e. C columns 16 s + lane/4 (+8 for r = 2, 3), rows 8 half
@@ -428,9 +438,15 @@ struct WarpLoop {
   // kLateScale (rows layout): s_acc_lane is the byte offset of column 2 (lane % 4)'s vector (LaneOffsets::s_acc).
   __device__ __forceinline__ void load_group(unsigned slot, int g, unsigned s_lane, unsigned z_lane,
                                              unsigned s_acc_lane) {
-    const int4 sv = lds128(slot + s_lane + g * (G::BN / 8) * 16);
-    const unsigned w[4] = {static_cast<unsigned>(sv.x), static_cast<unsigned>(sv.y), static_cast<unsigned>(sv.z),
-                           static_cast<unsigned>(sv.w)};
+    unsigned w[4];
+    if constexpr (Weight<W>::kByteScales) {  // the lane's 8 scale bytes, widened to the 16-bit vector's words
+      const unsigned row = slot + s_lane + g * G::BN;
+      const unsigned u[2] = {lds32(row), lds32(row + 4)};
+      scale_pairs<T, W>(u, w);
+    } else {
+      const int4 sv = lds128(slot + s_lane + g * (G::BN / 8) * 16);
+      w[0] = sv.x; w[1] = sv.y; w[2] = sv.z; w[3] = sv.w;
+    }
 #pragma unroll
     for (int s_ = 0; s_ < 4; ++s_) {
       g_sc[s_][0] = as_pair<Pair>(__byte_perm(w[s_], 0, 0x1010));  // low half twice
@@ -485,7 +501,7 @@ struct WarpLoop {
     o.a = G::kAOff + 16 * (SWAP ? G::a_index(lane % 8, 2 * kt0 + (lane / 8) % 2)
                                 : G::a_index(lane % 16, 2 * kt0 + lane / 16));
     o.b = G::kBOff + 16 * ((kt0 * N_TILES + nt) * G::kTileI4 + lane * (G::kTileI4 / 32));
-    o.s = G::kSOff + 16 * (nt * 8 + lane / 4);
+    o.s = G::kSOff + 8 * Weight<W>::kScaleBytes * (nt * 8 + lane / 4);  // the 8 scales of column lane / 4
     o.s_acc = G::kSOff + 16 * (nt * 8 + 2 * (lane % 4));
     o.z = G::kZOff + 4 * (nt * (64 / Weight<W>::kPack) + (lane / 4) * (Weight<W>::kBits / 4));
     if constexpr (PER_WARP) {  // the k group's own region

@@ -36,7 +36,8 @@ KNOWN_FLAGS = (FLAG_HAS_ACT_ORDER | FLAG_IS_K_FULL | FLAG_HAS_ZERO_POINTS | FLAG
                | FLAG_USE_FP32_REDUCE | FLAG_DETERMINISTIC | FLAG_BATCH_INVARIANT)
 
 ACT_TYPES = (ScalarType.F16, ScalarType.BF16)
-GEMM_WEIGHT_TYPES = (ScalarType.U4B8, ScalarType.U4, ScalarType.U8B128, ScalarType.U8, ScalarType.FE4M3FN)
+GEMM_WEIGHT_TYPES = (ScalarType.U4B8, ScalarType.U4, ScalarType.U8B128, ScalarType.U8, ScalarType.FE4M3FN,
+                     ScalarType.FE2M1F)
 
 _ptr = ctypes.c_void_p
 
@@ -99,6 +100,7 @@ class MarlinMmBuffers:
     permutation: int = 0
     a_tmp: int = 0
     workspace: int = 0
+    global_scale: int = 0  # NVFP4: one fp32 (vLLM's `const float*`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +133,7 @@ class MarlinMmRequest:
     problem: MarlinMmProblem
     execution: MarlinMmExecution
     act_type: ScalarType = ScalarType.F16
+    scale_type: ScalarType | None = None  # None: the activation type; fe4m3fn (NVFP4) or fe8m0fnu (MX) scale bytes
 
     def flags(self) -> int:
         """ferrum-kernels' mapping: zero points are flagged by a non-null pointer, the rest by the execution
@@ -166,13 +169,14 @@ class MarlinMmRequest:
             abi_version=ABI_VERSION,
             struct_size=ctypes.sizeof(MarlinLaunch),
             a=b.a or None, b=b.b or None, c=b.c or None, c_tmp=b.c_tmp or None, b_bias=None,
-            a_scales=b.a_scales or None, b_scales=b.b_scales or None, global_scale=None,
+            a_scales=b.a_scales or None, b_scales=b.b_scales or None, global_scale=b.global_scale or None,
             zero_points=b.zero_points or None, group_index=b.group_index or None,
             permutation=b.permutation or None, a_tmp=b.a_tmp or None, workspace=b.workspace or None,
             stream=ex.stream or None,
             prob_m=p.m, prob_n=p.n, prob_k=p.k, lda=p.lda,
             a_type=act_type.abi_code, b_type=weight_type.abi_code, c_type=act_type.abi_code,
-            scale_type=act_type.abi_code, num_groups=p.num_groups, group_size=p.group_size,
+            scale_type=(ScalarType.parse(self.scale_type) if self.scale_type else act_type).abi_code,
+            num_groups=p.num_groups, group_size=p.group_size,
             device=ex.device, thread_k_init=-1, thread_n_init=-1, sms=ex.sms,
             flags=self.flags(), reserved=0,
         )

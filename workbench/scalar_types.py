@@ -7,6 +7,9 @@ A weight type says how many bits a code has, how many codes share an int32 word
 * ``u4`` / ``u8``: asymmetric, ``value = code - zero_point`` with a zero point per (group, column);
 * ``fe4m3fn``: the byte is an FP8 E4M3 number (no zero point);
 * ``fe2m1f``: the nibble is an FP4 E2M1 number (NVFP4, MXFP4; no zero point).
+
+Scales are in the activation type, except the microscaled formats' scale bytes: ``fe4m3fn`` (NVFP4's, stored as
+S0E5M3 bytes) and ``fe8m0fnu`` (the MX formats'), both given to the GEMM as ``scale_type``.
 """
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ class ScalarType(enum.Enum):
     U8 = ("u8", 8, None, True, 6)
     U8B128 = ("u8b128", 8, 128, False, 7)
     FE4M3FN = ("fe4m3fn", 8, None, False, 8)
-    FE2M1F = ("fe2m1f", 4, None, False, 9)  # E2M1 (NVFP4 / MXFP4 elements); 9 is ours, no GEMM kernel reads it yet
+    FE2M1F = ("fe2m1f", 4, None, False, 9)  # E2M1 (NVFP4 / MXFP4 elements); 9 is ours
+    # E8M0 (the MX formats' scale bytes, 2^(code - 127)): a scale type only, never a weight; 10 is ours
+    FE8M0FNU = ("fe8m0fnu", 8, None, False, 10)
 
     def __init__(self, label: str, bits: int, bias: int | None, has_zero_points: bool, abi_code: int):
         self.label = label

@@ -72,7 +72,8 @@ _FLAG_TYPES = (bool, int)
 
 
 def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full,
-              use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy, batch_invariant=False):
+              use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy, batch_invariant=False,
+              global_scale=None):
     """Everything the checks of gptq_marlin_gemm read except addresses and devices of the other arrays, and the
     policy that chose the plan, or None
     when an input is not of the cached kind (then every check runs). Exact types for the ints: 1.0, True and
@@ -90,7 +91,7 @@ def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type
             or not isinstance(b_q_type, (str, ScalarType))):
         return None
     optional = (_meta(b_zeros, nd), _meta(g_idx, nd), _meta(perm, nd), _meta(c, nd), _meta(c_tmp, nd),
-                _meta(a_tmp, nd))
+                _meta(a_tmp, nd), _meta(global_scale, nd))
     if _SLOW in optional:
         return None
     return (a.shape, a.strides, a.dtype, a.data.device_id, b_q_weight.shape, b_q_weight.strides, b_q_weight.dtype,
@@ -112,7 +113,8 @@ def _address_on(x, device: int, name: str) -> int:
 def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m: int, size_n: int,
                      size_k: int, is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = True,
                      *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, batch_invariant: bool = False,
-                     stream=None, sms: int = -1, policy: GemmPolicy | None = None, family: str | None = None):
+                     stream=None, sms: int = -1, policy: GemmPolicy | None = None, family: str | None = None,
+                     global_scale=None):
     """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays, PyTorch
     CUDA tensors or any ``__cuda_array_interface__`` arrays (Numba's).
 
@@ -133,6 +135,12 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     blocks per launch and on every stream: one tile and one K partition for every M (the policy's ``invariant_*``
     fields; docs/performance.md, "Batch invariance", says what is and is not guaranteed).
 
+    Microscaled weights (``b_q_type`` fe2m1f, or fe4m3fn with E8M0 scales), as ``workbench.ops`` prepares them:
+    ``b_scales`` uint8 scale bytes [K/G, N] (or torch's float8_e4m3fn / float8_e8m0fnu views), and
+    * NVFP4: fe2m1f, group 16, S0E5M3 bytes (``nvfp4_marlin_scales``), ``global_scale`` one float32 on the device
+      (``nvfp4_marlin_global_scale``: the per-tensor scale with the kernel's exponent correction); fp16 or bf16;
+    * MXFP4 / MXFP8: fe2m1f / fe4m3fn, group 32, E8M0 codes (``mx_marlin_scales``), no global scale; bf16 only.
+
     Frameworks: ``stream=None`` is the current stream of A's framework (``torch.cuda.current_stream()`` for a torch
     tensor, CuPy's otherwise; a torch / CuPy / Numba stream object or a raw handle may be passed), and what the call
     allocates (``c``, ``a_tmp``, the default ``c_tmp``) comes from A's framework's pool: torch's caching allocator for
@@ -151,17 +159,17 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
                                      is_k_full, c=c, stream=stream, sms=sms, policy=policy)
     key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                     is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy,
-                    batch_invariant)
+                    batch_invariant, global_scale)
     plan = _array_plans.get(key) if key is not None else None
     if plan is None:
         if type(a) is not rt_arrays.cupy_array_type() and not isinstance(a, rt.DeviceArray) and _on_device(a):
             return _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
                                   size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
-                                  deterministic, stream, sms, policy, batch_invariant)
+                                  deterministic, stream, sms, policy, batch_invariant, global_scale)
         return _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type,
                                          size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c,
                                          c_tmp, a_tmp, deterministic, stream, sms, policy,
-                                         batch_invariant=batch_invariant)
+                                         batch_invariant=batch_invariant, global_scale=global_scale)
     device = plan.device
     pointers = (a.data.ptr, _address_on(b_q_weight, device, "b_q_weight"), _address_on(b_scales, device, "b_scales"),
                 _address_on(b_zeros, device, "b_zeros") if plan.prepared.has_zero_points else 0,
@@ -181,14 +189,15 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     c_ptr = _address_on(c, device, "c")
     c_tmp_ptr = _address_on(c_tmp, device, "c_tmp") if plan.uses_c_tmp else 0
     a_tmp_ptr = _address_on(a_tmp, device, "a_tmp") if plan.act_order else 0
+    gs_ptr = _address_on(global_scale, device, "global_scale") if plan.prepared.has_global_scale else 0
     plan.prepared.launch(pointers[0], pointers[1], c_ptr, c_tmp_ptr, pointers[2], pointers[3], pointers[4],
-                         pointers[5], a_tmp_ptr, pointers[6], stream_ptr)
+                         pointers[5], a_tmp_ptr, pointers[6], stream_ptr, gs_ptr)
     return c
 
 
 def _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                    is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms, policy,
-                   batch_invariant=False):
+                   batch_invariant=False, global_scale=None):
     """gptq_marlin_gemm on another framework's arrays: DeviceArray views of them (CuPy's attribute names) through
     the same checks and plan cache, outputs and scratch from A's framework's pool, that framework's stream."""
     framework = rt.framework_of(a)
@@ -210,7 +219,8 @@ def _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q
     vc = view(c, "c")
     gptq_marlin_gemm(va, *views[:6], b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
                      c=vc, c_tmp=view(c_tmp, "c_tmp"), a_tmp=view(a_tmp, "a_tmp"), deterministic=deterministic,
-                     batch_invariant=batch_invariant, stream=stream_ptr, sms=sms, policy=policy)
+                     batch_invariant=batch_invariant, stream=stream_ptr, sms=sms, policy=policy,
+                     global_scale=view(global_scale, "global_scale"))
     return c
 
 
@@ -224,12 +234,13 @@ def _outputs(plan: _ArrayPlan, c, a_tmp, cupy):
 
 def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
                               size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
-                              deterministic, stream, sms, policy, launch: bool = True, batch_invariant=False):
+                              deterministic, stream, sms, policy, launch: bool = True, batch_invariant=False,
+                              global_scale=None):
     """Every check, in order, then the launch; the verdict is kept under ``key`` (None: not kept). With ``launch``
     False: the checks only, returning the plan (``plan_marlin_gemm``)."""
     checks.check_reduction(use_atomic_add, deterministic, batch_invariant)
     plan = check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
-                             is_k_full, c)
+                             is_k_full, c, global_scale)
     if isinstance(sms, bool) or not isinstance(sms, (int, np.integer)):
         raise TypeError(f"sms must be an int, got {type(sms).__name__}")
     a_ptr, device = rt.device_pointer(a, "A")
@@ -250,7 +261,7 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
     for name, x in (("b_q_weight", b_q_weight), ("b_scales", b_scales), ("c", c), ("workspace", workspace),
                     ("b_zeros", None if _is_empty(b_zeros) else b_zeros),
                     ("g_idx", g_idx if plan.has_act_order else None), ("perm", perm if plan.has_act_order else None),
-                    ("c_tmp", c_tmp if uses_c_tmp else None),
+                    ("c_tmp", c_tmp if uses_c_tmp else None), ("global_scale", global_scale),
                     ("a_tmp", a_tmp if plan.has_act_order else None)):
         if x is None:
             pointers[name] = 0
@@ -268,8 +279,9 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
         buffers=MarlinMmBuffers(a=a_ptr, b=pointers["b_q_weight"], c=pointers["c"], c_tmp=pointers["c_tmp"],
                                 b_scales=pointers["b_scales"], zero_points=pointers["b_zeros"],
                                 group_index=pointers["g_idx"], permutation=pointers["perm"],
-                                a_tmp=pointers["a_tmp"], workspace=pointers["workspace"]),
-        problem=plan.problem,
+                                a_tmp=pointers["a_tmp"], workspace=pointers["workspace"],
+                                global_scale=pointers["global_scale"]),
+        problem=plan.problem, scale_type=plan.scale,
         execution=MarlinMmExecution(device=device, stream=stream_ptr, sms=sms,
                                     has_act_order=plan.has_act_order, is_k_full=plan.is_k_full,
                                     use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce,
@@ -287,7 +299,8 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
         return array_plan
     ptr = record.pointer
     prepared.launch(ptr("a"), ptr("b"), ptr("c"), ptr("c_tmp"), ptr("b_scales"), ptr("zero_points"),
-                    ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), stream_ptr)
+                    ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), stream_ptr,
+                    ptr("global_scale"))
     return c
 
 
@@ -295,11 +308,15 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
 # MarlinWeight convenience
 # ---------------------------------------------------------------------------------------------------------------
 def upload_weight(weight):
-    """A copy of a ``MarlinWeight`` whose arrays live on the current CuPy device."""
+    """A copy of a ``MarlinWeight`` whose arrays live on the current CuPy device (a microscaled layer's
+    ``global_scale`` too)."""
     cupy = rt_arrays.cupy()
     up = (lambda x: None if x is None else cupy.asarray(np.ascontiguousarray(x)))
+    extra = {}
+    if getattr(weight, "global_scale", None) is not None:
+        extra["global_scale"] = up(weight.global_scale)
     return dataclasses.replace(weight, qweight=up(weight.qweight), scales=up(weight.scales), zeros=up(weight.zeros),
-                               g_idx=up(weight.g_idx), perm=up(weight.perm))
+                               g_idx=up(weight.g_idx), perm=up(weight.perm), **extra)
 
 
 _scratch: dict[tuple[int, int, int, str], tuple[Any, Any]] = {}
@@ -320,14 +337,17 @@ def scratch_buffers(device: int, stream_ptr: int, sms: int, framework: str = "cu
 def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_add: bool = False,
                 use_fp32_reduce: bool = True, deterministic: bool = False, workspace=None, c_tmp=None, a_tmp=None,
                 stream=None, sms: int = -1, policy: GemmPolicy | None = None, batch_invariant: bool = False,
-                family: str | None = None):
+                family: str | None = None, global_scale=None):
     """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array or
     another framework's (see gptq_marlin_gemm: streams and allocations follow a's framework).
 
     Numerics: fp32 accumulation, one rounding to the activation type at the end. Most integer-weight kernels at
     M <= 16 (``KernelConfig.late_scale``; not act-order groups) apply the scales to fp32 partial sums, so the weight is
     never rounded to the activation type there: results may differ from a @ (the rounded dequantized weight) by one
-    rounding more, towards the exact product. ``batch_invariant`` (see gptq_marlin_gemm) never late-scales."""
+    rounding more, towards the exact product. ``batch_invariant`` (see gptq_marlin_gemm) never late-scales.
+
+    ``global_scale``: NVFP4's one float32 on the device (default: the weight's own, for a microscaled layer as
+    ``workbench.load`` returns it)."""
     if getattr(weight, "num_experts", None) is not None:
         raise ValueError("weight is a stack of experts; pick one with weight.expert(e) (or run the stack through "
                          "workbench.moe.MarlinExpertStack)")
@@ -348,11 +368,13 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
         c_tmp = ct if c_tmp is None else c_tmp
     k_full = weight.is_k_full if is_k_full is None else is_k_full
     size_m = int(a.shape[0]) if len(a.shape) == 2 else -1
+    if global_scale is None:  # a microscaled layer (workbench.load's MicroscaleMarlinWeight) carries NVFP4's
+        global_scale = getattr(weight, "global_scale", None)
     return gptq_marlin_gemm(a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm, workspace,
                             weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
                             use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
                             a_tmp=a_tmp, deterministic=deterministic, batch_invariant=batch_invariant,
-                            stream=stream_ptr, sms=sms, policy=policy, family=family)
+                            stream=stream_ptr, sms=sms, policy=policy, family=family, global_scale=global_scale)
 
 
 def _on_device(x) -> bool:
@@ -366,7 +388,7 @@ def _on_device(x) -> bool:
 def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_full: bool | None = None,
                      use_atomic_add: bool = False, use_fp32_reduce: bool = True, deterministic: bool = False,
                      stream=None, sms: int = -1, policy: GemmPolicy | None = None,
-                     batch_invariant: bool = False) -> PreparedLaunch:
+                     batch_invariant: bool = False, global_scale=None) -> PreparedLaunch:
     """Every check ``marlin_gemm`` makes on these arrays, without launching: the ``PreparedLaunch`` that runs the
     same problem on any addresses (``launch``). For callers that launch many GEMMs of one shape at row or expert
     offsets of buffers already checked once (``MoE.gemm_phase_batched``); M > 0."""
@@ -377,5 +399,6 @@ def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_fu
     return _gptq_marlin_gemm_checked(None, a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm,
                                      workspace, weight.weight_type, size_m, weight.size_n, weight.size_k, k_full,
                                      use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms,
-                                     policy or _default(), launch=False, batch_invariant=batch_invariant).prepared
+                                     policy or _default(), launch=False, batch_invariant=batch_invariant,
+                                     global_scale=global_scale).prepared
 

@@ -19,6 +19,69 @@ TILE_N = 64  # Marlin tile width: the weight's columns come in 64-column tiles
 TILE_K = 16  # the tensor-core k16 step: the weight's rows come in 16-row tiles
 GROUP_SIZES = (32, 64, 128)  # grouped scales the kernel stages per pipeline step
 
+
+@dataclasses.dataclass(frozen=True)
+class MicroscaleRule:
+    """A microscaled format the GEMM runs, as vLLM's Marlin does: its scale bytes' type, group, activations."""
+
+    name: str
+    group_size: int
+    acts: tuple[ScalarType, ...]
+    global_scale: bool  # an fp32 per-tensor scale (required)
+
+
+# (weight type, scale type) -> the format (vLLM's marlin.cu: FP4 with E4M3 scales at group 16, fp16 or bf16; FP4 and
+# FP8 with E8M0 scales at group 32, bf16 only: E8M0 reaches 2^127, past fp16)
+MICROSCALE_RULES = {
+    (ScalarType.FE2M1F, ScalarType.FE4M3FN): MicroscaleRule("NVFP4", 16, (ScalarType.F16, ScalarType.BF16), True),
+    (ScalarType.FE2M1F, ScalarType.FE8M0FNU): MicroscaleRule("MXFP4", 32, (ScalarType.BF16,), False),
+    (ScalarType.FE4M3FN, ScalarType.FE8M0FNU): MicroscaleRule("MXFP8", 32, (ScalarType.BF16,), False),
+}
+
+
+def microscale_rule(weight: ScalarType, scale: ScalarType, act: ScalarType) -> MicroscaleRule | None:
+    """The format of (weight, scale type), None where the scales are in the activation type; ValueError for a pair
+    the kernel has no format for (fe2m1f weights always need scale bytes)."""
+    if scale is act:
+        if weight is ScalarType.FE2M1F:
+            raise ValueError("b_q_type = fe2m1f takes scale bytes: NVFP4 (float8_e4m3fn scales, group 16, a "
+                             "global_scale) or MXFP4 (float8_e8m0fnu scales, group 32), not scales in the activation "
+                             f"type {act}")
+        return None
+    rule = MICROSCALE_RULES.get((weight, scale))
+    if rule is None:
+        known = ", ".join(f"{w} with {s} ({r.name})" for (w, s), r in MICROSCALE_RULES.items())
+        raise ValueError(f"b_q_type = {weight} with {scale} scales is not a Marlin format (known: {known})")
+    return rule
+
+
+def check_microscale(weight: ScalarType, scale: ScalarType, act: ScalarType, group_size: int,
+                     has_global_scale: bool, act_order: bool) -> None:
+    """A microscaled format's fixed group, its activation types (vLLM's), its global scale (NVFP4: required; else
+    refused) and no act-order."""
+    rule = microscale_rule(weight, scale, act)
+    if rule is None:
+        if has_global_scale:
+            raise ValueError(f"global_scale is NVFP4's (fe2m1f weights with float8_e4m3fn scales); b_q_type = {weight}"
+                             f" with {scale} scales takes none")
+        return
+    if group_size != rule.group_size:
+        msg = f"{rule.name} has groups of {rule.group_size}, got group size {group_size} (size_k / b_scales.size(0))"
+        if weight is ScalarType.FE2M1F:
+            msg += ("; uint8 scales of fe2m1f weights are read as NVFP4's where a global_scale is given or the group "
+                    "is 16, else as MXFP4's E8M0 codes")
+        raise ValueError(msg)
+    if act not in rule.acts:
+        raise ValueError(f"{rule.name} runs with {' or '.join(map(str, rule.acts))} activations in Marlin (as vLLM), "
+                         f"got {act}")
+    if rule.global_scale and not has_global_scale:
+        raise ValueError(f"{rule.name} needs global_scale (one float32: the per-tensor scale with the kernel's exponent"
+                         " correction, workbench.ops.nvfp4_marlin_global_scale)")
+    if not rule.global_scale and has_global_scale:
+        raise ValueError(f"{rule.name} has no global scale; global_scale must be None")
+    if act_order:
+        raise ValueError(f"act-order (g_idx, perm) is not defined for {rule.name}")
+
 # The pointers of a launch that must be 16-byte aligned (null counts as aligned), in the record's order.
 ALIGNED_POINTERS = ("a", "b", "c", "c_tmp", "b_scales", "zero_points", "group_index", "permutation", "a_tmp")
 # The pointers every launch needs.
@@ -73,13 +136,15 @@ def check_act_order(weight: ScalarType, act_order: bool, is_k_full: bool, num_gr
 
 
 def check_groups(weight: ScalarType, k: int, num_groups: int, act_order: bool, is_k_full: bool,
-                 groups_name: str = "num_groups") -> int:
+                 groups_name: str = "num_groups", microscaled: bool = False) -> int:
     """num_groups divides K into groups of GROUP_SIZES rows (any size on a K shard of act-order groups); fe4m3fn
     weights take channelwise or group-128 scales. Returns the group size (-1: channelwise). ``groups_name``: what
     the caller calls num_groups (``b_scales.size(0)`` for arrays)."""
     if num_groups <= 0 or k % num_groups:
         raise ValueError(f"size_k = {k}, is not divisible by {groups_name} = {num_groups}")
     group_size = -1 if num_groups == 1 else k // num_groups
+    if microscaled:  # (the format fixes the group: check_microscale)
+        return group_size
     if num_groups > 1 and not (act_order and not is_k_full) and group_size not in GROUP_SIZES:
         raise ValueError(f"group size = size_k / num_groups = {k} / {num_groups} = {group_size} is not one of "
                          f"{GROUP_SIZES} (or channelwise)")
@@ -174,6 +239,8 @@ class GemmPlan:
     problem: MarlinMmProblem
     has_act_order: bool
     is_k_full: bool
+    scale: ScalarType | None = None  # scale bytes' type (microscaled formats), None: the activation type
+    has_global_scale: bool = False
 
     m = property(lambda self: self.problem.m)
     n = property(lambda self: self.problem.n)
@@ -183,10 +250,35 @@ class GemmPlan:
     group_size = property(lambda self: self.problem.group_size)  # -1 = channelwise
 
 
+# the scale dtypes that name a scale-byte type (NumPy / ml_dtypes names; torch's are the same)
+SCALE_BYTE_DTYPES = {"float8_e4m3fn": ScalarType.FE4M3FN, "float8_e8m0fnu": ScalarType.FE8M0FNU}
+
+
+def scale_type_of(b_scales, weight: ScalarType, act: ScalarType, has_global_scale: bool,
+                  group_size: int) -> ScalarType:
+    """What b_scales hold: the activation type, or scale bytes (float8_e4m3fn / float8_e8m0fnu, or uint8 read by the
+    weight type: fe2m1f with a global scale or groups of 16 is NVFP4's E4M3-derived bytes, else E8M0 codes)."""
+    name = np.dtype(b_scales.dtype).name
+    if name in SCALE_BYTE_DTYPES:
+        return SCALE_BYTE_DTYPES[name]
+    if np.dtype(b_scales.dtype) == np.uint8 and weight in (ScalarType.FE2M1F, ScalarType.FE4M3FN):
+        nvfp4 = weight is ScalarType.FE2M1F and (has_global_scale or group_size == 16)
+        return ScalarType.FE4M3FN if nvfp4 else ScalarType.FE8M0FNU
+    return act
+
+
+def check_global_scale(global_scale) -> None:
+    if global_scale is None:
+        return
+    if np.dtype(global_scale.dtype) != np.float32 or _numel(global_scale) != 1:
+        raise ValueError(f"global_scale must be one float32, got dtype {np.dtype(global_scale.dtype)} and "
+                         f"{_numel(global_scale)} elements")
+
+
 def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m: int, size_n: int,
-                      size_k: int, is_k_full: bool, c=None) -> GemmPlan:
+                      size_k: int, is_k_full: bool, c=None, global_scale=None) -> GemmPlan:
     """The host checks of docs/formats.md, "Host checks", on any array-like with .shape/.dtype/.strides; no GPU
-    needed."""
+    needed. ``global_scale``: NVFP4's one float32 (None otherwise)."""
     act = act_scalar_type(a.dtype)
     weight = ScalarType.parse(b_q_type)
     if weight not in GEMM_WEIGHT_TYPES:
@@ -236,8 +328,13 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
         raise ValueError(f"b_scales rank = {len(_shape(b_scales))} is not 2")
     if _shape(b_scales)[1] != size_n:
         raise ValueError(f"b_scales dim 1 = {_shape(b_scales)[1]} is not size_n = {size_n}")
-    if np.dtype(b_scales.dtype) != np.dtype(a.dtype):
+    check_global_scale(global_scale)
+    has_global = global_scale is not None
+    rows = _shape(b_scales)[0]
+    scale = scale_type_of(b_scales, weight, act, has_global, size_k // rows if rows and size_k % rows == 0 else 0)
+    if scale is act and np.dtype(b_scales.dtype) != np.dtype(a.dtype):
         raise TypeError(f"b_scales dtype = {np.dtype(b_scales.dtype)} must equal a dtype = {np.dtype(a.dtype)}")
+    microscaled = microscale_rule(weight, scale, act) is not None
     if not _contiguous(b_scales):
         raise ValueError("b_scales is not contiguous")
     num_groups = _shape(b_scales)[0]
@@ -251,7 +348,8 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
         _dtype_is(g_idx, np.int32, "g_idx")
         _dtype_is(perm, np.int32, "perm")
     check_act_order(weight, has_act_order, is_k_full, num_groups)
-    group_size = check_groups(weight, size_k, num_groups, has_act_order, is_k_full, "b_scales.size(0)")
+    group_size = check_groups(weight, size_k, num_groups, has_act_order, is_k_full, "b_scales.size(0)", microscaled)
+    check_microscale(weight, scale, act, group_size, has_global, has_act_order)
     has_zp = not _is_empty(b_zeros)
     check_zero_points(has_zp, weight)
     if has_zp:
@@ -267,7 +365,8 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
             raise ValueError("b_zeros is not contiguous")
     problem = MarlinMmProblem(m=size_m, n=size_n, k=size_k, lda=lda, num_groups=num_groups,
                               group_size=group_size if num_groups > 1 else -1)
-    return GemmPlan(act, weight, problem, has_act_order, bool(is_k_full) or not has_act_order)
+    return GemmPlan(act, weight, problem, has_act_order, bool(is_k_full) or not has_act_order,
+                    scale if microscaled else None, has_global)
 
 
 def check_scratch(plan: GemmPlan, workspace, c_tmp, a_tmp, sms: int, use_fp32_reduce: bool,

@@ -85,6 +85,7 @@ class TileGeometry:
         here round differently: their outputs are not bitwise equal even where the partition is the same."""
         fits = self.swap == 1 or (self.blocks_per_sm == 1 and self.k_warp >= 2)
         return self.m_blocks == 1 and self.group_mode != GROUP_PER_ROW and self.weight is not ScalarType.FE4M3FN \
+            and self.weight is not ScalarType.FE2M1F and not getattr(self, "e8m0_scales", False) \
             and fits
 
 
@@ -104,11 +105,14 @@ class KernelConfig(TileGeometry):
     # instead of two; bools read as 0 / 1
     swap: int = 0
     cluster: int = 1  # > 1: blocks per thread-block cluster, slices summed in shared memory (marlin_gemm_cluster)
+    # the weight's scales are E8M0 codes (MXFP4, MXFP8): the kernel's weight code is the type's + 16 (dequant.cuh)
+    e8m0_scales: bool = False
 
     @property
     def name_expression(self) -> str:
         t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
-        args = (f"{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, {self.stages}, "
+        code = self.weight.abi_code + 16 * self.e8m0_scales
+        args = (f"{t}, {code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, {self.stages}, "
                 f"{self.group_mode}, {self.blocks_per_sm}, {int(self.swap)}")
         if self.cluster > 1:
             return f"mwb::marlin_gemm_cluster<{args}, {self.cluster}>"

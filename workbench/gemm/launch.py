@@ -49,16 +49,22 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     act = codes.get(launch.a_type)
     if act not in ACT_TYPES:
         raise ValueError(f"a_type = {launch.a_type} is not an activation type (f16 = 1, bf16 = 2)")
-    if launch.c_type != launch.a_type or launch.scale_type != launch.a_type:
-        raise ValueError(f"c_type = {launch.c_type} and scale_type = {launch.scale_type} must equal a_type = "
-                         f"{launch.a_type} (16-bit activations)")
+    scale = codes.get(launch.scale_type)
+    if launch.c_type != launch.a_type or scale not in (act, ScalarType.FE4M3FN, ScalarType.FE8M0FNU):
+        raise ValueError(f"c_type = {launch.c_type} must equal a_type = {launch.a_type} (16-bit activations) and "
+                         f"scale_type = {launch.scale_type} must be a_type or a scale-byte type (fe4m3fn = "
+                         f"{ScalarType.FE4M3FN.abi_code}, fe8m0fnu = {ScalarType.FE8M0FNU.abi_code})")
     weight = codes.get(launch.b_type)
     if weight not in GEMM_WEIGHT_TYPES:
         raise ValueError(f"b_type = {launch.b_type} is not a Marlin weight type "
                          f"({', '.join(f'{t} = {t.abi_code}' for t in GEMM_WEIGHT_TYPES)})")
-    for name in ("a_scales", "b_bias", "global_scale"):
+    for name in ("a_scales", "b_bias"):
         if launch.pointer(name):
             raise ValueError(f"{name} is not supported with 16-bit activations (pass null)")
+    global_scale = launch.pointer("global_scale")
+    if global_scale % 4:
+        raise ValueError(f"global_scale must be aligned to 4 bytes (address {global_scale:#x})")
+    microscaled = checks.microscale_rule(weight, scale, act) is not None
     m, n, k, lda = launch.prob_m, launch.prob_n, launch.prob_k, launch.lda
     checks.check_sizes(m, n, k)
     checks.check_row_stride(lda, k, "lda")
@@ -75,7 +81,8 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
                          f"(got {launch.pointer('group_index'):#x}, {launch.pointer('permutation'):#x})")
     ng, gs = launch.num_groups, launch.group_size
     checks.check_act_order(weight, act_order, k_full, ng)
-    checks.check_groups(weight, k, ng, act_order, k_full)
+    checks.check_groups(weight, k, ng, act_order, k_full, microscaled=microscaled)
+    checks.check_microscale(weight, scale, act, -1 if ng == 1 else gs, bool(global_scale), act_order)
     if ng == 1:  # (the record carries the group size beside the count: they must agree)
         if gs not in (-1, k):
             raise ValueError(f"group_size = {gs} with num_groups = 1 must be -1 (channelwise) or size_k = {k}")
@@ -110,7 +117,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     grid = grid_blocks(cfg, max(m, 1), n, k, sms, policy=policy)
     cluster = cluster_blocks(cfg, max(m, 1), n, k, grid, compute_capability, fp32_reduce, policy=policy)
     # cluster_blocks decides (a pair choice comes back from choose_config with cluster = 2; kept only where it applies)
-    return dataclasses.replace(cfg, cluster=cluster), sms, grid
+    return dataclasses.replace(cfg, cluster=cluster, e8m0_scales=scale is ScalarType.FE8M0FNU), sms, grid
 
 
 _POINTER_NAMES = ("a", "b", "c", "c_tmp", "b_scales", "zero_points", "group_index", "permutation", "a_tmp",
@@ -154,6 +161,8 @@ class PreparedLaunch:
         self.atomic = bool(flags & FLAG_USE_ATOMIC_ADD)
         self.uses_c_tmp = bool(flags & FLAG_USE_FP32_REDUCE) and not self.atomic
         self.has_zero_points = bool(flags & FLAG_HAS_ZERO_POINTS)
+        # NVFP4: the kernel reads its fp32 global scale through the zero-point slot (it has no zero points)
+        self.has_global_scale = bool(launch.global_scale)
         self.mode = REDUCE_ATOMIC if self.atomic else (REDUCE_FP32 if flags & FLAG_USE_FP32_REDUCE else REDUCE_IN_C)
         self.group_size = -1 if launch.num_groups == 1 else launch.group_size
         self.lda = launch.lda
@@ -243,9 +252,14 @@ class PreparedLaunch:
             self._main.set_grid(self.grid)
 
     def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,
-               permutation: int, a_tmp: int, workspace: int, stream: int) -> None:
+               permutation: int, a_tmp: int, workspace: int, stream: int, global_scale: int = 0) -> None:
         """Launch on raw addresses (ints, 0 = none) and a raw stream handle; ValueError before launching if one is
-        null where the plan needs it or not 16-byte aligned."""
+        null where the plan needs it or not 16-byte aligned (``global_scale``: NVFP4's fp32, 4-byte aligned)."""
+        if self.has_global_scale:
+            if not global_scale or global_scale % 4:
+                raise ValueError(f"global_scale = {global_scale:#x}: this NVFP4 plan needs the address of one float32"
+                                 " (non-null, 4-byte aligned)")
+            zero_points = global_scale  # (the kernel's zero-point slot: marlin_gemm.cu gemm_block)
         if (a | b | c | c_tmp | scales | zero_points | group_index | permutation | a_tmp) & 15 or not (
                 a and b and c and scales and workspace and (c_tmp or not self.uses_c_tmp)
                 and (zero_points or not self.has_zero_points)
@@ -254,7 +268,7 @@ class PreparedLaunch:
                               group_index=group_index, permutation=permutation, a_tmp=a_tmp, workspace=workspace))
         if self.m == 0:
             return
-        if not self.has_zero_points:
+        if not self.has_zero_points and not self.has_global_scale:
             zero_points = 0
         if not self.uses_c_tmp:
             c_tmp = 0
@@ -406,4 +420,5 @@ def launch_marlin_mm(launch: MarlinLaunch) -> None:
     prepared = prepare_launch(launch)
     ptr = launch.pointer
     prepared.launch(ptr("a"), ptr("b"), ptr("c"), ptr("c_tmp"), ptr("b_scales"), ptr("zero_points"),
-                    ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), ptr("stream"))
+                    ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), ptr("stream"),
+                    ptr("global_scale"))

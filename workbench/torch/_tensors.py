@@ -25,6 +25,7 @@ NUMPY_DTYPE = {
     torch.int8: np.dtype(np.int8),
     torch.int16: np.dtype(np.int16),
     torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e8m0fnu: np.dtype(ml_dtypes.float8_e8m0fnu),  # (the MX formats' scales)
 }
 TORCH_DTYPE = {v: k for k, v in NUMPY_DTYPE.items()}
 

@@ -131,7 +131,7 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
     T.require_cuda(op, "a", a)
     T.require_same_device(op, "a", a, c=c, b_q_weight=b_q_weight, b_scales=b_scales, b_zeros=b_zeros, g_idx=g_idx,
                           perm=perm, workspace=workspace, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale)
-    T.require_unimplemented_absent(op, a_scales=a_scales, global_scale=global_scale, is_zp_float=is_zp_float,
+    T.require_unimplemented_absent(op, a_scales=a_scales, is_zp_float=is_zp_float,
                                    **({} if GEMM_BIAS_EPILOGUE else {"b_bias": b_bias}))
     weight = from_vllm_id(b_q_type)
     size_n, size_k = _static(size_n, "size_n"), _static(size_k, "size_k")
@@ -145,7 +145,7 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
     zeros = None if T.is_empty(b_zeros) else b_zeros
     gemm.check_gemm_shapes(T.spec(a, "a", rows), T.spec(b_q_weight, "b_q_weight"), T.spec(b_scales, "b_scales"),
                            T.spec(zeros, "b_zeros"), T.spec(g_idx, "g_idx"), T.spec(perm, "perm"), weight, m, size_n,
-                           size_k, is_k_full, T.spec(c, "c", rows))
+                           size_k, is_k_full, T.spec(c, "c", rows), T.spec(global_scale, "global_scale"))
     if GEMM_BIAS_EPILOGUE and not T.is_empty(b_bias):
         gemm.check_bias(T.spec(b_bias, "b_bias"), size_n, T.numpy_dtype(a.dtype, "a"), name="b_bias")
     if workspace.dtype != torch.int32 or workspace.dim() != 1:
@@ -208,7 +208,7 @@ def _meta(x):
 
 
 def _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-              is_k_full, use_atomic_add, use_fp32_reduce, b_bias=None):
+              is_k_full, use_atomic_add, use_fp32_reduce, b_bias=None, global_scale=None):
     """The plan key, or None where an argument is not of the cached kind (then every check runs). Exact types for
     the ints: True and 1.0 compare equal to 1 but are checked differently."""
     if (type(size_m) is not int or type(size_n) is not int or type(size_k) is not int or type(b_q_type) is not int
@@ -220,7 +220,7 @@ def _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_t
             b_q_weight.get_device(), b_scales.shape, b_scales.stride(), b_scales.dtype, b_scales.get_device(),
             workspace.shape, workspace.stride(), workspace.dtype, workspace.get_device(), _meta(c), _meta(b_zeros), _meta(g_idx),
             _meta(perm), _meta(b_bias), b_q_type, size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add),
-            bool(use_fp32_reduce))
+            bool(use_fp32_reduce), _meta(global_scale))
 
 
 def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm,
@@ -248,13 +248,15 @@ def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, globa
     c_tmp = _c_tmp(device, stream, sms) if uses_c_tmp else None
     a_tmp = torch.empty((size_m, size_k), dtype=a.dtype, device=device) if act_order else None
     v = (lambda x, name: rt.as_device_array(x, name))
+    if b_scales.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu):  # scale bytes: the runtime reads them as uint8
+        b_scales = b_scales.view(torch.uint8)
     layer = MarlinWeight(v(b_q_weight, "b_q_weight"), v(b_scales, "b_scales"), v(zeros, "b_zeros"),
                          v(g_idx, "g_idx") if act_order else None, v(perm, "perm") if act_order else None,
                          int(size_k), int(size_n), -1, weight, T.numpy_dtype(a.dtype, "a"), bool(is_k_full))
     prepared = gemm.plan_marlin_gemm(v(a, "a"), layer, c=v(out, "c"), workspace=v(workspace, "workspace"),
                                      c_tmp=v(c_tmp, "c_tmp"), a_tmp=v(a_tmp, "a_tmp"), is_k_full=bool(is_k_full),
                                      use_atomic_add=bool(use_atomic_add), use_fp32_reduce=bool(use_fp32_reduce),
-                                     stream=stream, sms=sms, **bias)
+                                     stream=stream, sms=sms, global_scale=v(global_scale, "global_scale"), **bias)
     plan = _GemmPlan(prepared, device, sms, uses_c_tmp, act_order, zeros is not None, bool(bias))
     if key is not None:
         if len(_GEMM_PLANS) >= MAX_GEMM_PLANS:
@@ -269,12 +271,11 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
     unimplemented arguments every call), output and scratch from torch's allocator, then the runtime's prepared
     launch on the tensors' addresses and the current torch stream. Repeated calls re-check only what can change
     under an equal key: the addresses (non-null, 16-byte aligned: ``PreparedLaunch.launch``)."""
-    if (b_bias is not None and not GEMM_BIAS_EPILOGUE) or a_scales is not None or global_scale is not None \
-            or is_zp_float:
-        T.require_unimplemented_absent(op, a_scales=a_scales, global_scale=global_scale, is_zp_float=is_zp_float,
+    if (b_bias is not None and not GEMM_BIAS_EPILOGUE) or a_scales is not None or is_zp_float:
+        T.require_unimplemented_absent(op, a_scales=a_scales, is_zp_float=is_zp_float,
                                        **({} if GEMM_BIAS_EPILOGUE else {"b_bias": b_bias}))
     key = _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-                    is_k_full, use_atomic_add, use_fp32_reduce, b_bias)
+                    is_k_full, use_atomic_add, use_fp32_reduce, b_bias, global_scale)
     plan = _GEMM_PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _plan_gemm(op, key, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx,
@@ -299,13 +300,10 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
         a_tmp_ptr, g_ptr, p_ptr = a_tmp.data_ptr(), g_idx.data_ptr(), perm.data_ptr()
     else:
         a_tmp_ptr = g_ptr = p_ptr = 0
-    z_ptr = b_zeros.data_ptr() if plan.has_zeros else 0
-    if plan.has_bias:
-        plan.prepared.launch(a.data_ptr(), b_q_weight.data_ptr(), c.data_ptr(), c_tmp, b_scales.data_ptr(), z_ptr,
-                             g_ptr, p_ptr, a_tmp_ptr, workspace.data_ptr(), stream, b_bias.data_ptr())
-    else:
-        plan.prepared.launch(a.data_ptr(), b_q_weight.data_ptr(), c.data_ptr(), c_tmp, b_scales.data_ptr(), z_ptr,
-                             g_ptr, p_ptr, a_tmp_ptr, workspace.data_ptr(), stream)
+    plan.prepared.launch(a.data_ptr(), b_q_weight.data_ptr(), c.data_ptr(), c_tmp, b_scales.data_ptr(),
+                         b_zeros.data_ptr() if plan.has_zeros else 0, g_ptr, p_ptr, a_tmp_ptr, workspace.data_ptr(),
+                         stream, global_scale=global_scale.data_ptr() if plan.prepared.has_global_scale else 0,
+                         **({"bias": b_bias.data_ptr()} if plan.has_bias else {}))
     return c
 
 
@@ -387,8 +385,8 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
     T.require_cuda(op, "a", a)
     T.require_same_device(op, "a", a, c=c, sorted_token_ids=sorted_token_ids, expert_ids=expert_ids,
                           num_tokens_past_padded=num_tokens_past_padded, topk_weights=topk_weights)
-    # the fused kernel has no act-order (docs/torch.md) and no bias epilogue
-    T.require_unimplemented_absent(op, g_idx=g_idx, perm=perm, b_bias=b_bias)
+    # the fused kernel has no act-order (docs/torch.md), no bias epilogue and no microscaled formats (yet)
+    T.require_unimplemented_absent(op, g_idx=g_idx, perm=perm, b_bias=b_bias, global_scale=global_scale)
     for name, x in (("b_q_weight", b_q_weight), ("b_scales", b_scales), ("b_zeros", b_zeros)):
         if not T.is_empty(x) and x.dim() != 3:
             raise ValueError(f"{op}: {name} must be a 3-D stack [E, ...] of expert tensors, got shape "

@@ -32,6 +32,7 @@ _VLLM_FIELDS = {
     ScalarType.U8: (0, 8, False, 0, False, NAN_IEEE_754),
     ScalarType.U8B128: (0, 8, False, 128, False, NAN_IEEE_754),
     ScalarType.FE4M3FN: (4, 3, True, 0, True, NAN_EXTD_RANGE_MAX_MIN),
+    ScalarType.FE2M1F: (2, 1, True, 0, True, NAN_NONE),  # scalar_types.float4_e2m1f (NVFP4, MXFP4)
     ScalarType.F16: (5, 10, True, 0, False, NAN_IEEE_754),
     ScalarType.BF16: (8, 7, True, 0, False, NAN_IEEE_754),
 }
