@@ -72,7 +72,7 @@ _FLAG_TYPES = (bool, int)
 
 
 def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full,
-              use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy):
+              use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy, bias=None):
     """Everything the checks of gptq_marlin_gemm read except addresses and devices of the other arrays, and the
     policy that chose the plan, or None
     when an input is not of the cached kind (then every check runs). Exact types for the ints: 1.0, True and
@@ -89,7 +89,7 @@ def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type
             or not isinstance(b_q_type, (str, ScalarType))):
         return None
     optional = (_meta(b_zeros, nd), _meta(g_idx, nd), _meta(perm, nd), _meta(c, nd), _meta(c_tmp, nd),
-                _meta(a_tmp, nd))
+                _meta(a_tmp, nd), _meta(bias, nd))
     if _SLOW in optional:
         return None
     return (a.shape, a.strides, a.dtype, a.data.device_id, b_q_weight.shape, b_q_weight.strides, b_q_weight.dtype,
@@ -111,9 +111,15 @@ def _address_on(x, device: int, name: str) -> int:
 def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m: int, size_n: int,
                      size_k: int, is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = True,
                      *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, stream=None, sms: int = -1,
-                     policy: GemmPolicy | None = None):
-    """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays, PyTorch
-    CUDA tensors or any ``__cuda_array_interface__`` arrays (Numba's).
+                     policy: GemmPolicy | None = None, bias=None):
+    """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B) + bias, on CuPy arrays,
+    PyTorch CUDA tensors or any ``__cuda_array_interface__`` arrays (Numba's).
+
+    Shapes (docs/formats.md, "Shapes that are not tile multiples"): size_k and size_n are the true sizes (K a
+    multiple of the weight's pack factor, any N); the weight's arrays are those of the weight zero-padded to
+    ceil(K / 16) rows and ceil(N / 64) * 64 columns, with ceil(K / group) scale rows (the last group may be partial);
+    C is (M, size_n). ``bias`` (size_n,) in the activation dtype, or None: vLLM's ``b_bias``, added to the fp32 sums
+    in the kernel's epilogue before C's one rounding (no extra pass).
 
     ``b_zeros``/``g_idx``/``perm`` may be None or empty. ``c`` (M, N) is allocated when None, and so is ``a_tmp``
     for act-order; ``c_tmp`` None takes the per-(device, stream, SMs) buffer of ``scratch_buffers``. Pass ``c``,
@@ -133,16 +139,16 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     if policy is None:
         policy = _defaults["_default_policy"]
     key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-                    is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy)
+                    is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy, bias)
     plan = _array_plans.get(key) if key is not None else None
     if plan is None:
         if type(a) is not rt_arrays.cupy_array_type() and not isinstance(a, rt.DeviceArray) and _on_device(a):
             return _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
                                   size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
-                                  deterministic, stream, sms, policy)
+                                  deterministic, stream, sms, policy, bias)
         return _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type,
                                          size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c,
-                                         c_tmp, a_tmp, deterministic, stream, sms, policy)
+                                         c_tmp, a_tmp, deterministic, stream, sms, policy, bias=bias)
     device = plan.device
     pointers = (a.data.ptr, _address_on(b_q_weight, device, "b_q_weight"), _address_on(b_scales, device, "b_scales"),
                 _address_on(b_zeros, device, "b_zeros") if plan.prepared.has_zero_points else 0,
@@ -163,12 +169,13 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     c_tmp_ptr = _address_on(c_tmp, device, "c_tmp") if plan.uses_c_tmp else 0
     a_tmp_ptr = _address_on(a_tmp, device, "a_tmp") if plan.act_order else 0
     plan.prepared.launch(pointers[0], pointers[1], c_ptr, c_tmp_ptr, pointers[2], pointers[3], pointers[4],
-                         pointers[5], a_tmp_ptr, pointers[6], stream_ptr)
+                         pointers[5], a_tmp_ptr, pointers[6], stream_ptr, _address_on(bias, device, "bias"))
     return c
 
 
 def _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-                   is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms, policy):
+                   is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms, policy,
+                   bias=None):
     """gptq_marlin_gemm on another framework's arrays: DeviceArray views of them (CuPy's attribute names) through
     the same checks and plan cache, outputs and scratch from A's framework's pool, that framework's stream."""
     framework = rt.framework_of(a)
@@ -190,7 +197,7 @@ def _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q
     vc = view(c, "c")
     gptq_marlin_gemm(va, *views[:6], b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
                      c=vc, c_tmp=view(c_tmp, "c_tmp"), a_tmp=view(a_tmp, "a_tmp"), deterministic=deterministic,
-                     stream=stream_ptr, sms=sms, policy=policy)
+                     stream=stream_ptr, sms=sms, policy=policy, bias=view(bias, "bias"))
     return c
 
 
@@ -204,12 +211,13 @@ def _outputs(plan: _ArrayPlan, c, a_tmp, cupy):
 
 def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
                               size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
-                              deterministic, stream, sms, policy, launch: bool = True):
+                              deterministic, stream, sms, policy, launch: bool = True, bias=None):
     """Every check, in order, then the launch; the verdict is kept under ``key`` (None: not kept). With ``launch``
     False: the checks only, returning the plan (``plan_marlin_gemm``)."""
     checks.check_reduction(use_atomic_add, deterministic)
     plan = check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
                              is_k_full, c)
+    checks.check_bias(bias, size_n, a.dtype)
     if isinstance(sms, bool) or not isinstance(sms, (int, np.integer)):
         raise TypeError(f"sms must be an int, got {type(sms).__name__}")
     a_ptr, device = rt.device_pointer(a, "A")
@@ -231,7 +239,7 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
                     ("b_zeros", None if _is_empty(b_zeros) else b_zeros),
                     ("g_idx", g_idx if plan.has_act_order else None), ("perm", perm if plan.has_act_order else None),
                     ("c_tmp", c_tmp if uses_c_tmp else None),
-                    ("a_tmp", a_tmp if plan.has_act_order else None)):
+                    ("a_tmp", a_tmp if plan.has_act_order else None), ("bias", bias)):
         if x is None:
             pointers[name] = 0
             continue
@@ -256,6 +264,7 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
                                     deterministic=deterministic),
     )
     record = request.into_launch()
+    record.b_bias = pointers["bias"] or None  # (vLLM's b_bias field of the record; MarlinMmBuffers has none)
     prepared = prepare_launch(record, policy=policy)  # every record-level rule (check_launch) on this first call
     array_plan = _ArrayPlan(prepared, device, sms, (size_m, size_n), np.dtype(a.dtype), uses_c_tmp,
                             plan.has_act_order)
@@ -267,7 +276,8 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
         return array_plan
     ptr = record.pointer
     prepared.launch(ptr("a"), ptr("b"), ptr("c"), ptr("c_tmp"), ptr("b_scales"), ptr("zero_points"),
-                    ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), stream_ptr)
+                    ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), stream_ptr,
+                    ptr("b_bias"))
     return c
 
 
@@ -299,8 +309,8 @@ def scratch_buffers(device: int, stream_ptr: int, sms: int, framework: str = "cu
 
 def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_add: bool = False,
                 use_fp32_reduce: bool = True, deterministic: bool = False, workspace=None, c_tmp=None, a_tmp=None,
-                stream=None, sms: int = -1, policy: GemmPolicy | None = None):
-    """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array or
+                stream=None, sms: int = -1, policy: GemmPolicy | None = None, bias=None):
+    """C = a @ dequant(weight) (+ ``bias``, (weight.size_n,) in a's dtype, added before C's rounding) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array or
     another framework's (see gptq_marlin_gemm: streams and allocations follow a's framework).
 
     Numerics: fp32 accumulation, one rounding to the activation type at the end. Most integer-weight kernels at
@@ -330,7 +340,8 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
     return gptq_marlin_gemm(a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm, workspace,
                             weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
                             use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
-                            a_tmp=a_tmp, deterministic=deterministic, stream=stream_ptr, sms=sms, policy=policy)
+                            a_tmp=a_tmp, deterministic=deterministic, stream=stream_ptr, sms=sms, policy=policy,
+                            bias=bias)
 
 
 def _on_device(x) -> bool:
@@ -343,10 +354,11 @@ def _on_device(x) -> bool:
 
 def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_full: bool | None = None,
                      use_atomic_add: bool = False, use_fp32_reduce: bool = True, deterministic: bool = False,
-                     stream=None, sms: int = -1, policy: GemmPolicy | None = None) -> PreparedLaunch:
+                     stream=None, sms: int = -1, policy: GemmPolicy | None = None, bias=None) -> PreparedLaunch:
     """Every check ``marlin_gemm`` makes on these arrays, without launching: the ``PreparedLaunch`` that runs the
     same problem on any addresses (``launch``). For callers that launch many GEMMs of one shape at row or expert
-    offsets of buffers already checked once (``MoE.gemm_phase_batched``); M > 0."""
+    offsets of buffers already checked once (``MoE.gemm_phase_batched``); M > 0. ``bias``: checked here as
+    marlin_gemm checks it; its address (or another of the same shape) goes to ``launch(..., bias=address)``."""
     if getattr(weight, "num_experts", None) is not None:
         raise ValueError("weight is a stack of experts; pick one with weight.expert(e)")
     size_m = int(a.shape[0]) if len(a.shape) == 2 else -1
@@ -354,5 +366,5 @@ def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_fu
     return _gptq_marlin_gemm_checked(None, a, weight.qweight, weight.scales, weight.zeros, weight.g_idx, weight.perm,
                                      workspace, weight.weight_type, size_m, weight.size_n, weight.size_k, k_full,
                                      use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms,
-                                     policy or _default(), launch=False).prepared
+                                     policy or _default(), launch=False, bias=bias).prepared
 

@@ -233,7 +233,7 @@ class _LayerPlan:
         for stack, a, c, weights, rows, tk, a_lda in ((w13, "hidden", "g1", 0, m, top_k, lda),
                                                       (w2, "h", "y", "weights", numel, 1, w2.k)):
             ng = int(stack.weight.scales.shape[1])
-            group = -1 if ng == 1 else stack.k // ng
+            group = gemm.check_groups(stack.weight.weight_type, stack.k, ng, False, True, "scales.size(1)")
             cfg, grid, n_blocks = fused_grid(stack, device, act, block, rows * tk, cap, group, policy)
             f = kernels.function_ptr(cfg.name_expression, device, cfg.smem_bytes)
             if programmatic:
@@ -241,7 +241,7 @@ class _LayerPlan:
             w = stack.weight
             launches.append((f, grid, 256, cfg.smem_bytes, rt.ArgBlock(PLAN_ARG_KINDS["marlin_moe"]),
                              (a, w.qweight.data.ptr, c, w.scales.data.ptr, 0 if w.zeros is None else w.zeros.data.ptr,
-                              "sorted", "experts", "post", weights, n_blocks, block, rows * tk, tk,
+                              "sorted", "experts", "post", weights, 0, n_blocks, block, rows * tk, tk,
                               stack.n_per_expert, stack.k, a_lda, group, stack.num_experts)))
             if stack is w13:  # SiLU-and-multiply between the GEMMs
                 f = kernels.function_ptr(f"mwb::silu_and_mul<{ctype_name(hidden.dtype)}>", device)
