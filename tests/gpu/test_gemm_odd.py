@@ -113,19 +113,6 @@ def check(a, w_dev, w_ref, act, mode="fp32", bias=None, **kw):
     return got
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compile_once():
-    """Every instantiation the module's plans pick, compiled up front in parallel threads (NVRTC outside the GIL)."""
-    device = cp.cuda.Device().id
-    cfgs = []
-    for k, n in SHAPES + ((4100, 7392), (10944, 7392), (512, 256)):
-        for wt, group in types_and_groups():
-            for act in (F16, BF16):
-                for m in (1, 16, 33, 50):
-                    cfgs.append(gemm.config_for(gemm.act_scalar_type(act), wt, m, n, k, group, False, device))
-    gemm.precompile(cfgs, device, workers=16)
-
-
 SHAPES = (  # (K, N): the issue's cells and the edge cases around them
     (1024, 7392),  # N = 115.5 64-column tiles (Qwen2-72B TP4)
     (10944, 320),  # K = 684 k16 tiles, group 128: 85.5 groups (DeepSeek-V2-Lite)
@@ -140,13 +127,58 @@ def types_and_groups():
             yield wt, group
 
 
-@pytest.mark.parametrize("wt,group", list(types_and_groups()), ids=str)
-@pytest.mark.parametrize("k,n", SHAPES, ids=str)
-def test_odd_shapes_every_type_and_group(wt, group, k, n, rng):
-    act = BF16 if (k + n + wt.bits) % 2 else F16
+def grid_cases():
+    """(K, N, type, group, act, row counts): every shape with every type and group, the activation type and the row
+    counts rotating (one and 50 rows: the swapped loop and four m16 blocks; 16 and 33: one block, two or three)."""
+    cases = []
+    for k, n in SHAPES:
+        for wt, group in types_and_groups():
+            odd = len(cases) % 2
+            cases.append((k, n, wt, group, BF16 if odd else F16, (1, 50) if odd else (16, 33)))
+    return cases
+
+
+BIAS_CASES = ((10944, 7392, S.U4B8, 128), (512, 256, S.U4, 64), (200, 97, S.U8B128, -1))
+BIAS_ROWS = ((1, -1), (16, 8), (33, 20))  # (M, sms): fewer SMs split slices over blocks
+ACT_ORDER_CASES = ((True, (10944, 200)), (False, (10944, 7392)), (False, (200, 97)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_once():
+    """Every instantiation the module's plans pick, compiled up front in parallel threads (NVRTC outside the GIL)."""
+    device = cp.cuda.Device().id
+    cc, sms, smem, sm_smem = gemm.device_properties(device)
+    todo = []
+
+    def add(act, wt, m, n, k, group, per_row=False, n_sms=sms):
+        todo.append(gemm.choose_config(gemm.act_scalar_type(act), wt, m, n, k, group, per_row, smem, sm_smem=sm_smem,
+                                       sms=n_sms, pairs=gemm.pairs_possible(cc, True)))
+
+    for k, n, wt, group, act, ms in grid_cases():
+        for m in ms:
+            add(act, wt, m, n, k, group)
+    for wt in (S.U8B128, S.FE4M3FN):
+        for m in (1, 3, 16, 40):
+            add(F16, wt, m, 7392, 4100, 128)
+    for act in (F16, BF16):
+        for k, n, wt, group in BIAS_CASES:
+            for m, n_sms in BIAS_ROWS:
+                add(act, wt, m, n, k, group, n_sms=sms if n_sms < 0 else n_sms)
+    for m in (1, 16, 64):
+        add(F16, S.U8B128, m, 97, 200, -1)
+        add(F16, S.U4B8, m, 7392, 10944, 128)
+    for wt in (S.U4B8, S.U8B128):
+        for is_k_full, (k, n) in ACT_ORDER_CASES:
+            for m in (1, 16, 40):
+                add(F16, wt, m, n, k, 128, per_row=not is_k_full)
+    gemm.precompile(todo, device, workers=16)
+
+
+@pytest.mark.parametrize("k,n,wt,group,act,ms", grid_cases(), ids=str)
+def test_odd_shapes_every_type_and_group(k, n, wt, group, act, ms, rng):
     w, w_ref = odd_weight(k, n, wt, group, act, seed=int(rng.integers(1 << 20)))
     w_dev = gemm.upload_weight(w)
-    for m in (1, 7, 16, 50):
+    for m in ms:
         a = rng.standard_normal((m, k), dtype=np.float32).astype(act)
         check(a, w_dev, w_ref, act)
 
@@ -166,11 +198,11 @@ def test_eight_bit_k_ending_inside_an_a_chunk(wt, rng):
 @pytest.mark.parametrize("act", (F16, BF16), ids=str)
 def test_bias_in_the_epilogue_every_reduction(mode, act, rng):
     """bias= in every reduction, on odd and aligned shapes; sms pinned low so that slices are split over blocks."""
-    for k, n, wt, group in ((10944, 7392, S.U4B8, 128), (512, 256, S.U4, 64), (200, 97, S.U8B128, -1)):
+    for k, n, wt, group in BIAS_CASES:
         w, w_ref = odd_weight(k, n, wt, group, act, seed=int(rng.integers(1 << 20)))
         w_dev = gemm.upload_weight(w)
         bias = (rng.standard_normal(n) * 4).astype(act)
-        for m, sms in ((1, -1), (16, 8), (33, 20)):
+        for m, sms in BIAS_ROWS:
             a = rng.standard_normal((m, k), dtype=np.float32).astype(act)
             check(a, w_dev, w_ref, act, mode, bias=bias, sms=sms)
 
@@ -194,7 +226,7 @@ def test_bias_is_added_before_the_one_rounding(m, rng):
 def test_odd_shapes_act_order(wt, rng):
     """Act-order on the partial-group K = 10944 (full K: groups in Marlin row order) and on a K shard (per-row
     groups through g_idx), odd N."""
-    for is_k_full, (k, n) in ((True, (10944, 200)), (False, (10944, 7392)), (False, (200, 97))):
+    for is_k_full, (k, n) in ACT_ORDER_CASES:
         w, w_ref = odd_weight(k, n, wt, 128, F16, seed=int(rng.integers(1 << 20)), act_order=True,
                               is_k_full=is_k_full)
         w_dev = gemm.upload_weight(w)
