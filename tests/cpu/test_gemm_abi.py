@@ -199,9 +199,13 @@ def test_k_multiple_of_128_and_n_multiple_of_64_always_has_a_config(k, n):
         assert k % cfg.block_k == 0 and n % cfg.block_n == 0
 
 
-def test_odd_multiples_of_64_have_no_config():
+def test_odd_multiples_of_64_plan_a_tile_whose_last_step_runs_past_k():
+    """(192, 192) has no tile dividing both (N = 3 tiles: 64 wide only, K = 192: no 64 x 64 tile): the last resort
+    plans K as 256 (one 256-row step, its last 64 rows past K: clamped weight rows, zero-filled A)."""
+    cfg = gemm.choose_config(S.F16, S.U4B8, 1, 192, 192, -1, False, 163 * 1024)
+    assert cfg.block_n == 64 and gemm.k_steps(192, cfg.block_k) * cfg.block_k >= 192
     with pytest.raises(ValueError, match=r"Invalid thread config: .* \(size_k, size_n\) = \(192, 192\)"):
-        gemm.choose_config(S.F16, S.U4B8, 1, 192, 192, -1, False, 163 * 1024)
+        gemm.choose_config(S.F16, S.U4B8, 1, 192, 192, -1, False, 16 * 1024)
 
 
 def test_grid_never_exceeds_sms_or_work():
@@ -274,6 +278,20 @@ def test_shapes_the_storage_rule_allows_stop_at_the_device_check(kw):
     that are not tile multiples"); the numpy call then stops at the device check."""
     with pytest.raises(TypeError, match="A is not on GPU"):
         call(**kw)
+
+
+def test_one_row_with_an_8_bit_k_ending_mid_chunk_makes_a_record_the_launch_accepts():
+    """M = 1 has no row stride; the plan's lda is K rounded up to whole 16-byte chunks, so the record's row-stride rule
+    (lda % 8 == 0) holds for K = 4100 too (it refused such a record before the launch)."""
+    args = arrays(m=1, k=4100, n=7392, wt=S.U8B128, ng=33)
+    plan = gemm.check_gemm_shapes(args["a"], args["b_q_weight"], args["b_scales"], None, None, None, S.U8B128, 1,
+                                  7392, 4100, True)
+    assert plan.lda == 4104 and plan.group_size == 128
+    record = MarlinMmRequest(weight_type=S.U8B128, buffers=MarlinMmBuffers(
+        a=0x1000, b=0x2000, c=0x3000, c_tmp=0x4000, b_scales=0x5000, workspace=0x6000), problem=plan.problem,
+        execution=MarlinMmExecution(sms=132)).into_launch()
+    cfg, _, grid = check(record)
+    assert grid >= 1 and gemm.tiled_n(7392) % cfg.block_n == 0
 
 
 @pytest.mark.parametrize("kw,exc,message", [

@@ -244,7 +244,9 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
     strides = tuple(int(s) for s in a.strides)
     if size_m > 0 and strides[1] != item:
         raise ValueError(f"A.stride(1) is not 1 (strides in elements: {tuple(s // item for s in strides)})")
-    lda = strides[0] // item if size_m > 1 else size_k
+    # one row: its stride is never used; the record carries K rounded up to whole 16-byte chunks (an 8-bit K may
+    # end inside one), which every row-stride rule accepts
+    lda = strides[0] // item if size_m > 1 else -(-size_k // A_CHUNK) * A_CHUNK
     if size_m > 1:
         check_row_stride(lda, size_k, "A.stride(0)")
     if not _contiguous(b_q_weight):

@@ -57,7 +57,7 @@ def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, 
     item = np.dtype(input.dtype).itemsize
     if prob_m > 0 and int(input.strides[1]) != item:
         raise ValueError("input.stride(1) is not 1")
-    lda = int(input.strides[0]) // item if prob_m > 1 else stack.k
+    lda = int(input.strides[0]) // item if prob_m > 1 else -(-stack.k // 8) * 8  # (one row: never used)
     if lda % 8 or lda < stack.k:
         raise ValueError(f"input.stride(0) = {lda} must be >= K = {stack.k} and divisible by 8 (16-byte rows)")
     for name, x in (("sorted_token_ids", sorted_token_ids), ("expert_ids", expert_ids),

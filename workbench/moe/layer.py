@@ -33,6 +33,9 @@ def _check_layer(hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, topk_wei
         raise ValueError(f"w13 n_per_expert = {w13.n_per_expert} must be 2 x w2's K = {w2.k} (gate and up)")
     if w2.n_per_expert != w13.k:
         raise ValueError(f"w2 n_per_expert = {w2.n_per_expert} must equal the hidden size w13 K = {w13.k}")
+    if w2.k % gemm.A_CHUNK:  # (the SiLU output is (rows, K) contiguous and the down GEMM reads it in 16-byte chunks)
+        raise ValueError(f"the intermediate size w2 K = {w2.k} must be a multiple of {gemm.A_CHUNK} in a fused layer "
+                         f"(the down GEMM reads the SiLU output's rows in 16-byte chunks)")
     for name, x in (("hidden", hidden), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         if not on_gpu(x):
             raise TypeError(f"{name} is not on GPU (got {type(x).__module__}.{type(x).__name__})")
