@@ -393,8 +393,19 @@ def test_tensors_on_two_devices():
         OPS.gptq_marlin_repack(q, torch.empty(0, dtype=torch.int32, device="meta"), 256, 128, 4)
 
 
+def test_b_bias_is_checked_by_the_dense_rules():
+    """vLLM's b_bias is implemented (the kernel's epilogue): (size_n,) in a's dtype, else refused by name."""
+    for bias, exc, message in ((torch.empty(127, dtype=torch.float16, device="meta"), ValueError,
+                                r"b_bias has shape \(127,\), expected \(128,\)"),
+                               (torch.empty(128, dtype=torch.float32, device="meta"), TypeError,
+                                "b_bias dtype = float32 must equal the activation dtype float16")):
+        args = meta_gemm_args(4)
+        args[3] = bias
+        with pytest.raises(exc, match=message):
+            OPS.marlin_gemm(*args)
+
+
 @pytest.mark.parametrize("name,index,value", [
-    ("b_bias", 3, torch.empty(128, dtype=torch.float16, device="meta")),
     ("a_scales", 5, torch.empty((4, 1), dtype=torch.float32, device="meta")),
     ("global_scale", 6, torch.empty(1, dtype=torch.float32, device="meta")),
     ("is_zp_float", 18, True)])
@@ -424,8 +435,8 @@ def test_bad_scalar_type_and_shape():
     with pytest.raises(ValueError, match=r"b_q_type = 7 .* is not a type these ops know"):
         OPS.marlin_gemm(*args)
     args = meta_gemm_args(4)
-    args[13] = 96
-    with pytest.raises(ValueError, match=r"size_n = 96"):
+    args[13] = 200  # (96 is fine now: its padded arrays are the 128-column ones given)
+    with pytest.raises(ValueError, match=r"size_n = 200, actual_size_n = 128"):
         OPS.marlin_gemm(*args)
     with pytest.raises(ValueError, match=r"b_q_weight has shape \(32, 128\), expected \(64, 128\)"):
         wt.gptq_marlin_repack(torch.zeros((32, 128), dtype=torch.int32), None, 256, 128, 8)

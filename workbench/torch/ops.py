@@ -120,8 +120,7 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
     T.require_cuda(op, "a", a)
     T.require_same_device(op, "a", a, c=c, b_q_weight=b_q_weight, b_scales=b_scales, b_zeros=b_zeros, g_idx=g_idx,
                           perm=perm, workspace=workspace, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale)
-    T.require_unimplemented_absent(op, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale,
-                                   is_zp_float=is_zp_float)
+    T.require_unimplemented_absent(op, a_scales=a_scales, global_scale=global_scale, is_zp_float=is_zp_float)
     weight = from_vllm_id(b_q_type)
     size_n, size_k = _static(size_n, "size_n"), _static(size_k, "size_k")
     rows = None
@@ -135,6 +134,8 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
     gemm.check_gemm_shapes(T.spec(a, "a", rows), T.spec(b_q_weight, "b_q_weight"), T.spec(b_scales, "b_scales"),
                            T.spec(zeros, "b_zeros"), T.spec(g_idx, "g_idx"), T.spec(perm, "perm"), weight, m, size_n,
                            size_k, is_k_full, T.spec(c, "c", rows))
+    if not T.is_empty(b_bias):  # vLLM's b_bias: (size_n,) in a's dtype, added in the kernel's epilogue
+        gemm.check_bias(T.spec(b_bias, "b_bias"), size_n, T.numpy_dtype(a.dtype, "a"), "b_bias")
     if workspace.dtype != torch.int32 or workspace.dim() != 1:
         raise TypeError(f"{op}: workspace must be a 1-D int32 tensor (zeroed lock counters, see make_workspace), "
                         f"got {workspace.dtype} of shape {tuple(workspace.shape)}")
@@ -253,9 +254,13 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
     unimplemented arguments every call), output and scratch from torch's allocator, then the runtime's prepared
     launch on the tensors' addresses and the current torch stream. Repeated calls re-check only what can change
     under an equal key: the addresses (non-null, 16-byte aligned: ``PreparedLaunch.launch``)."""
-    if b_bias is not None or a_scales is not None or global_scale is not None or is_zp_float:
-        T.require_unimplemented_absent(op, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale,
-                                       is_zp_float=is_zp_float)
+    if a_scales is not None or global_scale is not None or is_zp_float:
+        T.require_unimplemented_absent(op, a_scales=a_scales, global_scale=global_scale, is_zp_float=is_zp_float)
+    bias = 0
+    if not T.is_empty(b_bias):  # (checked every call: the plan's key leaves the bias out)
+        from workbench import gemm
+        gemm.check_bias(T.spec(b_bias, "b_bias"), size_n, T.numpy_dtype(a.dtype, "a"), "b_bias")
+        bias = b_bias.data_ptr()
     key = _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                     is_k_full, use_atomic_add, use_fp32_reduce)
     plan = _GEMM_PLANS.get(key) if key is not None else None
@@ -280,7 +285,7 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
         a_tmp_ptr = g_ptr = p_ptr = 0
     plan.prepared.launch(a.data_ptr(), b_q_weight.data_ptr(), c.data_ptr(), c_tmp, b_scales.data_ptr(),
                          b_zeros.data_ptr() if plan.has_zeros else 0, g_ptr, p_ptr, a_tmp_ptr, workspace.data_ptr(),
-                         stream)
+                         stream, bias)
     return c
 
 
@@ -381,7 +386,11 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
         raise TypeError(f"{op}: topk_weights must be a contiguous float32 tensor, got {topk_weights.dtype} "
                         f"with strides {topk_weights.stride()}")
     zeros = None if T.is_empty(b_zeros) else b_zeros[0]
-    weight = check_gemm(op, a, None, b_q_weight[0], b_bias, b_scales[0], a_scales, global_scale, zeros, None, None,
+    if not T.is_empty(b_bias) and (b_bias.dim() != 2 or b_bias.shape[0] != experts):
+        raise ValueError(f"{op}: b_bias must be [E = {experts}, size_n] (one bias row per expert), got shape "
+                         f"{tuple(b_bias.shape)}")
+    bias0 = None if T.is_empty(b_bias) else b_bias[0]  # (one expert's row by the dense rules)
+    weight = check_gemm(op, a, None, b_q_weight[0], bias0, b_scales[0], a_scales, global_scale, zeros, None, None,
                         workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
                         is_zp_float)
     if c is not None:
@@ -447,7 +456,8 @@ def _moe_run(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros
                                v(expert_ids[:whole_blocks]), v(num_tokens_past_padded),
                                v(c),
                                int(size_m), int(moe_block_size), int(top_k),
-                               topk_weights=v(topk_weights) if mul_topk_weights else None, stream=stream)
+                               topk_weights=v(topk_weights) if mul_topk_weights else None, stream=stream,
+                               bias=None if T.is_empty(b_bias) else v(b_bias))
     return c
 
 
