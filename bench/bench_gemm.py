@@ -2,7 +2,7 @@
 
     python bench/bench_gemm.py [--out bench/results] [--m 1,16,32,64,128,256] [--wtypes u4b8,fe4m3fn,u4,u8b128]
                                [--peers cublas,vllm_marlin,humming] [--peers-src _dev/peers_src]
-                               [--vllm-wtypes u4b8,fe4m3fn] [--launch graph,plain] [--budget-s 300]
+                               [--vllm-wtypes u4b8,fe4m3fn] [--launch graph,plain] [--budget-s 300] [--odd]
 
 Method: bench/timing.py (graphs and plain launches over inputs rotated past 3 x L2, interleaved medians). Weights are
 random words (speed does not depend on their values). vLLM's Marlin runs on our arrays (the format is the same
@@ -12,7 +12,9 @@ x |a| @ |W|, fp32 accumulation in different orders), reported as ``agree_vllm`` 
 ``us`` per call; ``gbs`` = (weights + scales [+ zero points] + A + C) bytes / time. ``pdl``: ours with
 programmatic dependent launches (the default on sm_90) or without (the GEMM before it in a graph cannot overlap).
 Writes OUT/gemm.json (schema: bench/README.md). ``--budget-s``: wall seconds after which remaining layers and
-optional types are skipped (the rows say what ran).
+optional types are skipped (the rows say what ran). ``--odd``: ODD_LAYERS, shapes that are not tile multiples beside
+the next aligned ones (their ``gbs`` counts the true sizes' bytes, not the tile padding); vLLM's Marlin refuses
+N = 7392 (its size_n % 64 check), which the notes record per cell.
 """
 from __future__ import annotations
 
