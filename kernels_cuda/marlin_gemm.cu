@@ -41,12 +41,6 @@ enum ReduceMode : int {
   kReduceAtomic = 2,  // atomicAdd of activation-typed pairs into a zeroed C (not bitwise reproducible)
 };
 
-// Converts and stores two fp32 values as one activation-typed pair.
-template <typename T>
-__device__ __forceinline__ void store_pair(T* dst, float lo, float hi) {
-  *reinterpret_cast<typename Act<T>::Pair*>(dst) = Act<T>::from_floats(lo, hi);
-}
-
 // n / d for 0 <= n < 2^31, through the host's plan for d (workbench/gemm/launch.py fast_div_plan): floor(n m / 2^s)
 // with s = 31 + ceil(log2 d) and m = ceil(2^s / d) < 2^32 (passed as int32 bits). Exact for every such n: m d = 2^s + e
 // with 0 <= e < d, so n m / 2^s exceeds n / d by less than 1 / d. Two instructions where a division by a runtime
@@ -96,7 +90,7 @@ __device__ __forceinline__ bool slice_held_whole(int slice, int KI, long long to
 // 128-register two-block kernels spill above 4, measured with -Xptxas -v).
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
 __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long long total, T* __restrict__ C,
-                                            float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
+                                            float* __restrict__ C_tmp, int* __restrict__ locks, const T* __restrict__ bias, int prob_m,
                                             int prob_n, int share = 0, int shares = 1) {
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -146,9 +140,11 @@ __device__ __noinline__ void sum_fp32_slots(int slice, int KI, int cols, long lo
       const int f_nt = f / (M_BLOCKS * 8), f_mb = (f / 8) % M_BLOCKS, f_nb = f % 8;
       const int col_g = col * BN + f_nt * 64 + f_nb * 8 + 2 * (lane % 4);
       const int row_g = chunk * BM + f_mb * 16 + lane / 4;
-      T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
-      if (row_g < prob_m) store_pair(c_lo, sum[u].x, sum[u].y);
-      if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, sum[u].z, sum[u].w);
+      T* c_row = C + static_cast<long long>(row_g) * prob_n;
+      const float2 bv = bias_pair(bias, col_g, prob_n);  // (the sums are final here)
+      if (row_g < prob_m) store_c_pair(c_row, col_g, prob_n, sum[u].x + bv.x, sum[u].y + bv.y);
+      if (row_g + 8 < prob_m)
+        store_c_pair(c_row + 8LL * prob_n, col_g, prob_n, sum[u].z + bv.x, sum[u].w + bv.y);
     }
   }
   if (shares == 1 && tid == 0) locks[last] = 0;  // leave the counter zero for the next launch
@@ -166,7 +162,7 @@ template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFli
           int HELD = M_BLOCKS>
 __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI,
                                                     int cols, long long total, T* __restrict__ C,
-                                                    float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
+                                                    float* __restrict__ C_tmp, int* __restrict__ locks, const T* __restrict__ bias, int prob_m,
                                                     int prob_n, int reduce_mode, int mb0 = 0) {
   static_assert(HELD == M_BLOCKS || !FOLD, "a split partial is folded already");
   using Pair = typename Act<T>::Pair;
@@ -187,22 +183,27 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
   // after (1), warps 0..N_TILES-1 hold the block's partial; a split partial is held by every warp
   const bool writer = HELD < M_BLOCKS || kg == 0;
 
-  // Stores the block's accumulators into C (rows below M only), converted to the activation type.
-  auto write_c = [&]() {
+  // Stores the block's accumulators into C (rows below M, columns below N only), converted to the activation type;
+  // with the bias where the values are final.
+  auto write_c = [&](bool final_sums) {
+    const T* b = final_sums ? bias : nullptr;
 #pragma unroll
     for (int mb = 0; mb < HELD; ++mb)
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb) {
         const int col_g = col * BN + nt * 64 + nb * 8 + 2 * (lane % 4);
         const int row_g = chunk * BM + (mb0 + mb) * 16 + lane / 4;
-        T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
-        if (row_g < prob_m) store_pair(c_lo, acc[mb0 + mb][nb][0], acc[mb0 + mb][nb][1]);
-        if (row_g + 8 < prob_m) store_pair(c_lo + 8LL * prob_n, acc[mb0 + mb][nb][2], acc[mb0 + mb][nb][3]);
+        T* c_row = C + static_cast<long long>(row_g) * prob_n;
+        const float2 bv = bias_pair(b, col_g, prob_n);
+        if (row_g < prob_m)
+          store_c_pair(c_row, col_g, prob_n, acc[mb0 + mb][nb][0] + bv.x, acc[mb0 + mb][nb][1] + bv.y);
+        if (row_g + 8 < prob_m)
+          store_c_pair(c_row + 8LL * prob_n, col_g, prob_n, acc[mb0 + mb][nb][2] + bv.x, acc[mb0 + mb][nb][3] + bv.y);
       }
   };
 
   if (count == 1) {
-    if (writer) write_c();
+    if (writer) write_c(true);
   } else if (reduce_mode == kReduceAtomic) {
     if (writer) {
 #pragma unroll
@@ -211,12 +212,14 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
         for (int nb = 0; nb < 8; ++nb) {
           const int col_g = col * BN + nt * 64 + nb * 8 + 2 * (lane % 4);
           const int row_g = chunk * BM + (mb0 + mb) * 16 + lane / 4;
-          T* c_lo = C + static_cast<long long>(row_g) * prob_n + col_g;
+          T* c_row = C + static_cast<long long>(row_g) * prob_n;
+          // (the first contributor's partial carries the bias: added once)
+          const float2 bv = bias_pair(static_cast<int>(blockIdx.x) == first ? bias : nullptr, col_g, prob_n);
           if (row_g < prob_m)
-            atomicAdd(reinterpret_cast<Pair*>(c_lo), Act<T>::from_floats(acc[mb0 + mb][nb][0], acc[mb0 + mb][nb][1]));
+            atomic_add_c_pair(c_row, col_g, prob_n, acc[mb0 + mb][nb][0] + bv.x, acc[mb0 + mb][nb][1] + bv.y);
           if (row_g + 8 < prob_m)
-            atomicAdd(reinterpret_cast<Pair*>(c_lo + 8LL * prob_n),
-                      Act<T>::from_floats(acc[mb0 + mb][nb][2], acc[mb0 + mb][nb][3]));
+            atomic_add_c_pair(c_row + 8LL * prob_n, col_g, prob_n, acc[mb0 + mb][nb][2] + bv.x,
+                              acc[mb0 + mb][nb][3] + bv.y);
         }
     }
   } else if (reduce_mode == kReduceFp32) {
@@ -242,8 +245,8 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
         }
       }
       __syncthreads();  // (thread 0's acquire, then the barrier: every thread's loads below see the others' slots)
-      sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, prob_m,
-                                                                   prob_n, static_cast<int>(blockIdx.x) - first,
+      sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, bias,
+                                                                   prob_m, prob_n, static_cast<int>(blockIdx.x) - first,
                                                                    count);
       if (tid == 0 && atomicAdd(locks + last, 1) == 2 * count - 1) locks[last] = 0;
       return;
@@ -260,8 +263,8 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
       }
     }
     __syncthreads();  // (thread 0's acquire, then the barrier: every thread's loads below see the others' slots)
-    sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, prob_m,
-                                                                 prob_n);
+    sum_fp32_slots<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(slice, KI, cols, total, C, C_tmp, locks, bias,
+                                                                 prob_m, prob_n);
   } else {  // kReduceInC: pass the partial along in C under the lock, highest block first
     const int rank = last - static_cast<int>(blockIdx.x);
     if (rank > 0) {
@@ -278,10 +281,9 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
 #pragma unroll
           for (int nb = 0; nb < 8; ++nb) {  // all loads of this m16 block first: one L2 round trip, not eight
             const int col_g = col * BN + nt * 64 + nb * 8 + 2 * (lane % 4);
-            const unsigned* c_lo = reinterpret_cast<const unsigned*>(C + static_cast<long long>(row_g) * prob_n +
-                                                                     col_g);
-            q[nb][0] = row_g < prob_m ? __ldcg(c_lo) : 0u;
-            q[nb][1] = row_g + 8 < prob_m ? __ldcg(c_lo + 4LL * prob_n) : 0u;
+            const T* c_row = C + static_cast<long long>(row_g) * prob_n;
+            q[nb][0] = row_g < prob_m ? load_c_pair(c_row, col_g, prob_n) : 0u;
+            q[nb][1] = row_g + 8 < prob_m ? load_c_pair(c_row + 8LL * prob_n, col_g, prob_n) : 0u;
           }
 #pragma unroll
           for (int nb = 0; nb < 8; ++nb) {
@@ -293,7 +295,7 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
         }
       }
     }
-    if (writer) write_c();
+    if (writer) write_c(rank == count - 1);  // (the last in the chain writes the final sums)
     __syncthreads();  // every writer's C stores before thread 0's release (cumulativity), as for the fp32 count
     if (tid == 0) store_release(locks + last, rank == count - 1 ? 0 : rank + 1);
   }
@@ -303,9 +305,9 @@ __device__ __forceinline__ void finish_slice_inline(float (&acc)[M_BLOCKS][8][4]
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight, bool FOLD = true>
 __device__ __noinline__ void finish_slice(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI, int cols,
                                           long long total, T* __restrict__ C, float* __restrict__ C_tmp,
-                                          int* __restrict__ locks, int prob_m, int prob_n, int reduce_mode) {
+                                          int* __restrict__ locks, const T* __restrict__ bias, int prob_m, int prob_n, int reduce_mode) {
   finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, FOLD>(acc, sRed, slice, KI, cols, total, C, C_tmp,
-                                                                          locks, prob_m, prob_n, reduce_mode);
+                                                                          locks, bias, prob_m, prob_n, reduce_mode);
 }
 
 // v[0] = the sum of v[0..N) in fold_warps' tree order (halves added pairwise: (v0 + v2) + (v1 + v3) for N = 4), the
@@ -406,7 +408,7 @@ __device__ __forceinline__ void fold_warps_split_in_ring(float (&acc)[M_BLOCKS][
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int kLoadsInFlight>
 __device__ __noinline__ void finish_slice_or_split(float (&acc)[M_BLOCKS][8][4], float* sRed, int slice, int KI,
                                                    int cols, long long total, T* __restrict__ C,
-                                                   float* __restrict__ C_tmp, int* __restrict__ locks, int prob_m,
+                                                   float* __restrict__ C_tmp, int* __restrict__ locks, const T* __restrict__ bias, int prob_m,
                                                    int prob_n, int reduce_mode) {
   const bool last = block_range_start(blockIdx.x + 1LL, total) <= (slice + 1LL) * KI;  // the block's range ends here
   if (last) {
@@ -416,11 +418,11 @@ __device__ __noinline__ void finish_slice_or_split(float (&acc)[M_BLOCKS][8][4],
     __syncthreads();     // every warp past its last stage: the ring is idle
     fold_warps_split_in_ring<M_BLOCKS, N_TILES>(acc, smem_addr(smem));
     finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false, HELD>(
-        acc, sRed, slice, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode,
+        acc, sRed, slice, KI, cols, total, C, C_tmp, locks, bias, prob_m, prob_n, reduce_mode,
         static_cast<int>(threadIdx.x / 32 / N_TILES) * HELD);
   } else {
     finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(acc, sRed, slice, KI, cols, total, C, C_tmp,
-                                                                      locks, prob_m, prob_n, reduce_mode);
+                                                                      locks, bias, prob_m, prob_n, reduce_mode);
   }
 }
 
@@ -438,8 +440,8 @@ __device__ __noinline__ void finish_slice_or_split(float (&acc)[M_BLOCKS][8][4],
 // own.
 template <typename T, int M_BLOCKS, int N_TILES, int BM, int BN, int CLUSTER, bool FOLDED>
 __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS][8][4], unsigned ring_base,
-                                                     int slice, int cols, T* __restrict__ C, int prob_m,
-                                                     int prob_n) {
+                                                     int slice, int cols, T* __restrict__ C,
+                                                     const T* __restrict__ bias, int prob_m, int prob_n) {
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
@@ -469,7 +471,8 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
   // PTX memory model: docs/performance.md, "Tried and did not pay").
   constexpr int kIters = (kShare + kThreads - 1) / kThreads;
   float4 sums[kIters];
-  T* c_lo[kIters];
+  T* c_row[kIters];
+  int c_col[kIters];
   int rows_live[kIters];  // 0: padding (nothing summed or written), 1: row_g only, 2: row_g and row_g + 8
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
@@ -490,16 +493,18 @@ __device__ __forceinline__ void finish_slice_cluster(const float (&acc)[M_BLOCKS
       sum.x += theirs[q].x; sum.y += theirs[q].y; sum.z += theirs[q].z; sum.w += theirs[q].w;
     }
     const int col_g = col * BN + f_nt * 64 + f_nb * 8 + 2 * (l % 4);
-    sums[it] = sum;
-    c_lo[it] = C + static_cast<long long>(row_g) * prob_n + col_g;
+    const float2 bv = bias_pair(bias, col_g, prob_n);
+    sums[it] = make_float4(sum.x + bv.x, sum.y + bv.y, sum.z + bv.x, sum.w + bv.y);
+    c_row[it] = C + static_cast<long long>(row_g) * prob_n;
+    c_col[it] = col_g;
     rows_live[it] = row_g + 8 < prob_m ? 2 : 1;
   }
   cluster_sync();
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     if (rows_live[it] == 0) continue;
-    store_pair(c_lo[it], sums[it].x, sums[it].y);
-    if (rows_live[it] == 2) store_pair(c_lo[it] + 8LL * prob_n, sums[it].z, sums[it].w);
+    store_c_pair(c_row[it], c_col[it], prob_n, sums[it].x, sums[it].y);
+    if (rows_live[it] == 2) store_c_pair(c_row[it] + 8LL * prob_n, c_col[it], prob_n, sums[it].z, sums[it].w);
   }
 }
 
@@ -617,11 +622,14 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
            const int4* __restrict__ zeros,   // (num_groups, N/pack) int32 Marlin zero points, or null
            const int* __restrict__ g_idx,    // (K,) sorted group of each Marlin row (kPerRow only)
            int* __restrict__ locks,          // (>= gridDim.x,) int32, zero on entry and on exit
+           const T* __restrict__ bias,       // (N,) added to C before its rounding, or null
+           // the true sizes: any N (C is (M, N) contiguous), K a multiple of 8 (A's 16-byte chunks); the weight's
+           // arrays are those of the weight zero-padded to ceil(K / 16) rows and ceil(N / 64) 64-column tiles
            int prob_m, int prob_n, int prob_k, int lda,
            int group_size,                   // rows per group (a power of two), Marlin row order; -1 = channelwise
            int reduce_mode,
            // the host's division plan (PreparedLaunch._kernel_ints): total steps = steps_q grid + steps_r, and
-           // fast_div's (magic, shift) for the grid, KI = prob_k / BK and cols = prob_n / BN
+           // fast_div's (magic, shift) for the grid, KI = ceil(prob_k / BK) and cols = n_tiles_total 64 / BN
            int steps_q, int steps_r, int grid_magic, int grid_shift, int ki_magic, int ki_shift, int cols_magic,
            int cols_shift) {
   using Tr = GemmTraits<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, CLUSTER>;
@@ -644,9 +652,12 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   const int warp = tid / 32;
   const int nt = warp % N_TILES;  // this warp's 64-column tile inside the block tile
 
-  const int n_tiles_total = prob_n / 64;
-  const int KI = prob_k / BK;
-  const int cols = prob_n / BN;
+  // Tile counts rounded up (the host picks BN dividing the padded width); the last k step may run past K: its
+  // weight rows are clamped copies (WeightFetch), its A columns >= K zero-filled (fetch_a).
+  const int n_tiles_total = (prob_n + 63) / 64;
+  const int n_pad = n_tiles_total * 64;  // the weight arrays' width
+  const int KI = (prob_k + BK - 1) / BK;
+  const int cols = n_pad / BN;
   const int chunks = (prob_m + BM - 1) / BM;
   const long long total = static_cast<long long>(chunks) * cols * KI;  // < 2^31: the host checks
   // [it_begin, it_end) = [b total / G, (b + 1) total / G) on a grid of G blocks: b steps_q + b steps_r / G
@@ -728,7 +739,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
                   kWarpAChunks) ? 1u << n : 0u;
   };
   WeightFetch<G, W, GROUP_MODE, kWarpFetch> wfetch;
-  wfetch.init(n_tiles_total, prob_n, group_size, fetch_base);
+  wfetch.init(n_tiles_total, prob_k, group_size, fetch_base);
   auto begin_slice_a = [&](int chunk) {
     if constexpr (kWarpFetch)
       begin_a_warp(chunk);
@@ -739,17 +750,27 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     begin_slice_a(chunk);
     wfetch.begin(B, scales, zeros, g_idx, col, n_tiles_total);
   };
+  // A's columns >= K (the last k step of a K that BK does not divide) are zero-filled, from the row's first chunk:
+  // they meet the weight's padding or clamped rows, whose products must be exact zeros (an 8-bit K = 4 mod 8 ends
+  // inside a chunk: its first bytes are copied). Every copy of a thread reads the same chunk column of its rows
+  // (kWarpFetch: the group's 32 N_TILES threads are a multiple of its chunks per row), so one bound per thread: a_left,
+  // the columns of K from that chunk's column at k step 0.
+  static_assert(!kWarpFetch || kGroupThreads % kWarpAChunks == 0, "a thread's A copies share their chunk column");
+  const int a_left = prob_k - 8 * (kWarpFetch ? warp_chunk0 + group_thread % kWarpAChunks : tid % kARowI4);
   auto fetch_a = [&](unsigned slot, int kit) {
+    const int bytes = a_chunk_bytes(a_left - kit * BK);
+    const int a_step = bytes > 0 ? kit * (BK / 8) : 0;
     if constexpr (kWarpFetch) {
 #pragma unroll
       for (int n = 0; n < kWarpACopies; ++n)
-        if ((a_issue >> n) & 1u) cp_async16_at(slot + wa_dst[n], wa_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);
+        if ((a_issue >> n) & 1u)
+          cp_async16_zfill_at(slot + wa_dst[n], wa_src[n] + a_step, (a_valid >> n) & 1u ? bytes : 0);
     } else if (a_thread_on) {
 #pragma unroll
       for (int n = 0; n < kACopiesUsed; ++n) {
         if ((a_issue >> n) & 1u)
-          cp_async16_at(slot + ((kARowsPerPass % 8 != 0 && n % 2) ? a_dst_odd : a_dst) + 16 * n * kThreads,
-                        a_src[n] + kit * (BK / 8), (a_valid >> n) & 1u);
+          cp_async16_zfill_at(slot + ((kARowsPerPass % 8 != 0 && n % 2) ? a_dst_odd : a_dst) + 16 * n * kThreads,
+                              a_src[n] + a_step, (a_valid >> n) & 1u ? bytes : 0);
       }
     }
   };
@@ -769,10 +790,10 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
   const bool stage_reloads = 16 * K_WARP > Weight<W>::kMinGroup && group_size < 16 * K_WARP;
   auto compute_stage = [&](unsigned slot, int slice, int kit) {
     if (Tr::kSplitReloads && !stage_reloads)
-      loop.template compute_stage<false>(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, prob_n,
+      loop.template compute_stage<false>(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, n_pad,
                                          slice % cols);
     else
-      loop.compute_stage(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, prob_n, slice % cols);
+      loop.compute_stage(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, n_pad, slice % cols);
   };
   auto zero_acc = [&]() { loop.zero_acc(); };
 
@@ -881,28 +902,28 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
     if constexpr (Tr::kFinish == Finish::kCluster) {  // (row-layout warps are folded there)
       cp_async_wait<0>();  // (nothing is in flight: the last fetch was waited for before its compute)
       finish_slice_cluster<T, M_BLOCKS, N_TILES, BM, BN, CLUSTER, SWAP != 0>(partial, ring.base, slice_, cols, C,
-                                                                             prob_m, prob_n);
+                                                                             bias, prob_m, prob_n);
     } else if constexpr (Tr::kFinish == Finish::kSplitFold) {
       finish_slice_or_split<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total,
-                                                                          C, C_tmp, locks, prob_m, prob_n,
+                                                                          C, C_tmp, locks, bias, prob_m, prob_n,
                                                                           reduce_mode);
     } else if constexpr (Tr::kFinish == Finish::kInline) {
       if constexpr (!SWAP) fold_warps<M_BLOCKS, N_TILES>(partial, ring.red);
       finish_slice_inline<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false>(
-          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, prob_m, prob_n, reduce_mode);
+          partial, ring.red, slice_, KI, cols, total, C, C_tmp, locks, bias, prob_m, prob_n, reduce_mode);
     } else if constexpr (Tr::kFinish == Finish::kRingFold) {
       if (last) {
         fold_last_slice_in_ring<M_BLOCKS, N_TILES, kWarpFetch>(partial, ring.base);
         finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, false>(partial, ring.red, slice_, KI, cols, total,
-                                                                          C, C_tmp, locks, prob_m, prob_n,
+                                                                          C, C_tmp, locks, bias, prob_m, prob_n,
                                                                           reduce_mode);
       } else {
         finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight>(partial, ring.red, slice_, KI, cols, total, C,
-                                                                   C_tmp, locks, prob_m, prob_n, reduce_mode);
+                                                                   C_tmp, locks, bias, prob_m, prob_n, reduce_mode);
       }
     } else {  // Finish::kOutOfLine (FOLD unless SWAP folded)
       finish_slice<T, M_BLOCKS, N_TILES, BM, BN, kLoadsInFlight, SWAP == 0>(partial, ring.red, slice_, KI, cols, total,
-                                                                            C, C_tmp, locks, prob_m, prob_n,
+                                                                            C, C_tmp, locks, bias, prob_m, prob_n,
                                                                             reduce_mode);
     }
     zero_acc();
@@ -932,12 +953,13 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
 #define MWB_GEMM_PARAMS                                                                                          \
   const int4 *__restrict__ A, const int4 *__restrict__ B, T *__restrict__ C, float *__restrict__ C_tmp,           \
       const int4 *__restrict__ scales, const int4 *__restrict__ zeros, const int *__restrict__ g_idx,              \
-      int *__restrict__ locks, int prob_m, int prob_n, int prob_k, int lda, int group_size, int reduce_mode,      \
+      int *__restrict__ locks, const T *__restrict__ bias, int prob_m, int prob_n, int prob_k, int lda,           \
+      int group_size, int reduce_mode,                                                                            \
       int steps_q, int steps_r, int grid_magic, int grid_shift, int ki_magic, int ki_shift, int cols_magic,        \
       int cols_shift
 #define MWB_GEMM_ARGS                                                                                            \
-  A, B, C, C_tmp, scales, zeros, g_idx, locks, prob_m, prob_n, prob_k, lda, group_size, reduce_mode, steps_q,    \
-      steps_r, grid_magic, grid_shift, ki_magic, ki_shift, cols_magic, cols_shift
+  A, B, C, C_tmp, scales, zeros, g_idx, locks, bias, prob_m, prob_n, prob_k, lda, group_size, reduce_mode,       \
+      steps_q, steps_r, grid_magic, grid_shift, ki_magic, ki_shift, cols_magic, cols_shift
 
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
           int SWAP>

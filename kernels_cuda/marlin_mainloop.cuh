@@ -173,7 +173,6 @@ struct WeightFetch {
   __host__ __device__ static constexpr int z_region(int w) { return w / N_TILES * kWarpScaleRows * kZRowI4; }
 
   const int4* b_src;  // this thread's copy 0 at stage 0 of the current slice / item
-  int b_step;         // int4 between consecutive stages: KT n_tiles_total kTileI4
   int b_row;          // kRemapB: int4 between consecutive k16 rows in global memory (n_tiles_total kTileI4)
   unsigned b_dst;     // byte offset of copy 0 inside a slot (from the slot's start)
   unsigned s_dst, z_dst, g_dst;  // byte offsets of this thread's scale / zero-point / g_idx int4 inside a slot
@@ -184,19 +183,28 @@ struct WeightFetch {
   bool s_on, z_on;    // this thread copies scale / zero-point bytes (threads < rows BN/8 / rows kZRowI4)
   bool g_on;          // this thread copies g_idx (threads < kGI4 = BK / 4)
   int k_first;        // PER_WARP: the first stage row whose scales / g_idx this thread's copies cover (its warp's)
+  // The edges of K (docs/formats.md, "Shapes that are not tile multiples"): a stage past the weight's last k16 row,
+  // group row or g_idx entry copies the last one that exists instead (clamped source, no branch). Those copies only
+  // meet A columns >= size_k, which the A fetch zero-fills, so they add exact zeros; the copies stay in bounds.
+  int b_last;         // the last k16 row of B, counted from this thread's first row in a stage
+  int s_last, z_last; // the last group row of scales / zero points, counted from this thread's first row
+  int g_last;         // the last g_idx int4 (entry index), counted from this thread's first entry in a stage
 
   // The first stage row this thread's scale / g_idx copies cover: 0, or with PER_WARP its warp's (a compile-time 0
   // where the whole block shares them, so those kernels add nothing per stage).
   __device__ __forceinline__ int first_row() const { return PER_WARP ? k_first : 0; }
 
-  // Once per kernel: the thread's shared offsets, strides and roles.
-  __device__ __forceinline__ void init(int n_tiles_total, int prob_n, int group_size, unsigned ring_base) {
+  // Once per kernel: the thread's shared offsets, strides and roles. n_tiles_total: 64-column tiles of the weight
+  // (ceil(size_n / 64): scale and zero-point rows are that many tiles wide); size_k: the true K.
+  __device__ __forceinline__ void init(int n_tiles_total, int size_k, int group_size, unsigned ring_base) {
     const int tid = pinned_thread_index();
-    b_step = G::KT * n_tiles_total * G::kTileI4;
     b_row = n_tiles_total * G::kTileI4;
     b_dst = ring_base + G::kBOff + 16 * (kRemapB ? b_dst_warp(tid / 32, tid % 32) : b_dst_of(tid));
-    s_row = prob_n / (16 / kSB);
-    z_row = prob_n / Weight<W>::kPack / 4;
+    s_row = n_tiles_total * 64 * kSB / 16;
+    z_row = n_tiles_total * 64 / Weight<W>::kPack / 4;
+    const int k16_rows = (size_k + 15) / 16;
+    // (grouped: a power-of-two group, the last one possibly partial)
+    const int groups = GROUP_MODE == kGrouped ? (size_k + group_size - 1) / group_size : 1;
     if constexpr (PER_WARP) {
       const int w = tid / 32, lane = tid % 32, kg = w / N_TILES;
       const int gi = tid % (32 * N_TILES);  // index among the k group's threads (g_idx is shared by its warps)
@@ -208,6 +216,10 @@ struct WeightFetch {
       s_on = GROUP_MODE == kGrouped && lane < rows * kSTileI4;
       z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && lane < rows * kZTileI4;
       g_on = GROUP_MODE == kPerRow && gi < kWarpRows / 4;
+      b_last = k16_rows - 1 - (kRemapB ? k_first / 16 : tid / kRowThreads);
+      s_last = groups - 1 - lane / kSTileI4;
+      z_last = groups - 1 - lane / kZTileI4;
+      g_last = size_k - 4 - (k_first + 4 * gi);
     } else {
       s_dst = ring_base + G::kSOff + 16 * tid;
       z_dst = ring_base + G::kZOff + 16 * tid;
@@ -217,6 +229,10 @@ struct WeightFetch {
       s_on = GROUP_MODE == kGrouped && tid < rows * kSRowI4;
       z_on = GROUP_MODE == kGrouped && Weight<W>::kHasZero && tid < rows * kZRowI4;
       g_on = GROUP_MODE == kPerRow && tid < G::kGI4;
+      b_last = k16_rows - 1 - tid / kRowThreads;
+      s_last = groups - 1 - tid / kSRowI4;
+      z_last = groups - 1 - tid / kZRowI4;
+      g_last = size_k - 4 - 4 * tid;
     }
   }
 
@@ -253,13 +269,15 @@ struct WeightFetch {
   }
 
   // Stage kit of the current slice / item into the slot at shared address `slot`.
+  // Rows past the weight's edge copy its last row (b_last, s_last, z_last, g_last: see init).
   __device__ __forceinline__ void fetch(unsigned slot, int kit, int group_shift) const {
-    const int4* b = b_src + kit * b_step;
     if constexpr (kRemapB) {
 #pragma unroll
       for (int n = 0; n < kCopies; ++n)
-        cp_async16_at(slot + b_dst + 16 * b_warp_delta(n), b + n / kLaneB * b_row + n % kLaneB * 32);
+        cp_async16_at(slot + b_dst + 16 * b_warp_delta(n),
+                      b_src + min(kit * G::KT + n / kLaneB, b_last) * b_row + n % kLaneB * 32);
     } else {
+      const int4* b = b_src + min(kit * G::KT, b_last) * b_row;
 #pragma unroll
       for (int n = 0; n < kCopies; ++n)
         // no L2 cache-policy hint: see cp_async16_at
@@ -267,12 +285,12 @@ struct WeightFetch {
     }
     if constexpr (GROUP_MODE == kGrouped) {
       const int g0 = (kit * G::BK + first_row()) >> group_shift;  // first group row of the stage (PER_WARP: the warp's)
-      if (s_on) cp_async16_at(slot + s_dst, s_src + g0 * s_row);
+      if (s_on) cp_async16_at(slot + s_dst, s_src + min(g0, s_last) * s_row);
       if constexpr (Weight<W>::kHasZero)
-        if (z_on) cp_async16_at(slot + z_dst, z_src + g0 * z_row);
+        if (z_on) cp_async16_at(slot + z_dst, z_src + min(g0, z_last) * z_row);
     }
     if constexpr (GROUP_MODE == kPerRow) {
-      if (g_on) cp_async16_at(slot + g_dst, g_src + kit * G::BK);
+      if (g_on) cp_async16_at(slot + g_dst, g_src + min(kit * G::BK, g_last));
     }
   }
 };
@@ -633,6 +651,68 @@ struct WarpLoop {
     if constexpr (kLateScale) flush_part();
   }
 };
+
+// ---- the edges of K on the A side -----------------------------------------------------------------------------
+// Bytes of a 16-byte A chunk (8 activations) that lie inside K, given the columns of K left from the chunk's first:
+// 16, 0 past K, or the 8 bytes of the half inside K (an 8-bit weight's K may end mid-chunk).
+__device__ __forceinline__ int a_chunk_bytes(int cols_left) { return min(max(2 * cols_left, 0), 16); }
+
+// cp.async of 16 bytes of which the first `bytes` are read and the rest zero-filled (0: all zeros; gmem must still
+// be a valid address).
+__device__ __forceinline__ void cp_async16_zfill_at(unsigned smem, const void* gmem, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes));
+}
+
+// ---- the output edge and the bias epilogue ----------------------------------------------------------------------
+// C is (rows, size_n) contiguous with the true size_n (any width, odd too: docs/formats.md, "Shapes that are not tile
+// multiples"); an accumulator pair is columns col, col + 1 (col even) of one row. Columns >= size_n are never written
+// nor read. With an even size_n every pair is 4-byte aligned and wholly inside or outside; with an odd one rows start
+// at odd elements, so pairs go element by element.
+// bias: (size_n,) activation-typed or null; added to the fp32 sums before their one rounding (the finishing code
+// adds it only where a value is final).
+template <typename T>
+__device__ __forceinline__ float2 bias_pair(const T* __restrict__ bias, int col, int size_n) {
+  if (bias == nullptr) return make_float2(0.f, 0.f);
+  float2 b = make_float2(0.f, 0.f);
+  if (col < size_n) b.x = static_cast<float>(bias[col]);
+  if (col + 1 < size_n) b.y = static_cast<float>(bias[col + 1]);
+  return b;
+}
+
+// row: the row's first element. Converts (lo, hi) and stores the columns that exist.
+template <typename T>
+__device__ __forceinline__ void store_c_pair(T* row, int col, int size_n, float lo, float hi) {
+  if ((size_n & 1) == 0) {
+    if (col < size_n) *reinterpret_cast<typename Act<T>::Pair*>(row + col) = Act<T>::from_floats(lo, hi);
+  } else {
+    const typename Act<T>::Pair p = Act<T>::from_floats(lo, hi);
+    if (col < size_n) row[col] = reinterpret_cast<const T*>(&p)[0];
+    if (col + 1 < size_n) row[col + 1] = reinterpret_cast<const T*>(&p)[1];
+  }
+}
+
+// The pair's bits as stored (L2 only: written by another block), zero for columns that do not exist. Element by
+// element whatever the parity of size_n: one code path (a second one for odd widths made the 128-register two-block
+// kernels spill); only the in-C reduction reads C.
+template <typename T>
+__device__ __forceinline__ unsigned load_c_pair(const T* row, int col, int size_n) {
+  const unsigned short* r = reinterpret_cast<const unsigned short*>(row);
+  const unsigned lo = col < size_n ? __ldcg(r + col) : 0u;
+  const unsigned hi = col + 1 < size_n ? __ldcg(r + col + 1) : 0u;
+  return lo | (hi << 16);
+}
+
+template <typename T>
+__device__ __forceinline__ void atomic_add_c_pair(T* row, int col, int size_n, float lo, float hi) {
+  using Pair = typename Act<T>::Pair;
+  if ((size_n & 1) == 0) {
+    if (col < size_n) atomicAdd(reinterpret_cast<Pair*>(row + col), Act<T>::from_floats(lo, hi));
+  } else {
+    const Pair p = Act<T>::from_floats(lo, hi);
+    if (col < size_n) atomicAdd(row + col, reinterpret_cast<const T*>(&p)[0]);
+    if (col + 1 < size_n) atomicAdd(row + col + 1, reinterpret_cast<const T*>(&p)[1]);
+  }
+}
 
 // Warps sharing a 64-column tile fold their accumulators through shared memory (red: kRedI4 of the Geometry);
 // afterwards warps kg = 0 (warps 0..N_TILES-1) hold the tile's sums. Every thread of the block must call it.

@@ -2,8 +2,10 @@
 //
 // NumPy spec of marlin_moe (one GEMM phase, docs/formats.md, "Fused MoE layer"):
 //   for every block b < num_tokens_post_padded / BS with e = expert_ids[b] >= 0, every id in
-//   sorted_ids[b*BS : (b+1)*BS] with id < numel:   C[id] = rnd(w[id] * (A[id / top_k] @ dequant(B[e])))
-//   (w = 1 unless topk_weights is given; rows no block names are not written)
+//   sorted_ids[b*BS : (b+1)*BS] with id < numel:   C[id] = rnd(w[id] * (A[id / top_k] @ dequant(B[e]) + bias[e]))
+//   (w = 1 unless topk_weights is given, bias = 0 unless given; rows no block names are not written)
+//   Any N and K a multiple of 8 (docs/formats.md, "Shapes that are not tile multiples"): each expert's arrays are those
+//   of its weight zero-padded to ceil(K / 16) rows and ceil(N / 64) 64-column tiles; C is (numel, N).
 //
 // Work decomposition: an item is (block b of BS routed rows, column tile of BN columns), solved over the whole K by
 // one CTA, so every output element has exactly one writer (no cross-CTA reduction, bitwise reproducible). A grid of
@@ -38,12 +40,6 @@ template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// Converts and stores two fp32 values as one activation-typed pair.
-template <typename T>
-__device__ __forceinline__ void store_moe_pair(T* dst, float lo, float hi) {
-  *reinterpret_cast<typename Act<T>::Pair*>(dst) = Act<T>::from_floats(lo, hi);
-}
 
 template <typename T>
 __global__ void silu_and_mul(const T* __restrict__ x,  // (rows, 2n)
@@ -181,6 +177,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
            const int* __restrict__ expert_ids,      // (n_blocks,) expert of each block, -1 = not on this device
            const int* __restrict__ num_post_padded, // (1,) rows of sorted_ids in use
            const float* __restrict__ topk_weights,  // (numel,) router weight per entry, or null
+           const T* __restrict__ bias,              // (E, N) added before the router weight, or null
            int n_blocks, int block_size, int numel, int top_k, int prob_n, int prob_k, int lda, int group_size,
            int num_experts) {
   static_assert(GROUP_MODE == kChannelwise || GROUP_MODE == kGrouped, "act-order stacks take the batched path");
@@ -212,9 +209,12 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   const int nt = warp % N_TILES;
   const int kg = warp / N_TILES;
 
-  const int n_tiles_total = prob_n / 64;
-  const int KI = prob_k / BK;
-  const int cols = prob_n / BN;
+  // Tile counts rounded up (the host picks BN dividing the padded width); the last k step may run past K (weight rows
+  // clamped by WeightFetch, A columns >= K zero-filled below).
+  const int n_tiles_total = (prob_n + 63) / 64;
+  const int n_pad = n_tiles_total * 64;  // the weight arrays' width
+  const int KI = (prob_k + BK - 1) / BK;
+  const int cols = n_pad / BN;
   constexpr int kARowI4 = BK / 8;
   // ---- routing, read one item ahead ------------------------------------------------------------------------
   // An item's routing (its block's expert and the sorted ids of the rows this thread copies) is loaded when the fetch
@@ -280,10 +280,10 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
     if (w + gridDim.x < total_items) load_out_ids(w + gridDim.x);
   };
   const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;
-  const int num_groups = GROUP_MODE == kGrouped ? prob_k >> group_shift : 1;
-  const long long b_expert_i4 = static_cast<long long>(prob_k / 16) * (prob_n * 16 / kPack) / 4;
-  const long long s_expert_i4 = static_cast<long long>(num_groups) * prob_n / 8;
-  const long long z_expert_i4 = static_cast<long long>(num_groups) * prob_n / kPack / 4;
+  const int num_groups = GROUP_MODE == kGrouped ? (prob_k + group_size - 1) >> group_shift : 1;  // (last: partial)
+  const long long b_expert_i4 = static_cast<long long>((prob_k + 15) / 16) * (n_pad * 16 / kPack) / 4;
+  const long long s_expert_i4 = static_cast<long long>(num_groups) * n_pad / 8;
+  const long long z_expert_i4 = static_cast<long long>(num_groups) * n_pad / kPack / 4;
 
   // The next item at or after w on this CTA's stride whose block has a local expert (ids outside [0, E) are
   // skipped too: -1 marks experts on other devices, anything else would read past the weights); r holds w's routing
@@ -319,7 +319,9 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
     }
   };
   WeightFetch<G, W, GROUP_MODE> wfetch;
-  wfetch.init(n_tiles_total, prob_n, group_size, fetch_base);
+  wfetch.init(n_tiles_total, prob_k, group_size, fetch_base);
+  // A's columns >= K zero-filled (the dense kernel's fetch_a): this thread's chunk column leaves a_left columns of K.
+  const int a_left = prob_k - 8 * (tid % kARowI4);
   // The fetched item's column tile and expert, set at its first stage (every item's fetches start at kit 0): no
   // division, no routing load and no pointer formation per stage. Entering an item starts the next one's routing.
   int f_col = 0;
@@ -334,10 +336,12 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
       if (w + gridDim.x < total_items) load_routing(w + gridDim.x, f_route);  // (else never read: settle stops)
     }
     // SWAP reads rows 0..7 only (kThreads / kARowI4 >= 8 rows per copy): the copies of rows 8.. are not made.
+    const int bytes = a_chunk_bytes(a_left - kit * BK);
+    const int a_step = bytes > 0 ? kit * (BK / 8) : 0;
 #pragma unroll
     for (int j = 0; j < (SWAP ? 1 : kAChunks); ++j) {
       if (G::kAI4 % kThreads == 0 || tid + j * kThreads < G::kAI4)
-        cp_async16_at(slot + a_dst + 16 * j * kThreads, a_src[j] + kit * (BK / 8), (a_valid >> j) & 1u);
+        cp_async16_zfill_at(slot + a_dst + 16 * j * kThreads, a_src[j] + a_step, (a_valid >> j) & 1u ? bytes : 0);
     }
     wfetch.fetch(slot, kit, group_shift);
   };
@@ -353,7 +357,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   };
 
   // ---- finish an item: fold the warps of each 64-column tile, then scatter rows to C --------------------------
-  auto finish_item = [&](int w) {
+  auto finish_item = [&](int w, int e) {
     // Fold in the loop's own layout (elementwise: the same sums as folding after the transpose, on half the values
     // when swapped), then only the warps holding the item's sums take the row layout (keeps the 128-register
     // two-CTA kernels free of spills).
@@ -362,6 +366,12 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
     float acc[M_BLOCKS][8][4];  // the item's sums in row layout
     loop.rows_layout(acc);
     const int col = w % cols;
+    const int col0 = col * BN + nt * 64 + 2 * (lane % 4);  // this lane's first column; n8 block nb adds 8 nb
+    // the item's expert's bias row (columns >= N are neither read nor written)
+    const T* b_row = bias != nullptr ? bias + static_cast<long long>(e) * prob_n : nullptr;
+    float2 bv[8];
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) bv[nb] = bias_pair(b_row, col0 + nb * 8, prob_n);
 #pragma unroll
     for (int mb = 0; mb < M_BLOCKS; ++mb)
 #pragma unroll
@@ -369,10 +379,11 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
         const unsigned id = out_id[mb][half];
         if (id >= static_cast<unsigned>(numel)) continue;
         const float scale = out_scale[mb][half];
-        T* c_row = C + static_cast<long long>(id) * prob_n + col * BN + nt * 64 + 2 * (lane % 4);
+        T* c_row = C + static_cast<long long>(id) * prob_n;
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
-          store_moe_pair(c_row + nb * 8, scale * acc[mb][nb][2 * half], scale * acc[mb][nb][2 * half + 1]);
+          store_c_pair(c_row, col0 + nb * 8, prob_n, scale * (acc[mb][nb][2 * half] + bv[nb].x),
+                       scale * (acc[mb][nb][2 * half + 1] + bv[nb].y));
       }
   };
 
@@ -420,7 +431,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
       cursor.advance();
       fetch_off = fetch_off == last_off ? zero_t : fetch_off + G::kStageBytes;
     }
-    finish_item(c_item);
+    finish_item(c_item, c_expert);
     loop.zero_acc();
     c_item = settle(c_item + gridDim.x, c_next);
     c_expert = c_next.expert;

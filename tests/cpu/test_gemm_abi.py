@@ -119,6 +119,17 @@ def check(launch):
     return gemm.check_launch(launch, **SM90)
 
 
+def test_records_of_shapes_that_are_not_tile_multiples_are_accepted():
+    """The storage rule (docs/formats.md, "Shapes that are not tile multiples"): any N, K a multiple of the pack
+    factor, a partial last group (K = 520, group 128: ceil(520 / 128) = 5 groups); the plan tiles the padded width."""
+    for changes in (dict(prob_n=96), dict(prob_n=7392), dict(prob_n=97),
+                    dict(prob_k=520, lda=520, num_groups=5, group_size=128),
+                    dict(prob_k=10944, lda=10944, num_groups=86, group_size=128)):
+        cfg, _, grid = check(good_record(**changes))
+        n = changes.get("prob_n", 256)
+        assert gemm.tiled_n(n) % cfg.block_n == 0 and grid >= 1, changes
+
+
 def test_good_record_picks_a_config():
     cfg, sms, grid = check(good_record())
     assert (cfg.block_k, cfg.block_n) in gemm.thread_shapes().values()
@@ -133,14 +144,14 @@ def test_good_record_picks_a_config():
     (dict(c_type=2), "c_type = 2"),
     (dict(b_type=1), "b_type = 1"),
     (dict(prob_m=-1), r"Invalid MNK = \[-1, 256, 512\]"),
-    (dict(prob_k=520, lda=520), "size_k = 520 is not divisible by tile_size = 16"),
-    (dict(prob_n=96), "size_n = 96 is not divisible by min_thread_n = 64"),
+    (dict(prob_k=516, lda=520), "size_k = 516 is not a multiple of the pack factor 8 of u4b8 weights"),
+    (dict(prob_k=520, lda=520), r"520 / 4 = 130 is not one of"),
     (dict(lda=500), "lda = 500"),
     (dict(flags=gemm_abi.FLAG_HAS_ZERO_POINTS | gemm_abi.FLAG_USE_FP32_REDUCE), "HAS_ZERO_POINTS flag = True"),
     (dict(b_type=4), "b_type must be u4b8, u8b128 or fe4m3fn when has_zp = False. Got = u4"),
     (dict(flags=gemm_abi.FLAG_HAS_ACT_ORDER | gemm_abi.FLAG_USE_FP32_REDUCE), "HAS_ACT_ORDER flag = True"),
-    (dict(num_groups=3), "size_k = 512, is not divisible by num_groups = 3"),
-    (dict(num_groups=8, group_size=128), "group_size = 128 is not size_k / num_groups"),
+    (dict(num_groups=3), "num_groups = 3 does not split size_k = 512 into groups"),
+    (dict(num_groups=8, group_size=128), "group_size = 128 does not give num_groups = 8 groups over size_k = 512"),
     (dict(num_groups=32, group_size=16), r"group size = size_k / num_groups = 512 / 32 = 16 is not one of \(32, 64, 128\)"),
     (dict(num_groups=1, group_size=128), "group_size = 128 with num_groups = 1"),
     (dict(b_type=8, num_groups=8, group_size=64), "fe4m3fn weights take channelwise or group-128"),
@@ -188,9 +199,13 @@ def test_k_multiple_of_128_and_n_multiple_of_64_always_has_a_config(k, n):
         assert k % cfg.block_k == 0 and n % cfg.block_n == 0
 
 
-def test_odd_multiples_of_64_have_no_config():
+def test_odd_multiples_of_64_plan_a_tile_whose_last_step_runs_past_k():
+    """(192, 192) has no tile dividing both (N = 3 tiles: 64 wide only, K = 192: no 64 x 64 tile): the last resort
+    plans K as 256 (one 256-row step, its last 64 rows past K: clamped weight rows, zero-filled A)."""
+    cfg = gemm.choose_config(S.F16, S.U4B8, 1, 192, 192, -1, False, 163 * 1024)
+    assert cfg.block_n == 64 and gemm.k_steps(192, cfg.block_k) * cfg.block_k >= 192
     with pytest.raises(ValueError, match=r"Invalid thread config: .* \(size_k, size_n\) = \(192, 192\)"):
-        gemm.choose_config(S.F16, S.U4B8, 1, 192, 192, -1, False, 163 * 1024)
+        gemm.choose_config(S.F16, S.U4B8, 1, 192, 192, -1, False, 16 * 1024)
 
 
 def test_grid_never_exceeds_sms_or_work():
@@ -224,12 +239,14 @@ def test_slice_aligned_grid_keeps_blocks_in_one_slice_without_lengthening_any(sm
 
 # ---- array-level validation (NumPy stand-ins) --------------------------------------------------------------------
 def arrays(m=16, k=256, n=128, wt=S.U4B8, ng=2, act=np.float16, zeros=None, g_idx=None, perm=None):
+    """Stand-ins of the arrays of a (k, n) weight: those of the weight zero-padded to whole 16 x 64 tiles."""
     pf = wt.pack_factor
+    k_pad, n_pad = gemm.padded_shape(k, n)
     a = np.zeros((m, k), dtype=act)
-    b = np.zeros((k // 16, n * 16 // pf), dtype=np.int32)
-    s = np.zeros((ng, n), dtype=act)
+    b = np.zeros((k_pad // 16, n_pad * 16 // pf), dtype=np.int32)
+    s = np.zeros((ng, n_pad), dtype=act)
     if zeros is True:
-        zeros = np.zeros((ng, n // pf), dtype=np.int32)
+        zeros = np.zeros((ng, n_pad // pf), dtype=np.int32)
     return dict(a=a, b_q_weight=b, b_scales=s, b_zeros=zeros, g_idx=g_idx, perm=perm,
                 workspace=np.zeros(264, np.int32), b_q_type=wt, size_m=m, size_n=n, size_k=k)
 
@@ -248,6 +265,52 @@ def test_well_formed_numpy_call_stops_at_the_device_check():
         call(wt=S.U4, zeros=True, act=ml_dtypes.bfloat16)
 
 
+@pytest.mark.parametrize("kw", [
+    dict(n=7392),  # Qwen2-72B's 29568 at TP4: 115.5 tiles of 64
+    dict(n=97, k=40, ng=1),  # an odd N, a K of 2.5 k16 tiles
+    dict(k=10944, ng=86),  # DeepSeek-V2-Lite's 10944 with group 128: 85.5 groups
+    dict(k=10944, ng=86, wt=S.U4, zeros=True, n=200),
+    dict(k=260, ng=3, wt=S.U8B128, a=np.zeros((16, 264), np.float16)[:, :260]),  # 8-bit: K % 4; A's rows padded
+    dict(k=4100, ng=33, wt=S.FE4M3FN, m=1, n=7392),  # block FP8: partial blocks at both edges
+])
+def test_shapes_the_storage_rule_allows_stop_at_the_device_check(kw):
+    """Any N, K a multiple of the pack factor, a partial last group: the checks pass them (docs/formats.md, "Shapes
+    that are not tile multiples"); the numpy call then stops at the device check."""
+    with pytest.raises(TypeError, match="A is not on GPU"):
+        call(**kw)
+
+
+def test_one_row_with_an_8_bit_k_ending_mid_chunk_makes_a_record_the_launch_accepts():
+    """M = 1 has no row stride; the plan's lda is K rounded up to whole 16-byte chunks, so the record's row-stride rule
+    (lda % 8 == 0) holds for K = 4100 too (it refused such a record before the launch)."""
+    args = arrays(m=1, k=4100, n=7392, wt=S.U8B128, ng=33)
+    plan = gemm.check_gemm_shapes(args["a"], args["b_q_weight"], args["b_scales"], None, None, None, S.U8B128, 1,
+                                  7392, 4100, True)
+    assert plan.lda == 4104 and plan.group_size == 128
+    record = MarlinMmRequest(weight_type=S.U8B128, buffers=MarlinMmBuffers(
+        a=0x1000, b=0x2000, c=0x3000, c_tmp=0x4000, b_scales=0x5000, workspace=0x6000), problem=plan.problem,
+        execution=MarlinMmExecution(sms=132)).into_launch()
+    cfg, _, grid = check(record)
+    assert grid >= 1 and gemm.tiled_n(7392) % cfg.block_n == 0
+
+
+@pytest.mark.parametrize("kw,exc,message", [
+    (dict(bias=np.zeros(127, np.float16)), ValueError, r"bias has shape \(127,\), expected \(128,\)"),
+    (dict(bias=np.zeros(128, np.float32)), TypeError, "bias dtype = float32 must equal the activation dtype"),
+    (dict(bias=np.zeros(256, np.float16)[::2]), ValueError, "bias is not contiguous"),
+    (dict(k=260, ng=3, wt=S.U8B128), ValueError,
+     r"A.stride\(0\) = 260 must be >= size_k = 260 and divisible by 8 \(16-byte rows; for a K that is not, pass A as "
+     r"a view of rows padded"),
+    (dict(k=260, ng=3, wt=S.U8B128, m=1, g_idx=np.zeros(260, np.int32), perm=np.zeros(260, np.int32)), ValueError,
+     "act-order needs size_k % 8 == 0"),
+    (dict(k=10944, ng=85), ValueError, "b_scales.size\\(0\\) = 85 does not split size_k = 10944 into groups"),
+    (dict(k=4100, ng=65, wt=S.FE4M3FN, m=1), ValueError, "fe4m3fn weights take channelwise or group-128 scales"),
+])
+def test_bias_and_edge_shape_rules_name_their_values(kw, exc, message):
+    with pytest.raises(exc, match=message):
+        call(**kw)
+
+
 @pytest.mark.parametrize("kw,exc,message", [
     (dict(act=np.float32), TypeError, "unsupported `a` dtype = float32"),
     (dict(b_q_type="u8"), ValueError, "size_n = 128, actual_size_n = 64"),
@@ -256,21 +319,26 @@ def test_well_formed_numpy_call_stops_at_the_device_check():
     (dict(size_k=128), ValueError, "Shape mismatch: a.size\\(1\\) = 256, size_k = 128"),
     (dict(size_m=-1), ValueError, "Invalid MNK"),
     (dict(size_n=1.5), TypeError, "size_n must be an int"),
-    (dict(k=264), ValueError, "size_k = 264 is not divisible by tile_size = 16"),
+    (dict(k=260), ValueError, "size_k = 260 is not a multiple of the pack factor 8 of u4b8 weights"),
     (dict(b_q_weight=np.zeros((16, 256), np.int64)), TypeError, "b_q_weight dtype = int64"),
     (dict(b_q_weight=np.zeros((15, 256), np.int32)), ValueError, "b_q_weight.size\\(0\\) = 15, size_k = 256"),
+    (dict(b_q_weight=np.zeros((16, 256), np.int32), k=264, a=np.zeros((16, 264), np.float16)), ValueError,
+     "b_q_weight.size\\(0\\) = 16, size_k = 264: expected ceil\\(size_k / tile_size = 16\\) = 17"),
     (dict(b_q_weight=np.zeros((16, 250), np.int32)), ValueError, "b_q_weight.size\\(1\\) = 250 is not divisible"),
     (dict(b_q_weight=np.zeros((16, 96 * 16 // 8), np.int32), size_n=96, a=np.zeros((16, 256), np.float16),
-          b_scales=np.zeros((2, 96), np.float16)), ValueError, "size_n = 96 is not divisible by min_thread_n = 64"),
+          b_scales=np.zeros((2, 96), np.float16)), ValueError,
+     r"actual_size_n = 96 .* the weight's arrays are ceil\(size_n / 64\) \* 64 = 128 columns wide"),
     (dict(a=np.zeros((16, 512), np.float16)[:, ::2]), ValueError, "A.stride\\(1\\) is not 1"),
     (dict(a=np.zeros((16, 260), np.float16)[:, :256]), ValueError, "A.stride\\(0\\) = 260 must be"),
     (dict(b_q_weight=np.zeros((32, 256), np.int32)[::2]), ValueError, "b_q_weight is not contiguous"),
     (dict(c=np.zeros((16, 64), np.float16)), ValueError, "Shape mismatch: c.size\\(0\\)"),
     (dict(c=np.zeros((16, 128), np.float32)), TypeError, "c dtype = float32"),
     (dict(b_scales=np.zeros((2, 128, 1), np.float16)), ValueError, "b_scales rank = 3 is not 2"),
-    (dict(b_scales=np.zeros((2, 64), np.float16)), ValueError, "b_scales dim 1 = 64 is not size_n = 128"),
+    (dict(b_scales=np.zeros((2, 64), np.float16)), ValueError,
+     r"b_scales dim 1 = 64 is not ceil\(size_n / 64\) \* 64 = 128 \(size_n = 128\)"),
     (dict(b_scales=np.zeros((2, 128), np.float32)), TypeError, "b_scales dtype = float32"),
-    (dict(b_scales=np.zeros((3, 128), np.float16)), ValueError, "size_k = 256, is not divisible by b_scales.size"),
+    (dict(b_scales=np.zeros((3, 128), np.float16)), ValueError,
+     r"b_scales.size\(0\) = 3 does not split size_k = 256 into groups"),
     (dict(b_scales=np.zeros((16, 128), np.float16)), ValueError, "group size = size_k / num_groups = 256 / 16 = 16"),
     (dict(g_idx=np.zeros(256, np.int32)), ValueError, "Unexpected g_idx.size\\(-1\\) = 256 and perm.size\\(-1\\) = 0"),
     (dict(g_idx=np.zeros(255, np.int32), perm=np.zeros(255, np.int32)), ValueError, "where size_k = 256"),
@@ -286,7 +354,7 @@ def test_well_formed_numpy_call_stops_at_the_device_check():
     (dict(wt=S.U4, zeros=np.zeros((2, 16, 1), np.int32)), ValueError, "b_zeros rank = 3 is not 2"),
     (dict(wt=S.U4, zeros=np.zeros((3, 16), np.int32)), ValueError, "b_zeros dim 0 = 3 is not num_groups = 2"),
     (dict(wt=S.U4, zeros=np.zeros((2, 32), np.int32)), ValueError,
-     "b_zeros dim 1 = 32 is not size_n / pack_factor = 16"),
+     r"b_zeros dim 1 = 32 is not ceil\(size_n / 64\) \* 64 / pack_factor = 16"),
     (dict(use_atomic_add=True, deterministic=True), ValueError, "cannot be deterministic"),
 ])
 def test_every_shape_rule_names_its_values(kw, exc, message):

@@ -48,9 +48,10 @@ def call(args, **changes):
 
 
 def kernel_args(launch):
-    """(pointers a, b, c, c_tmp, scales, zeros, g_idx, locks), (m, n, k, lda, group_size, mode) of one launch."""
+    """(pointers a, b, c, c_tmp, scales, zeros, g_idx, locks, bias), (m, n, k, lda, group_size, mode) of one
+    launch."""
     args = launch[5]
-    return args[:8], args[8:14]
+    return args[:9], args[9:15]
 
 
 def fast_div(n, magic, shift):
@@ -60,7 +61,7 @@ def fast_div(n, magic, shift):
 
 def block_ranges(launch, grid):
     """[it_begin, it_end) of every block as the kernel forms them from the launch's division plan."""
-    steps_q, steps_r, grid_magic, grid_shift = launch[5][14:18]
+    steps_q, steps_r, grid_magic, grid_shift = launch[5][15:19]
     return [(b * steps_q + fast_div(b * steps_r, grid_magic, grid_shift),
              (b + 1) * steps_q + fast_div((b + 1) * steps_r, grid_magic, grid_shift)) for b in range(grid)]
 
@@ -78,14 +79,14 @@ def test_repeated_call_reuses_the_plan_and_launches_identically(fake):
     pointers, scalars = kernel_args(driver.launches[0])
     a = args
     assert pointers == (a["a"].data.ptr, a["b_q_weight"].data.ptr, a["c"].data.ptr, a["c_tmp"].data.ptr,
-                        a["b_scales"].data.ptr, 0, 0, a["workspace"].data.ptr)
+                        a["b_scales"].data.ptr, 0, 0, a["workspace"].data.ptr, 0)
     assert scalars == (1, 256, 512, 512, 128, gemm.REDUCE_FP32)
     cfg, sms, grid = gemm.check_launch(_record_of(args), *PROPS)
     assert driver.launches[0][1:4] == ((grid, 1, 1), (gemm.THREADS, 1, 1), cfg.smem_bytes)
     ki, cols = 512 // cfg.block_k, 256 // cfg.block_n
     total = ki * cols
     assert block_ranges(driver.launches[0], grid) == [(b * total // grid, (b + 1) * total // grid) for b in range(grid)]
-    assert driver.launches[0][5][18:] == (*gemm.fast_div_plan(ki), *gemm.fast_div_plan(cols))
+    assert driver.launches[0][5][19:] == (*gemm.fast_div_plan(ki), *gemm.fast_div_plan(cols))
 
 
 def test_fast_div_plan_is_exact_for_every_numerator_below_2_31():
@@ -143,7 +144,7 @@ def test_a_changed_shape_gets_its_own_plan(fake):
     (dict(b_scales=FakeArray((4, 256), np.float32)), TypeError, "b_scales dtype = float32"),
     (dict(b_scales=FakeArray((4, 256), BF16)), TypeError, "b_scales dtype = bfloat16"),  # same strides as fp16
     (dict(b_q_weight=FakeArray((32, 512), np.float32)), TypeError, "b_q_weight dtype = float32"),
-    (dict(b_scales=FakeArray((4, 128), np.float16)), ValueError, "b_scales dim 1 = 128 is not size_n = 256"),
+    (dict(b_scales=FakeArray((4, 128), np.float16)), ValueError, r"b_scales dim 1 = 128 is not ceil\(size_n / 64\) \* 64 = 256"),
     (dict(a=FakeArray((1, 512), BF16)), TypeError, "c dtype = float16 must equal a dtype = bfloat16"),
     (dict(size_n=256.0), TypeError, "size_n must be an int"),
     (dict(size_m=True), TypeError, "size_m must be an int"),
@@ -256,8 +257,8 @@ def test_record_layout_is_checked_once_and_addresses_every_time(fake):
     with pytest.raises(ValueError, match="workspace is null"):
         gemm.launch_marlin_mm(null)
     other = _record_of(args)
-    other.prob_n = 96
-    with pytest.raises(ValueError, match="size_n = 96 is not divisible"):
+    other.prob_k = 516  # (not a multiple of u4b8's pack factor 8)
+    with pytest.raises(ValueError, match="size_k = 516 is not a multiple of the pack factor 8"):
         gemm.launch_marlin_mm(other)
     with pytest.raises(TypeError, match="MarlinLaunch"):
         gemm.launch_marlin_mm(object())

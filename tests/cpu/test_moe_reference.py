@@ -54,6 +54,30 @@ def test_reference_within_its_bound_of_the_exact_layer(m, e, top_k, act, rng):
     assert np.mean(err) / np.mean(np.abs(_exact(*layer))) < 8 * u
 
 
+@pytest.mark.parametrize("act", ACTS, ids=str)
+def test_reference_with_biases_within_its_bound_of_the_exact_layer(act, rng):
+    """Per-expert biases (gpt-oss's, the seed's expert-linear bias): g = a @ W13[e] + b13[e], y = w (h @ W2[e] +
+    b2[e]); the reference rounds once after each bias, its bound covers the biases' share of each rounding."""
+    m, k, n, e, top_k = 9, 128, 64, 8, 2
+    hidden, w13, w2, weights, ids = _layer(rng, m, k, n, e, top_k, act)
+    b13 = (rng.standard_normal((e, 2 * n)) * 2).astype(act)
+    b2 = (rng.standard_normal((e, k)) * 2).astype(act)
+    ref = moe.moe_reference(hidden, w13, w2, weights, ids, w13_bias=b13, w2_bias=b2)
+    bound = moe.moe_error_bound(hidden, w13, w2, weights, ids, w13_bias=b13, w2_bias=b2)
+    a = hidden.astype(np.float64)
+    exact = np.zeros((m, k))
+    for t in range(m):
+        for j, x in enumerate(ids[t]):
+            g = a[t] @ w13[x].astype(np.float64) + b13[x].astype(np.float64)
+            h = g[:n] / (1 + np.exp(-g[:n])) * g[n:]
+            exact[t] += weights[t, j] * (h @ w2[x].astype(np.float64) + b2[x].astype(np.float64))
+    err = np.abs(ref.astype(np.float64) - exact)
+    assert np.all(err <= bound / 2), float(np.max(err / bound))
+    assert not np.array_equal(ref, moe.moe_reference(hidden, w13, w2, weights, ids))  # (the biases count)
+    with pytest.raises(ValueError, match=r"w2_bias has shape \(8, 127\), expected \(E, 128\)"):
+        moe.moe_reference(hidden, w13, w2, weights, ids, w2_bias=b2[:, :127])
+
+
 def test_router_weights_scale_exactly_and_slots_commute(rng):
     hidden, w13, w2, weights, ids = _layer(rng, 9, 64, 64, 8, 2, np.float16)
     ref = moe.moe_reference(hidden, w13, w2, weights, ids)

@@ -151,8 +151,10 @@ def test_replace_linears_swaps_what_it_can_and_says_why_not():
     report = wt.replace_linears(model, ["encoder.*", "head", "missing.*"], "u4b8", 128)
     assert report.replaced == ["encoder.q_proj", "encoder.k_proj", "head"]
     assert report.skipped == {  # the dense GEMM's own shape rules, on the buffers the layer would have
-        "encoder.odd": "K x N = 256 x 96: size_n = 96 is not divisible by min_thread_n = 64",
-        "encoder.short": "K x N = 40 x 64: size_k = 40 is not divisible by tile_size = 16"}
+        "encoder.odd": "K x N = 256 x 96: size_n = 96, actual_size_n = 96 (b_q_weight.size(1) = 192, pack_factor = "
+                       "8): the weight's arrays are ceil(size_n / 64) * 64 = 128 columns wide",
+        "encoder.short": "K x N = 40 x 64: Shape mismatch: b_q_weight.size(0) = 2, size_k = 40: expected "
+                         "ceil(size_k / tile_size = 16) = 3"}
     assert report.unmatched_patterns == ["missing.*"]
     assert isinstance(model.encoder.q_proj, wt.MarlinLinear) and isinstance(model.encoder.odd, nn.Linear)
     assert model.encoder.k_proj.bias is None and model.encoder.q_proj.bias is not None

@@ -393,42 +393,34 @@ def test_tensors_on_two_devices():
         OPS.gptq_marlin_repack(q, torch.empty(0, dtype=torch.int32, device="meta"), 256, 128, 4)
 
 
+def test_b_bias_is_checked_by_the_dense_rules():
+    """vLLM's b_bias is implemented (the kernel's epilogue): (size_n,) in a's dtype, else refused by name."""
+    for bias, exc, message in ((torch.empty(127, dtype=torch.float16, device="meta"), ValueError,
+                                r"b_bias has shape \(127,\), expected \(128,\)"),
+                               (torch.empty(128, dtype=torch.float32, device="meta"), TypeError,
+                                "b_bias dtype = float32 must equal the activation dtype float16")):
+        args = meta_gemm_args(4)
+        args[3] = bias
+        with pytest.raises(exc, match=message):
+            OPS.marlin_gemm(*args)
+
+
 @pytest.mark.parametrize("name,index,value", [
-    ("b_bias", 3, torch.empty(128, dtype=torch.float16, device="meta")),
     ("a_scales", 5, torch.empty((4, 1), dtype=torch.float32, device="meta")),
     ("is_zp_float", 18, True)])
 def test_unimplemented_arguments_are_refused_by_name(name, index, value):
-    from workbench.torch import ops
-
-    if name == "b_bias" and ops.GEMM_BIAS_EPILOGUE:
-        pytest.skip("the GEMM has a bias epilogue: b_bias is implemented (test_bias_goes_to_the_gemm_only_...)")
     args = meta_gemm_args(4)
     args[index] = value
     with pytest.raises(NotImplementedError, match=rf"marlin_gemm: {name} = .* is not implemented"):
         OPS.marlin_gemm(*args)
 
 
-def test_bias_goes_to_the_gemm_only_where_its_epilogue_exists(monkeypatch):
-    """``ops.GEMM_BIAS_EPILOGUE`` is the one switch: False refuses b_bias by name (MarlinLinear adds its bias in
-    torch); True checks it with the GEMM's own rule and lets it through. The fused MoE GEMM refuses it either way."""
-    from workbench import gemm
-    from workbench.torch import ops
-
-    bias = torch.empty(128, dtype=torch.float16, device="meta")
+def test_moe_b_bias_is_one_row_per_expert():
+    """The fused MoE op takes vLLM's b_bias as [E, size_n] (the kernel's epilogue adds row e to expert e's sums)."""
     moe = moe_args()
-    moe[3] = bias
-    for flag in (False, True):
-        monkeypatch.setattr(ops, "GEMM_BIAS_EPILOGUE", flag)
-        with pytest.raises(NotImplementedError, match=r"moe_wna16_marlin_gemm: b_bias = .* is not implemented"):
-            OPS.moe_wna16_marlin_gemm(*moe)
-    if not hasattr(gemm, "check_bias"):
-        pytest.skip("workbench.gemm has no bias epilogue yet (gemm.check_bias, bias= of plan_marlin_gemm)")
-    args = meta_gemm_args(4)
-    args[3] = bias
-    assert tuple(OPS.marlin_gemm(*args).shape) == (4, 128)
-    args[3] = torch.empty(64, dtype=torch.float16, device="meta")
-    with pytest.raises(ValueError, match=r"b_bias has shape \(64,\), expected \(128,\)"):
-        OPS.marlin_gemm(*args)
+    moe[3] = torch.empty(128, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match=r"b_bias must be \[E = .*, size_n\]"):
+        OPS.moe_wna16_marlin_gemm(*moe)
 
 
 def test_global_scale_is_nvfp4s_only():
@@ -466,8 +458,8 @@ def test_bad_scalar_type_and_shape():
     with pytest.raises(ValueError, match=r"b_q_type = 7 .* is not a type these ops know"):
         OPS.marlin_gemm(*args)
     args = meta_gemm_args(4)
-    args[13] = 96
-    with pytest.raises(ValueError, match=r"size_n = 96"):
+    args[13] = 200  # (96 is fine now: its padded arrays are the 128-column ones given)
+    with pytest.raises(ValueError, match=r"size_n = 200, actual_size_n = 128"):
         OPS.marlin_gemm(*args)
     with pytest.raises(ValueError, match=r"b_q_weight has shape \(32, 128\), expected \(64, 128\)"):
         wt.gptq_marlin_repack(torch.zeros((32, 128), dtype=torch.int32), None, 256, 128, 8)

@@ -483,3 +483,4 @@ def test_fused_moe_on_torch_tensors_allocates_from_torch(act, rng):
         torch.cuda.synchronize()
         assert (pool.used_bytes(), pool.total_bytes()) == (used, held), f"{path}: CuPy's pool was used"
         assert torch.cuda.memory_allocated() > before, path  # (at least the output: torch's allocator holds it)
+

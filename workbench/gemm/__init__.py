@@ -44,14 +44,17 @@ _default_policy: GemmPolicy = DEFAULT_GEMM_POLICY
 from workbench.gemm import geometry, checks, kernels, launch, api  # noqa: E402  (they read _default_policy)
 from workbench.gemm.api import (UNIT_ROUNDOFF, error_bound_factor, gptq_marlin_gemm, marlin_gemm,  # noqa: E402
                                 plan_marlin_gemm, scratch_buffers, upload_weight)
-from workbench.gemm.checks import (GROUP_SIZES, TILE_K, TILE_N, GemmPlan, act_numpy_dtype,  # noqa: E402
-                                   act_scalar_type, check_gemm_shapes)
+from workbench.gemm.checks import (A_CHUNK, GROUP_SIZES, TILE_K, TILE_N, GemmPlan, act_numpy_dtype,  # noqa: E402
+                                   act_scalar_type, check_bias, check_gemm_shapes, check_groups, check_size_k,
+                                   group_size_of,
+                                   padded_shape)
 from workbench.gemm.geometry import (GROUP_CHANNELWISE, GROUP_GROUPED, GROUP_PER_ROW,  # noqa: E402
                                      KERNEL_CLUSTER_SIZES, MAX_BLOCK_M, MAX_BLOCK_N, MAX_BLOCKS_PER_SM, REDUCE_ATOMIC,
                                      REDUCE_FP32, REDUCE_IN_C, RESERVED_SMEM_PER_BLOCK, SMEM_RESERVED_PER_BLOCK,
                                      THREAD_SHAPES, THREADS, KernelConfig, TileGeometry, c_tmp_numel, choose_config,
-                                     cluster_blocks, default_policy, grid_blocks, pairs_possible, pipeline_steps,
-                                     swap_halves, thread_shapes, two_block_smem, workspace_numel)
+                                     cluster_blocks, default_policy, grid_blocks, k_steps, pairs_possible,
+                                     pipeline_steps, swap_halves, thread_shapes, tile_k, tiled_n, two_block_smem,
+                                     workspace_numel)
 from workbench.gemm.kernels import (KERNEL_DIR, KERNEL_SOURCE, config_for, device_properties,  # noqa: E402
                                     function_ptr, get_kernel, kernel_source, pin_occupancy_of, pinned_smem,
                                     precompile, programmatic_launches, resident_blocks, resident_clusters)

@@ -73,7 +73,7 @@ _FLAG_TYPES = (bool, int)
 
 def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full,
               use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy, batch_invariant=False,
-              global_scale=None):
+              global_scale=None, bias=None):
     """Everything the checks of gptq_marlin_gemm read except addresses and devices of the other arrays, and the
     policy that chose the plan, or None
     when an input is not of the cached kind (then every check runs). Exact types for the ints: 1.0, True and
@@ -91,7 +91,7 @@ def _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type
             or not isinstance(b_q_type, (str, ScalarType))):
         return None
     optional = (_meta(b_zeros, nd), _meta(g_idx, nd), _meta(perm, nd), _meta(c, nd), _meta(c_tmp, nd),
-                _meta(a_tmp, nd), _meta(global_scale, nd))
+                _meta(a_tmp, nd), _meta(global_scale, nd), _meta(bias, nd))
     if _SLOW in optional:
         return None
     return (a.shape, a.strides, a.dtype, a.data.device_id, b_q_weight.shape, b_q_weight.strides, b_q_weight.dtype,
@@ -114,9 +114,15 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
                      size_k: int, is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = True,
                      *, c=None, c_tmp=None, a_tmp=None, deterministic: bool = False, batch_invariant: bool = False,
                      stream=None, sms: int = -1, policy: GemmPolicy | None = None, family: str | None = None,
-                     global_scale=None):
-    """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B), on CuPy arrays, PyTorch
-    CUDA tensors or any ``__cuda_array_interface__`` arrays (Numba's).
+                     global_scale=None, bias=None):
+    """vLLM's ``gptq_marlin_gemm`` (with the newer ``use_atomic_add``): C = A @ dequant(B) + bias, on CuPy arrays,
+    PyTorch CUDA tensors or any ``__cuda_array_interface__`` arrays (Numba's).
+
+    Shapes (docs/formats.md, "Shapes that are not tile multiples"): size_k and size_n are the true sizes (K a
+    multiple of the weight's pack factor, any N); the weight's arrays are those of the weight zero-padded to
+    ceil(K / 16) rows and ceil(N / 64) * 64 columns, with ceil(K / group) scale rows (the last group may be partial);
+    C is (M, size_n). ``bias`` (size_n,) in the activation dtype, or None: vLLM's ``b_bias``, added to the fp32 sums
+    in the kernel's epilogue before C's one rounding (no extra pass).
 
     ``b_zeros``/``g_idx``/``perm`` may be None or empty. ``c`` (M, N) is allocated when None, and so is ``a_tmp``
     for act-order; ``c_tmp`` None takes the per-(device, stream, SMs) buffer of ``scratch_buffers``. Pass ``c``,
@@ -150,26 +156,26 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
         policy = _defaults["_default_policy"]
     if family is not None or policy.kernel_families:
         from workbench.gemm import hopper
-        if batch_invariant and family == "wgmma":
-            raise ValueError("batch_invariant=True pins the mma.sync family's invariant tile; the wgmma family has no "
-                             "batch-invariant mode (pass family=None or 'mma_sync')")
-        if not batch_invariant and hopper.routes_to_wgmma(a, b_q_weight, b_scales, g_idx, perm, b_q_type, size_m, size_n, size_k, policy,
-                                  family):
+        if family == "wgmma" and (batch_invariant or bias is not None):
+            raise ValueError("the wgmma family has no " + ("batch-invariant mode" if batch_invariant else "bias epilogue")
+                             + " yet (pass family=None or 'mma_sync')")
+        if not batch_invariant and bias is None and hopper.routes_to_wgmma(
+                a, b_q_weight, b_scales, g_idx, perm, b_q_type, size_m, size_n, size_k, policy, family):
             return hopper.wgmma_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
                                      is_k_full, c=c, stream=stream, sms=sms, policy=policy)
     key = _plan_key(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                     is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, sms, policy,
-                    batch_invariant, global_scale)
+                    batch_invariant, global_scale, bias)
     plan = _array_plans.get(key) if key is not None else None
     if plan is None:
         if type(a) is not rt_arrays.cupy_array_type() and not isinstance(a, rt.DeviceArray) and _on_device(a):
             return _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
                                   size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
-                                  deterministic, stream, sms, policy, batch_invariant, global_scale)
+                                  deterministic, stream, sms, policy, batch_invariant, global_scale, bias)
         return _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type,
                                          size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c,
                                          c_tmp, a_tmp, deterministic, stream, sms, policy,
-                                         batch_invariant=batch_invariant, global_scale=global_scale)
+                                         batch_invariant=batch_invariant, global_scale=global_scale, bias=bias)
     device = plan.device
     pointers = (a.data.ptr, _address_on(b_q_weight, device, "b_q_weight"), _address_on(b_scales, device, "b_scales"),
                 _address_on(b_zeros, device, "b_zeros") if plan.prepared.has_zero_points else 0,
@@ -191,13 +197,13 @@ def gptq_marlin_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b
     a_tmp_ptr = _address_on(a_tmp, device, "a_tmp") if plan.act_order else 0
     gs_ptr = _address_on(global_scale, device, "global_scale") if plan.prepared.has_global_scale else 0
     plan.prepared.launch(pointers[0], pointers[1], c_ptr, c_tmp_ptr, pointers[2], pointers[3], pointers[4],
-                         pointers[5], a_tmp_ptr, pointers[6], stream_ptr, gs_ptr)
+                         pointers[5], a_tmp_ptr, pointers[6], stream_ptr, gs_ptr, _address_on(bias, device, "bias"))
     return c
 
 
 def _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                    is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms, policy,
-                   batch_invariant=False, global_scale=None):
+                   batch_invariant=False, global_scale=None, bias=None):
     """gptq_marlin_gemm on another framework's arrays: DeviceArray views of them (CuPy's attribute names) through
     the same checks and plan cache, outputs and scratch from A's framework's pool, that framework's stream."""
     framework = rt.framework_of(a)
@@ -220,7 +226,7 @@ def _through_views(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q
     gptq_marlin_gemm(va, *views[:6], b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
                      c=vc, c_tmp=view(c_tmp, "c_tmp"), a_tmp=view(a_tmp, "a_tmp"), deterministic=deterministic,
                      batch_invariant=batch_invariant, stream=stream_ptr, sms=sms, policy=policy,
-                     global_scale=view(global_scale, "global_scale"))
+                     global_scale=view(global_scale, "global_scale"), bias=view(bias, "bias"))
     return c
 
 
@@ -235,12 +241,13 @@ def _outputs(plan: _ArrayPlan, c, a_tmp, cupy):
 def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m,
                               size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp,
                               deterministic, stream, sms, policy, launch: bool = True, batch_invariant=False,
-                              global_scale=None):
+                              global_scale=None, bias=None):
     """Every check, in order, then the launch; the verdict is kept under ``key`` (None: not kept). With ``launch``
     False: the checks only, returning the plan (``plan_marlin_gemm``)."""
     checks.check_reduction(use_atomic_add, deterministic, batch_invariant)
     plan = check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, size_m, size_n, size_k,
                              is_k_full, c, global_scale)
+    checks.check_bias(bias, size_n, a.dtype)
     if isinstance(sms, bool) or not isinstance(sms, (int, np.integer)):
         raise TypeError(f"sms must be an int, got {type(sms).__name__}")
     a_ptr, device = rt.device_pointer(a, "A")
@@ -262,7 +269,7 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
                     ("b_zeros", None if _is_empty(b_zeros) else b_zeros),
                     ("g_idx", g_idx if plan.has_act_order else None), ("perm", perm if plan.has_act_order else None),
                     ("c_tmp", c_tmp if uses_c_tmp else None), ("global_scale", global_scale),
-                    ("a_tmp", a_tmp if plan.has_act_order else None)):
+                    ("a_tmp", a_tmp if plan.has_act_order else None), ("bias", bias)):
         if x is None:
             pointers[name] = 0
             continue
@@ -288,6 +295,7 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
                                     deterministic=deterministic, batch_invariant=bool(batch_invariant)),
     )
     record = request.into_launch()
+    record.b_bias = pointers["bias"] or None  # (vLLM's b_bias field of the record; MarlinMmBuffers has none)
     prepared = prepare_launch(record, policy=policy)  # every record-level rule (check_launch) on this first call
     array_plan = _ArrayPlan(prepared, device, sms, (size_m, size_n), np.dtype(a.dtype), uses_c_tmp,
                             plan.has_act_order)
@@ -300,7 +308,7 @@ def _gptq_marlin_gemm_checked(key, a, b_q_weight, b_scales, b_zeros, g_idx, perm
     ptr = record.pointer
     prepared.launch(ptr("a"), ptr("b"), ptr("c"), ptr("c_tmp"), ptr("b_scales"), ptr("zero_points"),
                     ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), stream_ptr,
-                    ptr("global_scale"))
+                    ptr("global_scale"), ptr("b_bias"))
     return c
 
 
@@ -337,8 +345,9 @@ def scratch_buffers(device: int, stream_ptr: int, sms: int, framework: str = "cu
 def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_add: bool = False,
                 use_fp32_reduce: bool = True, deterministic: bool = False, workspace=None, c_tmp=None, a_tmp=None,
                 stream=None, sms: int = -1, policy: GemmPolicy | None = None, batch_invariant: bool = False,
-                family: str | None = None, global_scale=None):
-    """C = a @ dequant(weight) for a ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array or
+                family: str | None = None, global_scale=None, bias=None):
+    """C = a @ dequant(weight) (+ ``bias``, (weight.size_n,) in a's dtype, added before C's rounding) for a
+    ``MarlinWeight`` on the GPU (see ``upload_weight``). a: (M, K) CuPy array or
     another framework's (see gptq_marlin_gemm: streams and allocations follow a's framework).
 
     Numerics: fp32 accumulation, one rounding to the activation type at the end. Most integer-weight kernels at
@@ -374,7 +383,8 @@ def marlin_gemm(a, weight, *, c=None, is_k_full: bool | None = None, use_atomic_
                             weight.weight_type, size_m, weight.size_n, weight.size_k, is_k_full=k_full,
                             use_atomic_add=use_atomic_add, use_fp32_reduce=use_fp32_reduce, c=c, c_tmp=c_tmp,
                             a_tmp=a_tmp, deterministic=deterministic, batch_invariant=batch_invariant,
-                            stream=stream_ptr, sms=sms, policy=policy, family=family, global_scale=global_scale)
+                            stream=stream_ptr, sms=sms, policy=policy, family=family, global_scale=global_scale,
+                            bias=bias)
 
 
 def _on_device(x) -> bool:
@@ -388,10 +398,11 @@ def _on_device(x) -> bool:
 def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_full: bool | None = None,
                      use_atomic_add: bool = False, use_fp32_reduce: bool = True, deterministic: bool = False,
                      stream=None, sms: int = -1, policy: GemmPolicy | None = None,
-                     batch_invariant: bool = False, global_scale=None) -> PreparedLaunch:
+                     batch_invariant: bool = False, global_scale=None, bias=None) -> PreparedLaunch:
     """Every check ``marlin_gemm`` makes on these arrays, without launching: the ``PreparedLaunch`` that runs the
     same problem on any addresses (``launch``). For callers that launch many GEMMs of one shape at row or expert
-    offsets of buffers already checked once (``MoE.gemm_phase_batched``); M > 0."""
+    offsets of buffers already checked once (``MoE.gemm_phase_batched``); M > 0. ``bias``: checked here as
+    marlin_gemm checks it; its address (or another of the same shape) goes to ``launch(..., bias=address)``."""
     if getattr(weight, "num_experts", None) is not None:
         raise ValueError("weight is a stack of experts; pick one with weight.expert(e)")
     size_m = int(a.shape[0]) if len(a.shape) == 2 else -1
@@ -400,5 +411,5 @@ def plan_marlin_gemm(a, weight, *, c, workspace, c_tmp=None, a_tmp=None, is_k_fu
                                      workspace, weight.weight_type, size_m, weight.size_n, weight.size_k, k_full,
                                      use_atomic_add, use_fp32_reduce, c, c_tmp, a_tmp, deterministic, stream, sms,
                                      policy or _default(), launch=False, batch_invariant=batch_invariant,
-                                     global_scale=global_scale).prepared
+                                     global_scale=global_scale, bias=bias).prepared
 

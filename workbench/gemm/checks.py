@@ -11,12 +11,13 @@ import dataclasses
 
 import numpy as np
 
-from workbench.gemm.geometry import c_tmp_numel, workspace_numel
+from workbench.gemm.geometry import c_tmp_numel, tiled_n, workspace_numel
 from workbench.gemm_abi import GEMM_WEIGHT_TYPES, MarlinMmProblem
 from workbench.scalar_types import ScalarType
 
-TILE_N = 64  # Marlin tile width: the weight's columns come in 64-column tiles
-TILE_K = 16  # the tensor-core k16 step: the weight's rows come in 16-row tiles
+TILE_N = 64  # Marlin tile width: the weight's columns come in 64-column tiles (the last one zero-padded)
+TILE_K = 16  # the tensor-core k16 step: the weight's rows come in 16-row tiles (the last one zero-padded)
+A_CHUNK = 8  # activations per 16-byte chunk: A's rows are read in chunks, so they start 16-byte aligned
 GROUP_SIZES = (32, 64, 128)  # grouped scales the kernel stages per pipeline step
 
 
@@ -93,28 +94,45 @@ def check_mnk(m: int, n: int, k: int) -> None:
         raise ValueError(f"Invalid MNK = [{m}, {n}, {k}]")
 
 
-def check_size_k(k: int) -> None:
-    """K comes in k16 tiles."""
-    if k % TILE_K:
-        raise ValueError(f"size_k = {k} is not divisible by tile_size = {TILE_K}")
+def check_size_k(k: int, weight: ScalarType) -> None:
+    """K is a multiple of the weight's pack factor (GPTQ rows pack that many codes per int32 word: 8 for 4-bit, 4 for
+    8-bit); the kernel predicates the last k16 tile and the last pipeline step (docs/formats.md, "Shapes that are not
+    tile multiples")."""
+    if k % weight.pack_factor:
+        raise ValueError(f"size_k = {k} is not a multiple of the pack factor {weight.pack_factor} of {weight} weights "
+                         f"(GPTQ rows pack {weight.pack_factor} codes per int32 word)")
 
 
 def check_size_n(n: int) -> None:
-    """N comes in 64-column tiles."""
-    if n % TILE_N:
-        raise ValueError(f"size_n = {n} is not divisible by min_thread_n = {TILE_N}")
+    """Any N: the weight's arrays are tiled_n(N) wide (the last 64-column tile zero-padded), C is (M, N)."""
 
 
-def check_sizes(m: int, n: int, k: int) -> None:
+def check_sizes(m: int, n: int, k: int, weight: ScalarType) -> None:
     check_mnk(m, n, k)
-    check_size_k(k)
+    check_size_k(k, weight)
     check_size_n(n)
+
+
+def padded_shape(k: int, n: int) -> tuple[int, int]:
+    """The (rows, columns) of a (K, N) weight's Marlin arrays: K and N rounded up to the 16 x 64 tile."""
+    return -(-k // TILE_K) * TILE_K, tiled_n(n)
+
+
+def group_size_of(k: int, num_groups: int) -> int | None:
+    """The group size of num_groups > 1 scale rows over K rows: the size in GROUP_SIZES with ceil(K / group) ==
+    num_groups (the last group partial or whole; at most one size fits), else K / num_groups where that divides (an
+    act-order K shard's groups), else None."""
+    fits = next((g for g in GROUP_SIZES if -(-k // g) == num_groups), None)
+    if fits is not None:
+        return fits
+    return k // num_groups if k % num_groups == 0 else None
 
 
 def check_row_stride(lda: int, k: int, name: str) -> None:
     """A's rows: at least K elements apart and 16-byte aligned (the kernel fetches 16-byte words)."""
-    if lda < k or lda % 8:
-        raise ValueError(f"{name} = {lda} must be >= size_k = {k} and divisible by 8 (16-byte rows)")
+    if lda < k or lda % A_CHUNK:
+        raise ValueError(f"{name} = {lda} must be >= size_k = {k} and divisible by {A_CHUNK} (16-byte rows; for a K "
+                         f"that is not, pass A as a view of rows padded to a multiple of {A_CHUNK})")
 
 
 def check_zero_points(has_zero_points: bool, weight: ScalarType) -> None:
@@ -137,15 +155,23 @@ def check_act_order(weight: ScalarType, act_order: bool, is_k_full: bool, num_gr
 
 def check_groups(weight: ScalarType, k: int, num_groups: int, act_order: bool, is_k_full: bool,
                  groups_name: str = "num_groups", microscaled: bool = False) -> int:
-    """num_groups divides K into groups of GROUP_SIZES rows (any size on a K shard of act-order groups); fe4m3fn
-    weights take channelwise or group-128 scales. Returns the group size (-1: channelwise). ``groups_name``: what
-    the caller calls num_groups (``b_scales.size(0)`` for arrays)."""
-    if num_groups <= 0 or k % num_groups:
-        raise ValueError(f"size_k = {k}, is not divisible by {groups_name} = {num_groups}")
-    group_size = -1 if num_groups == 1 else k // num_groups
-    if microscaled:  # (the format fixes the group: check_microscale)
-        return group_size
-    if num_groups > 1 and not (act_order and not is_k_full) and group_size not in GROUP_SIZES:
+    """num_groups splits K into groups of GROUP_SIZES rows, the last one possibly partial (num_groups =
+    ceil(K / group)); any size on a K shard of act-order groups; fe4m3fn weights take channelwise or group-128 scales
+    (block-FP8's partial edge blocks); a microscaled format's fixed group (check_microscale) divides K. Returns the
+    group size (-1: channelwise). ``groups_name``: what the caller calls num_groups (``b_scales.size(0)`` for
+    arrays)."""
+    if microscaled:
+        if num_groups <= 0 or k % num_groups:
+            raise ValueError(f"size_k = {k}, is not divisible by {groups_name} = {num_groups} (a microscaled "
+                             f"format's groups are whole)")
+        return -1 if num_groups == 1 else k // num_groups
+    per_row = act_order and not is_k_full
+    if num_groups <= 0 or (not per_row and group_size_of(k, num_groups) is None) or (per_row and num_groups > k):
+        raise ValueError(f"{groups_name} = {num_groups} does not split size_k = {k} into groups: it must be "
+                         f"size_k / group or ceil(size_k / group) (a partial last group) for a group size in "
+                         f"{GROUP_SIZES}, or 1 (channelwise)")
+    group_size = -1 if num_groups == 1 else (group_size_of(k, num_groups) or k // num_groups)
+    if num_groups > 1 and not per_row and group_size not in GROUP_SIZES:
         raise ValueError(f"group size = size_k / num_groups = {k} / {num_groups} = {group_size} is not one of "
                          f"{GROUP_SIZES} (or channelwise)")
     if weight is ScalarType.FE4M3FN and num_groups > 1 and group_size != 128:
@@ -293,25 +319,32 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
         raise ValueError(f"Shape mismatch: a.size(0) = {_shape(a)[0]}, size_m = {size_m}")
     if _shape(a)[1] != size_k:
         raise ValueError(f"Shape mismatch: a.size(1) = {_shape(a)[1]}, size_k = {size_k}")
-    check_size_k(size_k)
+    check_size_k(size_k, weight)
+    check_size_n(size_n)
+    # the weight's arrays are those of the weight zero-padded to whole 16 x 64 tiles (docs/formats.md, "Shapes that
+    # are not tile multiples"); the true sizes come in size_k / size_n
+    k_pad, n_pad = padded_shape(size_k, size_n)
     _dtype_is(b_q_weight, np.int32, "b_q_weight")
     if len(_shape(b_q_weight)) != 2:
-        raise ValueError(f"b_q_weight must be 2-D (K/16, N*16/pack), got shape {_shape(b_q_weight)}")
-    if _shape(b_q_weight)[0] != size_k // TILE_K:
-        raise ValueError(f"Shape mismatch: b_q_weight.size(0) = {_shape(b_q_weight)[0]}, size_k = {size_k}, "
-                         f"tile_size = {TILE_K}")
+        raise ValueError(f"b_q_weight must be 2-D (ceil(K/16), ceil(N/64)*64*16/pack), got shape "
+                         f"{_shape(b_q_weight)}")
+    if _shape(b_q_weight)[0] != k_pad // TILE_K:
+        raise ValueError(f"Shape mismatch: b_q_weight.size(0) = {_shape(b_q_weight)[0]}, size_k = {size_k}: expected "
+                         f"ceil(size_k / tile_size = {TILE_K}) = {k_pad // TILE_K}")
     if _shape(b_q_weight)[1] % TILE_K:
         raise ValueError(f"b_q_weight.size(1) = {_shape(b_q_weight)[1]} is not divisible by tile_size = {TILE_K}")
     actual_n = _shape(b_q_weight)[1] // TILE_K * weight.pack_factor
-    if size_n != actual_n:
+    if n_pad != actual_n:
         raise ValueError(f"size_n = {size_n}, actual_size_n = {actual_n} (b_q_weight.size(1) = "
-                         f"{_shape(b_q_weight)[1]}, pack_factor = {weight.pack_factor})")
-    check_size_n(size_n)
+                         f"{_shape(b_q_weight)[1]}, pack_factor = {weight.pack_factor}): the weight's arrays are "
+                         f"ceil(size_n / {TILE_N}) * {TILE_N} = {n_pad} columns wide")
     item = np.dtype(a.dtype).itemsize
     strides = tuple(int(s) for s in a.strides)
     if size_m > 0 and strides[1] != item:
         raise ValueError(f"A.stride(1) is not 1 (strides in elements: {tuple(s // item for s in strides)})")
-    lda = strides[0] // item if size_m > 1 else size_k
+    # one row: its stride is never used; the record carries K rounded up to whole 16-byte chunks (an 8-bit K may
+    # end inside one), which every row-stride rule accepts
+    lda = strides[0] // item if size_m > 1 else -(-size_k // A_CHUNK) * A_CHUNK
     if size_m > 1:
         check_row_stride(lda, size_k, "A.stride(0)")
     if not _contiguous(b_q_weight):
@@ -326,8 +359,9 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
             raise ValueError("c is not contiguous")
     if len(_shape(b_scales)) != 2:
         raise ValueError(f"b_scales rank = {len(_shape(b_scales))} is not 2")
-    if _shape(b_scales)[1] != size_n:
-        raise ValueError(f"b_scales dim 1 = {_shape(b_scales)[1]} is not size_n = {size_n}")
+    if _shape(b_scales)[1] != n_pad:
+        raise ValueError(f"b_scales dim 1 = {_shape(b_scales)[1]} is not ceil(size_n / {TILE_N}) * {TILE_N} = {n_pad}"
+                         f" (size_n = {size_n})")
     check_global_scale(global_scale)
     has_global = global_scale is not None
     rows = _shape(b_scales)[0]
@@ -347,6 +381,9 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
                              f"where size_k = {size_k}")
         _dtype_is(g_idx, np.int32, "g_idx")
         _dtype_is(perm, np.int32, "perm")
+        if size_k % A_CHUNK:  # (the gathered copy of A is (M, K) contiguous, read in 16-byte chunks)
+            raise ValueError(f"act-order needs size_k % {A_CHUNK} == 0 (the gathered activations' rows are read in "
+                             f"16-byte chunks), got size_k = {size_k}")
     check_act_order(weight, has_act_order, is_k_full, num_groups)
     group_size = check_groups(weight, size_k, num_groups, has_act_order, is_k_full, "b_scales.size(0)", microscaled)
     check_microscale(weight, scale, act, group_size, has_global, has_act_order)
@@ -358,15 +395,27 @@ def check_gemm_shapes(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_q_type, s
             raise ValueError(f"b_zeros rank = {len(_shape(b_zeros))} is not 2")
         if _shape(b_zeros)[0] != num_groups:
             raise ValueError(f"b_zeros dim 0 = {_shape(b_zeros)[0]} is not num_groups = {num_groups}")
-        if _shape(b_zeros)[1] != size_n // weight.pack_factor:
-            raise ValueError(f"b_zeros dim 1 = {_shape(b_zeros)[1]} is not size_n / pack_factor = "
-                             f"{size_n // weight.pack_factor}")
+        if _shape(b_zeros)[1] != n_pad // weight.pack_factor:
+            raise ValueError(f"b_zeros dim 1 = {_shape(b_zeros)[1]} is not ceil(size_n / {TILE_N}) * {TILE_N} / "
+                             f"pack_factor = {n_pad // weight.pack_factor}")
         if not _contiguous(b_zeros):
             raise ValueError("b_zeros is not contiguous")
     problem = MarlinMmProblem(m=size_m, n=size_n, k=size_k, lda=lda, num_groups=num_groups,
                               group_size=group_size if num_groups > 1 else -1)
     return GemmPlan(act, weight, problem, has_act_order, bool(is_k_full) or not has_act_order,
                     scale if microscaled else None, has_global)
+
+
+def check_bias(bias, size_n: int, act_dtype, name: str = "bias", lead: tuple[int, ...] = ()) -> None:
+    """An optional bias: lead + (size_n,) contiguous, the activation dtype (added in fp32 before C's rounding)."""
+    if bias is None:
+        return
+    if _shape(bias) != lead + (size_n,):
+        raise ValueError(f"{name} has shape {_shape(bias)}, expected {lead + (size_n,)}")
+    if np.dtype(bias.dtype) != np.dtype(act_dtype):
+        raise TypeError(f"{name} dtype = {np.dtype(bias.dtype)} must equal the activation dtype {np.dtype(act_dtype)}")
+    if not _contiguous(bias):
+        raise ValueError(f"{name} is not contiguous")
 
 
 def check_scratch(plan: GemmPlan, workspace, c_tmp, a_tmp, sms: int, use_fp32_reduce: bool,

@@ -34,6 +34,29 @@ GROUP_CHANNELWISE, GROUP_GROUPED, GROUP_PER_ROW = 0, 1, 2  # kernels_cuda/marlin
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Shapes that are not tile multiples (docs/formats.md, "Shapes that are not tile multiples")
+# ---------------------------------------------------------------------------------------------------------------
+def tiled_n(size_n: int) -> int:
+    """The width of a weight's Marlin arrays: size_n rounded up to whole 64-column tiles (the padding is zeros)."""
+    return -(-size_n // 64) * 64
+
+
+def k_steps(size_k: int, block_k: int) -> int:
+    """Pipeline steps of one slice: ceil(K / block_k) (the kernel's KI; the last step may run past K)."""
+    return -(-size_k // block_k)
+
+
+def tile_k(size_k: int, group_size: int) -> int:
+    """The K a tile shape must divide in choose_config: size_k itself where it comes in k16 tiles and whole groups
+    (every shape the kernel took before it predicated the edges plans as it did), else size_k rounded up to 128, so
+    an odd K runs the tile of the next aligned K (its last step partly past K) rather than the largest tile that
+    divides it (10944 = 171 x 64: 64-row steps)."""
+    if size_k % 16 == 0 and (group_size <= 0 or size_k % group_size == 0):
+        return size_k
+    return -(-size_k // 128) * 128
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Kernel configurations
 # ---------------------------------------------------------------------------------------------------------------
 class TileGeometry:
@@ -167,6 +190,8 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
     ``sms`` blocks then gets at least ``two_blocks_min_steps`` pipeline steps (``sms`` = 0: unknown, not checked).
     """
     p = policy or _default()
+    # tiles of the padded width; K steps rounded up (tile_k: the K tile shapes must divide)
+    size_n, k_fit = tiled_n(size_n), tile_k(size_k, -1 if per_row_groups else group_size)
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     # kernels of weights without zero points or act-order groups (swapped: their own thresholds below)
@@ -188,11 +213,11 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
             if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
                 continue
-            if size_k % tk or size_n % tn:
+            if k_fit % tk or size_n % tn:
                 continue
             if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
                 continue
-            if (n_tiles, k_warp) == rows_wide_tile and size_k // tk < p.rows_wide_min_steps:
+            if (n_tiles, k_warp) == rows_wide_tile and k_steps(size_k, tk) < p.rows_wide_min_steps:
                 continue
             yield n_tiles, k_warp
 
@@ -209,7 +234,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             slices = size_n // tn
             if not p.pair_min_fill * sms <= 2 * slices <= sms:
                 continue
-            steps = size_k // tk // 2  # per block
+            steps = k_steps(size_k, tk) // 2  # per block
             if (n_tiles, k_warp) == rows_wide_tile and steps < p.rows_wide_min_steps:
                 continue
             # (rows layout: only where late scaling flushes once per stage, i.e. a group spans a warp's k16 tiles)
@@ -230,7 +255,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                 and weight.bits in p.two_blocks_weight_bits and sm_smem > 0:
             n_tiles, k_warp = first
             tk, tn = THREAD_SHAPES[first]
-            if p.pair_two_block_min_fill * sms <= size_n // tn <= sms and size_k // tk >= 2:
+            if p.pair_two_block_min_fill * sms <= size_n // tn <= sms and k_steps(size_k, tk) >= 2:
                 return next((cfg for stages in p.two_block_pair_stages
                              for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                                       blocks_per_sm=2, cluster=2, **variant)]
@@ -242,7 +267,7 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
             for n_tiles, k_warp in shapes():
                 tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
                 # (at most pair_max_steps per block, as the one-block pairs: no longer range was measured)
-                steps = size_k // tk
+                steps = k_steps(size_k, tk)
                 if not (p.pair_two_block_min_fill * sms <= size_n // tn <= sms and 2 <= steps <= 2 * p.pair_max_steps):
                     continue
                 two = next((cfg for stages in p.two_block_pair_stages
@@ -268,33 +293,35 @@ def choose_config(act: ScalarType, weight: ScalarType, size_m: int, size_n: int,
                     for cfg in [KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode,
                                              blocks_per_sm=2, **variant)] if cfg.smem_bytes <= half_smem), None)
         if two is not None:
-            steps = (size_n // two.block_n) * (size_k // two.block_k)
+            steps = (size_n // two.block_n) * k_steps(size_k, two.block_k)
             min_steps = p.two_blocks_min_steps_swap if plain_swap else p.two_blocks_min_steps
             if sms <= 0 or steps >= min_steps * 2 * sms:
                 return two
     tried = []
-    for n_tiles, k_warp in order:
-        tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
-        if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
-            continue
-        tried.append((tk, tn))
-        if size_k % tk or size_n % tn:
-            continue
-        if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
-            continue
-        for stages in stage_order:
-            cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode, **variant)
-            if cfg.smem_bytes <= smem_limit:
-                return cfg
+    # (last resort: K rounded up to 128, whose last step runs past K, where no tile divides K itself)
+    for k_try in dict.fromkeys((k_fit, -(-size_k // 128) * 128)):
+        for n_tiles, k_warp in order:
+            tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
+            if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
+                continue
+            tried.append((tk, tn))
+            if k_try % tk or size_n % tn:
+                continue
+            if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
+                continue
+            for stages in stage_order:
+                cfg = KernelConfig(act, weight, m_blocks, n_tiles, k_warp, stages, group_mode, **variant)
+                if cfg.smem_bytes <= smem_limit:
+                    return cfg
     raise ValueError(
-        f"Invalid thread config: no (thread_k, thread_n) in {tried or [(thread_k, thread_n)]} divides "
-        f"(size_k, size_n) = ({size_k}, {size_n}) within {smem_limit} bytes of shared memory; "
-        f"size_k % 128 == 0 and size_n % 64 == 0 always works")
+        f"Invalid thread config: no (thread_k, thread_n) in {sorted(set(tried)) or [(thread_k, thread_n)]} divides "
+        f"(size_k, size_n) = ({size_k}, {size_n}) (planned as ({k_fit}, {size_n})) within {smem_limit} bytes of "
+        f"shared memory")
 
 
 def pipeline_steps(cfg: KernelConfig, size_m: int, size_n: int, size_k: int) -> int:
     """The kernel's (slice, k step) iterations: m chunks x column slices x k steps per slice."""
-    return math.ceil(size_m / cfg.block_m) * (size_n // cfg.block_n) * (size_k // cfg.block_k)
+    return math.ceil(size_m / cfg.block_m) * (tiled_n(size_n) // cfg.block_n) * k_steps(size_k, cfg.block_k)
 
 
 def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, blocks_per_sm: int = 0,
@@ -313,8 +340,8 @@ def grid_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: i
     """
     p = policy or _default()
     chunks = math.ceil(size_m / cfg.block_m)
-    slices = chunks * (size_n // cfg.block_n)
-    ki = size_k // cfg.block_k
+    slices = chunks * (tiled_n(size_n) // cfg.block_n)
+    ki = k_steps(size_k, cfg.block_k)
     iterations = slices * ki
     max_grid = sms * (blocks_per_sm or cfg.blocks_per_sm)
     striped = max(1, min(max_grid, iterations))
@@ -431,10 +458,10 @@ def cluster_blocks(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, gri
     if not ((p.cluster_sums if enabled is None else enabled) and compute_capability >= 90 and fp32_reduce
             and cfg.m_blocks == 1):
         return 1
-    slices = math.ceil(size_m / cfg.block_m) * (size_n // cfg.block_n)
+    slices = math.ceil(size_m / cfg.block_m) * (tiled_n(size_n) // cfg.block_n)
     s, rest = divmod(grid, slices)
     allowed = p.cluster_sizes if sizes is None else sizes
-    return s if rest == 0 and s in allowed and s in KERNEL_CLUSTER_SIZES and s <= size_k // cfg.block_k else 1
+    return s if rest == 0 and s in allowed and s in KERNEL_CLUSTER_SIZES and s <= k_steps(size_k, cfg.block_k) else 1
 
 
 def c_tmp_numel(sms: int) -> int:

@@ -17,8 +17,8 @@ from workbench.gemm import checks
 from workbench.gemm import kernels
 from workbench.gemm.geometry import (GROUP_GROUPED, KERNEL_CLUSTER_SIZES, REDUCE_ATOMIC, REDUCE_FP32, REDUCE_IN_C,
                                      THREADS, KernelConfig, choose_config, choose_invariant_config, cluster_blocks,
-                                     default_policy, grid_blocks, invariant_launches, invariant_split,
-                                     pairs_possible, pipeline_steps, THREAD_SHAPES, two_block_smem)
+                                     default_policy, grid_blocks, invariant_launches, invariant_split, k_steps,
+                                     pairs_possible, pipeline_steps, THREAD_SHAPES, tiled_n, tile_k, two_block_smem)
 from workbench.gemm_abi import (ABI_VERSION, ACT_TYPES, FLAG_BATCH_INVARIANT, FLAG_DETERMINISTIC, FLAG_HAS_ACT_ORDER,
                                 FLAG_HAS_ZERO_POINTS, FLAG_IS_K_FULL, FLAG_USE_ATOMIC_ADD, FLAG_USE_FP32_REDUCE,
                                 GEMM_WEIGHT_TYPES, KNOWN_FLAGS, MarlinLaunch)
@@ -58,7 +58,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     if weight not in GEMM_WEIGHT_TYPES:
         raise ValueError(f"b_type = {launch.b_type} is not a Marlin weight type "
                          f"({', '.join(f'{t} = {t.abi_code}' for t in GEMM_WEIGHT_TYPES)})")
-    for name in ("a_scales", "b_bias"):
+    for name in ("a_scales",):
         if launch.pointer(name):
             raise ValueError(f"{name} is not supported with 16-bit activations (pass null)")
     global_scale = launch.pointer("global_scale")
@@ -66,7 +66,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
         raise ValueError(f"global_scale must be aligned to 4 bytes (address {global_scale:#x})")
     microscaled = checks.microscale_rule(weight, scale, act) is not None
     m, n, k, lda = launch.prob_m, launch.prob_n, launch.prob_k, launch.lda
-    checks.check_sizes(m, n, k)
+    checks.check_sizes(m, n, k, weight)
     checks.check_row_stride(lda, k, "lda")
     flags = launch.flags
     has_zp = bool(flags & FLAG_HAS_ZERO_POINTS)
@@ -81,13 +81,14 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
                          f"(got {launch.pointer('group_index'):#x}, {launch.pointer('permutation'):#x})")
     ng, gs = launch.num_groups, launch.group_size
     checks.check_act_order(weight, act_order, k_full, ng)
-    checks.check_groups(weight, k, ng, act_order, k_full, microscaled=microscaled)
+    expected_gs = checks.check_groups(weight, k, ng, act_order, k_full, microscaled=microscaled)
     checks.check_microscale(weight, scale, act, -1 if ng == 1 else gs, bool(global_scale), act_order)
     if ng == 1:  # (the record carries the group size beside the count: they must agree)
         if gs not in (-1, k):
             raise ValueError(f"group_size = {gs} with num_groups = 1 must be -1 (channelwise) or size_k = {k}")
-    elif gs != k // ng:
-        raise ValueError(f"group_size = {gs} is not size_k / num_groups = {k} / {ng} = {k // ng}")
+    elif gs != expected_gs:
+        raise ValueError(f"group_size = {gs} does not give num_groups = {ng} groups over size_k = {k} (expected "
+                         f"{expected_gs}: size_k / group, or ceil(size_k / group) with a partial last group)")
     atomic = bool(flags & FLAG_USE_ATOMIC_ADD)
     invariant = bool(flags & FLAG_BATCH_INVARIANT)
     checks.check_reduction(atomic, bool(flags & FLAG_DETERMINISTIC), invariant)
@@ -126,7 +127,7 @@ _POINTER_FIELDS = tuple(f for f, t in MarlinLaunch._fields_ if t is ctypes.c_voi
 _SCALARS_OFFSET = MarlinLaunch.prob_m.offset  # the record's non-pointer tail: sizes, types, device, sms, flags
 
 # The argument blocks below, as 'p' (64-bit address) / 'i' (int32) per kernel parameter.
-KERNEL_ARG_KINDS = {"marlin_gemm": "pppppppp" + "iiiiii" + "iiiiiiii", "permute_cols": "ppp" + "iii"}
+KERNEL_ARG_KINDS = {"marlin_gemm": "ppppppppp" + "iiiiii" + "iiiiiiii", "permute_cols": "ppp" + "iii"}
 
 
 def fast_div_plan(divisor: int) -> tuple[int, int]:
@@ -200,7 +201,7 @@ class PreparedLaunch:
             if self.act_order:
                 name = f"mwb::permute_cols<{'__half' if cfg.act is ScalarType.F16 else '__nv_bfloat16'}>"
                 self._permute_function = kernels.function_ptr(name, self.device)
-        # (8,) u64 addresses then (14,) i32 scalars: mwb::marlin_gemm's parameter list (KERNEL_ARG_KINDS, checked
+        # (9,) u64 addresses then (14,) i32 scalars: mwb::marlin_gemm's parameter list (KERNEL_ARG_KINDS, checked
         # against the source by tests/cpu)
         self._args = rt.ArgBlock(KERNEL_ARG_KINDS["marlin_gemm"])
         self._ptrs, self._ints, self._args_address = self._args.ptrs, self._args.ints, self._args.address
@@ -241,7 +242,7 @@ class PreparedLaunch:
             return head + [0] * 8
         steps = pipeline_steps(cfg, m, n, k)
         return head + [steps // grid, steps % grid, *fast_div_plan(grid),
-                       *fast_div_plan(k // cfg.block_k), *fast_div_plan(n // cfg.block_n)]
+                       *fast_div_plan(k_steps(k, cfg.block_k)), *fast_div_plan(tiled_n(n) // cfg.block_n)]
 
     def set_grid(self, blocks: int) -> None:
         """Launch ``blocks`` blocks instead of the planned grid (a forced grid: prepare_launch's ``grid``): the kernel's
@@ -252,9 +253,12 @@ class PreparedLaunch:
             self._main.set_grid(self.grid)
 
     def launch(self, a: int, b: int, c: int, c_tmp: int, scales: int, zero_points: int, group_index: int,
-               permutation: int, a_tmp: int, workspace: int, stream: int, global_scale: int = 0) -> None:
+               permutation: int, a_tmp: int, workspace: int, stream: int, global_scale: int = 0,
+               bias: int = 0) -> None:
         """Launch on raw addresses (ints, 0 = none) and a raw stream handle; ValueError before launching if one is
-        null where the plan needs it or not 16-byte aligned (``global_scale``: NVFP4's fp32, 4-byte aligned)."""
+        null where the plan needs it or not 16-byte aligned (``global_scale``: NVFP4's fp32, 4-byte aligned).
+        ``bias``: the address of an (N,) activation-typed bias added before C's rounding (0: none; checked by the
+        caller, e.g. gptq_marlin_gemm's ``bias=``)."""
         if self.has_global_scale:
             if not global_scale or global_scale % 4:
                 raise ValueError(f"global_scale = {global_scale:#x}: this NVFP4 plan needs the address of one float32"
@@ -279,13 +283,13 @@ class PreparedLaunch:
         if runtime.getDevice() != self.device:  # switch only when another device is current
             with cupy.cuda.Device(self.device):
                 self._launch(a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace,
-                             stream, runtime)
+                             stream, runtime, bias)
         else:
             self._launch(a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace, stream,
-                         runtime)
+                         runtime, bias)
 
     def _launch(self, a, b, c, c_tmp, scales, zero_points, group_index, permutation, a_tmp, workspace, stream,
-                runtime):
+                runtime, bias):
         if self.atomic:
             runtime.memsetAsync(c, 0, self.c_bytes, stream)
         launch = rt_launch.launch_kernel
@@ -297,12 +301,13 @@ class PreparedLaunch:
                 a = a_tmp
             if self._piece_launches:  # (one stream: the pieces share the scratch in order, each leaves it zero)
                 for a_off, c_off, args, piece in self._piece_launches:
-                    args.ptrs[:] = (a + a_off, b, c + c_off, c_tmp, scales, zero_points, group_index, workspace)
+                    args.ptrs[:] = (a + a_off, b, c + c_off, c_tmp, scales, zero_points, group_index, workspace,
+                                    bias)
                     launch(piece, stream, args.address)
                 return
             p = self._ptrs
-            p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7] = (a, b, c, c_tmp, scales, zero_points, group_index,
-                                                              workspace)
+            p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8] = (a, b, c, c_tmp, scales, zero_points, group_index,
+                                                                    workspace, bias)
             launch(self._main, stream, self._args_address)
 
     def _refuse(self, pointers: dict[str, int]) -> None:
@@ -366,10 +371,12 @@ def _prepare_forced(launch: MarlinLaunch, config: KernelConfig | None, grid: int
     if (cfg.n_tiles, cfg.k_warp) not in THREAD_SHAPES or not 1 <= cfg.m_blocks <= 4:
         raise ValueError(f"config (m_blocks, n_tiles, k_warp) = ({cfg.m_blocks}, {cfg.n_tiles}, {cfg.k_warp}) is not a "
                          f"kernel shape (m_blocks 1..4, (n_tiles, k_warp) in {sorted(THREAD_SHAPES)})")
-    if k % cfg.block_k or n % cfg.block_n:
-        raise ValueError(f"config tile (thread_k, thread_n) = ({cfg.block_k}, {cfg.block_n}) does not divide "
-                         f"(size_k, size_n) = ({k}, {n})")
     group_size = -1 if launch.num_groups == 1 else launch.group_size
+    k_fit = tile_k(k, -1 if cfg.group_mode != GROUP_GROUPED else group_size)
+    if k_fit % cfg.block_k or tiled_n(n) % cfg.block_n:
+        raise ValueError(f"config tile (thread_k, thread_n) = ({cfg.block_k}, {cfg.block_n}) does not divide "
+                         f"(size_k, size_n) = ({k}, {n}) as planned: ({k_fit}, {tiled_n(n)}) (geometry.tile_k, "
+                         f"tiled_n)")
     if cfg.group_mode == GROUP_GROUPED and group_size % cfg.block_k and cfg.block_k % group_size:
         raise ValueError(f"config thread_k = {cfg.block_k} and group_size = {group_size}: neither divides the other")
     if cfg.blocks_per_sm not in (1, 2) or (cfg.blocks_per_sm == 2 and cfg.m_blocks != 1):
@@ -421,4 +428,4 @@ def launch_marlin_mm(launch: MarlinLaunch) -> None:
     ptr = launch.pointer
     prepared.launch(ptr("a"), ptr("b"), ptr("c"), ptr("c_tmp"), ptr("b_scales"), ptr("zero_points"),
                     ptr("group_index"), ptr("permutation"), ptr("a_tmp"), ptr("workspace"), ptr("stream"),
-                    ptr("global_scale"))
+                    ptr("global_scale"), ptr("b_bias"))

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
-from workbench.gemm import GROUP_CHANNELWISE, GROUP_GROUPED, TileGeometry, two_block_smem
+from workbench.gemm import GROUP_CHANNELWISE, GROUP_GROUPED, TileGeometry, tile_k, tiled_n, two_block_smem
 from workbench.policy import MoePolicy
 
 # The package's namespace, which holds the default policy (workbench.moe._default_policy), read as a dict (see
@@ -67,21 +67,27 @@ def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int
     ``blocks_per_sm``. ``policy``: workbench.policy.MoePolicy (None: the default).
     """
     p = policy or _default()
+    # the dense planner's rule for shapes that are not tile multiples: tiles of the padded width, K rounded up
+    size_n, k_fit = tiled_n(size_n), tile_k(size_k, group_size)
     m_blocks = -(-moe_block_size // 16)
     group_mode = GROUP_CHANNELWISE if group_size < 0 else GROUP_GROUPED
     shapes = p.small_shapes if m_blocks <= 2 else p.large_shapes
     fits = []
-    for n_tiles, k_warp in shapes:
-        cfg = MoeConfig(act, weight, m_blocks, n_tiles, k_warp, 4, group_mode,
-                        swap=moe_block_size <= min(p.swap_max_block, 8))
-        if size_k % cfg.block_k or size_n % cfg.block_n:
-            continue
-        if group_size > 0 and group_size % cfg.block_k and cfg.block_k % group_size:
-            continue
-        fits.append(cfg)
+    # (last resort: K rounded up to 128, whose last step runs past K, where no tile divides K itself)
+    for k_try in dict.fromkeys((k_fit, -(-size_k // 128) * 128)):
+        for n_tiles, k_warp in shapes:
+            cfg = MoeConfig(act, weight, m_blocks, n_tiles, k_warp, 4, group_mode,
+                            swap=moe_block_size <= min(p.swap_max_block, 8))
+            if k_try % cfg.block_k or size_n % cfg.block_n:
+                continue
+            if group_size > 0 and group_size % cfg.block_k and cfg.block_k % group_size:
+                continue
+            fits.append(cfg)
+        if fits:
+            break
     if not fits:
-        raise ValueError(f"no fused MoE tile shape divides (size_k, size_n) = ({size_k}, {size_n}); size_k % 128 == 0 "
-                         f"and size_n % 64 == 0 always works")
+        raise ValueError(f"no fused MoE tile shape divides (size_k, size_n) = ({size_k}, {size_n}) (planned as "
+                         f"({k_fit}, {size_n}))")
     wide = [c for c in fits if c.n_tiles >= 2 and items_hint * (size_n // c.block_n) >= sms]
     narrow = [c for c in fits if c.n_tiles == 1]
     preferred = (wide or narrow or fits) if p.prefer_wide_items else fits[:1]

@@ -10,7 +10,7 @@ import numpy as np
 from workbench import cuda as rt
 from workbench.cuda import launch as rt_launch
 from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
-from workbench.gemm import GROUP_SIZES, act_scalar_type
+from workbench.gemm import check_bias, check_groups, check_size_k, act_scalar_type, tiled_n
 from workbench.gemm import kernels as gemm_kernels
 from workbench.moe import kernels
 from workbench.moe.config import MoeConfig, cached_moe_config
@@ -35,7 +35,7 @@ def check_int_vector(x, name: str):
 
 
 def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
-                 prob_m, moe_block_size, top_k, topk_weights, stream, policy: MoePolicy):
+                 prob_m, moe_block_size, top_k, topk_weights, stream, policy: MoePolicy, bias=None):
     w = stack.weight
     prob_m, moe_block_size, top_k = (as_int(v, n) for v, n in ((prob_m, "prob_m"), (moe_block_size, "moe_block_size"),
                                                              (top_k, "top_k")))
@@ -57,7 +57,7 @@ def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, 
     item = np.dtype(input.dtype).itemsize
     if prob_m > 0 and int(input.strides[1]) != item:
         raise ValueError("input.stride(1) is not 1")
-    lda = int(input.strides[0]) // item if prob_m > 1 else stack.k
+    lda = int(input.strides[0]) // item if prob_m > 1 else -(-stack.k // 8) * 8  # (one row: never used)
     if lda % 8 or lda < stack.k:
         raise ValueError(f"input.stride(0) = {lda} must be >= K = {stack.k} and divisible by 8 (16-byte rows)")
     for name, x in (("sorted_token_ids", sorted_token_ids), ("expert_ids", expert_ids),
@@ -79,14 +79,16 @@ def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, 
             raise ValueError(f"topk_weights must be contiguous float32 with prob_m * top_k = {numel} elements, got "
                              f"{np.dtype(topk_weights.dtype)} {tuple(topk_weights.shape)}")
     ng = int(w.scales.shape[1])
-    group = -1 if ng == 1 else stack.k // ng
-    if ng > 1 and (stack.k % ng or group not in GROUP_SIZES):
-        raise ValueError(f"group size = K / num_groups = {stack.k} / {ng} is not one of {GROUP_SIZES} or "
-                         f"channelwise")
+    check_size_k(stack.k, w.weight_type)
+    group = check_groups(w.weight_type, stack.k, ng, False, True, "scales.size(1)")  # (the last may be partial)
+    if bias is not None:  # per-expert bias rows, added in the epilogue before the router weight
+        if not on_gpu(bias):
+            raise TypeError("bias is not on GPU")
+        check_bias(bias, stack.n_per_expert, input.dtype, "bias", (stack.num_experts,))
     device = stack._device()
     for name, x in (("input", input), ("output", output), ("sorted_token_ids", sorted_token_ids),
                     ("expert_ids", expert_ids), ("num_tokens_post_padded", num_tokens_post_padded),
-                    ("topk_weights", topk_weights)):
+                    ("topk_weights", topk_weights), ("bias", bias)):
         if x is not None and rt.device_pointer(x, name)[1] != device:
             raise ValueError(f"{name} is on device {rt.device_pointer(x, name)[1]} but the stack is on {device}")
     if input.data.ptr % 16:
@@ -98,7 +100,8 @@ def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, 
     launch_fused_phase(cfg, grid, device, policy, (
         input.data.ptr, w.qweight.data.ptr, output.data.ptr, w.scales.data.ptr,
         0 if w.zeros is None else w.zeros.data.ptr, sorted_token_ids.data.ptr, expert_ids.data.ptr,
-        num_tokens_post_padded.data.ptr, 0 if topk_weights is None else topk_weights.data.ptr, n_blocks,
+        num_tokens_post_padded.data.ptr, 0 if topk_weights is None else topk_weights.data.ptr,
+        0 if bias is None else bias.data.ptr, n_blocks,
         moe_block_size, numel, top_k, stack.n_per_expert, stack.k, lda, group, stack.num_experts),
         rt.stream_handle(stream))
     return output
@@ -164,5 +167,5 @@ def fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int, 
     cfg = cached_moe_config(act, stack.weight.weight_type, moe_block_size, stack.n_per_expert, stack.k, group,
                             items_hint, sms, smem_limit, sm_smem, policy)
     # No CTA waits on another, so a grid larger than what is resident is correct, only slower.
-    grid = max(1, min(sms * cfg.blocks_per_sm, items_hint * (stack.n_per_expert // cfg.block_n)))
+    grid = max(1, min(sms * cfg.blocks_per_sm, items_hint * (tiled_n(stack.n_per_expert) // cfg.block_n)))
     return cfg, grid, n_blocks

@@ -143,7 +143,7 @@ def get_moe_kernel(name_expression: str, device: int, smem_bytes: int = 0):
 
 # Parameter lists of the marlin_moe.cu kernels (their argument blocks), 'p' = 64-bit address, 'i' = int32
 # (checked against kernels_cuda/marlin_moe.cu by tests/cpu/test_moe_plan.py).
-PLAN_ARG_KINDS = {"marlin_moe": "ppppppppp" + "iiiiiiiii", "moe_align": "piiippipp", "silu_and_mul": "ppii",
+PLAN_ARG_KINDS = {"marlin_moe": "pppppppppp" + "iiiiiiiii", "moe_align": "piiippipp", "silu_and_mul": "ppii",
                   "moe_sum": "ppppiiii", "gather_rows": "pppiii", "add_bias": "ppii"}
 
 

@@ -33,6 +33,9 @@ def _check_layer(hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, topk_wei
         raise ValueError(f"w13 n_per_expert = {w13.n_per_expert} must be 2 x w2's K = {w2.k} (gate and up)")
     if w2.n_per_expert != w13.k:
         raise ValueError(f"w2 n_per_expert = {w2.n_per_expert} must equal the hidden size w13 K = {w13.k}")
+    if w2.k % gemm.A_CHUNK:  # (the SiLU output is (rows, K) contiguous and the down GEMM reads it in 16-byte chunks)
+        raise ValueError(f"the intermediate size w2 K = {w2.k} must be a multiple of {gemm.A_CHUNK} in a fused layer "
+                         f"(the down GEMM reads the SiLU output's rows in 16-byte chunks)")
     for name, x in (("hidden", hidden), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         if not on_gpu(x):
             raise TypeError(f"{name} is not on GPU (got {type(x).__module__}.{type(x).__name__})")
@@ -244,7 +247,7 @@ class _LayerPlan:
         for stack, a, c, weights, rows, tk, a_lda in ((w13, "hidden", "g1", 0, m, top_k, lda),
                                                       (w2, "h", "y", "weights", numel, 1, w2.k)):
             ng = int(stack.weight.scales.shape[1])
-            group = -1 if ng == 1 else stack.k // ng
+            group = gemm.check_groups(stack.weight.weight_type, stack.k, ng, False, True, "scales.size(1)")
             cfg, grid, n_blocks = fused_grid(stack, device, act, block, rows * tk, cap, group, policy)
             f = kernels.function_ptr(cfg.name_expression, device, cfg.smem_bytes)
             if programmatic:
@@ -252,7 +255,7 @@ class _LayerPlan:
             w = stack.weight
             launches.append((f, grid, 256, cfg.smem_bytes, rt.ArgBlock(PLAN_ARG_KINDS["marlin_moe"]),
                              (a, w.qweight.data.ptr, c, w.scales.data.ptr, 0 if w.zeros is None else w.zeros.data.ptr,
-                              "sorted", "experts", "post", weights, n_blocks, block, rows * tk, tk,
+                              "sorted", "experts", "post", weights, 0, n_blocks, block, rows * tk, tk,
                               stack.n_per_expert, stack.k, a_lda, group, stack.num_experts)))
             if stack is w13:  # SiLU-and-multiply between the GEMMs
                 f = kernels.function_ptr(f"mwb::silu_and_mul<{ctype_name(hidden.dtype)}>", device)

@@ -42,7 +42,22 @@ def _check_routing(hidden: np.ndarray, w13_ref: np.ndarray, w2_ref: np.ndarray, 
     return hidden, topk_weights, local
 
 
-def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=None, expert_map=None) -> np.ndarray:
+def _biases(w13_bias, w2_bias, e: int, n2: int, k: int):
+    """The per-expert biases as float32 [E, 2N] / [E, K] (zeros where None), shapes checked."""
+    out = []
+    for name, b, width in (("w13_bias", w13_bias, n2), ("w2_bias", w2_bias, k)):
+        if b is None:
+            out.append(np.zeros((e, width), np.float32))
+            continue
+        b = np.asarray(b)
+        if b.shape != (e, width):
+            raise ValueError(f"{name} has shape {b.shape}, expected (E, {width}) = {(e, width)}")
+        out.append(b.astype(np.float32))
+    return out
+
+
+def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=None, expert_map=None, w13_bias=None,
+                  w2_bias=None) -> np.ndarray:
     """The MoE layer in NumPy: ``out[t] = Σ_j w[t, j] · (silu(g) · u)(hidden[t] @ W13[e]) @ W2[e]``, e = ids[t, j].
 
     hidden [M, K] (fp16/bf16), w13_ref [E, K, 2N] and w2_ref [E, N, K] float32 exact dequantized weights
@@ -50,10 +65,12 @@ def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=Non
     float32, topk_ids [M, top_k] int. Entries whose expert is not local (``expert_map`` gives -1, or the id is out
     of range) contribute nothing. Rounded to the activation type where the kernels write activations:
 
-      g = rnd(hidden @ W13[e])            GEMM 1 writes its C
+      g = rnd(hidden @ W13[e] + b13[e])   GEMM 1 writes its C (the bias added in its epilogue, before the rounding)
       h = rnd(silu(g_gate) · g_up)        the activation kernel writes its output (fp32 math inside)
-      y = rnd(w · (h @ W2[e]))            GEMM 2 multiplies by the router weight in fp32, then writes C
+      y = rnd(w · (h @ W2[e] + b2[e]))    GEMM 2 adds the bias, multiplies by the router weight in fp32, writes C
       out = rnd(Σ_j y_j)                  the top-k sum adds in fp32, then writes
+
+    ``w13_bias`` [E, 2N] / ``w2_bias`` [E, K]: per-expert biases (the seed's expert-linear bias, gpt-oss's), None = 0.
     """
     hidden, weights, local = _check_routing(hidden, np.asarray(w13_ref), np.asarray(w2_ref), topk_weights,
                                             topk_ids, expert_map)
@@ -61,18 +78,20 @@ def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=Non
     a = hidden.astype(np.float32)
     m, top_k = local.shape
     n = w2_ref.shape[1]
+    b13, b2 = _biases(w13_bias, w2_bias, w13_ref.shape[0], 2 * n, hidden.shape[1])
     total = np.zeros((m, hidden.shape[1]), np.float32)
     for e in np.unique(local[local >= 0]):
         rows, slots = np.nonzero(local == e)
-        g = _round(a[rows] @ w13_ref[e], act)
+        g = _round(a[rows] @ w13_ref[e] + b13[e], act)
         h = _round(_silu(g[:, :n]) * g[:, n:], act)
-        y = _round(weights[rows, slots, None] * (h @ w2_ref[e]), act)
+        y = _round(weights[rows, slots, None] * (h @ w2_ref[e] + b2[e]), act)
         np.add.at(total, rows, y)
     return total.astype(act)
 
 
 
-def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=None, expert_map=None) -> np.ndarray:
+def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=None, expert_map=None, w13_bias=None,
+                    w2_bias=None) -> np.ndarray:
     """Per-element bound on |kernel - moe_reference| (float32 [M, K]), derived from where each side rounds.
 
     With u the activation type's unit roundoff and a GEMM's error <= (2u + K·2^-22)·(|A| @ |W|)
@@ -82,6 +101,7 @@ def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=N
       δh  <= |silu'(g_gate)|·δg_gate·|g_up| + |silu(g_gate)|·δg_up + u·|h|        (SiLU-and-mul, one rounding)
       δy  <= |w|·(δh @ |W2| + (2u + N·2^-22)·(|h| @ |W2|))                     (GEMM 2, router weight in fp32)
       δout <= Σ_j δy_j + 2u·Σ_j |y_j|                    (a path that rounds y before weighting adds one more u)
+    With biases (``moe_reference``'s), each GEMM's rounding also covers its bias: + u·|b| in δg and δy.
     Both the kernel and the reference carry such an error, so the bound is doubled.
     """
     hidden, weights, local = _check_routing(hidden, np.asarray(w13_ref), np.asarray(w2_ref), topk_weights,
@@ -91,11 +111,12 @@ def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=N
     a = np.abs(hidden.astype(np.float32))
     k = hidden.shape[1]
     n = w2_ref.shape[1]
+    b13, b2 = _biases(w13_bias, w2_bias, w13_ref.shape[0], 2 * n, k)
     bound = np.zeros((hidden.shape[0], k), np.float32)
     for e in np.unique(local[local >= 0]):
         rows, slots = np.nonzero(local == e)
-        g = hidden[rows].astype(np.float32) @ w13_ref[e]
-        e1 = error_bound_factor(act, k) * (a[rows] @ np.abs(w13_ref[e]))
+        g = hidden[rows].astype(np.float32) @ w13_ref[e] + b13[e]
+        e1 = error_bound_factor(act, k) * (a[rows] @ np.abs(w13_ref[e])) + u * np.abs(b13[e])
         gate, up = g[:, :n], g[:, n:]
         sig = 1.0 / (1.0 + np.exp(-gate))
         dsilu = np.abs(sig * (1.0 + gate * (1.0 - sig)))
@@ -103,8 +124,8 @@ def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=N
         dh = dsilu * e1[:, :n] * (np.abs(up) + e1[:, n:]) + np.abs(_silu(gate)) * e1[:, n:] + u * h
         w2 = np.abs(w2_ref[e])
         w = np.abs(weights[rows, slots, None])
-        dy = w * ((dh @ w2) + error_bound_factor(act, n) * (h @ w2))
-        y = w * (h @ w2)
+        dy = w * ((dh @ w2) + error_bound_factor(act, n) * (h @ w2) + u * np.abs(b2[e]))
+        y = w * (h @ w2 + np.abs(b2[e]))
         np.add.at(bound, rows, dy + 2 * u * y)
     return 2 * bound + np.float32(1e-30)
 

@@ -14,7 +14,7 @@ from workbench import gemm
 from workbench.gemm import kernels as gemm_kernels
 from workbench.moe import fused
 from workbench.moe.config import default_policy
-from workbench.moe.kernels import add_bias, array_module, as_cupy, as_int, new_array, on_gpu, pool_of
+from workbench.moe.kernels import array_module, as_cupy, as_int, new_array, on_gpu, pool_of
 from workbench.policy import MoePolicy
 from workbench.weight import MarlinWeight
 
@@ -62,8 +62,8 @@ class ExpertLinear:
     """One expert's column slice of a stack as a dense Marlin layer: ``y = x @ W[:, offset : offset + n] + bias``.
 
     ``weight`` is a single-layer ``MarlinWeight`` holding contiguous copies of the slice (the dense GEMM reads
-    contiguous tiles; a column slice of a Marlin buffer is strided), ``bias`` ([n], act dtype) is added after the
-    GEMM (the dense kernel has no bias epilogue), rounding once more to the activation type.
+    contiguous tiles; a column slice of a Marlin buffer is strided), ``bias`` ([n], act dtype) is added in the dense
+    GEMM's epilogue, in fp32 before its one rounding (gemm.marlin_gemm's ``bias=``).
     """
 
     weight: MarlinWeight
@@ -72,10 +72,7 @@ class ExpertLinear:
     column_offset: int  # inside the expert
 
     def __call__(self, x, *, out=None, stream=None):
-        y = gemm.marlin_gemm(x, self.weight, c=out, stream=stream)
-        if self.bias is not None:
-            add_bias(y, self.bias, stream=stream)
-        return y
+        return gemm.marlin_gemm(x, self.weight, c=out, stream=stream, bias=self.bias)
 
 
 class MarlinExpertStack:
@@ -218,8 +215,10 @@ class MarlinExpertStack:
             raise ValueError("output is not contiguous")
 
     def gemm_phase_batched(self, input, dispatches: Sequence[tuple[int, int, int, int]], output, *, stream=None,
-                           policy: MoePolicy | None = None, pool: str | None = None, batch_invariant: bool = False):
-        """For each ``(e, in_off, out_off, m)``: ``output[out_off:out_off+m] = input[in_off:in_off+m] @ W[e]``.
+                           policy: MoePolicy | None = None, pool: str | None = None, batch_invariant: bool = False,
+                           bias=None):
+        """For each ``(e, in_off, out_off, m)``: ``output[out_off:out_off+m] = input[in_off:in_off+m] @ W[e]``
+        (``+ bias[e]`` with ``bias`` [E, n_per_expert] in the act dtype, added in the dense GEMM's epilogue).
 
         input [R_in, K], output [R_out, n_per_expert] (act dtype, on the GPU). Dispatches go round-robin onto
         ``num_streams`` streams that first wait for the caller's stream; the caller's stream then waits for all.
@@ -241,6 +240,9 @@ class MarlinExpertStack:
             input, output = as_cupy(input), as_cupy(output)
         pool = pool or framework
         self._check_io(input, output, "output")
+        if bias is not None:
+            bias = as_cupy(bias)
+            gemm.check_bias(bias, self.n_per_expert, self.act_dtype, "bias", (self.num_experts,))
         work = self.check_dispatches(input.shape, output.shape, dispatches)
         device = self._device()
         stream_ptr = rt.stream_handle(stream, framework, device)
@@ -257,7 +259,7 @@ class MarlinExpertStack:
                 pool, (len(lanes), max(m for *_, m in work), self.k), input.dtype, device, stream_ptr)
             with cupy.cuda.Device(device):  # per-dispatch views through marlin_gemm: every check every time
                 self._batched_through_views(input, work, output, ws, c_tmp, a_tmp, lanes, sms, gemm_policy,
-                                            invariant)
+                                            invariant, bias)
             self._join_lanes(caller, lanes, len(work), device, before=False)
             return given
         for name, x in (("input", input), ("output", output)):
@@ -277,33 +279,35 @@ class MarlinExpertStack:
         lane_ptrs = [s.ptr for s in lanes]
         n_lanes = len(lanes)
         plans = self._plans
-        layout = (input.strides, output.strides, input.dtype, device, sms, gemm_policy.token, invariant)
+        layout = (input.strides, output.strides, input.dtype, device, sms, gemm_policy.token, invariant, bias is None)
+        b_base, b_step = (0, 0) if bias is None else (bias.data.ptr, bias.strides[0])
         for i, (e, r_in, r_out, m) in enumerate(work):
             lane = i % n_lanes
             prepared = plans.get((m,) + layout)
             if prepared is None:
                 prepared = self._plan_dispatch(input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lanes[lane],
-                                               gemm_policy, invariant)
+                                               gemm_policy, invariant, None if bias is None else bias[e])
                 if len(plans) >= 1024:  # one per row count and layout: bounded for a long-running server
                     plans.clear()
                 plans[(m,) + layout] = prepared
             prepared.launch(in_base + r_in * in_row, qw_base + e * qw_step, out_base + r_out * out_row,
                             ct_base + lane * ct_step, sc_base + e * sc_step, zp_base and zp_base + e * zp_step,
-                            0, 0, 0, ws_base + lane * ws_step, lane_ptrs[lane])
+                            0, 0, 0, ws_base + lane * ws_step, lane_ptrs[lane],
+                            bias=b_base and b_base + e * b_step)
         self._join_lanes(caller, lanes, len(work), device, before=False)
         return given
 
     def _plan_dispatch(self, input, output, e, r_in, r_out, m, ws, c_tmp, lane, sms, lane_stream, gemm_policy,
-                       batch_invariant=False):
+                       batch_invariant=False, bias=None):
         """gemm.plan_marlin_gemm on this dispatch's views: every check of a dense call, no launch."""
         per_ws = gemm.workspace_numel(sms)
         return gemm.plan_marlin_gemm(input[r_in:r_in + m], self.expert_views()[e], c=output[r_out:r_out + m],
                                      workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
                                      stream=lane_stream, sms=sms, policy=gemm_policy,
-                                     batch_invariant=batch_invariant)
+                                     batch_invariant=batch_invariant, bias=bias)
 
     def _batched_through_views(self, input, work, output, ws, c_tmp, a_tmp, lanes, sms, gemm_policy,
-                               batch_invariant=False):
+                               batch_invariant=False, bias=None):
         per_ws = gemm.workspace_numel(sms)
         experts = self.expert_views()
         for i, (e, r_in, r_out, m) in enumerate(work):
@@ -311,7 +315,8 @@ class MarlinExpertStack:
             gemm.marlin_gemm(input[r_in:r_in + m], experts[e], c=output[r_out:r_out + m],
                              workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
                              a_tmp=None if a_tmp is None else a_tmp[lane, :m], stream=lanes[lane], sms=sms,
-                             policy=gemm_policy, batch_invariant=batch_invariant)
+                             policy=gemm_policy, batch_invariant=batch_invariant,
+                             bias=None if bias is None else bias[e])
 
     def _join_lanes(self, caller, streams, n_work: int, device: int, *, before: bool):
         """before=True: the streams the dispatches use, each made to wait for the caller's stream (one dispatch:
@@ -340,10 +345,11 @@ class MarlinExpertStack:
 
     def gemm_phase_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m: int,
                          moe_block_size: int, top_k: int, *, topk_weights=None, stream=None,
-                         policy: MoePolicy | None = None, batch_invariant: bool = False):
+                         policy: MoePolicy | None = None, batch_invariant: bool = False, bias=None):
         """One launch: ``output[id] = input[id // top_k] @ W[expert_ids[b]]`` (× ``topk_weights.flat[id]`` when
         given) for every id < prob_m·top_k of every block b < num_tokens_post_padded / moe_block_size with an
-        expert id >= 0. Rows of ``output`` no block names are left untouched. Inputs come from
+        expert id >= 0 (``bias`` [E, n_per_expert] in the act dtype: ``(input @ W[e] + bias[e]) × weight``, added
+        in the epilogue before the one rounding). Rows of ``output`` no block names are left untouched. Inputs come from
         ``moe_align_block_size``; input [prob_m, K], output [prob_m·top_k, n_per_expert]. CuPy arrays or torch tensors
         (nothing is allocated); ``stream`` None: the current stream of input's framework. ``batch_invariant``: under
         ``policy.batch_invariant()`` (one tile for every block size: a row's bits do not depend on it)."""
@@ -354,11 +360,11 @@ class MarlinExpertStack:
         if type(input) is not rt.cupy_array_type():
             stream = rt.stream_handle(stream, pool_of(input), rt.device_pointer(input, "input")[1]) \
                 if on_gpu(input) else stream
-            input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, topk_weights = (
+            input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, topk_weights, bias = (
                 as_cupy(x) for x in (input, sorted_token_ids, expert_ids, num_tokens_post_padded, output,
-                                     topk_weights))
+                                     topk_weights, bias))
         fused.launch_fused(self, input, sorted_token_ids, expert_ids, num_tokens_post_padded, output, prob_m,
-                           moe_block_size, top_k, topk_weights, stream, policy)
+                           moe_block_size, top_k, topk_weights, stream, policy, bias)
         return given
 
     def make_expert_linear(self, expert_offset: int, expert_n: int, bias=None) -> ExpertLinear:

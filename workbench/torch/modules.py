@@ -10,8 +10,7 @@ Where the weights come from: a layer that ``workbench.load`` returns (``from_wei
 reference RTN quantizer (``workbench.quantize``).
 
 Forward runs the CUDA kernels only: on a CPU input it raises (there is no slow fallback that would pass for the
-kernel). A bias goes to the GEMM's epilogue as ``b_bias`` where the kernel has one (``ops.GEMM_BIAS_EPILOGUE``),
-else it is added in torch after the GEMM (one more rounding to the activation dtype than the epilogue has).
+kernel). A bias goes to the GEMM's epilogue as ``b_bias``: added to the fp32 sums before the one rounding.
 """
 from __future__ import annotations
 
@@ -248,13 +247,9 @@ class MarlinLinear(_MarlinBuffers):
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
         b = self._buffers  # (the dict itself: nn.Module.__getattr__ is slow on the per-call path)
-        bias = b["bias"]
-        fused = bias if ops.GEMM_BIAS_EPILOGUE else None
-        y = ops.marlin_gemm_functional(rows, None, b["qweight"], fused, b["scales"], None, None, b["zeros"],
+        y = ops.marlin_gemm_functional(rows, None, b["qweight"], b["bias"], b["scales"], None, None, b["zeros"],
                                        b["g_idx"], b["perm"], b["workspace"], self._type_id, rows.shape[0], n, k,
                                        self._is_k_full, False, True, False)
-        if bias is not None and fused is None:
-            y = y + bias  # (no bias epilogue: added here, rounded once more)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
     def extra_repr(self) -> str:

@@ -46,11 +46,6 @@ from workbench.torch.scalar_ids import as_type_id, from_vllm_id
 VLLM_COMMIT = "7bcae67b5de3f155e70026695285de25d096b801"
 TILE = 16  # Marlin tile height along K (and the 16 rows of a tile row in b_q_weight)
 
-# Whether the dense GEMM adds vLLM's b_bias in its epilogue (``bias=`` of ``gemm.plan_marlin_gemm`` and of
-# ``PreparedLaunch.launch``). While False, ``b_bias`` is refused by name and ``MarlinLinear`` adds its bias in torch
-# after the GEMM; True passes it to the kernel from both (the fused MoE GEMM refuses it either way).
-GEMM_BIAS_EPILOGUE = False
-
 # A symbolic M is at least 2 (Dynamo specializes extents 0 and 1), and every shape rule treats M = 2 as any M > 1:
 # the checks written for ints run on this stand-in while the traced graph keeps M symbolic.
 REPRESENTATIVE_ROWS = 2
@@ -131,8 +126,7 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
     T.require_cuda(op, "a", a)
     T.require_same_device(op, "a", a, c=c, b_q_weight=b_q_weight, b_scales=b_scales, b_zeros=b_zeros, g_idx=g_idx,
                           perm=perm, workspace=workspace, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale)
-    T.require_unimplemented_absent(op, a_scales=a_scales, is_zp_float=is_zp_float,
-                                   **({} if GEMM_BIAS_EPILOGUE else {"b_bias": b_bias}))
+    T.require_unimplemented_absent(op, a_scales=a_scales, is_zp_float=is_zp_float)
     weight = from_vllm_id(b_q_type)
     size_n, size_k = _static(size_n, "size_n"), _static(size_k, "size_k")
     rows = None
@@ -146,7 +140,7 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
     gemm.check_gemm_shapes(T.spec(a, "a", rows), T.spec(b_q_weight, "b_q_weight"), T.spec(b_scales, "b_scales"),
                            T.spec(zeros, "b_zeros"), T.spec(g_idx, "g_idx"), T.spec(perm, "perm"), weight, m, size_n,
                            size_k, is_k_full, T.spec(c, "c", rows), T.spec(global_scale, "global_scale"))
-    if GEMM_BIAS_EPILOGUE and not T.is_empty(b_bias):
+    if not T.is_empty(b_bias):  # vLLM's b_bias: (size_n,) in a's dtype, added in the kernel's epilogue
         gemm.check_bias(T.spec(b_bias, "b_bias"), size_n, T.numpy_dtype(a.dtype, "a"), name="b_bias")
     if workspace.dtype != torch.int32 or workspace.dim() != 1:
         raise TypeError(f"{op}: workspace must be a 1-D int32 tensor (zeroed lock counters, see make_workspace), "
@@ -240,7 +234,7 @@ def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, globa
     device = a.device
     act_order = not (T.is_empty(g_idx) and T.is_empty(perm))
     zeros = None if T.is_empty(b_zeros) else b_zeros
-    bias = {"bias": rt.as_device_array(b_bias, "b_bias")} if GEMM_BIAS_EPILOGUE and not T.is_empty(b_bias) else {}
+    bias = {"bias": rt.as_device_array(b_bias, "b_bias")} if not T.is_empty(b_bias) else {}
     sms = _sms(device)
     uses_c_tmp = bool(use_fp32_reduce) and not use_atomic_add
     stream = _stream_ptr(device)
@@ -271,9 +265,8 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
     unimplemented arguments every call), output and scratch from torch's allocator, then the runtime's prepared
     launch on the tensors' addresses and the current torch stream. Repeated calls re-check only what can change
     under an equal key: the addresses (non-null, 16-byte aligned: ``PreparedLaunch.launch``)."""
-    if (b_bias is not None and not GEMM_BIAS_EPILOGUE) or a_scales is not None or is_zp_float:
-        T.require_unimplemented_absent(op, a_scales=a_scales, is_zp_float=is_zp_float,
-                                       **({} if GEMM_BIAS_EPILOGUE else {"b_bias": b_bias}))
+    if a_scales is not None or is_zp_float:
+        T.require_unimplemented_absent(op, a_scales=a_scales, is_zp_float=is_zp_float)
     key = _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
                     is_k_full, use_atomic_add, use_fp32_reduce, b_bias, global_scale)
     plan = _GEMM_PLANS.get(key) if key is not None else None
@@ -385,8 +378,8 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
     T.require_cuda(op, "a", a)
     T.require_same_device(op, "a", a, c=c, sorted_token_ids=sorted_token_ids, expert_ids=expert_ids,
                           num_tokens_past_padded=num_tokens_past_padded, topk_weights=topk_weights)
-    # the fused kernel has no act-order (docs/torch.md), no bias epilogue and no microscaled formats (yet)
-    T.require_unimplemented_absent(op, g_idx=g_idx, perm=perm, b_bias=b_bias, global_scale=global_scale)
+    # the fused kernel has no act-order (docs/torch.md) and no microscaled formats (yet)
+    T.require_unimplemented_absent(op, g_idx=g_idx, perm=perm, global_scale=global_scale)
     for name, x in (("b_q_weight", b_q_weight), ("b_scales", b_scales), ("b_zeros", b_zeros)):
         if not T.is_empty(x) and x.dim() != 3:
             raise ValueError(f"{op}: {name} must be a 3-D stack [E, ...] of expert tensors, got shape "
@@ -405,7 +398,11 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
         raise TypeError(f"{op}: topk_weights must be a contiguous float32 tensor, got {topk_weights.dtype} "
                         f"with strides {topk_weights.stride()}")
     zeros = None if T.is_empty(b_zeros) else b_zeros[0]
-    weight = check_gemm(op, a, None, b_q_weight[0], b_bias, b_scales[0], a_scales, global_scale, zeros, None, None,
+    if not T.is_empty(b_bias) and (b_bias.dim() != 2 or b_bias.shape[0] != experts):
+        raise ValueError(f"{op}: b_bias must be [E = {experts}, size_n] (one bias row per expert), got shape "
+                         f"{tuple(b_bias.shape)}")
+    bias0 = None if T.is_empty(b_bias) else b_bias[0]  # (one expert's row by the dense rules)
+    weight = check_gemm(op, a, None, b_q_weight[0], bias0, b_scales[0], a_scales, global_scale, zeros, None, None,
                         workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
                         is_zp_float)
     if c is not None:
@@ -471,7 +468,8 @@ def _moe_run(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros
                                v(expert_ids[:whole_blocks]), v(num_tokens_past_padded),
                                v(c),
                                int(size_m), int(moe_block_size), int(top_k),
-                               topk_weights=v(topk_weights) if mul_topk_weights else None, stream=stream)
+                               topk_weights=v(topk_weights) if mul_topk_weights else None, stream=stream,
+                               bias=None if T.is_empty(b_bias) else v(b_bias))
     return c
 
 
