@@ -1,14 +1,19 @@
-"""``MarlinWeight``: everything a Marlin GEMM needs for one layer (or one stack of MoE experts)."""
+"""``MarlinWeight``: everything a Marlin GEMM needs for one layer (or one stack of MoE experts).
+
+``size_k`` / ``size_n`` are the true sizes; the arrays are the Marlin arrays of the weight zero-padded to
+K_pad = ceil(K/16)*16 rows and N_pad = ceil(N/64)*64 columns (docs/formats.md, "Shapes that are not tile
+multiples"): a kernel reads A up to size_k and writes C up to size_n."""
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 
-from workbench.formats._checks import check_permutation_values, require, require_integer_dtype
+from workbench.formats._checks import (check_permutation_values, padded_k, padded_n, require,
+                                       require_integer_dtype)
 from workbench.formats.fp8 import marlin_fp8_scales
 from workbench.formats.gptq import sort_g_idx
-from workbench.formats.marlin_tile import TILE_N, marlin_repack_codes
+from workbench.formats.marlin_tile import TILE_N, marlin_qweight_shape, marlin_repack_codes
 from workbench.formats.scales import num_groups, permute_scales, zero_points_to_marlin
 from workbench.quantize import QuantizedWeight, quantize_weights
 from workbench.scalar_types import ScalarType
@@ -19,17 +24,18 @@ MAX_PAR = 16
 
 
 def workspace_size(size_n: int, num_experts: int = 1) -> int:
-    """int32 lock counters a (stack of) layer(s) needs: ferrum-kernels' ``max(N/64, 1) * 16`` per expert."""
-    return num_experts * max(size_n // TILE_N, 1) * MAX_PAR
+    """int32 lock counters a (stack of) layer(s) needs: ferrum-kernels' ``max(N/64, 1) * 16`` per expert, one per
+    64-column stripe of N_pad (a partial last stripe has its own counters)."""
+    return num_experts * max(-(-size_n // TILE_N), 1) * MAX_PAR
 
 
 @dataclasses.dataclass
 class MarlinWeight:
     """A layer in Marlin layout. With ``num_experts`` set, every array has a leading expert axis."""
 
-    qweight: np.ndarray  # ([E,] K/16, N*16/pf) int32 Marlin tiles
-    scales: np.ndarray  # ([E,] ng, N) act_dtype, permuted (FP8: exponent bias folded in)
-    zeros: np.ndarray | None  # ([E,] ng, N/pf) int32 Marlin zero points (u4/u8 only)
+    qweight: np.ndarray  # ([E,] K_pad/16, N_pad*16/pf) int32 Marlin tiles
+    scales: np.ndarray  # ([E,] ng, N_pad) act_dtype, permuted (FP8: exponent bias folded in); ng = ceil(K/G)
+    zeros: np.ndarray | None  # ([E,] ng, N_pad/pf) int32 Marlin zero points (u4/u8 only)
     g_idx: np.ndarray | None  # ([E,] K) int32 sorted group index (act-order only)
     perm: np.ndarray | None  # ([E,] K) int32: Marlin row k is checkpoint row perm[k] (act-order only)
     size_k: int
@@ -43,7 +49,12 @@ class MarlinWeight:
     def __post_init__(self):
         """The act-order permutation is checked once, here, where a layer is built (a kernel reads rows through it):
         its shape and dtype always, its values when it is on the host (checkpoint loads, the reference path).
-        A device perm handed to the repack ops is checked by them on the device (kernels_numba.marlin_repack)."""
+        A device perm handed to the repack ops is checked by them on the device (kernels_numba.marlin_repack).
+        The qweight's shape is checked against the true sizes (the padded Marlin shape), from metadata alone."""
+        expected = marlin_qweight_shape(int(self.size_k), int(self.size_n), self.weight_type.bits)
+        require(tuple(self.qweight.shape[-2:]) == expected,
+                f"qweight has shape {tuple(self.qweight.shape)}, expected [E,] {expected} (K_pad/16, N_pad*16/pf) "
+                f"for size_k = {self.size_k}, size_n = {self.size_n}, {self.weight_type.bits}-bit")
         if self.perm is None:
             return
         lead = () if self.num_experts is None else (self.num_experts,)
@@ -58,6 +69,16 @@ class MarlinWeight:
     @property
     def num_groups(self) -> int:
         return num_groups(self.size_k, self.group_size)
+
+    @property
+    def padded_k(self) -> int:
+        """Rows of the Marlin arrays: ceil(size_k / 16) * 16."""
+        return padded_k(self.size_k)
+
+    @property
+    def padded_n(self) -> int:
+        """Columns of the Marlin arrays (qweight tiles, scales, zero points): ceil(size_n / 64) * 64."""
+        return padded_n(self.size_n)
 
     @property
     def has_act_order(self) -> bool:
