@@ -232,3 +232,14 @@ def test_unrepresentable_shapes_are_refused(call, message):
         return
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_marlin_weight_refuses_arrays_that_are_not_padded():
+    """A weight object carries the true sizes and the padded arrays: an unpadded qweight is named, not guessed."""
+    from workbench.scalar_types import ScalarType
+    from workbench.weight import MarlinWeight, workspace_size
+
+    with pytest.raises(ValueError, match=r"qweight has shape \(2, 200\), expected \[E,\] \(2, 256\)"):
+        MarlinWeight(np.zeros((2, 200), np.int32), np.zeros((1, 128), np.float16), None, None, None, 24, 100, -1,
+                     ScalarType.U4B8, np.dtype(np.float16))
+    assert workspace_size(7392) == 116 * 16  # one set of lock counters per 64-column stripe of N_pad = 7424

@@ -16,7 +16,9 @@ def register(subparsers) -> None:
         "inspect", help="list the quantized layers of a checkpoint and whether Marlin can take them",
         description="Print a table of every quantized layer of a safetensors checkpoint (GPTQ, AWQ, compressed-tensors"
                     " pack-quantized, block-FP8; MoE experts as stacks): source format, weight type, bits, group size,"
-                    " act-order, K x N, experts, Marlin compatibility and why not. Exit 0 when every layer is"
+                    " act-order, K x N, experts, the bytes padding to whole 16 x 64 tiles adds to the layer's Marlin"
+                    " tensors beside what padding K and N to 128 would add (--json: per tensor), Marlin"
+                    " compatibility and why not. Exit 0 when every layer is"
                     " compatible, 1 when some is not, 2 on unreadable or inconsistent input.")
     p.add_argument("path", help="checkpoint directory (or a single .safetensors file)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -97,13 +99,31 @@ def _size(text: str) -> int:
     raise argparse.ArgumentTypeError(f"{text!r} is not a size like 5GB, 500MB or 1048576")
 
 
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def padding_cell(spec) -> str:
+    """The extra bytes of the layer's Marlin tensors under the padding rule (K to 16, N to 64), then what padding
+    K and N to 128 would add: "+rule / +pad128"."""
+    from workbench.checkpoint.repack import padding_overhead
+
+    rows = padding_overhead(spec)
+    return (f"+{_bytes(sum(r['rule_extra_bytes'] for r in rows))} / "
+            f"+{_bytes(sum(r['pad128_extra_bytes'] for r in rows))}")
+
+
 def format_table(plan) -> str:
-    header = ("layer", "format", "type", "bits", "group", "act-order", "K x N", "experts", "Marlin")
+    header = ("layer", "format", "type", "bits", "group", "act-order", "K x N", "experts", "pad: tile / 128",
+              "Marlin")
     rows = []
     for spec in plan.layers:
         rows.append((spec.name, spec.source_format, spec.weight_type.label, str(spec.bits), str(spec.group_size),
                      "yes" if spec.act_order else "no", f"{spec.size_k} x {spec.size_n}",
-                     str(spec.num_experts) if spec.num_experts else "-",
+                     str(spec.num_experts) if spec.num_experts else "-", padding_cell(spec),
                      "yes" if spec.compatible else "NO: " + "; ".join(spec.problems)))
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header) - 1)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(row[:-1], widths)) + "  " + row[-1] for row in [header] + rows]
@@ -123,7 +143,9 @@ def format_marlin_table(manifest: dict) -> str:
 
 
 def _layer_json(spec) -> dict:
-    return {"name": spec.name, "source_format": spec.source_format, "weight_type": spec.weight_type.label,
+    from workbench.checkpoint.repack import padding_overhead
+
+    return {"padding": padding_overhead(spec), "name": spec.name, "source_format": spec.source_format, "weight_type": spec.weight_type.label,
             "bits": spec.bits, "group_size": spec.group_size, "act_order": spec.act_order, "size_k": spec.size_k,
             "size_n": spec.size_n, "num_experts": spec.num_experts, "compatible": spec.compatible,
             "problems": list(spec.problems)}
