@@ -172,3 +172,22 @@ def test_bad_shapes_are_refused_before_any_launch():
         kr.block_fp8_group128_repack(np.zeros((8, 6), np.uint8), 6, 8)
     with pytest.raises(ValueError, match=r"qweight has shape \(1, 128\), expected \(2, 128\)"):
         kr.marlin_to_gptq_qweight(np.zeros((1, 128), np.int32), None, 24, 64, 4)
+
+
+def test_ops_dispatch_odd_shapes_to_the_ports(rng):
+    """The public ops with backend="numba" reach the same kernels (plans, checks) on an odd shape."""
+    k, n, bits, group = 40, 72, 4, 32
+    codes = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
+    q = packing.pack_rows(codes, bits)
+    perm = rng.permutation(k).astype(np.int32)
+    s = rng.standard_normal((scales.num_groups(k, group), n)).astype(np.float16)
+    zp = rng.integers(0, 16, size=s.shape, dtype=np.uint8)
+    with poison_outputs():
+        got = [host(ops.gptq_marlin_repack(q, perm, k, n, bits, backend="numba")),
+               host(ops.marlin_permute_scales(s, k, n, group, backend="numba")),
+               host(ops.marlin_zero_points(zp, k, n, bits, backend="numba"))]
+    want = [ops.gptq_marlin_repack(q, perm, k, n, bits, **NP), ops.marlin_permute_scales(s, k, n, group, **NP),
+            ops.marlin_zero_points(zp, k, n, bits, **NP)]
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
