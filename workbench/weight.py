@@ -49,12 +49,7 @@ class MarlinWeight:
     def __post_init__(self):
         """The act-order permutation is checked once, here, where a layer is built (a kernel reads rows through it):
         its shape and dtype always, its values when it is on the host (checkpoint loads, the reference path).
-        A device perm handed to the repack ops is checked by them on the device (kernels_numba.marlin_repack).
-        The qweight's shape is checked against the true sizes (the padded Marlin shape), from metadata alone."""
-        expected = marlin_qweight_shape(int(self.size_k), int(self.size_n), self.weight_type.bits)
-        require(tuple(self.qweight.shape[-2:]) == expected,
-                f"qweight has shape {tuple(self.qweight.shape)}, expected [E,] {expected} (K_pad/16, N_pad*16/pf) "
-                f"for size_k = {self.size_k}, size_n = {self.size_n}, {self.weight_type.bits}-bit")
+        A device perm handed to the repack ops is checked by them on the device (kernels_numba.marlin_repack)."""
         if self.perm is None:
             return
         lead = () if self.num_experts is None else (self.num_experts,)
@@ -65,6 +60,21 @@ class MarlinWeight:
             rows = self.perm.reshape((-1, self.size_k))
             for e, row in enumerate(rows):
                 check_permutation_values(row, self.size_k, "perm" if self.num_experts is None else f"perm[{e}]")
+
+    def require_padded_arrays(self) -> None:
+        """The arrays have the padded Marlin shapes of the true sizes (qweight [E,] K_pad/16 x N_pad*16/pf, scales
+        and zero points N_pad columns, ceil(K/G) groups), from metadata alone: what a loader checks before a kernel
+        trusts size_k / size_n. (Not in __post_init__: hand-made weights for tests and benchmarks may be anything.)"""
+        bits = self.weight_type.bits
+        expected = {"qweight": marlin_qweight_shape(int(self.size_k), int(self.size_n), bits),
+                    "scales": (self.num_groups, self.padded_n)}
+        if self.zeros is not None:
+            expected["zeros"] = (self.num_groups, self.padded_n * bits // 32)
+        for name, shape in expected.items():
+            got = tuple(getattr(self, name).shape)
+            require(got[-2:] == shape, f"{name} has shape {got}, expected [E,] {shape} for size_k = {self.size_k}, "
+                    f"size_n = {self.size_n}, group_size = {self.group_size}, {bits}-bit (docs/formats.md, \"Shapes "
+                    f"that are not tile multiples\")")
 
     @property
     def num_groups(self) -> int:

@@ -176,6 +176,7 @@ def test_quantized_odd_weight_carries_true_sizes_and_padded_arrays(wtype, k8, n,
     w = np.random.default_rng(k * 7 + n).standard_normal((k, n)).astype(np.float32)
     q = quantize_weights(w, wtype, group, act_order=act_order)
     m = make_marlin_weight(q)
+    m.require_padded_arrays()
     assert (m.size_k, m.size_n, m.padded_k, m.padded_n) == (k, n, padded_k(k), padded_n(n))
     assert m.scales.shape == (scales.num_groups(k, group), padded_n(n))
     if m.zeros is not None:
@@ -239,7 +240,12 @@ def test_marlin_weight_refuses_arrays_that_are_not_padded():
     from workbench.scalar_types import ScalarType
     from workbench.weight import MarlinWeight, workspace_size
 
-    with pytest.raises(ValueError, match=r"qweight has shape \(2, 200\), expected \[E,\] \(2, 256\)"):
-        MarlinWeight(np.zeros((2, 200), np.int32), np.zeros((1, 128), np.float16), None, None, None, 24, 100, -1,
+    w = MarlinWeight(np.zeros((2, 200), np.int32), np.zeros((1, 128), np.float16), None, None, None, 24, 100, -1,
                      ScalarType.U4B8, np.dtype(np.float16))
+    with pytest.raises(ValueError, match=r"qweight has shape \(2, 200\), expected \[E,\] \(2, 256\)"):
+        w.require_padded_arrays()
+    w = MarlinWeight(np.zeros((2, 256), np.int32), np.zeros((1, 100), np.float16), None, None, None, 24, 100, -1,
+                     ScalarType.U4B8, np.dtype(np.float16))
+    with pytest.raises(ValueError, match=r"scales has shape \(1, 100\), expected \[E,\] \(1, 128\)"):
+        w.require_padded_arrays()
     assert workspace_size(7392) == 116 * 16  # one set of lock counters per 64-column stripe of N_pad = 7424
