@@ -116,6 +116,11 @@ def test_inspect_table_shows_the_padding(tmp_path, capsys):
     assert "+2.1 KiB / +2.1 KiB" in rows[PREFIX]
     # K = 10944 is whole 16-row tiles; padding it to 11008 would add 64 rows * 128 columns / 2 bytes
     assert "+0 B / +4.0 KiB" in rows[up]
+    assert cli.main(["inspect", src, "--padding"]) == 0
+    per_tensor = {row.split()[0]: row.split() for row in capsys.readouterr().out.splitlines()
+                  if row.startswith("model.") and row.split()[0].endswith((".qweight", ".scales"))}
+    assert per_tensor[f"{PREFIX}.qweight"][-4:] == ["+2.0", "KiB", "+2.0", "KiB"]  # 128 x 32 codes, 4 bits
+    assert per_tensor[f"{up}.scales"][-4:] == ["+0", "B", "+0", "B"]  # 86 groups either way
 
 
 def test_fused_segments_must_be_whole_tiles_but_the_last(tmp_path):

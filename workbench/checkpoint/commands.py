@@ -17,11 +17,14 @@ def register(subparsers) -> None:
         description="Print a table of every quantized layer of a safetensors checkpoint (GPTQ, AWQ, compressed-tensors"
                     " pack-quantized, block-FP8; MoE experts as stacks): source format, weight type, bits, group size,"
                     " act-order, K x N, experts, the bytes padding to whole 16 x 64 tiles adds to the layer's Marlin"
-                    " tensors beside what padding K and N to 128 would add (--json: per tensor), Marlin"
+                    " tensors beside what padding K and N to 128 would add (--padding, --json: per tensor), Marlin"
                     " compatibility and why not. Exit 0 when every layer is"
                     " compatible, 1 when some is not, 2 on unreadable or inconsistent input.")
     p.add_argument("path", help="checkpoint directory (or a single .safetensors file)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--padding", action="store_true",
+                   help="also list every Marlin tensor: its bytes, what padding to whole 16 x 64 tiles adds and what"
+                        " padding K and N to 128 would add")
     p.set_defaults(func=_inspect)
 
     p = subparsers.add_parser(
@@ -131,6 +134,19 @@ def format_table(plan) -> str:
     return "\n".join(lines)
 
 
+def format_padding_table(plan) -> str:
+    """One row per Marlin tensor of every layer: bytes, extra bytes of the padding rule, of padding to 128."""
+    from workbench.checkpoint.repack import padding_overhead
+
+    header = ("tensor", "bytes", "tile padding", "padding to 128")
+    rows = [(r["tensor"], _bytes(r["bytes"]), f"+{_bytes(r['rule_extra_bytes'])}",
+             f"+{_bytes(r['pad128_extra_bytes'])}") for spec in plan.layers for r in padding_overhead(spec)]
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header] + rows]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)
+
+
 def format_marlin_table(manifest: dict) -> str:
     header = ("layer", "type", "bits", "group", "act-order", "K x N", "experts", "from")
     rows = [(name, r["weight_type"], str(r["bits"]), str(r["group_size"]), "yes" if r["act_order"] else "no",
@@ -178,6 +194,9 @@ def _inspect(args) -> int:
         print(f"{args.path}: no quantized layers ({count(len(plan.passthrough), 'unquantized tensor')})")
         return EXIT_OK
     print(format_table(plan))
+    if getattr(args, "padding", False):
+        print()
+        print(format_padding_table(plan))
     print(f"\n{count(len(plan.layers), 'quantized layer')} ({plan.settings.source_format}, settings from"
           f" {plan.settings.origin}); {count(len(plan.passthrough), 'tensor')} carried over untouched;"
           f" {len(plan.layers) - bad} Marlin-compatible, {bad} not")
