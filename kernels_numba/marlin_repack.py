@@ -27,6 +27,13 @@ Kernel shapes:
 
 Every kernel takes a leading expert axis (E, ...) so a stack of experts is one launch (grid z = expert).
 
+Shapes that are not tile multiples (docs/formats.md, "Shapes that are not tile multiples"): the Marlin array is
+that of the weight zero-padded to K_pad x N_pad. The kernels above run on the whole tiles inside (K, N) unchanged;
+the edge kernels (``edge_repack_kernel_source``, ``edge_unpack_kernel_source``) do the rest — the tiles of the last
+k-tile row and n-tile column in the forward direction (every code past K or N written as 0, nothing read there),
+and the checkpoint words those tiles hold in the inverse — one word per thread through the tile map, every load
+predicated on the true sizes. The extra work is at most one tile row and one tile column.
+
 A perm is data the kernels index with, so no value in it may reach memory unchecked: every row read through a perm
 goes through ``perm_row`` (a row outside [0, K) reads row 0), and the wrappers refuse a perm that is not a
 permutation before they return — a host perm on the host, a device perm with ``check_perm_kernel_source`` on the
@@ -34,15 +41,17 @@ device (nothing K-sized is copied back; the host reads a 32-byte verdict).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
 from numba import cuda, int32, uint32, uint64
 
 from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array, jit
-from workbench.formats._checks import (check_bits, check_permutation_values, check_tile_sizes, permutation_message,
-                                       require_native_byte_order)
+from workbench.formats._checks import (check_bits, check_permutation_values, check_weight_sizes, padded_k, padded_n,
+                                       permutation_message, require_native_byte_order, require_pack_multiple)
 from workbench.formats.fp8 import E4M3
+from workbench.formats.marlin_tile import tile_permutation
 from workbench.policy import DEFAULT_REPACK_POLICY, REPACK_GLOBALS, RepackPolicy, install_deprecated_globals
 
 _policy = DEFAULT_REPACK_POLICY  # what calls without policy= use (the old module switches write it, deprecated)
@@ -1101,6 +1110,15 @@ def compile_targets():
     for inverse in (False, True):
         yield f"transpose_tile[inverse={inverse}]", transpose_repack_kernel_source(inverse), (u32_3d, u32_3d,
                                                                                                 types.int64)
+    i32_1d = types.Array(types.int32, 1, "C")
+    for bits, sources in ((4, ("gptq", "gptq_perm", "awq")), (8, ("gptq", "gptq_perm", "awq", "row_major_bytes"))):
+        for source in sources:
+            yield (f"edge_repack[{bits}-bit,{source}]", edge_repack_kernel_source(bits, source),
+                   (u32_3d, i32_2d, i32_1d, u32_3d) + (types.int64,) * 4)
+        for target in sources:
+            if target != "gptq_perm":
+                yield (f"edge_unpack[{bits}-bit,{target}]", edge_unpack_kernel_source(bits, target),
+                       (u32_3d, i32_1d, u32_3d, types.int64, types.int64))
     for ktpt in sorted({1, 2, _policy.paired_unpack_k_tiles_per_thread}):
         yield f"paired_unpack_8bit[ktpt={ktpt}]", paired_unpack_8bit_kernel_source(ktpt), (u32_3d, u64_3d, types.int64)
 
@@ -1118,10 +1136,19 @@ def _as_3d(d, name: str, rows: int, cols: int):
     return d.reshape(shape), len(d.shape) == 3
 
 
-def _check_sizes(size_k: int, size_n: int, bits: int) -> tuple[int, int, int]:
-    """The ops' own scalar checks (one rule, one message): -> (size_k, size_n, bits) as Python ints."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    return size_k, size_n, check_bits(bits)
+def _check_sizes(size_k: int, size_n: int, bits: int, source: str) -> tuple[int, int, int]:
+    """The ops' own scalar checks (one rule, one message): -> (size_k, size_n, bits) as Python ints. Any positive
+    sizes; the checkpoint form's rule: GPTQ rows and FP8 words fill whole words along K, AWQ along N."""
+    size_k, size_n = check_weight_sizes(size_k, size_n)
+    bits = check_bits(bits)
+    pf = 32 // bits
+    if source == "awq":
+        require_pack_multiple(size_n, pf, "size_n", f"AWQ packs {pf} columns of {bits}-bit codes per word")
+    elif source == "row_major_bytes":
+        require_pack_multiple(size_k, 4, "size_k", "FP8 bytes are moved as K-major 32-bit words")
+    else:
+        require_pack_multiple(size_k, pf, "size_k", f"GPTQ packs {pf} rows of {bits}-bit codes per word")
+    return size_k, size_n, bits
 
 
 def uses_two_pass(source: str, experts: int, policy: RepackPolicy | None = None) -> bool:
@@ -1159,15 +1186,215 @@ def weight_repack_launch(src, perm, out, bits: int, source: str, size_k: int, si
     return lambda: _transpose_repack_kernel(False)[grid, TRANSPOSE_THREADS, stream](src, out, size_n)
 
 
+def _whole_tile_rows(arrays: Arrays, d, perm, k_tiles: int):
+    """(src-or-None, perm-or-None, marlin) triples whose Marlin array has exactly ``k_tiles`` rows: ``d`` itself
+    when it has them, else C-contiguous views of its first k_tiles rows (one per expert: a device view keeps only a
+    leading index and one final slice, so a stack with a partial k-tile row is done expert by expert)."""
+    experts, rows, width = d.shape
+    if rows == k_tiles:
+        return [(None, perm, d)]
+    views = []
+    for e in range(experts):
+        e_perm = None if perm is None else perm[e].reshape((1, perm.shape[1]))
+        views.append((e, e_perm, d[e][:k_tiles].reshape((1, k_tiles, width))))
+    return views
+
+
 def _launch_repack(arrays: Arrays, src, perm, bits: int, source: str, size_k: int, size_n: int, stacked: bool,
                    policy: RepackPolicy | None = None):
-    """The repack through weight_repack_launch's kernel (the one the benchmark times)."""
+    """The repack through weight_repack_launch's kernel (the one the benchmark times) on the whole tiles inside
+    (K, N), and the edge kernel on the last k-tile row and n-tile column of a shape that is not tile multiples."""
     experts = src.shape[0]
     pf = 32 // bits
-    out = arrays.empty((experts, size_k // TILE_K, size_n * TILE_K // pf), np.uint32)
-    temp = arrays.empty((1, size_k, size_n // pf), np.uint32) if uses_two_pass(source, experts, policy) else None
-    weight_repack_launch(src, perm, out, bits, source, size_k, size_n, arrays.stream, temp, policy)()
+    out = arrays.empty((experts, padded_k(size_k) // TILE_K, padded_n(size_n) * TILE_K // pf), np.uint32)
+    repack_into(arrays, src, perm, out, bits, source, size_k, size_n, policy)
     return arrays.give(out if stacked else out.reshape(out.shape[1:]), np.int32)
+
+
+def repack_into(arrays: Arrays, src, perm, out, bits: int, source: str, size_k: int, size_n: int,
+                policy: RepackPolicy | None = None) -> None:
+    """Every word of ``out`` [E, K_pad/16, N_pad*16/pf]: the whole tiles through weight_repack_launch's kernel,
+    the edge tiles through the edge kernel."""
+    experts = src.shape[0]
+    pf = 32 // bits
+    k_full, n_full = size_k // TILE_K * TILE_K, size_n // TILE_N * TILE_N
+    if k_full and n_full:
+        if (k_full, n_full) == (size_k, size_n):
+            temp = (arrays.empty((1, size_k, size_n // pf), np.uint32)
+                    if uses_two_pass(source, experts, policy) else None)
+            weight_repack_launch(src, perm, out, bits, source, size_k, size_n, arrays.stream, temp, policy)()
+        else:  # the two-pass act-order route needs whole tiles: the one-pass gather reads any row through perm
+            route = source
+            for e, e_perm, view in _whole_tile_rows(arrays, out, perm, k_full // TILE_K):
+                e_src = src if e is None else src[e].reshape((1,) + tuple(src.shape[1:]))
+                p = policy or _policy
+                if route == "gptq_perm":
+                    p = dataclasses.replace(p, act_order_two_pass=False)
+                weight_repack_launch(e_src, e_perm, view, bits, route, k_full, n_full, arrays.stream, None, p)()
+    launch_edge_repack(arrays, src, perm, out, bits, source, size_k, size_n)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Edge kernels: the tiles a shape that is not tile multiples leaves partial (and, backwards, the checkpoint words
+# they hold), one Marlin or checkpoint word per thread through the tile map; every load predicated on (K, N)
+# ---------------------------------------------------------------------------------------------------------------
+EDGE_THREADS = 256
+
+
+def edge_repack_kernel_source(bits: int, source: str):
+    """source "gptq" ([E, K/pf, N] words), "gptq_perm" (the same, rows through perm [E, K]), "awq" ([E, K, N/pf])
+    or "row_major_bytes" (8-bit, [E, N, K/4] words) -> the edge tiles of Marlin [E, K_pad/16, N_pad*16/pf]: the
+    tiles of k-tile rows >= kt_full (every column) and of n-tile columns >= nt_full (rows < kt_full)."""
+    pf = 32 // bits
+    log_pf = 3 if bits == 4 else 2
+    half_pf = pf // 2
+    mask = (1 << bits) - 1
+    wpt = TILE_K * TILE_N // pf
+    gathered = source == "gptq_perm"
+    from_awq = source == "awq"
+    row_major = source == "row_major_bytes"
+
+    def edge_repack(src, perm, tile_perm, out, size_k, size_n, kt_full, nt_full):
+        """Grid (ceil(edge tiles * wpt / EDGE_THREADS), 1, E), EDGE_THREADS threads; tile_perm int32 [1024]:
+        packed position w*pf + f of a tile -> its element dk*64 + dn (marlin_tile.tile_permutation)."""
+        e = cuda.blockIdx.z
+        t = cuda.blockIdx.x * EDGE_THREADS + cuda.threadIdx.x
+        kt_pad = out.shape[1]
+        nt_pad = out.shape[2] // wpt
+        row_words = (kt_pad - kt_full) * nt_pad * wpt  # words of the k-edge rows, every column
+        total = row_words + kt_full * (nt_pad - nt_full) * wpt  # and of the n-edge column above them
+        if t >= total:
+            return
+        if t < row_words:
+            tile = t // wpt
+            kt = kt_full + tile // nt_pad
+            nt = tile - (tile // nt_pad) * nt_pad
+        else:
+            tile = (t - row_words) // wpt
+            kt = tile // (nt_pad - nt_full)
+            nt = nt_full + tile - kt * (nt_pad - nt_full)
+        w = t & (wpt - 1)
+        word = uint32(0)
+        for f in range(pf):
+            el = tile_perm[w * pf + f]
+            k = kt * TILE_K + (el >> 6)
+            n = nt * TILE_N + (el & 63)
+            if k < size_k and n < size_n:  # the padding is zero codes, read from nowhere
+                if gathered:
+                    k = perm_row(perm, e, k)
+                if from_awq:
+                    i = n & (pf - 1)
+                    code = uint32(src[e, k, n >> log_pf] >> uint32(((i >> 1) + half_pf * (i & 1)) * bits))
+                elif row_major:
+                    code = uint32(src[e, n, k >> 2] >> uint32((k & 3) << 3))
+                else:
+                    code = uint32(src[e, k >> log_pf, n] >> uint32((k & (pf - 1)) * bits))
+                word = word | uint32((code & uint32(mask)) << uint32(f * bits))
+        out[e, kt, nt * wpt + w] = word
+
+    return edge_repack
+
+
+def edge_unpack_kernel_source(bits: int, target: str):
+    """Marlin [E, K_pad/16, N_pad*16/pf] -> the words of target "gptq" ([E, K/pf, N]), "awq" ([E, K, N/pf]) or
+    "row_major_bytes" ([E, N, K/4]) outside its whole-tile part (rows < r_int and columns < c_int)."""
+    pf = 32 // bits
+    log_pf = 3 if bits == 4 else 2
+    half_pf = pf // 2
+    mask = (1 << bits) - 1
+    wpt = TILE_K * TILE_N // pf
+    to_awq = target == "awq"
+    row_major = target == "row_major_bytes"
+    per_word = 4 if row_major else pf
+
+    def edge_unpack(marlin, tile_inverse, out, r_int, c_int):
+        """Grid-stride over E * (R*C - r_int*c_int) target words; tile_inverse int32 [1024]: element dk*64 + dn ->
+        packed position of a tile."""
+        rows = out.shape[1]
+        cols = out.shape[2]
+        edge = rows * cols - r_int * c_int
+        row_part = (rows - r_int) * cols  # the rows below the whole-tile part, every column
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        for t in range(start, out.shape[0] * edge, stride):
+            e = t // edge
+            i = t - e * edge
+            if i < row_part:
+                r = r_int + i // cols
+                c = i - (i // cols) * cols
+            else:
+                j = i - row_part
+                r = j // (cols - c_int)
+                c = c_int + j - r * (cols - c_int)
+            word = uint32(0)
+            for f in range(per_word):
+                if to_awq:
+                    k = r
+                    n = (c << log_pf) + ((f & (half_pf - 1)) << 1) + (f >> (log_pf - 1))  # c*pf + AWQ_ORDER[f]
+                elif row_major:
+                    k = 4 * c + f
+                    n = r
+                else:
+                    k = r * pf + f
+                    n = c
+                p = tile_inverse[((k & 15) << 6) + (n & 63)]
+                mw = marlin[e, k >> 4, (n >> 6) * wpt + (p >> log_pf)]
+                code = uint32(mw >> uint32((p & (pf - 1)) * bits)) & uint32(mask)
+                word = word | uint32(code << uint32(f * bits))
+            out[e, r, c] = word
+
+    return edge_unpack
+
+
+@functools.lru_cache(maxsize=None)
+def _edge_repack_kernel(bits: int, source: str):
+    return jit(edge_repack_kernel_source(bits, source))
+
+
+@functools.lru_cache(maxsize=None)
+def _edge_unpack_kernel(bits: int, target: str):
+    return jit(edge_unpack_kernel_source(bits, target))
+
+
+def _tile_map(arrays: Arrays, bits: int, inverse: bool):
+    perm = tile_permutation(bits)
+    table = np.argsort(perm) if inverse else perm
+    return arrays.take(np.ascontiguousarray(table, dtype=np.int32), "tile_map")
+
+
+def launch_edge_repack(arrays: Arrays, src, perm, out, bits: int, source: str, size_k: int, size_n: int) -> None:
+    """The edge tiles of ``out`` (nothing when K and N are whole tiles)."""
+    kt_full, nt_full = size_k // TILE_K, size_n // TILE_N
+    kt_pad, nt_pad = padded_k(size_k) // TILE_K, padded_n(size_n) // TILE_N
+    tiles = kt_pad * nt_pad - kt_full * nt_full
+    if not tiles:
+        return
+    wpt = TILE_K * TILE_N * bits // 32
+    no_perm = perm if perm is not None else _tile_map(arrays, bits, False).reshape((1, TILE_K * TILE_N))
+    grid = (-(-tiles * wpt // EDGE_THREADS), 1, src.shape[0])
+    _edge_repack_kernel(bits, source)[grid, EDGE_THREADS, arrays.stream](src, no_perm, _tile_map(arrays, bits, False),
+                                                                        out, size_k, size_n, kt_full, nt_full)
+
+
+def whole_tile_target(target: str, size_k: int, size_n: int, bits: int) -> tuple[int, int]:
+    """(rows, columns) of the part of a checkpoint target array the whole-tile kernels write."""
+    k_full, n_full = size_k // TILE_K * TILE_K, size_n // TILE_N * TILE_N
+    pf = 32 // bits
+    if target == "gptq":
+        return k_full // pf, n_full
+    if target == "awq":
+        return k_full, n_full // pf
+    return n_full, k_full // 4
+
+
+def launch_edge_unpack(arrays: Arrays, marlin, out, bits: int, target: str, size_k: int, size_n: int) -> None:
+    """The words of ``out`` outside its whole-tile part (nothing when K and N are whole tiles)."""
+    r_int, c_int = whole_tile_target(target, size_k, size_n, bits)
+    edge = out.shape[1] * out.shape[2] - r_int * c_int
+    if not edge:
+        return
+    _edge_unpack_kernel(bits, target)[_grid_stride(out.shape[0] * edge), THREADS, arrays.stream](
+        marlin, _tile_map(arrays, bits, True), out, r_int, c_int)
 
 
 def _perm_name(e: int, experts: int) -> str:
@@ -1231,7 +1458,7 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
     size of ``b_q_weight``, freed on return); stacked experts [E, ...] use the one-pass gather kernel (one launch,
     no temporary), so peak extra device memory stays below one expert's input there.
     """
-    size_k, size_n, num_bits = _check_sizes(size_k, size_n, num_bits)
+    size_k, size_n, num_bits = _check_sizes(size_k, size_n, num_bits, "gptq")
     pf = 32 // num_bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k // pf, size_n)
@@ -1246,7 +1473,7 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
 def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, stream=None,
                       policy: RepackPolicy | None = None):
     """AWQ qweight int32 [K, N/pf] (or [E, K, N/pf]) -> Marlin int32 [K/16, N*16/pf] (or [E, ...])."""
-    size_k, size_n, num_bits = _check_sizes(size_k, size_n, num_bits)
+    size_k, size_n, num_bits = _check_sizes(size_k, size_n, num_bits, "awq")
     pf = 32 // num_bits
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(b_q_weight, "b_q_weight", np.uint32), "b_q_weight", size_k, size_n // pf)
@@ -1255,7 +1482,7 @@ def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, st
 
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, stream=None):
     """E4M3 bytes packed K-major, int32/uint32 [K/4, N] (or [E, K/4, N]) -> Marlin W8 int32 [K/16, 4N]."""
-    size_k, size_n, _ = _check_sizes(size_k, size_n, 8)
+    size_k, size_n, _ = _check_sizes(size_k, size_n, 8, "gptq")
     arrays = Arrays(stream)
     src, stacked = _as_3d(arrays.take(raw_bits_k_major, "raw_bits_k_major", np.uint32), "raw_bits_k_major",
                           size_k // 4, size_n)
@@ -1264,7 +1491,7 @@ def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, st
 
 def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, stream=None):
     """Row-major E4M3 bytes uint8 [N, K] (or [E, N, K]) -> Marlin W8 int32 [K/16, 4N], transpose fused."""
-    size_k, size_n, _ = _check_sizes(size_k, size_n, 8)
+    size_k, size_n, _ = _check_sizes(size_k, size_n, 8, "row_major_bytes")
     arrays = Arrays(stream)
     if not is_device_array(row_major) and np.dtype(row_major.dtype) == np.dtype(E4M3):
         row_major = np.asarray(row_major).view(np.uint8)  # the same bytes, in a dtype the device copy keeps
@@ -1330,16 +1557,28 @@ def weight_unpack_launch(src, out, bits: int, target: str, size_k: int, size_n: 
 
 def _launch_unpack(qweight, size_k: int, size_n: int, bits: int, target: str, stream, perm=None,
                    policy: RepackPolicy | None = None):
-    size_k, size_n, bits = _check_sizes(size_k, size_n, bits)
+    size_k, size_n, bits = _check_sizes(size_k, size_n, bits, target)
     pf = 32 // bits
     arrays = Arrays(stream)
-    src, stacked = _as_3d(arrays.take(qweight, "qweight", np.uint32), "qweight", size_k // TILE_K,
-                          size_n * TILE_K // pf)
+    src, stacked = _as_3d(arrays.take(qweight, "qweight", np.uint32), "qweight", padded_k(size_k) // TILE_K,
+                          padded_n(size_n) * TILE_K // pf)
     experts = src.shape[0]
     shape = unpack_shape(target, size_k, size_n, bits, experts)
     perm_d, verdict = _take_perm(arrays, perm, size_k, experts) if target == "gptq" else (None, lambda: None)
     out = arrays.empty(shape, np.uint32)
-    weight_unpack_launch(src, out, bits, target, size_k, size_n, arrays.stream, policy)()
+    k_full, n_full = size_k // TILE_K * TILE_K, size_n // TILE_N * TILE_N
+    if (k_full, n_full) == (size_k, size_n):
+        weight_unpack_launch(src, out, bits, target, size_k, size_n, arrays.stream, policy)()
+    elif k_full and n_full:
+        # whole tiles by the kernels above (8-byte stores only where the row holds whole 8-byte words), the rest
+        # by the edge kernel
+        p = policy or _policy
+        if shape[2] % 2:
+            p = dataclasses.replace(p, paired_unpack_8bit=False, awq_unpack_wide_stores=False)
+        for e, _, view in _whole_tile_rows(arrays, src, None, k_full // TILE_K):
+            e_out = out if e is None else out[e].reshape((1,) + shape[1:])
+            weight_unpack_launch(view, e_out, bits, target, k_full, n_full, arrays.stream, p)()
+    launch_edge_unpack(arrays, src, out, bits, target, size_k, size_n)
     if perm_d is not None:  # rows come out in Marlin order; put row perm[k] back at checkpoint row perm[k]
         inverse_perm = arrays.empty(perm_d.shape, np.int32)
         _invert_perm_kernel()[_grid_stride(experts * size_k), THREADS, arrays.stream](perm_d, inverse_perm)

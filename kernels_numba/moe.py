@@ -23,10 +23,11 @@ import numpy as np
 from kernels_numba import marlin_repack as _mr
 from kernels_numba import scales as _sc
 from kernels_numba._launch import Arrays, is_device_array
+from workbench.formats._checks import padded_k, padded_n
 
 
 def _num_groups(size_k: int, group_size: int) -> int:
-    return 1 if group_size == -1 else size_k // group_size
+    return 1 if group_size == -1 else -(-size_k // group_size)
 
 
 def _symmetric_word(bits: int) -> int:
@@ -46,13 +47,14 @@ def _experts(x, name: str):
 
 def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size: int, size_k: int,
                                  n_per_expert: int, act_dtype=np.float16, *, stream=None):
-    """-> (qweight [E, K/16, N*16/pf] int32, scales [E, ng, N] act_dtype bits, zeros [E, ng, N/pf] | None,
-    asymmetric). Inputs: per-expert lists or stacked [E, ...] arrays of GPTQ qweight [K/pf, N], scales [ng, N]
+    """-> (qweight [E, K_pad/16, N_pad*16/pf] int32, scales [E, ng, N_pad] act_dtype bits, zeros [E, ng, N_pad/pf]
+    | None, asymmetric): the padded Marlin arrays of docs/formats.md, "Shapes that are not tile multiples". Inputs: per-expert lists or stacked [E, ...] arrays of GPTQ qweight [K/pf, N], scales [ng, N]
     (float32 or act_dtype), v1 qzeros [ng, N/pf]. NumPy in -> NumPy out; device in -> device out.
     """
     import ml_dtypes
 
-    _mr._check_sizes(size_k, n_per_expert, bits)
+    size_k, n_per_expert, bits = _mr._check_sizes(size_k, n_per_expert, bits, "gptq")
+    n_pad = padded_n(n_per_expert)
     act = np.dtype(act_dtype)
     if act not in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
         raise TypeError(f"act_dtype must be float16 or bfloat16, got {act}")
@@ -73,11 +75,8 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
     convert = "f16" if act == np.dtype(np.float16) else "bf16"
 
     stacked_on_device = all(items is None and is_device_array(x) for x, items in zip((qweights, scales, qzeros), lists))
-    out_qw = arrays.empty((experts, size_k // 16, n_per_expert * 16 // pf), np.uint32)
-    out_sc = arrays.empty((experts,) + sc_shape, np.uint16)
-    repack = _mr._direct_repack_kernel(bits, "gptq")
-    grid_all = _mr.direct_grid(size_k, n_per_expert, bits, experts)
-    grid_one = _mr.direct_grid(size_k, n_per_expert, bits, 1)
+    out_qw = arrays.empty((experts, padded_k(size_k) // 16, n_pad * 16 // pf), np.uint32)
+    out_sc = arrays.empty((experts, ng, n_pad), np.uint16)
 
     if stacked_on_device:
         qw = arrays.take(qweights, "qweights", np.uint32)
@@ -86,14 +85,13 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
         for d, shape, name in ((qw, qw_shape, "qweights"), (sc, sc_shape, "scales"), (qz, qz_shape, "qzeros")):
             if tuple(d.shape) != (experts,) + shape:
                 raise ValueError(f"{name} has shape {tuple(d.shape)}, expected {(experts,) + shape}")
-        repack[grid_all, _mr.DIRECT_THREADS, s](qw, out_qw, n_per_expert)
+        _mr.repack_into(arrays, qw, None, out_qw, bits, "gptq", size_k, n_per_expert)
         if np.dtype(sc.dtype) == np.dtype(np.float16) and act != np.dtype(np.float16):
             raise TypeError(f"scales are float16 but act_dtype is {act}: pass float32 or {act} scales")
         sc_raw = _sc._raw_view(sc)
         kind = "none" if np.dtype(sc_raw.dtype).itemsize == 2 else convert
-        total = experts * ng * n_per_expert
-        _sc._permute_kernel(width, kind)[_sc._blocks(total), _sc.THREADS, s](sc_raw.reshape((total,)),
-                                                                             out_sc.reshape((total,)))
+        _sc._permute_kernel(width, kind)[_sc._blocks(experts * ng * n_pad), _sc.THREADS, s](
+            sc_raw.reshape((experts * ng, n_per_expert)), out_sc.reshape((experts * ng, n_pad)))
         asymmetric = bool(_sc.gptq_qzeros_not_symmetric(qz, bits, stream=stream).any())
         out_qz = None
         if asymmetric:
@@ -116,7 +114,7 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
             if tuple(qz_host.shape) != qz_shape:
                 raise ValueError(f"qzeros[{e}] has shape {qz_host.shape}, expected {qz_shape}")
             asymmetric |= not bool(np.all(qz_host.view(np.uint32) == np.uint32(_symmetric_word(bits))))
-    out_qz = arrays.empty((experts,) + qz_shape, np.uint32) if asymmetric else None
+    out_qz = arrays.empty((experts, ng, n_pad // pf), np.uint32) if asymmetric else None
     # one (lowest bad index, count) slot per expert, so a code-15 error names its expert without a sync per expert
     errors = arrays.take(np.tile(np.array([_sc.NO_ERROR, 0], np.int64), (experts, 1)), "errors")
 
@@ -132,7 +130,8 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
             qw_d = qw_stage = arrays.upload(host, qw_stage)
         if tuple(qw_d.shape) != qw_shape:
             raise ValueError(f"qweights[{e}] has shape {tuple(qw_d.shape)}, expected {qw_shape}")
-        repack[grid_one, _mr.DIRECT_THREADS, s](qw_d.reshape((1,) + qw_shape), out_qw[e:e + 1], n_per_expert)
+        _mr.repack_into(arrays, qw_d.reshape((1,) + qw_shape), None, out_qw[e:e + 1], bits, "gptq", size_k,
+                        n_per_expert)
 
         if is_device_array(sc_e):
             sc_d = _sc._raw_view(arrays.take(sc_e, f"scales[{e}]"))
@@ -145,16 +144,15 @@ def stack_gptq_experts_to_marlin(qweights, scales, qzeros, bits: int, group_size
                 raise ValueError(f"scales[{e}] has shape {host.shape}, expected {sc_shape}")
             sc_d = sc_stage = arrays.upload(host, sc_stage)
         kind = "none" if np.dtype(sc_d.dtype).itemsize == 2 else convert
-        per = ng * n_per_expert
-        _sc._permute_kernel(width, kind)[_sc._blocks(per), _sc.THREADS, s](sc_d.reshape((per,)),
-                                                                           out_sc[e].reshape((per,)))
+        _sc._permute_kernel(width, kind)[_sc._blocks(ng * n_pad), _sc.THREADS, s](sc_d.reshape(sc_shape),
+                                                                                   out_sc[e].reshape((ng, n_pad)))
         if asymmetric:
             qz_e = expert_item(qzeros, lists[2], e)
             if is_device_array(qz_e):
                 qz_d = arrays.take(qz_e, f"qzeros[{e}]", np.uint32)
             else:
                 qz_d = qz_stage = arrays.upload(np.ascontiguousarray(np.asarray(qz_e)).view(np.uint32), qz_stage)
-            per_w = ng * (n_per_expert // pf)
+            per_w = ng * (n_pad // pf)
             _sc._zp_kernel(bits, "gptq_v1")[_sc._blocks(per_w), _sc.THREADS, s](
                 qz_d.reshape(qz_shape), out_qz[e], n_per_expert, errors[e])
     if asymmetric:

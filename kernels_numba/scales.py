@@ -12,6 +12,11 @@ Scale permutations act on each row in independent chunks, ``out[d] = in[chunk + 
 
 Both are involutions (a transpose applied twice is the identity), so the inverse kernel is the forward kernel.
 
+Shapes that are not tile multiples (docs/formats.md, "Shapes that are not tile multiples"): the Marlin tensors have
+N_pad = ceil(N/64)*64 columns and ceil(K/G) groups. The forward kernels write every padded element as 0 and read
+nothing past N (a gather whose source column is >= the source's width gives 0); the inverses read the padded
+tensor and write the N true columns.
+
 Marlin zero points (always P64, then the weights' field interleave, then column packing)::
 
     word (row, c), field f  ←  zero of column  n = chunk + P64(d % 64),  d = c*pf + INTERLEAVE[f]
@@ -28,10 +33,11 @@ import numpy as np
 from numba import cuda, int32, uint32
 
 from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array, jit
-from workbench.formats._checks import (check_bits, check_size_n, code_range_message, require_codes_in_range,
-                                       require_integer_dtype, require_native_byte_order, v1_all_ones_message,
-                                       v1_zero_message)
-from workbench.formats.fp8 import check_block_fp8_shapes, exponent_bias
+from workbench.formats._checks import (check_bits, check_size, code_range_message, padded_n,
+                                       require_codes_in_range, require_integer_dtype, require_native_byte_order,
+                                       require_pack_multiple,
+                                       v1_all_ones_message, v1_zero_message)
+from workbench.formats.fp8 import block_scale_shape, check_block_fp8_shapes, exponent_bias
 from kernels_numba.float_bits import BF16_FORMAT, F16_FORMAT, f32_bits_scaled_to_half_bits
 
 THREADS = 256  # element-wise kernels: one word per thread-step
@@ -64,18 +70,25 @@ def permute_kernel_source(width: int, convert: str):
     mant_bits, bias = BF16_FORMAT if convert == "bf16" else F16_FORMAT
 
     def permute(src, out):
-        """src, out: flat [rows * N] raw elements; out[d] = src[d - d%W + P(d%W)]."""
+        """src [rows, Cs], out [rows, Co] raw elements: out[r, d] = src[r, d - d%W + P(d%W)], or 0 where that
+        column is past Cs (forward: Cs = N, Co = N_pad; inverse: Cs = N_pad, Co = N)."""
         start = cuda.grid(1)
         stride = cuda.gridsize(1)
-        for d in range(start, out.size, stride):
+        cols = out.shape[1]
+        src_cols = src.shape[1]
+        for t in range(start, out.size, stride):
+            row = t // cols
+            d = t - row * cols
             if grouped:
                 s = d - (d & 63) + p64(d & 63)
             else:
                 s = d - (d & 31) + p32(d & 31)
-            if to_half:
-                out[d] = f32_bits_scaled_to_half_bits(src[s], 0, mant_bits, bias)
+            if s >= src_cols:
+                out[row, d] = 0  # a padded column: scale 0
+            elif to_half:
+                out[row, d] = f32_bits_scaled_to_half_bits(src[row, s], 0, mant_bits, bias)
             else:
-                out[d] = src[s]
+                out[row, d] = src[row, s]
 
     return permute
 
@@ -90,7 +103,7 @@ def _uses_p64(size_k: int, group_size: int) -> bool:
 
 
 def _num_groups(size_k: int, group_size: int) -> int:
-    return 1 if group_size == -1 else size_k // group_size
+    return 1 if group_size == -1 else -(-size_k // group_size)
 
 
 def _check_rows(d, name: str, rows: int, cols: int):
@@ -109,13 +122,14 @@ def _raw_view(d):
     raise TypeError(f"scales must be 16- or 32-bit floats, got {d.dtype}")
 
 
-def _permute(s, size_k: int, size_n: int, group_size: int, stream, out_dtype=None):
-    size_n = check_size_n(size_n)
+def _permute(s, size_k: int, size_n: int, group_size: int, stream, out_dtype=None, inverse: bool = False):
+    size_n = check_size(size_n, "size_n")
+    cols_in, cols_out = (padded_n(size_n), size_n) if inverse else (size_n, padded_n(size_n))
     arrays = Arrays(stream)
     src_dtype = np.dtype(s.dtype) if not is_device_array(s) else None
     d = arrays.take(s, "s")
     in_dtype = src_dtype or np.dtype(d.dtype)
-    _check_rows(d, "s", _num_groups(size_k, group_size), size_n)
+    _check_rows(d, "s", _num_groups(size_k, group_size), cols_in)
     raw = _raw_view(d)
     convert = "none"
     result_dtype = in_dtype
@@ -127,18 +141,19 @@ def _permute(s, size_k: int, size_n: int, group_size: int, stream, out_dtype=Non
             raise TypeError(f"scales convert only from float32 to float16/bfloat16 here, not {in_dtype} -> {out_dtype}")
         convert = "f16" if np.dtype(out_dtype) == np.dtype(np.float16) else "bf16"
         result_dtype = np.dtype(out_dtype)
-    out = arrays.empty(raw.shape, np.uint16 if convert != "none" else raw.dtype)
+    rows = int(np.prod(raw.shape[:-1]))
+    out = arrays.empty(tuple(raw.shape[:-1]) + (cols_out,), np.uint16 if convert != "none" else raw.dtype)
     width = 64 if _uses_p64(size_k, group_size) else 32
-    total = int(np.prod(raw.shape))
-    _permute_kernel(width, convert)[_blocks(total), THREADS, arrays.stream](raw.reshape((total,)),
-                                                                             out.reshape((total,)))
+    _permute_kernel(width, convert)[_blocks(rows * cols_out), THREADS, arrays.stream](
+        raw.reshape((rows, cols_in)), out.reshape((rows, cols_out)))
     if arrays.any_device:  # raw bits for CuPy / Numba (no bfloat16 dtype); torch tensors in the result's dtype
         return arrays.give(out, result_dtype if getattr(arrays, "framework", None) == "torch" else None)
     return arrays.give(out).view(result_dtype)
 
 
 def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, stream=None, out_dtype=None):
-    """Scales [ng, N] (or [E, ng, N]) -> Marlin order: P64 when grouped with more than one group, else P32.
+    """Scales [ng, N] (or [E, ng, N]) -> Marlin order [ng, N_pad] (padded columns 0): P64 when grouped with more
+    than one group, else P32.
 
     With ``out_dtype`` float16/bfloat16 and float32 input, the values are also rounded (as NumPy's astype).
     Device results come back as raw 16/32-bit words (CuPy has no bfloat16); NumPy results keep the dtype.
@@ -147,8 +162,8 @@ def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, strea
 
 
 def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, stream=None):
-    """Inverse of marlin_permute_scales (P64 and P32 are involutions: the same gather)."""
-    return _permute(s, size_k, size_n, group_size, stream)
+    """Inverse of marlin_permute_scales, [ng, N_pad] -> [ng, N] (P64 and P32 are involutions: the same gather)."""
+    return _permute(s, size_k, size_n, group_size, stream, inverse=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -167,9 +182,10 @@ def zero_points_kernel_source(bits: int, source: str):
     from_awq = source == "awq"
 
     def zero_points(src, out, size_n, error):
-        """error: int64[2] = (lowest flat index row*N + n of a bad code, count): for codes a code that does not fit
-        ``bits`` bits (each code is read once), for gptq_v1 a stored all-ones field; unused for awq."""
-        words_per_row = size_n >> log_pf
+        """out [rows, N_pad/pf]; a column n >= size_n is padding (code 0, nothing read). error: int64[2] = (lowest
+        flat index row*N + n of a bad code, count): for codes a code that does not fit ``bits`` bits (each code is
+        read once), for gptq_v1 a stored all-ones field; unused for awq."""
+        words_per_row = out.shape[1]
         start = cuda.grid(1)
         stride = cuda.gridsize(1)
         for w in range(start, out.size, stride):
@@ -179,7 +195,9 @@ def zero_points_kernel_source(bits: int, source: str):
             for f in range(pf):
                 d = (c << log_pf) + ((f & (half_pf - 1)) << 1) + (f >> (log_pf - 1))  # c*pf + INTERLEAVE[f]
                 n = d - (d & 63) + p64(d & 63)
-                if from_codes:
+                if n >= size_n:
+                    code = uint32(0)
+                elif from_codes:
                     code = uint32(src[row, n])
                     if code > uint32(mask):  # reported, never silently truncated
                         cuda.atomic.min(error, 0, row * size_n + n)
@@ -277,7 +295,7 @@ def _symmetric_kernel():
 
 def _check_bits_n(bits: int, size_n: int) -> tuple[int, int, int]:
     """The ops' scalar checks (one rule, one message) -> (bits, size_n, pack factor) as Python ints."""
-    bits, size_n = check_bits(bits), check_size_n(size_n)
+    bits, size_n = check_bits(bits), check_size(size_n, "size_n")
     return bits, size_n, 32 // bits
 
 
@@ -327,17 +345,19 @@ def _zero_points(src, size_n: int, bits: int, source: str, stream, ng_for_errors
         rows, lead = _rows_view(d, "zp", size_n)
     else:
         d = arrays.take(src, "qzeros", np.uint32)
+        require_pack_multiple(size_n, pf, "size_n", f"{source} qzeros pack {pf} zero points per word")
         rows, lead = _rows_view(d, "qzeros", size_n // pf)
-    out = arrays.empty((rows.shape[0], size_n // pf), np.uint32)
+    out_cols = padded_n(size_n) // pf
+    out = arrays.empty((rows.shape[0], out_cols), np.uint32)
     error = _new_error_slot(arrays)
-    total = rows.shape[0] * (size_n // pf)
+    total = rows.shape[0] * out_cols
     _zp_kernel(bits, source)[_blocks(total), THREADS, arrays.stream](rows, out, size_n, error)
     if source == "gptq_v1":
         ng = ng_for_errors if len(lead) == 2 else None
         _raise_v1_error(arrays, error, size_n, bits, ng, "all_ones")
     elif source == "codes":
         _raise_v1_error(arrays, error, size_n, bits, None, "code_range", rows, lead)
-    return arrays.give(out.reshape(lead + (size_n // pf,)), np.int32)
+    return arrays.give(out.reshape(lead + (out_cols,)), np.int32)
 
 
 def marlin_zero_points(zp, size_k: int, size_n: int, num_bits: int, *, stream=None):
@@ -364,7 +384,9 @@ def _zero_points_inverse(zp_packed, size_n: int, bits: int, target: str, stream)
     bits, size_n, pf = _check_bits_n(bits, size_n)
     arrays = Arrays(stream)
     d = arrays.take(zp_packed, "zp_packed", np.uint32)
-    rows, lead = _rows_view(d, "zp_packed", size_n // pf)
+    rows, lead = _rows_view(d, "zp_packed", padded_n(size_n) // pf)
+    if target != "codes":
+        require_pack_multiple(size_n, pf, "size_n", f"{target} qzeros pack {pf} zero points per word")
     cols = size_n if target == "codes" else size_n // pf
     out = arrays.empty((rows.shape[0], cols), np.uint8 if target == "codes" else np.uint32)
     error = _new_error_slot(arrays)
@@ -413,15 +435,17 @@ def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4, *, stream=None) -
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# block-FP8 scales: inverse scales [ceil(N/128), K/128] -> Marlin [K/128, N], ×2^8 (f16) or ×2^120 (bf16)
+# block-FP8 scales: inverse scales [ceil(N/128), ceil(K/128)] -> Marlin [ceil(K/128), N_pad], ×2^8 (f16) or
+# ×2^120 (bf16)
 # ---------------------------------------------------------------------------------------------------------------
 def block_fp8_scales_kernel_source(src_bf16: bool, act: str):
     mant_bits, bias = BF16_FORMAT if act == "bf16" else F16_FORMAT
     scale_log2 = 120 if act == "bf16" else 8  # the factor the bit move loses: formats.md, "Exponent bias in the scales"
 
-    def block_fp8_scales(inv, out, groups, size_n):
-        """inv: raw bits [E, ceil(N/128), K/128] (uint16 bf16 or uint32 f32); out uint16 [E, K/128 * N]."""
-        per_expert = groups * size_n
+    def block_fp8_scales(inv, out, groups, size_n, cols):
+        """inv: raw bits [E, ceil(N/128), ceil(K/128)] (uint16 bf16 or uint32 f32); out uint16 [E, groups * cols],
+        cols = N_pad (a column >= size_n is padding: 0)."""
+        per_expert = groups * cols
         start = cuda.grid(1)
         stride = cuda.gridsize(1)
         for t in range(start, out.size, stride):
@@ -431,8 +455,11 @@ def block_fp8_scales_kernel_source(src_bf16: bool, act: str):
                 logical = d - (d & 31) + p32(d & 31)
             else:
                 logical = d - (d & 63) + p64(d & 63)
-            group = logical // size_n
-            column = logical - group * size_n
+            group = logical // cols
+            column = logical - group * cols
+            if column >= size_n:
+                out[e, d] = 0
+                continue
             raw = inv[e, column >> 7, group]
             if src_bf16:
                 bits32 = uint32(uint32(raw) << uint32(16))
@@ -471,19 +498,20 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
         d = d.view(np.uint32)
     else:
         raise TypeError(f"inverse_scales must be bfloat16 or float32, got {src_dtype}")
-    groups = size_k // BLOCK_FP8
-    rows = -(-size_n // BLOCK_FP8)
+    rows, groups = block_scale_shape(size_k, size_n)
     shape = tuple(d.shape)
     if shape[-2:] != (rows, groups) or len(shape) not in (2, 3):
-        raise ValueError(f"inverse_scales has shape {shape}, expected ({rows}, {groups}) = [ceil(N/128), K/128]")
+        raise ValueError(f"inverse_scales has shape {shape}, expected ({rows}, {groups}) = [ceil(N/128), "
+                         f"ceil(K/128)]")
     stacked = len(shape) == 3
     inv = d.reshape(((shape[0] if stacked else 1), rows, groups))
     experts = inv.shape[0]
-    out = arrays.empty((experts, groups * size_n), np.uint16)
+    cols = padded_n(size_n)
+    out = arrays.empty((experts, groups * cols), np.uint16)
     act_name = "bf16" if act == np.dtype(ml_dtypes.bfloat16) else "f16"
-    _block_fp8_scales_kernel(src_bf16, act_name)[_blocks(experts * groups * size_n), THREADS, arrays.stream](
-        inv, out, groups, size_n)
-    out = out.reshape((experts, groups, size_n) if stacked else (groups, size_n))
+    _block_fp8_scales_kernel(src_bf16, act_name)[_blocks(experts * groups * cols), THREADS, arrays.stream](
+        inv, out, groups, size_n, cols)
+    out = out.reshape((experts, groups, cols) if stacked else (groups, cols))
     if arrays.any_device:  # raw bits for CuPy / Numba (no bfloat16 dtype); torch tensors in act_dtype
         return arrays.give(out, act if getattr(arrays, "framework", None) == "torch" else None)
     return arrays.give(out).view(act)
@@ -498,10 +526,10 @@ def compile_targets():
 
     for width in (32, 64):
         for raw in (types.uint16, types.uint32):
-            yield f"permute[P{width},{raw}]", permute_kernel_source(width, "none"), (arr(raw, 1), arr(raw, 1))
+            yield f"permute[P{width},{raw}]", permute_kernel_source(width, "none"), (arr(raw, 2), arr(raw, 2))
         for conv in ("f16", "bf16"):
             yield (f"permute[P{width},f32->{conv}]", permute_kernel_source(width, conv),
-                   (arr(types.uint32, 1), arr(types.uint16, 1)))
+                   (arr(types.uint32, 2), arr(types.uint16, 2)))
     for bits in (4, 8):
         yield (f"zero_points[{bits}-bit,codes]", zero_points_kernel_source(bits, "codes"),
                (arr(types.uint8, 2), arr(types.uint32, 2), types.int64, arr(types.int64, 1)))
@@ -519,4 +547,4 @@ def compile_targets():
         for act in ("f16", "bf16"):
             yield (f"block_fp8_scales[{'bf16' if src_bf16 else 'f32'}->{act}]",
                    block_fp8_scales_kernel_source(src_bf16, act),
-                   (arr(raw, 3), arr(types.uint16, 2), types.int64, types.int64))
+                   (arr(raw, 3), arr(types.uint16, 2), types.int64, types.int64, types.int64))

@@ -11,6 +11,11 @@ picks the implementation. Before any work, on either backend, each op applies th
   once, on entry, to a native C-contiguous copy; a list is refused (it has no dtype, and the dtype is part of
   every format). A device array is used in place, so it must be C-contiguous and in native byte order.
 * **metadata** (dtype, shape, contiguity) is checked from ``.shape``/``.dtype``/flags, the same for host and device.
+* **shapes**: any (size_k, size_n) the input format can hold (K a multiple of the pack factor for GPTQ rows and
+  K-major FP8 words, N for AWQ and qzeros columns; a last group or 128-block may be partial). Marlin outputs are the
+  Marlin arrays of the weight zero-padded to K_pad = ceil(K/16)*16 rows and N_pad = ceil(N/64)*64 columns
+  (scales and zero points: N_pad columns, the padded ones 0); inverses take the true sizes and return exactly the
+  checkpoint tensor (docs/formats.md, "Shapes that are not tile multiples").
 * **values**: a host ``perm`` must be a permutation of range(K) (judged before any cast), host zero-point codes must
   fit ``num_bits``; host NaN/Inf scales are kept with a RuntimeWarning. Device values are checked on the device by
   the kernels that read them (``kernels_numba``): the same rule and message, raised before the result is returned,
@@ -34,8 +39,9 @@ from workbench.formats import gptq as _gptq
 from workbench.formats import marlin_tile as _tile
 from workbench.formats import packing as _packing
 from workbench.formats import scales as _scales
-from workbench.formats._checks import (check_bits, check_int, check_permutation_values, check_size_n,
-                                       check_tile_sizes, require, require_codes_in_range, require_contiguous,
+from workbench.formats._checks import (check_bits, check_int, check_permutation_values, check_size,
+                                       check_weight_sizes, padded_n, require, require_codes_in_range,
+                                       require_contiguous, require_pack_multiple,
                                        require_dtype, require_integer_dtype, require_native_byte_order,
                                        require_ndim, require_rows, require_shape, v1_zero_message, warn_nonfinite)
 from workbench.scalar_types import ScalarType
@@ -90,7 +96,25 @@ def _check_codes(zp: Any, num_bits: int, name: str) -> None:
 
 
 def _marlin_shape(size_k: int, size_n: int, bits: int) -> tuple[int, int]:
-    return size_k // _tile.TILE_K, size_n * _tile.TILE_K // _packing.pack_factor(bits)
+    return _tile.marlin_qweight_shape(size_k, size_n, bits)
+
+
+def _gptq_sizes(size_k, size_n, num_bits) -> tuple[int, int, int, int]:
+    """(size_k, size_n, num_bits, pf) of a weight whose checkpoint form packs pf rows per word (GPTQ, FP8 raw)."""
+    num_bits = check_bits(num_bits)
+    size_k, size_n = check_weight_sizes(size_k, size_n)
+    pf = _packing.pack_factor(num_bits)
+    require_pack_multiple(size_k, pf, "size_k", f"GPTQ packs {pf} rows of {num_bits}-bit codes per word")
+    return size_k, size_n, num_bits, pf
+
+
+def _awq_sizes(size_k, size_n, num_bits) -> tuple[int, int, int, int]:
+    """(size_k, size_n, num_bits, pf) of a weight whose checkpoint form packs pf columns per word (AWQ)."""
+    num_bits = check_bits(num_bits)
+    size_k, size_n = check_weight_sizes(size_k, size_n)
+    pf = _packing.pack_factor(num_bits)
+    require_pack_multiple(size_n, pf, "size_n", f"AWQ packs {pf} columns of {num_bits}-bit codes per word")
+    return size_k, size_n, num_bits, pf
 
 
 def _planned(op):
@@ -111,11 +135,10 @@ def _planned(op):
 @_planned
 def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                        stream=None):
-    """GPTQ qweight int32 [K/pf, N] -> Marlin int32 [K/16, N*16/pf]; with perm, Marlin row k = checkpoint row perm[k]."""
+    """GPTQ qweight int32 [K/pf, N] -> Marlin int32 [K_pad/16, N_pad*16/pf]; with perm, Marlin row k = checkpoint
+    row perm[k]."""
     b_q_weight = _array(b_q_weight, "b_q_weight")
-    num_bits = check_bits(num_bits)
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    pf = _packing.pack_factor(num_bits)
+    size_k, size_n, num_bits, pf = _gptq_sizes(size_k, size_n, num_bits)
     _check_words(b_q_weight, (size_k // pf, size_n), "b_q_weight", f"size_k / pack_factor = {size_k} / {pf}, size_n")
     perm = _check_perm(perm, size_k)
 
@@ -128,11 +151,9 @@ def gptq_marlin_repack(b_q_weight, perm, size_k: int, size_n: int, num_bits: int
 
 @_planned
 def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
-    """AWQ qweight int32 [K, N/pf] (interleaved along N) -> Marlin int32 [K/16, N*16/pf]."""
+    """AWQ qweight int32 [K, N/pf] (interleaved along N) -> Marlin int32 [K_pad/16, N_pad*16/pf]."""
     b_q_weight = _array(b_q_weight, "b_q_weight")
-    num_bits = check_bits(num_bits)
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    pf = _packing.pack_factor(num_bits)
+    size_k, size_n, num_bits, pf = _awq_sizes(size_k, size_n, num_bits)
     _check_words(b_q_weight, (size_k, size_n // pf), "b_q_weight", f"size_k, size_n / pack_factor = {size_n} / {pf}")
 
     def reference(q, k, n, bits):
@@ -143,9 +164,9 @@ def awq_marlin_repack(b_q_weight, size_k: int, size_n: int, num_bits: int, *, ba
 
 @_planned
 def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
-    """K-major raw E4M3 words [K/4, N] (int32 or uint32) -> Marlin W8A16 tiles int32 [K/16, 4N]."""
+    """K-major raw E4M3 words [K/4, N] (int32 or uint32) -> Marlin W8A16 tiles int32 [K_pad/16, 4*N_pad]."""
     raw_bits_k_major = _array(raw_bits_k_major, "raw_bits_k_major")
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    size_k, size_n, _, _ = _gptq_sizes(size_k, size_n, 8)
     _check_words(raw_bits_k_major, (size_k // 4, size_n), "raw_bits_k_major", "[K/4, N]")
     return backends.dispatch("fp8_marlin_repack_raw_bits", backend, stream, _fp8.fp8_marlin_repack_raw_bits,
                              raw_bits_k_major, size_k, size_n)
@@ -153,7 +174,8 @@ def fp8_marlin_repack_raw_bits(raw_bits_k_major, size_k: int, size_n: int, *, ba
 
 @_planned
 def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
-    """Row-major E4M3 [N, K] (uint8 or float8_e4m3fn) -> Marlin int32 [K/16, 4N], transpose fused into tiling."""
+    """Row-major E4M3 [N, K] (uint8 or float8_e4m3fn) -> Marlin int32 [K_pad/16, 4*N_pad], transpose fused into
+    tiling."""
     row_major = _array(row_major, "row_major")
     size_k, size_n = _fp8.check_block_fp8_shapes(size_k, size_n)
     require_dtype(row_major, (np.uint8, _fp8.E4M3), "row_major")
@@ -166,24 +188,25 @@ def block_fp8_group128_repack(row_major, size_k: int, size_n: int, *, backend: s
 # ---------------------------------------------------------------------------------------------------------------
 # scales and zero points
 # ---------------------------------------------------------------------------------------------------------------
-def _check_scale_tensor(s, size_k: int, size_n: int, group_size: int, name: str = "s") -> tuple[int, int, int]:
-    """-> (size_k, size_n, group_size) as ints, after the checks of a scale tensor [ng, N]."""
-    size_k = check_int(size_k, "size_k")
+def _check_scale_tensor(s, size_k: int, size_n: int, group_size: int, name: str = "s",
+                        marlin: bool = False) -> tuple[int, int, int]:
+    """-> (size_k, size_n, group_size) as ints, after the checks of a scale tensor [ng, N] (``marlin``: the
+    Marlin form [ng, N_pad])."""
+    size_k = check_size(size_k, "size_k")
     group_size = _scales.check_group_size(size_k, group_size)
-    require(size_k > 0, f"size_k = {size_k} must be positive")
-    size_n = check_size_n(size_n)
+    size_n = check_size(size_n, "size_n")
     ng = _scales.num_groups(size_k, group_size)
     require_ndim(s, 2, name)
-    require_shape(s, (ng, size_n), name, f"[num_groups = {ng}, size_n] for size_k = {size_k}, group_size = {group_size}")
+    cols, what = (padded_n(size_n), "N_pad = ceil(size_n / 64) * 64") if marlin else (size_n, "size_n")
+    require_shape(s, (ng, cols), name, f"[num_groups = {ng}, {what}] for size_k = {size_k}, size_n = {size_n}, "
+                  f"group_size = {group_size}")
     require_contiguous(s, name)
     return size_k, size_n, group_size
 
 
 def _check_zp_sizes(size_k: int, size_n: int, num_bits: int) -> tuple[int, int, int]:
     """(size_k, size_n, num_bits) of a zero-point op as ints: K is not used by the transform but must be a size."""
-    size_k = check_int(size_k, "size_k")
-    require(size_k > 0, f"size_k = {size_k} must be positive")
-    return size_k, check_size_n(size_n), check_bits(num_bits)
+    return check_size(size_k, "size_k"), check_size(size_n, "size_n"), check_bits(num_bits)
 
 
 def _check_scale_dtype(s, name: str = "s") -> None:
@@ -194,8 +217,8 @@ def _check_scale_dtype(s, name: str = "s") -> None:
 
 @_planned
 def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
-    """Scales [ng, N] (float16, bfloat16 or float32) -> Marlin order: 64-wide permutation when grouped (ng > 1),
-    32-wide otherwise."""
+    """Scales [ng, N] (float16, bfloat16 or float32) -> Marlin order [ng, N_pad] (padded columns 0): 64-wide
+    permutation when grouped (ng > 1), 32-wide otherwise."""
     s = _array(s, "s")
     _check_scale_dtype(s)
     size_k, size_n, group_size = _check_scale_tensor(s, size_k, size_n, group_size)
@@ -206,7 +229,8 @@ def marlin_permute_scales(s, size_k: int, size_n: int, group_size: int, *, backe
 
 @_planned
 def marlin_zero_points(zp, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto", stream=None):
-    """Zero-point codes [ng, N] (any integer dtype, each in [0, 2^bits)) -> Marlin zero points int32 [ng, N/pf]."""
+    """Zero-point codes [ng, N] (any integer dtype, each in [0, 2^bits)) -> Marlin zero points int32
+    [ng, N_pad/pf] (padded codes 0)."""
     zp = _array(zp, "zp")
     size_k, size_n, num_bits = _check_zp_sizes(size_k, size_n, num_bits)
     require_ndim(zp, 2, "zp")
@@ -218,13 +242,20 @@ def marlin_zero_points(zp, size_k: int, size_n: int, num_bits: int, *, backend: 
                              num_bits)
 
 
-def _check_packed_zeros(q, size_k: int, size_n: int, num_bits: int, name: str) -> tuple[Any, int, int, int]:
-    """Column-packed zero points [ng, N/pf] (AWQ or Marlin order) -> (array, size_k, size_n, num_bits)."""
+def _check_packed_zeros(q, size_k: int, size_n: int, num_bits: int, name: str,
+                        marlin: bool) -> tuple[Any, int, int, int]:
+    """Column-packed zero points -> (array, size_k, size_n, num_bits): the Marlin form [ng, N_pad/pf]
+    (``marlin``), or AWQ's [ng, N/pf], whose N fills whole words."""
     q = _array(q, name)
     size_k, size_n, num_bits = _check_zp_sizes(size_k, size_n, num_bits)
     pf = _packing.pack_factor(num_bits)
     require_ndim(q, 2, name)
-    _check_words(q, (q.shape[0], size_n // pf), name, f"[num_groups, size_n / {pf}]")
+    if marlin:
+        _check_words(q, (q.shape[0], padded_n(size_n) // pf), name, f"[num_groups, N_pad / {pf}] for size_n = "
+                     f"{size_n}")
+    else:
+        require_pack_multiple(size_n, pf, "size_n", f"AWQ packs {pf} zero points per word")
+        _check_words(q, (q.shape[0], size_n // pf), name, f"[num_groups, size_n / {pf}]")
     require_rows(q, name)
     return q, size_k, size_n, num_bits
 
@@ -232,8 +263,9 @@ def _check_packed_zeros(q, size_k: int, size_n: int, num_bits: int, name: str) -
 @_planned
 def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                               stream=None):
-    """AWQ qzeros int32 [ng, N/pf] (interleaved) -> Marlin zero points int32 [ng, N/pf]."""
-    q_zp_packed, size_k, size_n, num_bits = _check_packed_zeros(q_zp_packed, size_k, size_n, num_bits, "q_zp_packed")
+    """AWQ qzeros int32 [ng, N/pf] (interleaved) -> Marlin zero points int32 [ng, N_pad/pf]."""
+    q_zp_packed, size_k, size_n, num_bits = _check_packed_zeros(q_zp_packed, size_k, size_n, num_bits, "q_zp_packed",
+                                                                False)
 
     def reference(q, k, n, bits):
         return _scales.zero_points_to_marlin(_packing.awq_unpack(q, bits), k, n, bits)
@@ -245,14 +277,15 @@ def awq_to_marlin_zero_points(q_zp_packed, size_k: int, size_n: int, num_bits: i
 @_planned
 def repack_gptq_qzeros_to_marlin(qzeros, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
                                  backend: str = "auto", stream=None):
-    """GPTQ v1 qzeros [K/G, N/pf] (stored zero - 1) -> Marlin zero points; a stored all-ones field is an error."""
+    """GPTQ v1 qzeros [ceil(K/G), N/pf] (stored zero - 1) -> Marlin zero points [ceil(K/G), N_pad/pf]; a stored
+    all-ones field is an error."""
     qzeros = _array(qzeros, "qzeros")
     num_bits = check_bits(num_bits)
-    size_k = check_int(size_k, "size_k")
+    size_k = check_size(size_k, "size_k")
     group_size = _scales.check_group_size(size_k, group_size)
-    require(size_k > 0, f"size_k = {size_k} must be positive")
-    size_n = check_size_n(size_n)
+    size_n = check_size(size_n, "size_n")
     pf = _packing.pack_factor(num_bits)
+    require_pack_multiple(size_n, pf, "size_n", f"GPTQ qzeros pack {pf} zero points per word")
     ng = _scales.num_groups(size_k, group_size)
     _check_words(qzeros, (ng, size_n // pf), "qzeros", f"[K/G, N/{pf}] for K = {size_k}, N = {size_n}, "
                  f"group_size = {group_size}")
@@ -273,7 +306,8 @@ def gptq_qzeros_are_symmetric_code7(qzeros, num_bits: int = 4, *, backend: str =
 @_planned
 def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtype=np.float16, *,
                               backend: str = "auto", stream=None):
-    """Block-FP8 inverse scales [ceil(N/128), K/128] (bf16 or float32) -> Marlin scales [K/128, N] in act_dtype.
+    """Block-FP8 inverse scales [ceil(N/128), ceil(K/128)] (bf16 or float32) -> Marlin scales [ceil(K/128), N_pad]
+    in act_dtype (padded columns 0).
 
     fp16: ``f16(inv * 256)``; bf16: ``bf16(inv * 2^120)``; 32-wide permutation for K = 128, 64-wide otherwise.
     On the device, where CuPy has no bfloat16, bf16 inverse scales may come as their uint16 bit patterns.
@@ -283,8 +317,8 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
     _fp8.exponent_bias(act_dtype)
     allowed = (_fp8.BF16, np.float32) + ((np.uint16,) if backends.is_device_array(inverse_scales) else ())
     require_dtype(inverse_scales, allowed, "inverse_scales")
-    require_shape(inverse_scales, (-(-size_n // _fp8.BLOCK), size_k // _fp8.BLOCK), "inverse_scales",
-                  f"[ceil(N/128), K/128] for K = {size_k}, N = {size_n}")
+    require_shape(inverse_scales, _fp8.block_scale_shape(size_k, size_n), "inverse_scales",
+                  f"[ceil(N/128), ceil(K/128)] for K = {size_k}, N = {size_n}")
     require_contiguous(inverse_scales, "inverse_scales")
     warn_nonfinite(inverse_scales, "inverse_scales")
     return backends.dispatch("block_fp8_group128_scales", backend, stream, _fp8.block_fp8_group128_scales,
@@ -294,12 +328,17 @@ def block_fp8_group128_scales(inverse_scales, size_k: int, size_n: int, act_dtyp
 # ---------------------------------------------------------------------------------------------------------------
 # inverses (Marlin -> checkpoint layout), for debugging and verification
 # ---------------------------------------------------------------------------------------------------------------
-def _check_marlin_q(marlin_q, size_k: int, size_n: int, num_bits: int) -> tuple[Any, int, int, int]:
-    """Marlin tiles [K/16, N*16/pf] -> (array, size_k, size_n, num_bits) after the shared checks."""
+def _check_marlin_q(marlin_q, size_k: int, size_n: int, num_bits: int, sizes=None) -> tuple[Any, int, int, int]:
+    """Marlin tiles [K_pad/16, N_pad*16/pf] -> (array, size_k, size_n, num_bits) after the shared checks;
+    ``sizes``: the target format's size rule (_gptq_sizes / _awq_sizes; default: any positive sizes)."""
     marlin_q = _array(marlin_q, "marlin_q")
-    num_bits = check_bits(num_bits)
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    _check_words(marlin_q, _marlin_shape(size_k, size_n, num_bits), "marlin_q", f"[K/16, N*16/pf], {num_bits}-bit")
+    if sizes is None:
+        num_bits = check_bits(num_bits)
+        size_k, size_n = check_weight_sizes(size_k, size_n)
+    else:
+        size_k, size_n, num_bits, _ = sizes(size_k, size_n, num_bits)
+    _check_words(marlin_q, _marlin_shape(size_k, size_n, num_bits), "marlin_q",
+                 f"[K_pad/16, N_pad*16/pf], {num_bits}-bit, K = {size_k}, N = {size_n}")
     return marlin_q, size_k, size_n, num_bits
 
 
@@ -327,7 +366,7 @@ def marlin_to_codes(marlin_q, size_k: int, size_n: int, num_bits: int, perm=None
 def marlin_to_gptq_qweight(marlin_q, perm, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                            stream=None):
     """Inverse of gptq_marlin_repack: Marlin tiles -> GPTQ qweight int32 [K/pf, N] in checkpoint row order."""
-    marlin_q, size_k, size_n, num_bits = _check_marlin_q(marlin_q, size_k, size_n, num_bits)
+    marlin_q, size_k, size_n, num_bits = _check_marlin_q(marlin_q, size_k, size_n, num_bits, _gptq_sizes)
     perm = _check_perm(perm, size_k)
 
     def reference(q, p, k, n, bits):
@@ -338,8 +377,8 @@ def marlin_to_gptq_qweight(marlin_q, perm, size_k: int, size_n: int, num_bits: i
 
 
 def _inverse(op_name: str, reference, marlin_q, size_k: int, size_n: int, num_bits: int, backend: str, stream,
-             pass_bits: bool):
-    marlin_q, size_k, size_n, num_bits = _check_marlin_q(marlin_q, size_k, size_n, num_bits)
+             pass_bits: bool, sizes):
+    marlin_q, size_k, size_n, num_bits = _check_marlin_q(marlin_q, size_k, size_n, num_bits, sizes)
     extra = (num_bits,) if pass_bits else ()
     return backends.dispatch(op_name, backend, stream, reference, marlin_q, size_k, size_n, *extra)
 
@@ -349,7 +388,7 @@ def marlin_to_awq_qweight(marlin_q, size_k: int, size_n: int, num_bits: int, *, 
     """Inverse of awq_marlin_repack: Marlin tiles -> AWQ qweight int32 [K, N/pf]."""
     return _inverse("marlin_to_awq_qweight",
                     lambda q, k, n, bits: _packing.awq_pack(_tile.marlin_unpack_codes(q, k, n, bits), bits),
-                    marlin_q, size_k, size_n, num_bits, backend, stream, True)
+                    marlin_q, size_k, size_n, num_bits, backend, stream, True, _awq_sizes)
 
 
 @_planned
@@ -357,22 +396,27 @@ def marlin_to_fp8_raw_bits(marlin_q, size_k: int, size_n: int, *, backend: str =
     """Inverse of fp8_marlin_repack_raw_bits: Marlin tiles -> K-major raw words int32 [K/4, N]."""
     return _inverse("marlin_to_fp8_raw_bits",
                     lambda q, k, n: _packing.pack_rows(_tile.marlin_unpack_codes(q, k, n, 8), 8),
-                    marlin_q, size_k, size_n, 8, backend, stream, False)
+                    marlin_q, size_k, size_n, 8, backend, stream, False, _gptq_sizes)
 
 
 @_planned
 def marlin_to_block_fp8(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Inverse of block_fp8_group128_repack: Marlin tiles -> row-major E4M3 bytes uint8 [N, K]."""
     return _inverse("marlin_to_block_fp8", _fp8.marlin_to_row_major_fp8, marlin_q, size_k, size_n, 8, backend,
-                    stream, False)
+                    stream, False, _block_fp8_sizes)
+
+
+def _block_fp8_sizes(size_k, size_n, num_bits):
+    size_k, size_n = _fp8.check_block_fp8_shapes(size_k, size_n)
+    return size_k, size_n, 8, 4
 
 
 @_planned
 def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, backend: str = "auto", stream=None):
-    """Inverse of marlin_permute_scales."""
+    """Inverse of marlin_permute_scales: Marlin [ng, N_pad] -> [ng, N]."""
     s = _array(s, "s")
     _check_scale_dtype(s)
-    size_k, size_n, group_size = _check_scale_tensor(s, size_k, size_n, group_size)
+    size_k, size_n, group_size = _check_scale_tensor(s, size_k, size_n, group_size, marlin=True)
     warn_nonfinite(s, "s")
     return backends.dispatch("marlin_unpermute_scales", backend, stream, _scales.unpermute_scales, s, size_k, size_n,
                              group_size)
@@ -381,8 +425,8 @@ def marlin_unpermute_scales(s, size_k: int, size_n: int, group_size: int, *, bac
 @_planned
 def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                                 stream=None):
-    """Inverse of marlin_zero_points: int32 [ng, N/pf] -> codes uint8 [ng, N]."""
-    zp_packed, size_k, size_n, num_bits = _check_packed_zeros(zp_packed, size_k, size_n, num_bits, "zp_packed")
+    """Inverse of marlin_zero_points: int32 [ng, N_pad/pf] -> codes uint8 [ng, N]."""
+    zp_packed, size_k, size_n, num_bits = _check_packed_zeros(zp_packed, size_k, size_n, num_bits, "zp_packed", True)
     return backends.dispatch("marlin_zero_points_to_codes", backend, stream,
                              lambda z, k, n, bits: _scales.marlin_zero_points_to_codes(z, n, bits),
                              zp_packed, size_k, size_n, num_bits)
@@ -391,8 +435,9 @@ def marlin_zero_points_to_codes(zp_packed, size_k: int, size_n: int, num_bits: i
 @_planned
 def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int, *, backend: str = "auto",
                               stream=None):
-    """Inverse of awq_to_marlin_zero_points."""
-    zp_packed, size_k, size_n, num_bits = _check_packed_zeros(zp_packed, size_k, size_n, num_bits, "zp_packed")
+    """Inverse of awq_to_marlin_zero_points: Marlin [ng, N_pad/pf] -> AWQ [ng, N/pf]."""
+    zp_packed, size_k, size_n, num_bits = _check_packed_zeros(zp_packed, size_k, size_n, num_bits, "zp_packed", True)
+    require_pack_multiple(size_n, _packing.pack_factor(num_bits), "size_n", "AWQ packs whole words of zero points")
 
     def reference(z, k, n, bits):
         return _packing.awq_pack(_scales.marlin_zero_points_to_codes(z, n, bits), bits)
@@ -404,8 +449,9 @@ def marlin_to_awq_zero_points(zp_packed, size_k: int, size_n: int, num_bits: int
 @_planned
 def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, num_bits: int = 4, *,
                           backend: str = "auto", stream=None):
-    """Inverse of repack_gptq_qzeros_to_marlin: Marlin zero points -> v1 qzeros (stored zero - 1)."""
-    zp_packed, size_k, size_n, num_bits = _check_packed_zeros(zp_packed, size_k, size_n, num_bits, "zp_packed")
+    """Inverse of repack_gptq_qzeros_to_marlin: Marlin zero points -> v1 qzeros (stored zero - 1) [ng, N/pf]."""
+    zp_packed, size_k, size_n, num_bits = _check_packed_zeros(zp_packed, size_k, size_n, num_bits, "zp_packed", True)
+    require_pack_multiple(size_n, _packing.pack_factor(num_bits), "size_n", "GPTQ qzeros pack whole words")
     group_size = _scales.check_group_size(size_k, group_size)
 
     def reference(z, k, n, g, bits):
@@ -420,7 +466,7 @@ def marlin_to_gptq_qzeros(zp_packed, size_k: int, size_n: int, group_size: int, 
 
 
 def marlin_to_block_fp8_scales(marlin_scales, size_k: int, size_n: int, act_dtype=np.float16):
-    """Inverse of block_fp8_group128_scales, as float32 [ceil(N/128), K/128].
+    """Inverse of block_fp8_group128_scales: Marlin [ceil(K/128), N_pad] -> float32 [ceil(N/128), ceil(K/128)].
 
     Exact whenever the forward rounding to act_dtype was exact (e.g. bf16 inputs into bf16, or fp16-representable
     values); otherwise it returns the rounded scale the kernel uses.
@@ -445,8 +491,7 @@ def stack_gptq_experts_to_marlin(qweights: Sequence[Any], scales: Sequence[Any],
     ``qzeros[e]`` int32 [K/G, N/pf] v1. Zero points are stacked only when some expert is asymmetric
     (otherwise the weight type is the symmetric ``u4b8``/``u8b128``).
     """
-    bits = check_bits(bits)
-    size_k, n_per_expert = check_tile_sizes(size_k, n_per_expert)
+    size_k, n_per_expert, bits, _ = _gptq_sizes(size_k, n_per_expert, bits)
     group_size = _scales.check_group_size(size_k, group_size)
     if not isinstance(qweights, (list, tuple)):  # one stacked array [E, ...] per tensor
         qweights, scales, qzeros = (_array(x, name) for x, name in ((qweights, "qweights"), (scales, "scales"),
@@ -476,7 +521,7 @@ def stack_gptq_experts_to_marlin(qweights: Sequence[Any], scales: Sequence[Any],
         raise ValueError(f"backend = {backend!r} is not one of {backends.BACKENDS}")
 
     qweight = np.empty((num_experts,) + _marlin_shape(size_k, n_per_expert, bits), dtype=np.int32)
-    scale_stack = np.empty((num_experts, ng, n_per_expert), dtype=act)
+    scale_stack = np.empty((num_experts, ng, padded_n(n_per_expert)), dtype=act)
     for e in range(num_experts):
         qweight[e] = gptq_marlin_repack(qweights[e], None, size_k, n_per_expert, bits, backend=backend, stream=stream)
         scale_stack[e] = _scales.permute_scales(np.asarray(scales[e]).astype(act), size_k, n_per_expert, group_size)

@@ -92,7 +92,8 @@ def dequantize(codes, scales, zeros, weight_type, group_size: int, g_idx=None, a
 
 def quantize_weights(w, weight_type, group_size: int, act_order: bool = False, act_dtype=np.float16,
                      seed: int = 0) -> QuantizedWeight:
-    """Round-to-nearest quantization of w (K, N) per group of rows and per column.
+    """Round-to-nearest quantization of w (K, N) per group of rows and per column. Any K and N; a group size that
+    does not divide K leaves a partial last group (ceil(K / group_size) groups).
 
     * symmetric (u4b8/u8b128): ``s = max(|max|/qmax, |min|/|qmin|)``, ``code = clamp(round(w/s), qmin, qmax) + bias``;
     * asymmetric (u4/u8): ``s = max(max - min, 1e-5) / (2^b - 1)``, ``z = clamp(round(-min/s))``,

@@ -1,14 +1,19 @@
-"""``MarlinWeight``: everything a Marlin GEMM needs for one layer (or one stack of MoE experts)."""
+"""``MarlinWeight``: everything a Marlin GEMM needs for one layer (or one stack of MoE experts).
+
+``size_k`` / ``size_n`` are the true sizes; the arrays are the Marlin arrays of the weight zero-padded to
+K_pad = ceil(K/16)*16 rows and N_pad = ceil(N/64)*64 columns (docs/formats.md, "Shapes that are not tile
+multiples"): a kernel reads A up to size_k and writes C up to size_n."""
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 
-from workbench.formats._checks import check_permutation_values, require, require_integer_dtype
+from workbench.formats._checks import (check_permutation_values, padded_k, padded_n, require,
+                                       require_integer_dtype)
 from workbench.formats.fp8 import marlin_fp8_scales
 from workbench.formats.gptq import sort_g_idx
-from workbench.formats.marlin_tile import TILE_N, marlin_repack_codes
+from workbench.formats.marlin_tile import TILE_N, marlin_qweight_shape, marlin_repack_codes
 from workbench.formats.scales import num_groups, permute_scales, zero_points_to_marlin
 from workbench.quantize import QuantizedWeight, quantize_weights
 from workbench.scalar_types import ScalarType
@@ -19,17 +24,18 @@ MAX_PAR = 16
 
 
 def workspace_size(size_n: int, num_experts: int = 1) -> int:
-    """int32 lock counters a (stack of) layer(s) needs: ferrum-kernels' ``max(N/64, 1) * 16`` per expert."""
-    return num_experts * max(size_n // TILE_N, 1) * MAX_PAR
+    """int32 lock counters a (stack of) layer(s) needs: ferrum-kernels' ``max(N/64, 1) * 16`` per expert, one per
+    64-column stripe of N_pad (a partial last stripe has its own counters)."""
+    return num_experts * max(-(-size_n // TILE_N), 1) * MAX_PAR
 
 
 @dataclasses.dataclass
 class MarlinWeight:
     """A layer in Marlin layout. With ``num_experts`` set, every array has a leading expert axis."""
 
-    qweight: np.ndarray  # ([E,] K/16, N*16/pf) int32 Marlin tiles
-    scales: np.ndarray  # ([E,] ng, N) act_dtype, permuted (FP8: exponent bias folded in)
-    zeros: np.ndarray | None  # ([E,] ng, N/pf) int32 Marlin zero points (u4/u8 only)
+    qweight: np.ndarray  # ([E,] K_pad/16, N_pad*16/pf) int32 Marlin tiles
+    scales: np.ndarray  # ([E,] ng, N_pad) act_dtype, permuted (FP8: exponent bias folded in); ng = ceil(K/G)
+    zeros: np.ndarray | None  # ([E,] ng, N_pad/pf) int32 Marlin zero points (u4/u8 only)
     g_idx: np.ndarray | None  # ([E,] K) int32 sorted group index (act-order only)
     perm: np.ndarray | None  # ([E,] K) int32: Marlin row k is checkpoint row perm[k] (act-order only)
     size_k: int
@@ -55,9 +61,34 @@ class MarlinWeight:
             for e, row in enumerate(rows):
                 check_permutation_values(row, self.size_k, "perm" if self.num_experts is None else f"perm[{e}]")
 
+    def require_padded_arrays(self) -> None:
+        """The arrays have the padded Marlin shapes of the true sizes (qweight [E,] K_pad/16 x N_pad*16/pf, scales
+        and zero points N_pad columns, ceil(K/G) groups), from metadata alone: what a loader checks before a kernel
+        trusts size_k / size_n. (Not in __post_init__: hand-made weights for tests and benchmarks may be anything.)"""
+        bits = self.weight_type.bits
+        expected = {"qweight": marlin_qweight_shape(int(self.size_k), int(self.size_n), bits),
+                    "scales": (self.num_groups, self.padded_n)}
+        if self.zeros is not None:
+            expected["zeros"] = (self.num_groups, self.padded_n * bits // 32)
+        for name, shape in expected.items():
+            got = tuple(getattr(self, name).shape)
+            require(got[-2:] == shape, f"{name} has shape {got}, expected [E,] {shape} for size_k = {self.size_k}, "
+                    f"size_n = {self.size_n}, group_size = {self.group_size}, {bits}-bit (docs/formats.md, \"Shapes "
+                    f"that are not tile multiples\")")
+
     @property
     def num_groups(self) -> int:
         return num_groups(self.size_k, self.group_size)
+
+    @property
+    def padded_k(self) -> int:
+        """Rows of the Marlin arrays: ceil(size_k / 16) * 16."""
+        return padded_k(self.size_k)
+
+    @property
+    def padded_n(self) -> int:
+        """Columns of the Marlin arrays (qweight tiles, scales, zero points): ceil(size_n / 64) * 64."""
+        return padded_n(self.size_n)
 
     @property
     def has_act_order(self) -> bool:

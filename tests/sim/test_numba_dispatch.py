@@ -24,8 +24,10 @@ def test_unknown_backend_and_numpy_backend_with_device_array(rng):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda q: ops.gptq_marlin_repack(q, None, 16, 96, 4, backend="numba"), "size_n = 96"),
-    (lambda q: ops.gptq_marlin_repack(q, None, 24, 64, 4, backend="numba"), "size_k = 24"),
+    # shapes that are not whole tiles are padded (test_numba_odd_shapes.py); what GPTQ rows cannot hold is refused
+    (lambda q: ops.gptq_marlin_repack(q, None, 16, 0, 4, backend="numba"), "size_n = 0 must be positive"),
+    (lambda q: ops.gptq_marlin_repack(q, None, 20, 64, 4, backend="numba"),
+     "size_k = 20 is not a multiple of the pack factor 8"),
     (lambda q: ops.gptq_marlin_repack(q, None, 16, 64, 3, backend="numba"), "num_bits = 3"),
     (lambda q: ops.gptq_marlin_repack(q, None, 32, 64, 4, backend="numba"), "b_q_weight has shape"),
     (lambda q: ops.gptq_marlin_repack(q.astype(np.int64), None, 16, 64, 4, backend="numba"), "dtype"),

@@ -16,10 +16,15 @@ def register(subparsers) -> None:
         "inspect", help="list the quantized layers of a checkpoint and whether Marlin can take them",
         description="Print a table of every quantized layer of a safetensors checkpoint (GPTQ, AWQ, compressed-tensors"
                     " pack-quantized, block-FP8; MoE experts as stacks): source format, weight type, bits, group size,"
-                    " act-order, K x N, experts, Marlin compatibility and why not. Exit 0 when every layer is"
+                    " act-order, K x N, experts, the bytes padding to whole 16 x 64 tiles adds to the layer's Marlin"
+                    " tensors beside what padding K and N to 128 would add (--padding, --json: per tensor), Marlin"
+                    " compatibility and why not. Exit 0 when every layer is"
                     " compatible, 1 when some is not, 2 on unreadable or inconsistent input.")
     p.add_argument("path", help="checkpoint directory (or a single .safetensors file)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--padding", action="store_true",
+                   help="also list every Marlin tensor: its bytes, what padding to whole 16 x 64 tiles adds and what"
+                        " padding K and N to 128 would add")
     p.set_defaults(func=_inspect)
 
     p = subparsers.add_parser(
@@ -97,17 +102,48 @@ def _size(text: str) -> int:
     raise argparse.ArgumentTypeError(f"{text!r} is not a size like 5GB, 500MB or 1048576")
 
 
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def padding_cell(spec) -> str:
+    """The extra bytes of the layer's Marlin tensors under the padding rule (K to 16, N to 64), then what padding
+    K and N to 128 would add: "+rule / +pad128"."""
+    from workbench.checkpoint.repack import padding_overhead
+
+    rows = padding_overhead(spec)
+    return (f"+{_bytes(sum(r['rule_extra_bytes'] for r in rows))} / "
+            f"+{_bytes(sum(r['pad128_extra_bytes'] for r in rows))}")
+
+
 def format_table(plan) -> str:
-    header = ("layer", "format", "type", "bits", "group", "act-order", "K x N", "experts", "Marlin")
+    header = ("layer", "format", "type", "bits", "group", "act-order", "K x N", "experts", "pad: tile / 128",
+              "Marlin")
     rows = []
     for spec in plan.layers:
         rows.append((spec.name, spec.source_format, spec.weight_type.label, str(spec.bits), str(spec.group_size),
                      "yes" if spec.act_order else "no", f"{spec.size_k} x {spec.size_n}",
-                     str(spec.num_experts) if spec.num_experts else "-",
+                     str(spec.num_experts) if spec.num_experts else "-", padding_cell(spec),
                      "yes" if spec.compatible else "NO: " + "; ".join(spec.problems)))
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header) - 1)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(row[:-1], widths)) + "  " + row[-1] for row in [header] + rows]
     lines.insert(1, "-" * min(max(len(line) for line in lines), 160))
+    return "\n".join(lines)
+
+
+def format_padding_table(plan) -> str:
+    """One row per Marlin tensor of every layer: bytes, extra bytes of the padding rule, of padding to 128."""
+    from workbench.checkpoint.repack import padding_overhead
+
+    header = ("tensor", "bytes", "tile padding", "padding to 128")
+    rows = [(r["tensor"], _bytes(r["bytes"]), f"+{_bytes(r['rule_extra_bytes'])}",
+             f"+{_bytes(r['pad128_extra_bytes'])}") for spec in plan.layers for r in padding_overhead(spec)]
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header] + rows]
+    lines.insert(1, "-" * max(len(line) for line in lines))
     return "\n".join(lines)
 
 
@@ -123,7 +159,9 @@ def format_marlin_table(manifest: dict) -> str:
 
 
 def _layer_json(spec) -> dict:
-    return {"name": spec.name, "source_format": spec.source_format, "weight_type": spec.weight_type.label,
+    from workbench.checkpoint.repack import padding_overhead
+
+    return {"padding": padding_overhead(spec), "name": spec.name, "source_format": spec.source_format, "weight_type": spec.weight_type.label,
             "bits": spec.bits, "group_size": spec.group_size, "act_order": spec.act_order, "size_k": spec.size_k,
             "size_n": spec.size_n, "num_experts": spec.num_experts, "compatible": spec.compatible,
             "problems": list(spec.problems)}
@@ -156,6 +194,9 @@ def _inspect(args) -> int:
         print(f"{args.path}: no quantized layers ({count(len(plan.passthrough), 'unquantized tensor')})")
         return EXIT_OK
     print(format_table(plan))
+    if getattr(args, "padding", False):
+        print()
+        print(format_padding_table(plan))
     print(f"\n{count(len(plan.layers), 'quantized layer')} ({plan.settings.source_format}, settings from"
           f" {plan.settings.origin}); {count(len(plan.passthrough), 'tensor')} carried over untouched;"
           f" {len(plan.layers) - bad} Marlin-compatible, {bad} not")

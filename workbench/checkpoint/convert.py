@@ -27,8 +27,10 @@ from workbench.checkpoint.safetensors_io import CheckpointError
 from workbench.checkpoint.settings import AWQ, CT, FP8, GPTQ, GPTQ_V2
 from workbench.checkpoint.source import SourceCheckpoint
 from workbench.formats import packing
+from workbench.formats._checks import padded_k, padded_n
 from workbench.formats.gptq import sort_g_idx
-from workbench.formats.marlin_tile import describe_position
+from workbench.formats.marlin_tile import describe_position, marlin_unpack_padded_codes, nonzero_padding
+from workbench.formats.scales import marlin_zero_points_to_padded_codes
 
 NO_PERM = np.empty(0, dtype=np.int32)  # vLLM passes an empty tensor for "no act-order"
 
@@ -37,9 +39,9 @@ NO_PERM = np.empty(0, dtype=np.int32)  # vLLM passes an empty tensor for "no act
 class MarlinTensors:
     """One layer (or one expert of a stack) in Marlin layout."""
 
-    qweight: np.ndarray  # (K/16, N*16/pf) int32
-    scales: np.ndarray  # (ng, N) act_dtype, permuted
-    zeros: np.ndarray | None  # (ng, N/pf) int32
+    qweight: np.ndarray  # (K_pad/16, N_pad*16/pf) int32 (docs/formats.md, "Shapes that are not tile multiples")
+    scales: np.ndarray  # (ng, N_pad) act_dtype, permuted
+    zeros: np.ndarray | None  # (ng, N_pad/pf) int32
     g_idx: np.ndarray | None  # (K,) int32, sorted
     perm: np.ndarray | None  # (K,) int32
     extra: dict = field(default_factory=dict)  # suffix -> tensor of the layer's extra_marlin_tensors (global_scale)
@@ -67,10 +69,12 @@ def _read_g_idx(src: SourceCheckpoint, spec: LayerSpec, part: Part, role: str) -
         raise CheckpointError(f"{src.describe(name)}: values in [{g_idx.min()}, {g_idx.max()}] outside the"
                               f" {ng} groups [0, {ng})")
     counts = np.bincount(g_idx, minlength=ng)
-    if np.any(counts != spec.group_size):
-        g = int(np.flatnonzero(counts != spec.group_size)[0])
-        raise CheckpointError(f"{src.describe(name)}: group {g} has {counts[g]} rows, expected group_size ="
-                              f" {spec.group_size} (every act-order group must hold group_size rows)")
+    expected = np.minimum(spec.group_size, k - spec.group_size * np.arange(ng))  # the last group may be partial
+    if np.any(counts != expected):
+        g = int(np.flatnonzero(counts != expected)[0])
+        raise CheckpointError(f"{src.describe(name)}: group {g} has {counts[g]} rows, expected {expected[g]}"
+                              f" (every act-order group holds group_size = {spec.group_size} rows, the last one the"
+                              " rest of K)")
     return g_idx.astype(np.int32)
 
 
@@ -191,32 +195,35 @@ def _part_to_marlin(src: SourceCheckpoint, spec: LayerSpec, part: Part, perm, ba
             gptq_q = src.read(t["qweight"])  # (K/pf, N)
             scales_src = src.read(t["scales"])
         zero_codes = _zero_codes(src, spec, part)  # (ng, N) or None
-    qweight = np.empty((k // 16, n * 16 // pf), np.int32)  # (K/16, N*16/pf)
-    scales = np.empty((part.num_groups, n), spec.act_dtype)  # (ng, N)
-    zeros = np.empty((part.num_groups, n // pf), np.int32) if spec.weight_type.has_zero_points else None
+    # padded Marlin tensors; a block of w source columns fills padded_n(w) Marlin columns (only the last is short)
+    qweight = np.empty((padded_k(k) // 16, padded_n(n) * 16 // pf), np.int32)  # (K_pad/16, N_pad*16/pf)
+    scales = np.empty((part.num_groups, padded_n(n)), spec.act_dtype)  # (ng, N_pad)
+    zeros = np.empty((part.num_groups, padded_n(n) // pf), np.int32) if spec.weight_type.has_zero_points else None
     for n0 in range(0, n, block):
         n1 = min(n, n0 + block)
-        w, q_cols, z_cols = n1 - n0, slice(n0 * 16 // pf, n1 * 16 // pf), slice(n0 // pf, n1 // pf)
+        w, e1 = n1 - n0, n0 + padded_n(n1 - n0)
+        q_cols, z_cols, m_cols, mz_cols = (slice(n0 * 16 // pf, e1 * 16 // pf), slice(n0 // pf, n1 // pf),
+                                           slice(n0, e1), slice(n0 // pf, e1 // pf))
         if fmt == FP8:
             qweight[:, q_cols] = ops.block_fp8_group128_repack(np.ascontiguousarray(row_major[n0:n1]), k, w,
                                                                backend=backend, stream=stream)
             inv_rows = np.ascontiguousarray(inv[n0 // 128: -(-n1 // 128)])
-            scales[:, n0:n1] = ops.block_fp8_group128_scales(inv_rows, k, w, spec.act_dtype, backend=backend,
-                                                             stream=stream)
+            scales[:, m_cols] = ops.block_fp8_group128_scales(inv_rows, k, w, spec.act_dtype, backend=backend,
+                                                              stream=stream)
             continue
-        scales[:, n0:n1] = ops.marlin_permute_scales(np.ascontiguousarray(scales_src[:, n0:n1]), k, w, g,
+        scales[:, m_cols] = ops.marlin_permute_scales(np.ascontiguousarray(scales_src[:, n0:n1]), k, w, g,
                                                      backend=backend, stream=stream)
         if fmt == AWQ:
             qweight[:, q_cols] = ops.awq_marlin_repack(np.ascontiguousarray(awq_q[:, z_cols]), k, w, bits,
                                                        backend=backend, stream=stream)
-            zeros[:, z_cols] = ops.awq_to_marlin_zero_points(np.ascontiguousarray(awq_z[:, z_cols]), k, w, bits,
-                                                             backend=backend, stream=stream)
+            zeros[:, mz_cols] = ops.awq_to_marlin_zero_points(np.ascontiguousarray(awq_z[:, z_cols]), k, w, bits,
+                                                              backend=backend, stream=stream)
             continue
         cols = np.ascontiguousarray(packed_nk[n0:n1].T if fmt == CT else gptq_q[:, n0:n1])  # (K/pf, w)
         qweight[:, q_cols] = ops.gptq_marlin_repack(cols, p, k, w, bits, backend=backend, stream=stream)
         if zeros is not None:
-            zeros[:, z_cols] = ops.marlin_zero_points(np.ascontiguousarray(zero_codes[:, n0:n1]), k, w, bits,
-                                                      backend=backend, stream=stream)
+            zeros[:, mz_cols] = ops.marlin_zero_points(np.ascontiguousarray(zero_codes[:, n0:n1]), k, w, bits,
+                                                       backend=backend, stream=stream)
     return qweight, scales, zeros
 
 
@@ -382,14 +389,20 @@ def compare_with_source(src: SourceCheckpoint, spec: LayerSpec, expert: int, m: 
                   if role not in ("g_idx", "weight_g_idx", "weight_shape")}
         for b0 in range(0, part.size_n, block):
             b1 = min(part.size_n, b0 + block)
-            w, c0, c1 = b1 - b0, n0 + b0, n0 + b1
-            codes = ops.marlin_to_codes(np.ascontiguousarray(m.qweight[:, c0 * 16 // pf: c1 * 16 // pf]), k, w, bits,
-                                        perm)  # (K, w) checkpoint row order
+            w, c0 = b1 - b0, n0 + b0
+            c1 = c0 + padded_n(w)  # the Marlin columns of the block, a last partial block's padding included
+            q_block = np.ascontiguousarray(m.qweight[:, c0 * 16 // pf: c1 * 16 // pf])
+            codes = ops.marlin_to_codes(q_block, k, w, bits, perm)  # (K, w) checkpoint row order
             scales = ops.marlin_unpermute_scales(np.ascontiguousarray(m.scales[:, c0:c1]), k, w, group)  # (ng, w)
             zeros = None
             if spec.weight_type.has_zero_points:
                 zeros = ops.marlin_zero_points_to_codes(np.ascontiguousarray(m.zeros[:, c0 // pf: c1 // pf]), k, w,
                                                         bits)  # (ng, w)
+            pad = _padding_problem(spec, part, where, q_block, m, zeros is not None, k, w, c0, c1, group)
+            if pad:
+                tally = tallies.setdefault(f"{part.prefix} padding", _Tally())
+                tally.count += pad[0]
+                tally.first = tally.first or pad[1]
             src_block = _source_block(stored, fmt, bits, b0, b1)
             for role, rebuilt, want in _rebuild_like_source(spec, part, src_block, codes, scales, zeros, w):
                 name = part.tensors[role]
@@ -419,6 +432,37 @@ def compare_with_source(src: SourceCheckpoint, spec: LayerSpec, expert: int, m: 
         if tally.count:
             problems.append(f"{tally.first} ({tally.count} differing elements of {name})")
     return problems, sum(t.count for t in tallies.values())
+
+
+def _padding_problem(spec: LayerSpec, part: Part, where: str, q_block, m: MarlinTensors, has_zeros: bool, k: int,
+                     w: int, c0: int, c1: int, group: int) -> tuple[int, str] | None:
+    """(count, first) of nonzero padding in a column block's Marlin tensors: the rule keeps every element past
+    (K, N) zero bytes (codes, scales, zero points), so a kernel reading a padded tile adds nothing."""
+    if (padded_k(k), padded_n(w)) == (k, w):
+        return None
+    bits, count, first = spec.bits, 0, None
+    n_bad, at = nonzero_padding(marlin_unpack_padded_codes(q_block, k, w, bits), k, w)
+    if n_bad:
+        count, first = n_bad, f"qweight code (k={at[0]}, n={c0 + at[1]} of the Marlin columns)"
+    if padded_n(w) != w:
+        full = ops.marlin_unpermute_scales(np.ascontiguousarray(m.scales[:, c0:c1]), k, padded_n(w), group)
+        bad = _bits_view(full[:, w:]) != 0
+        if bad.any():
+            count += int(bad.sum())
+            g, n = (int(v) for v in np.argwhere(bad)[0])
+            first = first or f"scale (group {g}, n={c0 + w + n} of the Marlin columns)"
+        if has_zeros:
+            pf = 32 // bits
+            z = marlin_zero_points_to_padded_codes(np.ascontiguousarray(m.zeros[:, c0 // pf: c1 // pf]), w, bits)
+            bad = z[:, w:] != 0
+            if bad.any():
+                count += int(bad.sum())
+                g, n = (int(v) for v in np.argwhere(bad)[0])
+                first = first or f"zero point (group {g}, n={c0 + w + n} of the Marlin columns)"
+    if not count:
+        return None
+    return count, (f"{where}: {part.prefix}: the padding past K x N = {k} x {spec.size_n} must be zero bytes; the first"
+                   f" nonzero element is the {first}")
 
 
 def _field_mismatch(name: str, role: str, at: tuple, rebuilt, want, b0: int, bits: int) -> str:

@@ -334,16 +334,26 @@ def _weight_type(fmt: str, args: WeightArgs) -> ScalarType:
 def _problems(spec: LayerSpec, args: WeightArgs) -> list[str]:
     out = []
     k, n, g = spec.size_k, spec.size_n, spec.group_size
-    if n % MARLIN_TILE_N:
-        out.append(f"N = {n} is not divisible by {MARLIN_TILE_N} (Marlin tile width)")
-    if k % MARLIN_MIN_THREAD_K:
-        out.append(f"K = {k} is not divisible by {MARLIN_MIN_THREAD_K} (smallest Marlin thread_k)")
+    # Any K and N the source format holds: the Marlin tensors are those of the weight zero-padded to whole 16 x 64
+    # tiles (docs/formats.md, "Shapes that are not tile multiples"). The microscaled formats keep whole tiles.
+    if spec.microscale and n % MARLIN_TILE_N:
+        out.append(f"N = {n} is not divisible by {MARLIN_TILE_N} (Marlin tile width; microscaled layers are not"
+                   " padded)")
+    if spec.microscale and k % MARLIN_MIN_THREAD_K:
+        out.append(f"K = {k} is not divisible by {MARLIN_MIN_THREAD_K} (smallest Marlin thread_k; microscaled layers"
+                   " are not padded)")
     if k == 0 or n == 0:
         out.append(f"K x N = {k} x {n} is empty (a Marlin layer holds at least one 16 x 64 tile)")
     segments = [p.size_n for p in spec.parts[0]] if spec.parts else []
-    if len(segments) > 1 and any(s % MARLIN_TILE_N for s in segments):
-        out.append(f"fused segments of N = {segments} are not each divisible by {MARLIN_TILE_N} (each segment is"
-                   " converted on its own into whole Marlin tiles)")
+    if len(segments) > 1 and any(s % MARLIN_TILE_N for s in segments[:-1]):
+        out.append(f"fused segments of N = {segments}: every segment but the last must be a multiple of"
+                   f" {MARLIN_TILE_N} (the segments' Marlin tiles are concatenated along N; only the last may end in"
+                   " a padded tile)")
+    if spec.source_format == CT and k % (32 // spec.bits):
+        out.append(f"K = {k} is not a multiple of the pack factor {32 // spec.bits} (Marlin takes the codes as GPTQ"
+                   " rows, whole words along K)")
+    if spec.source_format == FP8 and k % 4:
+        out.append(f"K = {k} is not a multiple of 4 (the FP8 Marlin path moves K-major 32-bit words)")
     if spec.microscale:
         out += microscale.problems(spec)
     elif spec.source_format == FP8:
@@ -351,8 +361,6 @@ def _problems(spec: LayerSpec, args: WeightArgs) -> list[str]:
             out.append(f"weight_block_size = {list(args.block)} is not [128, 128] (Marlin block-FP8 groups)")
     elif g not in SUPPORTED_GROUP_SIZES:
         out.append(f"group size {g} is not one Marlin kernels are built for {SUPPORTED_GROUP_SIZES}")
-    elif g != -1 and k % g:
-        out.append(f"K = {k} is not divisible by group size {g}")
     if spec.weight_type.has_zero_points and spec.act_order:
         out.append("act-order with zero points is not supported by Marlin kernels")
     return out

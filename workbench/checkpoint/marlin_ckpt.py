@@ -48,9 +48,14 @@ class MarlinCheckpoint:
             return microscale.marlin_weight(qweight, scales, self._read(name, "global_scale"), rec["size_k"],
                                             rec["size_n"], rec["group_size"], ScalarType.parse(rec["weight_type"]),
                                             rec["act_dtype"], rec["num_experts"] or None, rec)
-        return MarlinWeight(qweight, scales, zeros, g_idx, perm, rec["size_k"], rec["size_n"], rec["group_size"],
-                            ScalarType.parse(rec["weight_type"]), np.dtype(scales.dtype), True,
-                            rec["num_experts"] or None)
+        weight = MarlinWeight(qweight, scales, zeros, g_idx, perm, rec["size_k"], rec["size_n"], rec["group_size"],
+                              ScalarType.parse(rec["weight_type"]), np.dtype(scales.dtype), True,
+                              rec["num_experts"] or None)
+        try:  # the manifest's true sizes and the padded tensors must agree before a kernel trusts them
+            weight.require_padded_arrays()
+        except ValueError as exc:
+            raise CheckpointError(f"{self.root}: layer {name!r}: {exc}") from None
+        return weight
 
 
 def is_marlin_checkpoint(path) -> bool:

@@ -29,9 +29,11 @@ import time
 import numpy as np
 
 import workbench
+from workbench.formats._checks import padded_k, padded_n
 from workbench.checkpoint import microscale
 from workbench.checkpoint.convert import nonfinite_scales, to_marlin
 from workbench.checkpoint.layers import LayerSpec, Plan, discover
+from workbench.checkpoint.settings import FP8
 from workbench.checkpoint.executor import check_shared, check_workers, connect, parse_executor, run_dask
 from workbench.checkpoint.files import is_regular
 from workbench.checkpoint.manifest import Journal, check_fingerprint, fingerprint, shard_entry, shard_intact
@@ -77,19 +79,50 @@ def _numba_backend_built() -> bool:
 
 
 def layer_tensors(spec: LayerSpec) -> list[PlannedTensor]:
-    """The Marlin tensors of one layer, in file order."""
+    """The Marlin tensors of one layer, in file order: the weight zero-padded to K_pad x N_pad (docs/formats.md,
+    "Shapes that are not tile multiples"; the manifest keeps the true size_k and size_n)."""
     lead = (spec.num_experts,) if spec.num_experts else ()
     pf = 32 // spec.bits
     ng = spec.parts[0][0].num_groups
-    out = [PlannedTensor(f"{spec.name}.qweight", "I32", lead + (spec.size_k // 16, spec.size_n * 16 // pf)),
-           PlannedTensor(f"{spec.name}.scales", spec.marlin_scales_tag, lead + (ng, spec.size_n))]
+    k_pad, n_pad = padded_k(spec.size_k), padded_n(spec.size_n)
+    out = [PlannedTensor(f"{spec.name}.qweight", "I32", lead + (k_pad // 16, n_pad * 16 // pf)),
+           PlannedTensor(f"{spec.name}.scales", spec.marlin_scales_tag, lead + (ng, n_pad))]
     if spec.weight_type.has_zero_points:
-        out.append(PlannedTensor(f"{spec.name}.zeros", "I32", lead + (ng, spec.size_n // pf)))
+        out.append(PlannedTensor(f"{spec.name}.zeros", "I32", lead + (ng, n_pad // pf)))
     if spec.act_order:
         out += [PlannedTensor(f"{spec.name}.g_idx", "I32", lead + (spec.size_k,)),
                 PlannedTensor(f"{spec.name}.perm", "I32", lead + (spec.size_k,))]
     out += [PlannedTensor(f"{spec.name}.{suffix}", tag, lead + shape)
             for suffix, tag, shape in spec.extra_marlin_tensors]
+    return out
+
+
+def padding_overhead(spec: LayerSpec) -> list[dict]:
+    """Per Marlin tensor the bytes the padding rule adds over the unpadded tensor (K to a multiple of 16, N to 64),
+    beside what padding K and N to the next multiple of 128 would add (the in-memory padding a loader does when its
+    kernels want 128-wide tiles), for all experts together."""
+    experts = spec.num_experts or 1
+    k, n, g = spec.size_k, spec.size_n, spec.group_size
+    scale_bytes = 1 if spec.microscale else np.dtype(spec.act_dtype).itemsize
+    group = 128 if spec.source_format == FP8 else g
+
+    def groups(rows: int) -> int:
+        return 1 if group == -1 else -(-rows // group)
+
+    def ceil_to(x: int, m: int) -> int:
+        return -(-x // m) * m
+
+    # bytes of each tensor for a weight of (rows, columns); codes: bits/8 bytes each, zero points too
+    sizes = {"qweight": lambda r, c: r * c * spec.bits // 8, "scales": lambda r, c: groups(r) * c * scale_bytes}
+    if spec.weight_type.has_zero_points:
+        sizes["zeros"] = lambda r, c: groups(r) * c * spec.bits // 8
+    out = []
+    for suffix, size in sizes.items():
+        true = size(k, n)
+        rule = size(k, n) if spec.microscale else size(padded_k(k), padded_n(n))
+        out.append({"tensor": f"{spec.name}.{suffix}", "bytes": experts * rule,
+                    "rule_extra_bytes": experts * (rule - true),
+                    "pad128_extra_bytes": experts * (size(ceil_to(k, 128), ceil_to(n, 128)) - true)})
     return out
 
 

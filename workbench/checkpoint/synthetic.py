@@ -92,12 +92,12 @@ def encode(prefix: str, q, opt: Options, seed: int = 0) -> dict[str, np.ndarray]
 def block_fp8_tensors(prefix: str, w_kn: np.ndarray) -> dict[str, np.ndarray]:
     w = np.ascontiguousarray(w_kn.T).astype(np.float32)  # (N, K) as the checkpoint stores it
     n, k = w.shape
-    bn = -(-n // 128)
-    padded = np.zeros((bn * 128, k), np.float32)
-    padded[:n] = w
-    blocks = np.abs(padded).reshape(bn, 128, k // 128, 128).max(axis=(1, 3))
-    scale_inv = np.maximum(blocks / np.float32(448.0), np.float32(1e-12)).astype(np.float32)  # (ceil(N/128), K/128)
-    per_elem = np.repeat(np.repeat(scale_inv, 128, axis=0), 128, axis=1)[:n]
+    bn, bk = -(-n // 128), -(-k // 128)  # blocks at the N and K edges may be partial
+    padded = np.zeros((bn * 128, bk * 128), np.float32)
+    padded[:n, :k] = w
+    blocks = np.abs(padded).reshape(bn, 128, bk, 128).max(axis=(1, 3))
+    scale_inv = np.maximum(blocks / np.float32(448.0), np.float32(1e-12)).astype(np.float32)  # (ceil(N/128), ceil(K/128))
+    per_elem = np.repeat(np.repeat(scale_inv, 128, axis=0), 128, axis=1)[:n, :k]
     codes = float_to_e4m3(w / per_elem)  # uint8 (N, K)
     return {f"{prefix}.weight": codes.view(ml_dtypes.float8_e4m3fn), f"{prefix}.weight_scale_inv": scale_inv}
 

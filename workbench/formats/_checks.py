@@ -55,6 +55,35 @@ def check_tile_sizes(size_k: Any, size_n: Any) -> tuple[int, int]:
     return size_k, size_n
 
 
+def check_size(value: Any, name: str) -> int:
+    """A true tensor size (size_k, size_n): a positive int, any value. The Marlin arrays of a weight are those of
+    the weight zero-padded to whole tiles (docs/formats.md, "Shapes that are not tile multiples")."""
+    value = check_int(value, name)
+    require(value > 0, f"{name} = {value} must be positive")
+    return value
+
+
+def check_weight_sizes(size_k: Any, size_n: Any) -> tuple[int, int]:
+    """(K, N) of a weight: positive ints; edges that are not whole 16×64 tiles are zero-padded in the Marlin
+    arrays (the format's own rules, e.g. K a multiple of the GPTQ pack factor, are checked beside it)."""
+    return check_size(size_k, "size_k"), check_size(size_n, "size_n")
+
+
+def padded_k(size_k: int) -> int:
+    """K_pad = ceil(K / 16) * 16: rows of the Marlin arrays of a weight with size_k rows."""
+    return -(-size_k // TILE_K) * TILE_K
+
+
+def padded_n(size_n: int) -> int:
+    """N_pad = ceil(N / 64) * 64: columns of the Marlin arrays (qweight, scales, zero points) of size_n columns."""
+    return -(-size_n // TILE_N) * TILE_N
+
+
+def require_pack_multiple(value: int, pf: int, name: str, what: str) -> None:
+    """An input format's own rule: ``value`` (K of GPTQ rows, N of column-packed words) fills whole words."""
+    require(value % pf == 0, f"{name} = {value} is not a multiple of the pack factor {pf} ({what})")
+
+
 def require_positive_multiple(value: int, multiple: int, name: str, why: str) -> int:
     value = check_int(value, name)
     if value <= 0 or value % multiple:

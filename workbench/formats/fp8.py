@@ -8,16 +8,19 @@ exponent bias is 7 while fp16's is 15 (bf16: 127), so the result is the true val
 and subnormals alike. Instead of a multiply per element, the correction is folded once into the scales.
 
 **Block FP8** (DeepSeek-style ``weight_block_size = [128, 128]``): ``weight`` is row-major ``[N, K]`` E4M3 and
-``weight_scale_inv [ceil(N/128), K/128]`` (bf16 or float32) is the dequantization scale of each 128×128 block.
+``weight_scale_inv [ceil(N/128), ceil(K/128)]`` (bf16 or float32) is the dequantization scale of each 128×128
+block; blocks at the N and K edges may be partial. The Marlin scales have one group per 128 rows of K (the last one
+partial) and N_pad = ceil(N/64)*64 columns, the padded ones 0 (docs/formats.md, "Shapes that are not tile
+multiples").
 """
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 
-from workbench.formats._checks import (require, require_dtype, require_ndim, require_positive_multiple,
-                                       require_shape)
-from workbench.formats.marlin_tile import TILE_K, marlin_repack_codes, marlin_unpack_codes
+from workbench.formats._checks import (check_size, padded_n, require, require_dtype, require_ndim,
+                                       require_pack_multiple, require_shape)
+from workbench.formats.marlin_tile import TILE_K, TILE_N, marlin_repack_codes, marlin_unpack_codes
 from workbench.formats.packing import pack_rows, unpack_rows
 from workbench.formats.scales import SCALE_PERM_32, SCALE_PERM_64, permute_scales
 
@@ -71,12 +74,12 @@ def pack_fp8_to_int32(row_major: np.ndarray) -> np.ndarray:
 
 
 def fp8_marlin_repack_raw_bits(raw_bits_k_major: np.ndarray, size_k: int, size_n: int) -> np.ndarray:
-    """K-major raw E4M3 words [K/4, N] -> Marlin W8A16 tiles int32 [K/16, 4N]: the 8-bit GPTQ repack."""
+    """K-major raw E4M3 words [K/4, N] -> Marlin W8A16 tiles int32 [K_pad/16, 4*N_pad]: the 8-bit GPTQ repack."""
     return marlin_repack_codes(unpack_rows(raw_bits_k_major, 8), 8)
 
 
 def block_fp8_group128_repack(row_major: np.ndarray, size_k: int, size_n: int) -> np.ndarray:
-    """Row-major E4M3 [N, K] -> Marlin tiles int32 [K/16, 4N], the transpose fused into the tiling.
+    """Row-major E4M3 [N, K] -> Marlin tiles int32 [K_pad/16, 4*N_pad], the transpose fused into the tiling.
 
     Gate and up projections are fused by concatenating their [N, K] matrices along N before this call.
     """
@@ -87,46 +90,56 @@ def block_fp8_group128_repack(row_major: np.ndarray, size_k: int, size_n: int) -
 def block_fp8_word_sources(word, size_k: int, size_n: int) -> np.ndarray:
     """Direct gather: Marlin word -> the 4 flat indices of ``row_major.ravel()`` it holds (low byte first).
 
-    Vectorized over ``word``; returns shape (..., 4). This is the formula a kernel evaluates per output word
-    (docs/formats.md, "FP8 E4M3 weight-only").
+    Vectorized over ``word``; returns shape (..., 4); -1 for a byte of the zero padding (k >= K or n >= N). This
+    is the formula a kernel evaluates per output word (docs/formats.md, "FP8 E4M3 weight-only").
     """
     word = np.asarray(word, dtype=np.int64)
     tile, word_in_tile = np.divmod(word, 256)
-    k_tile, n_tile = np.divmod(tile, size_n // 64)
+    k_tile, n_tile = np.divmod(tile, padded_n(size_n) // TILE_N)
     lane, slot = np.divmod(word_in_tile, 8)
     warp, half = np.divmod(slot, 2)
     n = n_tile * 64 + warp * 16 + lane // 4 + half * 8
-    row = (lane % 4) * 2
-    base = n * size_k + k_tile * TILE_K + row
-    return np.stack([base, base + 8, base + 1, base + 9], axis=-1)
+    k = k_tile * TILE_K + (lane % 4) * 2
+    ks = np.stack([k, k + 8, k + 1, k + 9], axis=-1)
+    n = n[..., None]
+    return np.where((ks < size_k) & (n < size_n), n * size_k + ks, -1)
 
 
 def block_fp8_scale_sources(destination, size_k: int, size_n: int) -> np.ndarray:
-    """Scale gather: Marlin scale index over [K/128, N] -> flat index into inverse_scales [ceil(N/128), K/128].
+    """Scale gather: Marlin scale index over [ceil(K/128), N_pad] -> flat index into inverse_scales
+    [ceil(N/128), ceil(K/128)], or -1 for a padded column (its scale is 0).
 
     The formula a kernel evaluates per destination scale (docs/formats.md, "Block FP8").
     """
     destination = np.asarray(destination, dtype=np.int64)
-    groups = size_k // BLOCK
+    groups = -(-size_k // BLOCK)
     perm = SCALE_PERM_32 if groups == 1 else SCALE_PERM_64
     lane = destination % perm.size
     logical = destination - lane + perm[lane]
-    group, out = np.divmod(logical, size_n)
-    return (out // BLOCK) * groups + group
+    group, out = np.divmod(logical, padded_n(size_n))
+    return np.where(out < size_n, (out // BLOCK) * groups + group, -1)
 
 
 def check_block_fp8_shapes(size_k: int, size_n: int) -> tuple[int, int]:
-    """-> (size_k, size_n) as ints: K whole 128-blocks, N whole 64-wide Marlin tiles."""
-    return (require_positive_multiple(size_k, BLOCK, "size_k", "block-FP8 group size"),
-            require_positive_multiple(size_n, 64, "size_n", "Marlin tile width"))
+    """-> (size_k, size_n) as ints: positive, K a multiple of 4 (the 8-bit pack factor: the FP8 Marlin path moves
+    K-major words of 4 bytes, as fp8_marlin_repack_raw_bits' [K/4, N] input does); the 128-blocks may be partial at
+    both edges."""
+    size_k, size_n = check_size(size_k, "size_k"), check_size(size_n, "size_n")
+    require_pack_multiple(size_k, 4, "size_k", "FP8 bytes are moved as K-major 32-bit words")
+    return size_k, size_n
+
+
+def block_scale_shape(size_k: int, size_n: int) -> tuple[int, int]:
+    """[ceil(N/128), ceil(K/128)]: one inverse scale per (possibly partial) 128×128 block."""
+    return -(-size_n // BLOCK), -(-size_k // BLOCK)
 
 
 def expand_block_scales(inverse_scales: np.ndarray, size_k: int, size_n: int) -> np.ndarray:
-    """[ceil(N/128), K/128] block scales -> float32 [K/128, N] per-(group, column) scales."""
+    """[ceil(N/128), ceil(K/128)] block scales -> float32 [ceil(K/128), N] per-(group, column) scales."""
     inv = np.asarray(inverse_scales)
     require_dtype(inv, (BF16, np.float32), "inverse_scales")
-    require_shape(inv, (-(-size_n // BLOCK), size_k // BLOCK), "inverse_scales",
-                  f"[ceil(N/128), K/128] for K = {size_k}, N = {size_n}")
+    require_shape(inv, block_scale_shape(size_k, size_n), "inverse_scales",
+                  f"[ceil(N/128), ceil(K/128)] for K = {size_k}, N = {size_n}")
     return np.repeat(inv.astype(np.float32).T, BLOCK, axis=1)[:, :size_n]
 
 
@@ -143,7 +156,8 @@ def marlin_fp8_scales(scales: np.ndarray, size_k: int, size_n: int, group_size: 
 
 
 def block_fp8_group128_scales(inverse_scales: np.ndarray, size_k: int, size_n: int, act_dtype=F16) -> np.ndarray:
-    """Block-FP8 inverse scales [ceil(N/128), K/128] (bf16 or float32) -> Marlin scales [K/128, N] (×256 for fp16)."""
+    """Block-FP8 inverse scales [ceil(N/128), ceil(K/128)] (bf16 or float32) -> Marlin scales [ceil(K/128), N_pad]
+    (×256 for fp16; padded columns 0)."""
     check_block_fp8_shapes(size_k, size_n)
     return marlin_fp8_scales(expand_block_scales(inverse_scales, size_k, size_n), size_k, size_n, BLOCK, act_dtype)
 

@@ -38,7 +38,8 @@ import functools
 import numpy as np
 
 from workbench.formats._checks import (TILE_K, TILE_N, check_bits, check_permutation_values, check_tile_sizes,
-                                       require, require_dtype, require_ndim, require_shape)
+                                       check_weight_sizes,
+                                       padded_k, padded_n, require, require_dtype, require_ndim, require_shape)
 from workbench.formats.packing import _check_codes, _pack_last_axis, _unpack_last_axis, pack_factor
 
 # TILE_K = 16 rows (the k extent of one mma.m16n8k16), TILE_N = 64 columns (four 16-wide sub-blocks, one per
@@ -113,7 +114,7 @@ def marlin_word_field_to_kn(word, field, size_n: int, bits: int):
     word = np.asarray(word, dtype=np.int64)
     field = np.asarray(field, dtype=np.int64)
     tile, wit = np.divmod(word, words_per_tile(bits))
-    k_tile, n_tile = np.divmod(tile, size_n // TILE_N)
+    k_tile, n_tile = np.divmod(tile, padded_n(size_n) // TILE_N)
     lane, slot = np.divmod(wit, words_per_lane(bits))
     warp, half, e = slot_element_to_fragment(slot, FIELD_INTERLEAVE[bits][field], bits)
     dk, dn = mma_b_fragment(lane, e)
@@ -132,7 +133,7 @@ def marlin_kn_to_word_field(k, n, size_n: int, bits: int):
     lane, e = mma_b_fragment_owner(dk, dn)
     slot, element = fragment_to_slot_element(warp, half, e, bits)
     field = np.argsort(FIELD_INTERLEAVE[bits])[element]
-    word = (k_tile * (size_n // TILE_N) + n_tile) * words_per_tile(bits) + lane * words_per_lane(bits) + slot
+    word = (k_tile * (padded_n(size_n) // TILE_N) + n_tile) * words_per_tile(bits) + lane * words_per_lane(bits) + slot
     return word, field
 
 
@@ -146,10 +147,10 @@ def describe_position(k: int, n: int, size_n: int, bits: int) -> dict:
     lane, e = mma_b_fragment_owner(dk, dn)
     return {
         "k": int(k), "n": int(n), "k_tile": k_tile, "n_tile": n_tile,
-        "tile": k_tile * (size_n // TILE_N) + n_tile, "subblock": warp, "half": half,
+        "tile": k_tile * (padded_n(size_n) // TILE_N) + n_tile, "subblock": warp, "half": half,
         "lane": int(lane), "fragment_element": int(e), "word": int(word), "field": int(field),
-        "row": int(word) // (size_n * TILE_K // pack_factor(bits)),
-        "column": int(word) % (size_n * TILE_K // pack_factor(bits)),
+        "row": int(word) // (padded_n(size_n) * TILE_K // pack_factor(bits)),
+        "column": int(word) % (padded_n(size_n) * TILE_K // pack_factor(bits)),
     }
 
 
@@ -186,7 +187,28 @@ def check_perm(perm, size_k: int) -> np.ndarray | None:
 
 
 def _check_tile_shape(size_k: int, size_n: int) -> tuple[int, int]:
+    """Whole 16×64 tiles (what the pictures of workbench.render draw); the repacks take any size (_check_sizes)."""
     return check_tile_sizes(size_k, size_n)
+
+
+def _check_sizes(size_k: int, size_n: int) -> tuple[int, int]:
+    return check_weight_sizes(size_k, size_n)
+
+
+def marlin_qweight_shape(size_k: int, size_n: int, bits: int) -> tuple[int, int]:
+    """Shape of the Marlin qweight of a (size_k, size_n) weight: (K_pad / 16, N_pad * 16 / pf), the weight
+    zero-padded to whole tiles (docs/formats.md, "Shapes that are not tile multiples")."""
+    return padded_k(size_k) // TILE_K, padded_n(size_n) * TILE_K // pack_factor(bits)
+
+
+def pad_to_tiles(codes: np.ndarray) -> np.ndarray:
+    """codes (K, N) -> (K_pad, N_pad) with zero codes in the padding (the same array when already whole tiles)."""
+    size_k, size_n = codes.shape
+    if (size_k, size_n) == (padded_k(size_k), padded_n(size_n)):
+        return codes
+    out = np.zeros((padded_k(size_k), padded_n(size_n)), dtype=codes.dtype)
+    out[:size_k, :size_n] = codes
+    return out
 
 
 # The four maps as array axes. Split k and n of a tile the way the maps split them:
@@ -203,35 +225,55 @@ _ELEMENT_AXES = {4: 3, 8: 2}  # trailing Marlin axes that index the elements of 
 
 
 def _split_shape(size_k: int, size_n: int) -> tuple[int, ...]:
-    return (size_k // TILE_K, 2, 4, 2, size_n // TILE_N, 4, 2, 8)
+    return (padded_k(size_k) // TILE_K, 2, 4, 2, padded_n(size_n) // TILE_N, 4, 2, 8)
 
 
 def marlin_repack_codes(codes: np.ndarray, bits: int, perm=None) -> np.ndarray:
-    """codes (K, N) -> Marlin qweight int32 (K/16, N*16/pf). With ``perm``, Marlin row k is checkpoint row perm[k]."""
-    pf = pack_factor(bits)
+    """codes (K, N) -> Marlin qweight int32 (K_pad/16, N_pad*16/pf). With ``perm``, Marlin row k is checkpoint row
+    perm[k]. Rows and columns past K and N (up to the next 16 / 64) hold zero codes."""
     codes = _check_codes(codes, bits, "codes")
     size_k, size_n = codes.shape
-    _check_tile_shape(size_k, size_n)
+    _check_sizes(size_k, size_n)
     perm = check_perm(perm, size_k)
     if perm is not None:
         codes = codes[perm]
+    codes = pad_to_tiles(codes)
     split = codes.reshape(_split_shape(size_k, size_n)).transpose(_TO_MARLIN)  # a view, Marlin axis order
     words = np.zeros(split.shape[:8 - _ELEMENT_AXES[bits]], dtype=np.uint32)
     for field, element in enumerate(FIELD_INTERLEAVE[bits]):
         # natural element -> its index on the trailing element axes ((half, e_hi, e_lo) or (e_hi, e_lo))
         index = np.unravel_index(element, split.shape[8 - _ELEMENT_AXES[bits]:])
         words |= split[(Ellipsis,) + tuple(int(i) for i in index)].astype(np.uint32) << np.uint32(field * bits)
-    return words.view(np.int32).reshape(size_k // TILE_K, size_n * TILE_K // pf)
+    return words.view(np.int32).reshape(marlin_qweight_shape(size_k, size_n, bits))
 
 
-def marlin_unpack_codes(qweight: np.ndarray, size_k: int, size_n: int, bits: int) -> np.ndarray:
-    """Inverse of marlin_repack_codes (without perm): Marlin qweight -> codes (K, N) in Marlin row order."""
-    pf = pack_factor(bits)
-    _check_tile_shape(size_k, size_n)
+def marlin_unpack_padded_codes(qweight: np.ndarray, size_k: int, size_n: int, bits: int) -> np.ndarray:
+    """Marlin qweight -> all (K_pad, N_pad) codes in Marlin row order, padding included."""
+    check_bits(bits)
+    size_k, size_n = _check_sizes(size_k, size_n)
     require_dtype(qweight, (np.int32, np.uint32), "qweight")
-    require_shape(qweight, (size_k // TILE_K, size_n * TILE_K // pf), "qweight", f"K/16, N*16/pf for {bits}-bit")
+    require_shape(qweight, marlin_qweight_shape(size_k, size_n, bits), "qweight",
+                  f"K_pad/16, N_pad*16/pf for {bits}-bit, K = {size_k}, N = {size_n}")
     fields = _unpack_last_axis(np.asarray(qweight).reshape(-1), bits)
     natural = np.empty_like(fields)
     natural[:, FIELD_INTERLEAVE[bits]] = fields
     split = natural.reshape(tuple(_split_shape(size_k, size_n)[i] for i in _TO_MARLIN))
-    return np.ascontiguousarray(split.transpose(_FROM_MARLIN)).reshape(size_k, size_n)
+    return np.ascontiguousarray(split.transpose(_FROM_MARLIN)).reshape(padded_k(size_k), padded_n(size_n))
+
+
+def marlin_unpack_codes(qweight: np.ndarray, size_k: int, size_n: int, bits: int) -> np.ndarray:
+    """Inverse of marlin_repack_codes (without perm): Marlin qweight -> codes (K, N) in Marlin row order (the
+    padding dropped; ``nonzero_padding`` says whether it held anything)."""
+    codes = marlin_unpack_padded_codes(qweight, size_k, size_n, bits)
+    return np.ascontiguousarray(codes[:size_k, :size_n])
+
+
+def nonzero_padding(padded: np.ndarray, size_k: int, size_n: int) -> tuple[int, tuple[int, int] | None]:
+    """(count, first (row, column)) of nonzero values of a padded (K_pad, N_pad) array outside (size_k, size_n):
+    the rule keeps every padded element zero, so a converter's slip shows here."""
+    bad = np.asarray(padded) != 0
+    bad[:size_k, :size_n] = False
+    if not bad.any():
+        return 0, None
+    first = np.argwhere(bad)[0]
+    return int(bad.sum()), (int(first[0]), int(first[1]))

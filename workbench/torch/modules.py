@@ -103,12 +103,16 @@ def unsupported_shape(size_k: int, size_n: int, weight_type, group_size: int) ->
     """Why a K x N weight cannot be a Marlin layer of this type and group size, or None when it can: the dense
     GEMM's own shape rules (``gemm.check_gemm_shapes``), run on the buffers such a layer would have."""
     from workbench import gemm
+    from workbench.formats._checks import require
     from workbench.formats.scales import check_group_size
 
     wt = ScalarType.parse(weight_type)
     try:
         if size_k % TILE_K == 0:  # else the GEMM's rule below names K; a group count needs whole groups first
             check_group_size(size_k, group_size)
+            # this module's buffers are whole tiles and whole groups (the formats also take partial last groups)
+            require(group_size == -1 or size_k % group_size == 0,
+                    f"size_k = {size_k} is not divisible by group_size = {group_size}")
         ng = 1 if group_size == -1 else max(size_k // group_size, 1)
         pf, f16 = wt.pack_factor, np.dtype(np.float16)
         gemm.check_gemm_shapes(
