@@ -38,6 +38,10 @@ DENSE_K, DENSE_N = 1024, 512  # 4 blocks per column slice (GemmPolicy.invariant_
 # (K, N): 2 blocks per slice (cluster sums at M <= 16, fp32 slots above, 64 rows per launch at M = 256) and no split
 # (a grid of whole slices)
 SPLIT_SHAPES = ((512, 8192), (256, 16384))
+# (K, N) that are not tile multiples: a partial last group (1000 = 7 x 128 + 104), a partial last k16 tile and a
+# last 64-column tile of 8 columns (the kernels predicate both edges in this mode too)
+ODD_SHAPES = ((1000, 200),)
+ODD_TYPES = ((S.U4B8, 128), (S.U8B128, 64), (S.FE4M3FN, -1))
 M_VALUES = (1, 5, 8, 9, 16, 17, 31, 33, 64, 65, 130, 256)
 PROBES = 3  # probe rows per case
 MODES = {"fp32": dict(use_fp32_reduce=True), "in_c": dict(use_fp32_reduce=False)}
@@ -102,6 +106,9 @@ def compile_everything_once():
     for k, n in SPLIT_SHAPES:
         for wt, gs in ((S.U4B8, 128), (S.FE4M3FN, -1)):
             dense += invariant_configs(F16, wt, n, k, gs, False)
+    for k, n in ODD_SHAPES:
+        for wt, gs in ODD_TYPES:
+            dense += invariant_configs(F16, wt, n, k, gs, False)
     for n, k in ((2 * MOE_N, MOE_K), (MOE_K, MOE_N)):  # the MoE layer's dense paths
         dense += invariant_configs(F16, S.U4B8, n, k, 128, False)
     dense += [c for _, _, pair in swap_configs() for c in pair]
@@ -132,7 +139,7 @@ def per_launch_blocks(w, act, sms):
     cfg = geometry.choose_invariant_config(gemm.act_scalar_type(act), w.weight_type, 64, w.size_n, w.size_k,
                                            w.group_size, False, gemm.device_properties(_device())[2])
     split = geometry.invariant_split(cfg, w.size_n, w.size_k, sms)
-    return (w.size_n // cfg.block_n) * split if split > 1 else 1
+    return (geometry.tiled_n(w.size_n) // cfg.block_n) * split if split > 1 else 1
 
 
 def check_invariance(rng, w, q, act, m_values=M_VALUES, sms_values=None, modes=("fp32",), is_k_full=True):
@@ -186,6 +193,14 @@ def test_dense_invariance_with_two_blocks_per_slice_and_none(k, n, wt, gs, rng):
     split = geometry.invariant_split(cfg, n, k, gemm.device_properties(_device())[1])
     assert split == (2 if n == 8192 else 1)  # (the shapes were picked for these partitions)
     check_invariance(rng, w, q, F16, m_values=(1, 8, 16, 17, 64, 256))
+
+
+@pytest.mark.parametrize("k,n", ODD_SHAPES, ids=str)
+@pytest.mark.parametrize("wt,gs", ODD_TYPES, ids=str)
+def test_dense_invariance_on_shapes_that_are_not_tile_multiples(k, n, wt, gs, rng):
+    mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=F16, seed=int(rng.integers(1 << 20)))
+    w = gemm.upload_weight(mw)
+    check_invariance(rng, w, q, F16, m_values=(1, 9, 16, 33, 64, 130), modes=("fp32", "in_c"))
 
 
 def test_dense_refuses_too_few_sms_for_its_partition(rng):

@@ -380,12 +380,14 @@ def choose_invariant_config(act: ScalarType, weight: ScalarType, size_m: int, si
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     tried = []
+    # (as choose_config plans shapes that are not tile multiples: N over its 64-column tiles, K by tile_k)
+    n_plan, k_plan = tiled_n(size_n), tile_k(size_k, -1 if per_row_groups else group_size)
     for n_tiles, k_warp in p.invariant_shapes:
         tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
         if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
             continue
         tried.append((tk, tn))
-        if size_k % tk or size_n % tn:
+        if k_plan % tk or n_plan % tn:
             continue
         if group_size > 0 and not per_row_groups and group_size % tk and tk % group_size:
             continue
@@ -411,7 +413,7 @@ def invariant_split(cfg: KernelConfig, size_n: int, size_k: int, device_sms: int
     over the slices of one 64-row chunk, at most one per ``invariant_min_steps`` k steps, at least 1. A function of
     the layer, the tile and the device only: never of M or of the ``sms`` a launch is given."""
     p = policy or _default()
-    cols, ki = size_n // cfg.block_n, size_k // cfg.block_k
+    cols, ki = tiled_n(size_n) // cfg.block_n, k_steps(size_k, cfg.block_k)
     blocks = min(p.invariant_blocks, device_sms)
     return max(1, min(blocks // cols, ki // max(1, p.invariant_min_steps)))
 
@@ -426,7 +428,7 @@ def invariant_launches(cfg: KernelConfig, size_m: int, size_n: int, size_k: int,
     chunks as ``sms`` blocks take at once (every block must be resident); ValueError if one chunk needs more."""
     chunk = cfg.block_m
     chunks = math.ceil(size_m / chunk)
-    cols = size_n // cfg.block_n
+    cols = tiled_n(size_n) // cfg.block_n
     if split == 1:
         slices = chunks * cols
         grid = next(g for g in range(min(sms, slices), 0, -1) if slices % g == 0)
