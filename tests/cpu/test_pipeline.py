@@ -319,3 +319,14 @@ def test_the_cpu_path_never_imports_cupy_or_torch(tmp_path):
                          timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == []
+
+
+def test_an_explicit_numpy_backend_never_looks_for_a_gpu():
+    """backend="numpy" is a promise to stay on the CPU: choosing it must not probe for a GPU (which loads
+    numba.cuda and the driver in the coordinator); "auto" says why it fell back."""
+    code = ("import importlib, sys; r = importlib.import_module('workbench.checkpoint.repack'); "
+            "print(r.choose_backend('numpy')[1]); print('numba.cuda' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-1] == "False" and "NumPy reference path on the CPU" in run.stdout

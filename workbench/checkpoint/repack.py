@@ -60,11 +60,14 @@ def choose_backend(backend: str) -> tuple[str, str]:
 
     if backend not in ("auto", "numpy", "numba"):
         raise ValueError(f"backend = {backend!r} is not auto, numpy or numba")
+    gpu = None  # (an explicit numpy never looks for a GPU: that would load numba.cuda in the coordinator)
     if backend == "auto":
-        backend = "numba" if hardware.gpu_available() and _numba_backend_built() else "numpy"
+        gpu = hardware.gpu_available()
+        backend = "numba" if gpu and _numba_backend_built() else "numpy"
     if backend == "numba":
         return "numba", f"Numba CUDA kernels on {hardware.describe()}"
-    return "numpy", "NumPy reference path on the CPU" + ("" if hardware.gpu_available() else " (no CUDA GPU found)")
+    why = "" if gpu is None else " (no CUDA GPU found)" if not gpu else " (the Numba kernels are not available)"
+    return "numpy", "NumPy reference path on the CPU" + why
 
 
 def _numba_backend_built() -> bool:
