@@ -139,7 +139,8 @@ class Tiny(nn.Module):
     def __init__(self):
         super().__init__()
         self.encoder = nn.ModuleDict({"q_proj": nn.Linear(256, 128), "k_proj": nn.Linear(256, 128, bias=False),
-                                      "odd": nn.Linear(256, 96), "short": nn.Linear(40, 64)})
+                                      "odd": nn.Linear(256, 96), "short": nn.Linear(40, 64),
+                                      "unpacked": nn.Linear(36, 64)})
         self.head = nn.Linear(128, 64)
         self.norm = nn.LayerNorm(128)
 
@@ -149,26 +150,35 @@ def test_replace_linears_swaps_what_it_can_and_says_why_not():
     model = Tiny().half()
     original_q = model.encoder.q_proj.weight.detach().clone()
     report = wt.replace_linears(model, ["encoder.*", "head", "missing.*"], "u4b8", 128)
-    assert report.replaced == ["encoder.q_proj", "encoder.k_proj", "head"]
+    # N = 96 (not a multiple of 64) and K = 40 (not of 16; one partial group of 128) are layers now: padded buffers
+    assert report.replaced == ["encoder.q_proj", "encoder.k_proj", "encoder.odd", "encoder.short", "head"]
     assert report.skipped == {  # the dense GEMM's own shape rules, on the buffers the layer would have
-        "encoder.odd": "K x N = 256 x 96: size_n = 96, actual_size_n = 96 (b_q_weight.size(1) = 192, pack_factor = "
-                       "8): the weight's arrays are ceil(size_n / 64) * 64 = 128 columns wide",
-        "encoder.short": "K x N = 40 x 64: Shape mismatch: b_q_weight.size(0) = 2, size_k = 40: expected "
-                         "ceil(size_k / tile_size = 16) = 3"}
+        "encoder.unpacked": "K x N = 36 x 64: size_k = 36 is not a multiple of the pack factor 8 of u4b8 weights "
+                            "(GPTQ rows pack 8 codes per int32 word)"}
     assert report.unmatched_patterns == ["missing.*"]
-    assert isinstance(model.encoder.q_proj, wt.MarlinLinear) and isinstance(model.encoder.odd, nn.Linear)
+    assert isinstance(model.encoder.q_proj, wt.MarlinLinear) and isinstance(model.encoder.unpacked, nn.Linear)
+    assert (model.encoder.odd.out_features, tuple(model.encoder.odd.scales.shape)) == (96, (2, 128))
     assert model.encoder.k_proj.bias is None and model.encoder.q_proj.bias is not None
     q = quantize_weights(original_q.float().numpy().T, "u4b8", 128, act_dtype=np.float16)
     assert np.array_equal(wb.marlin_to_codes(model.encoder.q_proj.qweight.numpy(), 256, 128, 4), q.codes)
-    assert "replaced 3 nn.Linear layers" in str(report) and "skipped encoder.odd" in str(report)
+    assert "replaced 5 nn.Linear layers" in str(report) and "skipped encoder.unpacked" in str(report)
 
 
 def test_replace_linears_group_size_reason_and_exclude():
-    model = nn.Sequential(nn.Linear(192, 64), nn.Linear(256, 64))
-    report = wt.replace_linears(model, "*", "u4b8", 128, exclude="1")
+    model = nn.Sequential(nn.Linear(192, 64), nn.Linear(512, 64), nn.Linear(256, 64))
+    report = wt.replace_linears(model, "*", "u4b8", 256, exclude="2")
+    # 512 rows: two groups of a size the GEMM has no kernel for; 192 rows: one partial group, which the GEMM would
+    # run as channelwise, but the quantizer takes no such group size
     assert report.replaced == []
-    assert report.skipped == {"0": "K x N = 192 x 64: size_k = 192 is not divisible by group_size = 128"}
-    assert isinstance(model[1], nn.Linear)
+    assert report.skipped == {
+        "0": "K x N = 192 x 64: group_size = 256 is not one of the reference quantizer's (-1, 32, 64, 128)",
+        "1": "K x N = 512 x 64: group size = size_k / num_groups = 512 / 2 = 256 is not one of (32, 64, 128) (or "
+             "channelwise)"}
+    model = nn.Sequential(nn.Linear(192, 64), nn.Linear(512, 64), nn.Linear(256, 64))
+    report = wt.replace_linears(model, "*", "u4b8", 128, exclude="2")
+    assert report.replaced == ["0", "1"] and not report.skipped  # 192 = 128 + a partial group of 64
+    assert tuple(model[0].scales.shape) == (2, 64)
+    assert isinstance(model[2], nn.Linear)
 
 
 def test_replace_linears_takes_loaded_weights_by_name():
