@@ -133,6 +133,154 @@ def test_forward_shapes_through_the_fake_and_compiled_with_symbolic_m():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# shapes that are not tile multiples (docs/formats.md): padded buffers, the true sizes in the extra state
+# ---------------------------------------------------------------------------------------------------------------
+ODD = [(200, 100, S.U4B8, 128, False), (200, 100, S.U4, 64, False), (40, 96, S.U8B128, -1, False),
+       (312, 72, S.U4B8, 128, True), (200, 100, S.FE4M3FN, 128, False), (264, 136, S.U8B128, 32, True)]
+
+
+@pytest.mark.parametrize("k,n,wt_type,group,act_order", ODD)
+def test_odd_shape_from_linear_buffers_are_the_formats_padded_arrays(k, n, wt_type, group, act_order):
+    """The buffers of an odd-shaped layer quantized on the fly are the formats' padded Marlin arrays of the
+    reference quantizer's result, byte for byte; the inverses with the true sizes give the quantizer's codes and
+    scales back, so the padding holds nothing of the weight."""
+    from workbench.weight import make_marlin_weight
+
+    torch.manual_seed(k + n)
+    lin = nn.Linear(k, n).half()
+    m = wt.MarlinLinear.from_linear(lin, wt_type, group, act_order=act_order, seed=4)
+    q = quantize_weights(lin.weight.detach().float().numpy().T, wt_type, group, act_order=act_order,
+                         act_dtype=np.float16, seed=4)
+    ref = make_marlin_weight(q)
+    ref.require_padded_arrays()
+    assert_buffers_equal(m, ref)
+    kp, np_ = -(-k // 16) * 16, -(-n // 64) * 64
+    pf = wt_type.pack_factor
+    assert tuple(m.qweight.shape) == (kp // 16, np_ * 16 // pf)
+    assert tuple(m.scales.shape) == ((1 if group == -1 else -(-k // group)), np_)
+    assert (m.in_features, m.out_features) == (k, n) and tuple(m.bias.shape) == (n,)
+    back = m.marlin_weight()
+    back.require_padded_arrays()
+    assert (back.size_k, back.size_n, back.group_size) == (k, n, group)
+    if not act_order:  # (act-order codes are in the permuted row order; the reference compare above covers them)
+        assert np.array_equal(wb.marlin_to_codes(m.qweight.numpy(), k, n, wt_type.bits), q.codes)
+    if wt_type is not S.FE4M3FN:
+        back_scales = wb.marlin_unpermute_scales(m.scales.numpy(), k, n, group, backend="numpy")
+        want = np.asarray(q.scales, np.float16)
+        assert back_scales.shape == want.shape and back_scales.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("k,n,wt_type,group,act_order", ODD)
+def test_odd_shape_state_dict_round_trip_is_bit_exact(k, n, wt_type, group, act_order):
+    w, _ = random_marlin_weight(k, n, wt_type, group, act_order=act_order, seed=11)
+    w.require_padded_arrays()
+    bias = torch.randn(n).half()
+    m = wt.MarlinLinear.from_weight(w, bias)
+    assert_buffers_equal(m, w)
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    sd = torch.load(buf)
+    state = sd["_extra_state"][""]
+    assert (state["size_k"], state["size_n"], state["group_size"]) == (k, n, group)  # the true sizes travel
+    fresh = wt.MarlinLinear(k, n, wt_type, group, bias=True, act_order=act_order)
+    fresh.load_state_dict(sd)
+    assert_buffers_equal(fresh, w)
+    assert torch.equal(fresh.bias, bias)
+
+
+def test_equal_padded_buffers_of_another_true_size_are_refused_by_name():
+    """N = 100 and N = 120 both pad to 128 columns (and K = 200, 208 to 13 tile rows): the buffers alone would load,
+    the extra state's true sizes refuse them."""
+    w, _ = random_marlin_weight(200, 100, S.U4B8, 128)
+    sd = wt.MarlinLinear.from_weight(w).state_dict()
+    for k, n, name, got in ((200, 120, "size_n", 100), (208, 100, "size_k", 200)):
+        other = wt.MarlinLinear(k, n, "u4b8", 128)
+        assert all(other.state_dict()[f].shape == sd[f].shape for f in ("qweight", "scales"))
+        with pytest.raises(ValueError, match=rf"has {name} = {got}, this module {k if name == 'size_k' else n}"):
+            other.load_state_dict(sd)
+
+
+def test_odd_shape_weights_of_the_wrong_padding_are_refused_by_name():
+    w, _ = random_marlin_weight(200, 100, S.U4B8, 128)
+    import dataclasses
+
+    unpadded = dataclasses.replace(w, scales=np.ascontiguousarray(w.scales[:, :100]))
+    with pytest.raises(ValueError, match=r"scales has shape \(2, 100\) and dtype torch.float16, expected \(2, 128\)"):
+        wt.MarlinLinear.from_weight(unpadded)
+
+
+def test_odd_shape_forward_shapes_through_the_fake_and_compiled():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    w, _ = random_marlin_weight(200, 100, S.U4, 64)
+    m = wt.MarlinLinear.from_weight(w, torch.zeros(100)).to("meta")
+    assert tuple(m(torch.empty((2, 3, 200), dtype=torch.float16, device="meta")).shape) == (2, 3, 100)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
+    for rows in (3, 9):
+        assert tuple(compiled(torch.empty((rows, 200), dtype=torch.float16, device="meta")).shape) == (rows, 100)
+    assert counter.frame_count == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the GEMM's modes: deterministic, batch_invariant
+# ---------------------------------------------------------------------------------------------------------------
+def gemm_calls(counter):
+    return [n for g in counter.graphs for n in g.graph.nodes if "marlin_gemm" in str(n.target)]
+
+
+@pytest.mark.parametrize("modes", [{}, {"batch_invariant": True}, {"deterministic": True},
+                                   {"deterministic": True, "batch_invariant": True}])
+def test_modes_reach_the_op_in_the_traced_graph_and_stay_out_of_the_state_dict(modes):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    sd = wt.MarlinLinear.from_weight(w, **modes).state_dict()
+    m = wt.MarlinLinear.from_weight(w, **modes).to("meta")
+    assert all(getattr(m, f) is modes.get(f, False) for f in ("deterministic", "batch_invariant"))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
+    for rows in (3, 9):
+        assert tuple(compiled(torch.empty((rows, 256), dtype=torch.float16, device="meta")).shape) == (rows, 128)
+    assert counter.frame_count == 1
+    calls = gemm_calls(counter)
+    assert calls and all(n.kwargs == modes for n in calls), [n.kwargs for n in calls]
+    assert all(f"{f}=True" in repr(m) for f in modes)
+    plain = wt.MarlinLinear(256, 128)
+    plain.load_state_dict(sd)  # a mode is how the layer runs, not what it stores
+    assert not plain.batch_invariant and not plain.deterministic
+
+
+def test_modes_through_the_constructor_from_linear_and_replace_linears():
+    m = wt.MarlinLinear(256, 128, batch_invariant=True)
+    assert m.batch_invariant and not m.deterministic
+    assert wt.MarlinLinear.from_linear(nn.Linear(256, 128), deterministic=True).deterministic
+    model = nn.Sequential(nn.Linear(256, 128), nn.Linear(128, 64))
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    report = wt.replace_linears(model, "*", weights={"0": w}, batch_invariant=True)
+    assert report.replaced == ["0", "1"]
+    assert all(layer.batch_invariant and not layer.deterministic for layer in model)
+
+
+def test_a_layer_switched_to_batch_invariant_after_tracing_recompiles():
+    """The mode is read at trace time (a guarded attribute): switching it gives a new graph with the new flag, not
+    a stale one."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    m = wt.MarlinLinear.from_weight(w).to("meta")
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(m, backend=counter, fullgraph=True)
+    x = torch.empty((4, 256), dtype=torch.float16, device="meta")
+    compiled(x)
+    m.batch_invariant = True
+    compiled(x)
+    assert counter.frame_count == 2
+    assert [n.kwargs for n in gemm_calls(counter)] == [{}, {"batch_invariant": True}]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # replace_linears
 # ---------------------------------------------------------------------------------------------------------------
 class Tiny(nn.Module):
