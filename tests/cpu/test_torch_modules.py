@@ -122,6 +122,7 @@ def test_forward_shapes_through_the_fake_and_compiled_with_symbolic_m():
     w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
     m = wt.MarlinLinear.from_weight(w, torch.zeros(128)).to("meta")
     assert tuple(m(torch.empty((2, 3, 256), dtype=torch.float16, device="meta")).shape) == (2, 3, 128)
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
     for rows in (3, 9, 40):
@@ -136,7 +137,8 @@ def test_forward_shapes_through_the_fake_and_compiled_with_symbolic_m():
 # shapes that are not tile multiples (docs/formats.md): padded buffers, the true sizes in the extra state
 # ---------------------------------------------------------------------------------------------------------------
 ODD = [(200, 100, S.U4B8, 128, False), (200, 100, S.U4, 64, False), (40, 96, S.U8B128, -1, False),
-       (312, 72, S.U4B8, 128, True), (200, 100, S.FE4M3FN, 128, False), (264, 136, S.U8B128, 32, True)]
+       (312, 72, S.U4B8, 128, True), (200, 100, S.FE4M3FN, 128, False), (264, 136, S.U8B128, 32, True),
+       (36, 100, S.U8B128, 32, False)]  # (the last: an 8-bit K that ends inside a 16-byte chunk of fp16 rows)
 
 
 @pytest.mark.parametrize("k,n,wt_type,group,act_order", ODD)
@@ -216,11 +218,32 @@ def test_odd_shape_forward_shapes_through_the_fake_and_compiled():
     w, _ = random_marlin_weight(200, 100, S.U4, 64)
     m = wt.MarlinLinear.from_weight(w, torch.zeros(100)).to("meta")
     assert tuple(m(torch.empty((2, 3, 200), dtype=torch.float16, device="meta")).shape) == (2, 3, 100)
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
     for rows in (3, 9):
         assert tuple(compiled(torch.empty((rows, 200), dtype=torch.float16, device="meta")).shape) == (rows, 100)
     assert counter.frame_count == 1
+
+
+def test_an_8bit_k_inside_a_16_byte_chunk_reaches_the_gemm_as_padded_rows():
+    """K = 36 (8-bit: a multiple of the pack factor 4, not of the 8 fp16 values of a 16-byte chunk): forward hands
+    the op a view of rows padded to 40, which the GEMM's stride rule takes; traced with a symbolic M."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    w, _ = random_marlin_weight(36, 100, S.U8B128, 32)
+    m = wt.MarlinLinear.from_weight(w).to("meta")
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
+    for rows in (3, 9):
+        assert tuple(compiled(torch.empty((rows, 36), dtype=torch.float16, device="meta")).shape) == (rows, 100)
+    assert counter.frame_count == 1
+    a = torch.empty((5, 36), dtype=torch.float16, device="meta")  # the contiguous rows themselves: refused by name
+    args = [a, None, m.qweight, None, m.scales, None, None, None, None, None, m.workspace, wt.vllm_id(S.U8B128), 5,
+            100, 36, True, False, True, False]
+    with pytest.raises(ValueError, match=r"A.stride\(0\) = 36 must be >= size_k = 36 and divisible by 8"):
+        wt.marlin_gemm(*args)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -239,6 +262,7 @@ def test_modes_reach_the_op_in_the_traced_graph_and_stay_out_of_the_state_dict(m
     sd = wt.MarlinLinear.from_weight(w, **modes).state_dict()
     m = wt.MarlinLinear.from_weight(w, **modes).to("meta")
     assert all(getattr(m, f) is modes.get(f, False) for f in ("deterministic", "batch_invariant"))
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
     for rows in (3, 9):
@@ -270,6 +294,7 @@ def test_a_layer_switched_to_batch_invariant_after_tracing_recompiles():
 
     w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
     m = wt.MarlinLinear.from_weight(w).to("meta")
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(m, backend=counter, fullgraph=True)
     x = torch.empty((4, 256), dtype=torch.float16, device="meta")
@@ -412,6 +437,7 @@ def test_moe_compiles_once_per_block_size_not_per_batch_size():
     from workbench.moe import choose_block_size
 
     moe = wt.MarlinMoE.quantize(*dense_experts(), top_k=2).to("meta")
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(moe, backend=counter, fullgraph=True, dynamic=True)
     rows = (3, 5, 9, 40, 50)

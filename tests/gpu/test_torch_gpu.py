@@ -279,10 +279,11 @@ def test_module_to_cuda_and_state_dict_round_trip_on_the_gpu(tmp_path):
 # shapes that are not tile multiples (docs/formats.md): padded buffers, the true sizes to the kernel
 # ---------------------------------------------------------------------------------------------------------------
 # (K, N, type, group, act-order): N inside a 64-column tile, K a partial k16 tile and a partial last group, K below
-# one pipeline step, an act-order partial group, block-FP8 partial blocks; K a multiple of 8 (fp16 rows of 16 bytes,
-# as a contiguous input has them)
+# one pipeline step, an act-order partial group, block-FP8 partial blocks, an 8-bit K that ends inside a 16-byte
+# chunk of fp16 rows (MarlinLinear passes such rows as a view of padded ones)
 ODD_CASES = [(200, 100, S.U4B8, 128, False), (1000, 200, S.U4, 64, False), (40, 96, S.U8B128, -1, False),
-             (312, 72, S.U4B8, 128, True), (200, 100, S.FE4M3FN, 128, False), (264, 136, S.U8B128, 32, False)]
+             (312, 72, S.U4B8, 128, True), (200, 100, S.FE4M3FN, 128, False), (264, 136, S.U8B128, 32, False),
+             (36, 100, S.U8B128, 32, False)]
 
 
 @pytest.mark.parametrize("k,n,wt_type,group,act_order", ODD_CASES, ids=str)

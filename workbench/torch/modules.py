@@ -121,12 +121,23 @@ def unsupported_shape(size_k: int, size_n: int, weight_type, group_size: int) ->
         shapes = _buffer_shapes(size_k, size_n, wt, group_size)
         f16, i32 = np.dtype(np.float16), np.dtype(np.int32)
         spec = (lambda name, dtype: None if shapes[name] is None else ArraySpec.contiguous(shapes[name][0], dtype))
-        gemm.check_gemm_shapes(ArraySpec.contiguous((REPRESENTATIVE_ROWS, size_k), f16), spec("qweight", i32),
+        lda = _row_stride(size_k)  # (the rows forward hands the GEMM)
+        a = ArraySpec((REPRESENTATIVE_ROWS, size_k), f16, (lda * f16.itemsize, f16.itemsize), lda == size_k)
+        gemm.check_gemm_shapes(a, spec("qweight", i32),
                                spec("scales", f16), spec("zeros", i32), None, None, wt, REPRESENTATIVE_ROWS, size_n,
                                size_k, True)
     except ValueError as exc:
         return f"K x N = {size_k} x {size_n}: {exc}"
     return None
+
+
+def _row_stride(size_k: int) -> int:
+    """The row stride of the activations MarlinLinear passes: K, or K rounded up to whole 16-byte chunks where K
+    ends inside one (an 8-bit K that is a multiple of 4 but not of 8); the GEMM reads rows in such chunks and never
+    past K (docs/formats.md, "Shapes that are not tile multiples")."""
+    from workbench.gemm.checks import A_CHUNK
+
+    return -(-size_k // A_CHUNK) * A_CHUNK
 
 
 class _MarlinBuffers(nn.Module):
@@ -209,6 +220,7 @@ class MarlinLinear(_MarlinBuffers):
         self._type_id = vllm_id(layout.weight_type)
         self._is_k_full = layout.is_k_full
         self.deterministic, self.batch_invariant = bool(deterministic), bool(batch_invariant)
+        self._lda = _row_stride(layout.size_k)
 
     @property
     def _modes(self) -> dict:
@@ -266,7 +278,11 @@ class MarlinLinear(_MarlinBuffers):
             raise ValueError(f"{type(self).__name__}: x has {x.shape[-1]} features (shape {tuple(x.shape)}), the "
                              f"layer takes in_features = {k}")
         rows = x if x.dim() == 2 else x.reshape(-1, k)
-        if rows.stride(-1) != 1:
+        if self._lda != k:  # K ends inside a 16-byte chunk: the rows as a view of padded rows (read up to K only)
+            padded = rows.new_empty((rows.shape[0], self._lda))
+            padded[:, :k].copy_(rows)
+            rows = padded[:, :k]
+        elif rows.stride(-1) != 1:
             rows = rows.contiguous()
         b = self._buffers  # (the dict itself: nn.Module.__getattr__ is slow on the per-call path)
         y = ops.marlin_gemm_functional(rows, None, b["qweight"], b["bias"], b["scales"], None, None, b["zeros"],
