@@ -3,9 +3,12 @@
 Mirrors vLLM at commit 7bcae67b5de3f155e70026695285de25d096b801 (``csrc/torch_bindings.cpp``,
 ``vllm/_custom_ops.py``; docs/torch.md says what was read where). Registered when ``workbench.torch`` is imported:
 
-* ``marlin_gemm`` / ``gptq_marlin_gemm`` (CUDA): C = A @ dequant(B), vLLM's 19 arguments; ``c`` must be None;
+* ``marlin_gemm`` / ``gptq_marlin_gemm`` (CUDA): C = A @ dequant(B) + b_bias, vLLM's 19 arguments, then workbench's
+  keyword-only ``deterministic`` / ``batch_invariant`` (``workbench.gemm.gptq_marlin_gemm``'s modes); ``c`` must be
+  None; size_k / size_n are the true sizes, the weight arrays padded to whole tiles (docs/formats.md);
 * ``marlin_gemm_out`` / ``gptq_marlin_gemm_out`` (CUDA): the same, writing the given ``c`` (``Tensor(a!) c``);
-* ``moe_wna16_marlin_gemm[_out]`` (CUDA): the fused MoE GEMM over moe_align_block_size's blocks, vLLM's 29 arguments;
+* ``moe_wna16_marlin_gemm[_out]`` (CUDA): the fused MoE GEMM over moe_align_block_size's blocks, vLLM's 29 arguments,
+  then a keyword-only ``batch_invariant``;
 * ``moe_align_block_size`` (CPU, CUDA): vLLM's mutating form, filling sorted_token_ids, experts_ids and
   num_tokens_post_pad;
 * ``gptq_marlin_repack``, ``awq_marlin_repack`` (CPU, CUDA): checkpoint words -> Marlin tiles (``is_a_8bit`` False);
