@@ -447,6 +447,24 @@ def test_moe_compiles_once_per_block_size_not_per_batch_size():
     assert counter.frame_count == len({choose_block_size(m, 2, 4) for m in rows}) == 2
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_moe_batch_invariant_reaches_both_gemms_in_the_traced_graph(batch_invariant):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    moe = wt.MarlinMoE.quantize(*dense_experts(), top_k=2, batch_invariant=batch_invariant).to("meta")
+    assert moe.batch_invariant is batch_invariant and ("batch_invariant=True" in repr(moe)) is batch_invariant
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    out = torch.compile(moe, backend=counter, fullgraph=True)(torch.empty((5, 256), dtype=torch.float16,
+                                                                          device="meta"),
+                                                              torch.empty((5, 4), device="meta"))
+    assert tuple(out.shape) == (5, 256)
+    calls = [n for g in counter.graphs for n in g.graph.nodes if "moe_wna16_marlin_gemm" in str(n.target)]
+    assert len(calls) == 2
+    assert all(n.kwargs == ({"batch_invariant": True} if batch_invariant else {}) for n in calls), \
+        [n.kwargs for n in calls]
+
+
 def test_llama_shaped_decoder_of_marlin_linears_traces_to_one_graph():
     """bench/bench_torch.py's decoder (one layer; GQA, RoPE, a static KV cache written in place), every nn.Linear a
     MarlinLinear, compiled whole with fullgraph=True on meta tensors: the GEMM's fake and schema let Dynamo and

@@ -386,11 +386,13 @@ class MarlinMoE(_MarlinBuffers):
     Stacks: ``w13`` (gate and up of every expert, K = hidden, N = 2 · intermediate, gate columns first) and ``w2``
     (down, K = intermediate, N = hidden). Routing: softmax over the router logits (from ``router``, an ``nn.Linear``
     hidden -> experts, when the module has one, else passed to forward), top ``top_k``, renormalized when
-    ``renormalize``."""
+    ``renormalize``. ``batch_invariant``: both GEMMs in the fused kernel's batch-invariant mode (one tile for every
+    MoE block size, so a token's bits do not depend on how many tokens were routed with it); not in the state dict."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, weight_type="u4b8",
                  group_size: int = 128, *, act_dtype: torch.dtype = torch.float16, renormalize: bool = True,
-                 router: nn.Linear | None = None, _w13: MarlinWeight | None = None, _w2: MarlinWeight | None = None):
+                 router: nn.Linear | None = None, batch_invariant: bool = False, _w13: MarlinWeight | None = None,
+                 _w2: MarlinWeight | None = None):
         super().__init__()
         wt = ScalarType.parse(weight_type)
         e, h, i = int(num_experts), int(hidden_size), int(intermediate_size)
@@ -402,10 +404,11 @@ class MarlinMoE(_MarlinBuffers):
         self.top_k, self.renormalize = int(top_k), bool(renormalize)
         self.router = router
         self._type_id = vllm_id(wt)
+        self.batch_invariant = bool(batch_invariant)
 
     @classmethod
     def from_weights(cls, w13: MarlinWeight, w2: MarlinWeight, top_k: int, *, renormalize: bool = True,
-                     router: nn.Linear | None = None) -> "MarlinMoE":
+                     router: nn.Linear | None = None, batch_invariant: bool = False) -> "MarlinMoE":
         """A layer over two expert stacks (``MarlinWeight`` with ``num_experts``; e.g. from ``workbench.load`` or
         ``workbench.ops.stack_gptq_experts_to_marlin``); copied."""
         for name, w in (("w13", w13), ("w2", w2)):
@@ -420,12 +423,13 @@ class MarlinMoE(_MarlinBuffers):
                              f" {w2.weight_type}, {w2.group_size} do not form one layer (w13 N = 2 x w2 K, w2 N = "
                              f"w13 K, one type and group size)")
         return cls(w13.num_experts, w13.size_k, w2.size_k, top_k, w13.weight_type, w13.group_size,
-                   act_dtype=torch_dtype(w13.act_dtype), renormalize=renormalize, router=router, _w13=w13, _w2=w2)
+                   act_dtype=torch_dtype(w13.act_dtype), renormalize=renormalize, router=router,
+                   batch_invariant=batch_invariant, _w13=w13, _w2=w2)
 
     @classmethod
     def quantize(cls, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, top_k: int, weight_type="u4b8",
                  group_size: int = 128, *, act_dtype: torch.dtype = torch.float16, renormalize: bool = True,
-                 router: nn.Linear | None = None, seed: int = 0) -> "MarlinMoE":
+                 router: nn.Linear | None = None, seed: int = 0, batch_invariant: bool = False) -> "MarlinMoE":
         """Quantize dense experts with the reference RTN quantizer: ``gate``, ``up`` [E, I, H] and ``down`` [E, H, I]
         in nn.Linear's (out, in) orientation (as Mixtral-style checkpoints store them)."""
         from workbench.moe import stack_marlin_weights
@@ -445,7 +449,7 @@ class MarlinMoE(_MarlinBuffers):
             w2.append(make_marlin_weight(quantize_weights(host(down[e]).T, weight_type, group_size, act_dtype=act,
                                                           seed=seed + e)))
         return cls.from_weights(stack_marlin_weights(w13), stack_marlin_weights(w2), top_k, renormalize=renormalize,
-                                router=router)
+                                router=router, batch_invariant=batch_invariant)
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_weights float32 [M, top_k], topk_ids int32 [M, top_k]) from router logits [M, E]."""
@@ -470,19 +474,21 @@ class MarlinMoE(_MarlinBuffers):
         sorted_ids, expert_ids, post = ops.allocate_align_buffers(topk_ids, e, block)
         ops.moe_align_block_size(topk_ids, e, block, sorted_ids, expert_ids, post)
         w13, w2 = self._tensors("w13_"), self._tensors("w2_")
+        bi = self.batch_invariant
         g1 = ops.moe_wna16_marlin_gemm(x, None, w13["qweight"], None, w13["scales"], None, None, w13["zeros"], None,
                                        None, self.workspace, sorted_ids, expert_ids, post, topk_weights, block, k,
-                                       False, self._type_id, m, 2 * i, h, True, False, True, False)
+                                       False, self._type_id, m, 2 * i, h, True, False, True, False,
+                                       batch_invariant=bi)
         # SiLU(gate) * up in fp32, rounded once (as workbench.moe.silu_and_mul and the MoE reference round)
         act = (torch.nn.functional.silu(g1[:, :i].float()) * g1[:, i:].float()).to(x.dtype)
         y = ops.moe_wna16_marlin_gemm(act.contiguous(), None, w2["qweight"], None, w2["scales"], None, None,
                                       w2["zeros"], None, None, self.workspace, sorted_ids, expert_ids, post,
                                       topk_weights, block, 1, True, self._type_id, m * k, h, i, True, False, True,
-                                      False)
+                                      False, batch_invariant=bi)
         return y.view(m, k, h).sum(dim=1).reshape(hidden_states.shape)
 
     def extra_repr(self) -> str:
         layout = self._layouts["w13_"]
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size}, top_k={self.top_k}, weight_type={layout.weight_type}, "
-                f"group_size={layout.group_size}")
+                f"group_size={layout.group_size}" + (", batch_invariant=True" if self.batch_invariant else ""))
