@@ -406,9 +406,29 @@ def test_moe_state_dict_round_trip_and_from_weights():
     assert_buffers_equal(moe, w2, "w2_")
     fresh = wt.MarlinMoE(3, 256, 128, 2, "u4", 128)
     fresh.load_state_dict(moe.state_dict())
-    assert_buffers_equal(fresh, w13, "w13_") and assert_buffers_equal(fresh, w2, "w2_")
+    assert_buffers_equal(fresh, w13, "w13_")
+    assert_buffers_equal(fresh, w2, "w2_")  # (both: assert_buffers_equal returns None, so no `and`)
     with pytest.raises(ValueError, match="do not form one layer"):
         wt.MarlinMoE.from_weights(w13, w13, top_k=2)
+
+
+def test_moe_on_shapes_that_are_not_tile_multiples_holds_the_padded_stacks():
+    """hidden 264 (K of w13: 16.5 k16 tiles, groups 128 + 128 + 8; N of w2), intermediate 136 (N of w13: 272
+    columns, K of w2: groups 128 + 8): padded stacks bit for bit, a state-dict round trip, the forward's shapes on
+    meta tensors (the MoE op reads the group size from the group count with a partial last group)."""
+    h, i = 264, 136
+    w13, _ = random_expert_stack(3, h, 2 * i, S.U4B8, 128, seed=4)
+    w2, _ = random_expert_stack(3, i, h, S.U4B8, 128, seed=5)
+    moe = wt.MarlinMoE.from_weights(w13, w2, top_k=2)
+    assert_buffers_equal(moe, w13, "w13_")
+    assert_buffers_equal(moe, w2, "w2_")
+    assert tuple(moe.w13_scales.shape) == (3, 3, 320) and tuple(moe.w2_scales.shape) == (3, 2, 320)
+    fresh = wt.MarlinMoE(3, h, i, 2, "u4b8", 128)
+    fresh.load_state_dict(moe.state_dict())
+    assert_buffers_equal(fresh, w13, "w13_")
+    assert_buffers_equal(fresh, w2, "w2_")
+    out = moe.to("meta")(torch.empty((5, h), dtype=torch.float16, device="meta"), torch.empty((5, 3), device="meta"))
+    assert tuple(out.shape) == (5, h)
 
 
 def test_moe_forward_on_cpu_needs_cuda_and_shapes_on_meta():

@@ -227,8 +227,9 @@ def test_moe_gemm_op_equals_the_fused_phase_bitwise_and_passes_opcheck(rng):
     assert np.array_equal(out.cpu().numpy().view(np.uint16), cp.asnumpy(ref).view(np.uint16))
 
 
-def test_marlin_moe_against_the_reference(rng):
-    e, h, i, m, top_k = 8, 256, 128, 7, 2
+@pytest.mark.parametrize("h,i", [(256, 128), (264, 136)], ids=str)  # (the second: no tile multiples, partial groups)
+def test_marlin_moe_against_the_reference(h, i, rng):
+    e, m, top_k = 8, 7, 2
     w13, w13_ref = moe.random_expert_stack(e, h, 2 * i, S.U4, 128, seed=1)
     w2, w2_ref = moe.random_expert_stack(e, i, h, S.U4, 128, seed=2)
     layer = wt.MarlinMoE.from_weights(w13, w2, top_k).to(DEV)
