@@ -122,6 +122,7 @@ def test_forward_shapes_through_the_fake_and_compiled_with_symbolic_m():
     w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
     m = wt.MarlinLinear.from_weight(w, torch.zeros(128)).to("meta")
     assert tuple(m(torch.empty((2, 3, 256), dtype=torch.float16, device="meta")).shape) == (2, 3, 128)
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
     for rows in (3, 9, 40):
@@ -133,13 +134,186 @@ def test_forward_shapes_through_the_fake_and_compiled_with_symbolic_m():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# shapes that are not tile multiples (docs/formats.md): padded buffers, the true sizes in the extra state
+# ---------------------------------------------------------------------------------------------------------------
+ODD = [(200, 100, S.U4B8, 128, False), (200, 100, S.U4, 64, False), (40, 96, S.U8B128, -1, False),
+       (312, 72, S.U4B8, 128, True), (200, 100, S.FE4M3FN, 128, False), (264, 136, S.U8B128, 32, True),
+       (36, 100, S.U8B128, 32, False)]  # (the last: an 8-bit K that ends inside a 16-byte chunk of fp16 rows)
+
+
+@pytest.mark.parametrize("k,n,wt_type,group,act_order", ODD)
+def test_odd_shape_from_linear_buffers_are_the_formats_padded_arrays(k, n, wt_type, group, act_order):
+    """The buffers of an odd-shaped layer quantized on the fly are the formats' padded Marlin arrays of the
+    reference quantizer's result, byte for byte; the inverses with the true sizes give the quantizer's codes and
+    scales back, so the padding holds nothing of the weight."""
+    from workbench.weight import make_marlin_weight
+
+    torch.manual_seed(k + n)
+    lin = nn.Linear(k, n).half()
+    m = wt.MarlinLinear.from_linear(lin, wt_type, group, act_order=act_order, seed=4)
+    q = quantize_weights(lin.weight.detach().float().numpy().T, wt_type, group, act_order=act_order,
+                         act_dtype=np.float16, seed=4)
+    ref = make_marlin_weight(q)
+    ref.require_padded_arrays()
+    assert_buffers_equal(m, ref)
+    kp, np_ = -(-k // 16) * 16, -(-n // 64) * 64
+    pf = wt_type.pack_factor
+    assert tuple(m.qweight.shape) == (kp // 16, np_ * 16 // pf)
+    assert tuple(m.scales.shape) == ((1 if group == -1 else -(-k // group)), np_)
+    assert (m.in_features, m.out_features) == (k, n) and tuple(m.bias.shape) == (n,)
+    back = m.marlin_weight()
+    back.require_padded_arrays()
+    assert (back.size_k, back.size_n, back.group_size) == (k, n, group)
+    if not act_order:  # (act-order codes are in the permuted row order; the reference compare above covers them)
+        assert np.array_equal(wb.marlin_to_codes(m.qweight.numpy(), k, n, wt_type.bits), q.codes)
+    if wt_type is not S.FE4M3FN:
+        back_scales = wb.marlin_unpermute_scales(m.scales.numpy(), k, n, group, backend="numpy")
+        want = np.asarray(q.scales, np.float16)
+        assert back_scales.shape == want.shape and back_scales.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("k,n,wt_type,group,act_order", ODD)
+def test_odd_shape_state_dict_round_trip_is_bit_exact(k, n, wt_type, group, act_order):
+    w, _ = random_marlin_weight(k, n, wt_type, group, act_order=act_order, seed=11)
+    w.require_padded_arrays()
+    bias = torch.randn(n).half()
+    m = wt.MarlinLinear.from_weight(w, bias)
+    assert_buffers_equal(m, w)
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    sd = torch.load(buf)
+    state = sd["_extra_state"][""]
+    assert (state["size_k"], state["size_n"], state["group_size"]) == (k, n, group)  # the true sizes travel
+    fresh = wt.MarlinLinear(k, n, wt_type, group, bias=True, act_order=act_order)
+    fresh.load_state_dict(sd)
+    assert_buffers_equal(fresh, w)
+    assert torch.equal(fresh.bias, bias)
+
+
+def test_equal_padded_buffers_of_another_true_size_are_refused_by_name():
+    """N = 100 and N = 120 both pad to 128 columns (and K = 200, 208 to 13 tile rows): the buffers alone would load,
+    the extra state's true sizes refuse them."""
+    w, _ = random_marlin_weight(200, 100, S.U4B8, 128)
+    sd = wt.MarlinLinear.from_weight(w).state_dict()
+    for k, n, name, got in ((200, 120, "size_n", 100), (208, 100, "size_k", 200)):
+        other = wt.MarlinLinear(k, n, "u4b8", 128)
+        assert all(other.state_dict()[f].shape == sd[f].shape for f in ("qweight", "scales"))
+        with pytest.raises(ValueError, match=rf"has {name} = {got}, this module {k if name == 'size_k' else n}"):
+            other.load_state_dict(sd)
+
+
+def test_odd_shape_weights_of_the_wrong_padding_are_refused_by_name():
+    w, _ = random_marlin_weight(200, 100, S.U4B8, 128)
+    import dataclasses
+
+    unpadded = dataclasses.replace(w, scales=np.ascontiguousarray(w.scales[:, :100]))
+    with pytest.raises(ValueError, match=r"scales has shape \(2, 100\) and dtype torch.float16, expected \(2, 128\)"):
+        wt.MarlinLinear.from_weight(unpadded)
+
+
+def test_odd_shape_forward_shapes_through_the_fake_and_compiled():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    w, _ = random_marlin_weight(200, 100, S.U4, 64)
+    m = wt.MarlinLinear.from_weight(w, torch.zeros(100)).to("meta")
+    assert tuple(m(torch.empty((2, 3, 200), dtype=torch.float16, device="meta")).shape) == (2, 3, 100)
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
+    for rows in (3, 9):
+        assert tuple(compiled(torch.empty((rows, 200), dtype=torch.float16, device="meta")).shape) == (rows, 100)
+    assert counter.frame_count == 1
+
+
+def test_an_8bit_k_inside_a_16_byte_chunk_reaches_the_gemm_as_padded_rows():
+    """K = 36 (8-bit: a multiple of the pack factor 4, not of the 8 fp16 values of a 16-byte chunk): forward hands
+    the op a view of rows padded to 40, which the GEMM's stride rule takes; traced with a symbolic M."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    w, _ = random_marlin_weight(36, 100, S.U8B128, 32)
+    m = wt.MarlinLinear.from_weight(w).to("meta")
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
+    for rows in (3, 9):
+        assert tuple(compiled(torch.empty((rows, 36), dtype=torch.float16, device="meta")).shape) == (rows, 100)
+    assert counter.frame_count == 1
+    a = torch.empty((5, 36), dtype=torch.float16, device="meta")  # the contiguous rows themselves: refused by name
+    args = [a, None, m.qweight, None, m.scales, None, None, None, None, None, m.workspace, wt.vllm_id(S.U8B128), 5,
+            100, 36, True, False, True, False]
+    with pytest.raises(ValueError, match=r"A.stride\(0\) = 36 must be >= size_k = 36 and divisible by 8"):
+        wt.marlin_gemm(*args)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the GEMM's modes: deterministic, batch_invariant
+# ---------------------------------------------------------------------------------------------------------------
+def gemm_calls(counter):
+    return [n for g in counter.graphs for n in g.graph.nodes if "marlin_gemm" in str(n.target)]
+
+
+@pytest.mark.parametrize("modes", [{}, {"batch_invariant": True}, {"deterministic": True},
+                                   {"deterministic": True, "batch_invariant": True}])
+def test_modes_reach_the_op_in_the_traced_graph_and_stay_out_of_the_state_dict(modes):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    sd = wt.MarlinLinear.from_weight(w, **modes).state_dict()
+    m = wt.MarlinLinear.from_weight(w, **modes).to("meta")
+    assert all(getattr(m, f) is modes.get(f, False) for f in ("deterministic", "batch_invariant"))
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
+    for rows in (3, 9):
+        assert tuple(compiled(torch.empty((rows, 256), dtype=torch.float16, device="meta")).shape) == (rows, 128)
+    assert counter.frame_count == 1
+    calls = gemm_calls(counter)
+    assert calls and all(n.kwargs == modes for n in calls), [n.kwargs for n in calls]
+    assert all(f"{f}=True" in repr(m) for f in modes)
+    plain = wt.MarlinLinear(256, 128)
+    plain.load_state_dict(sd)  # a mode is how the layer runs, not what it stores
+    assert not plain.batch_invariant and not plain.deterministic
+
+
+def test_modes_through_the_constructor_from_linear_and_replace_linears():
+    m = wt.MarlinLinear(256, 128, batch_invariant=True)
+    assert m.batch_invariant and not m.deterministic
+    assert wt.MarlinLinear.from_linear(nn.Linear(256, 128), deterministic=True).deterministic
+    model = nn.Sequential(nn.Linear(256, 128), nn.Linear(128, 64))
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    report = wt.replace_linears(model, "*", weights={"0": w}, batch_invariant=True)
+    assert report.replaced == ["0", "1"]
+    assert all(layer.batch_invariant and not layer.deterministic for layer in model)
+
+
+def test_a_layer_switched_to_batch_invariant_after_tracing_recompiles():
+    """The mode is read at trace time (a guarded attribute): switching it gives a new graph with the new flag, not
+    a stale one."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    m = wt.MarlinLinear.from_weight(w).to("meta")
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(m, backend=counter, fullgraph=True)
+    x = torch.empty((4, 256), dtype=torch.float16, device="meta")
+    compiled(x)
+    m.batch_invariant = True
+    compiled(x)
+    assert counter.frame_count == 2
+    assert [n.kwargs for n in gemm_calls(counter)] == [{}, {"batch_invariant": True}]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # replace_linears
 # ---------------------------------------------------------------------------------------------------------------
 class Tiny(nn.Module):
     def __init__(self):
         super().__init__()
         self.encoder = nn.ModuleDict({"q_proj": nn.Linear(256, 128), "k_proj": nn.Linear(256, 128, bias=False),
-                                      "odd": nn.Linear(256, 96), "short": nn.Linear(40, 64)})
+                                      "odd": nn.Linear(256, 96), "short": nn.Linear(40, 64),
+                                      "unpacked": nn.Linear(36, 64)})
         self.head = nn.Linear(128, 64)
         self.norm = nn.LayerNorm(128)
 
@@ -149,26 +323,35 @@ def test_replace_linears_swaps_what_it_can_and_says_why_not():
     model = Tiny().half()
     original_q = model.encoder.q_proj.weight.detach().clone()
     report = wt.replace_linears(model, ["encoder.*", "head", "missing.*"], "u4b8", 128)
-    assert report.replaced == ["encoder.q_proj", "encoder.k_proj", "head"]
+    # N = 96 (not a multiple of 64) and K = 40 (not of 16; one partial group of 128) are layers now: padded buffers
+    assert report.replaced == ["encoder.q_proj", "encoder.k_proj", "encoder.odd", "encoder.short", "head"]
     assert report.skipped == {  # the dense GEMM's own shape rules, on the buffers the layer would have
-        "encoder.odd": "K x N = 256 x 96: size_n = 96, actual_size_n = 96 (b_q_weight.size(1) = 192, pack_factor = "
-                       "8): the weight's arrays are ceil(size_n / 64) * 64 = 128 columns wide",
-        "encoder.short": "K x N = 40 x 64: Shape mismatch: b_q_weight.size(0) = 2, size_k = 40: expected "
-                         "ceil(size_k / tile_size = 16) = 3"}
+        "encoder.unpacked": "K x N = 36 x 64: size_k = 36 is not a multiple of the pack factor 8 of u4b8 weights "
+                            "(GPTQ rows pack 8 codes per int32 word)"}
     assert report.unmatched_patterns == ["missing.*"]
-    assert isinstance(model.encoder.q_proj, wt.MarlinLinear) and isinstance(model.encoder.odd, nn.Linear)
+    assert isinstance(model.encoder.q_proj, wt.MarlinLinear) and isinstance(model.encoder.unpacked, nn.Linear)
+    assert (model.encoder.odd.out_features, tuple(model.encoder.odd.scales.shape)) == (96, (2, 128))
     assert model.encoder.k_proj.bias is None and model.encoder.q_proj.bias is not None
     q = quantize_weights(original_q.float().numpy().T, "u4b8", 128, act_dtype=np.float16)
     assert np.array_equal(wb.marlin_to_codes(model.encoder.q_proj.qweight.numpy(), 256, 128, 4), q.codes)
-    assert "replaced 3 nn.Linear layers" in str(report) and "skipped encoder.odd" in str(report)
+    assert "replaced 5 nn.Linear layers" in str(report) and "skipped encoder.unpacked" in str(report)
 
 
 def test_replace_linears_group_size_reason_and_exclude():
-    model = nn.Sequential(nn.Linear(192, 64), nn.Linear(256, 64))
-    report = wt.replace_linears(model, "*", "u4b8", 128, exclude="1")
+    model = nn.Sequential(nn.Linear(192, 64), nn.Linear(512, 64), nn.Linear(256, 64))
+    report = wt.replace_linears(model, "*", "u4b8", 256, exclude="2")
+    # 512 rows: two groups of a size the GEMM has no kernel for; 192 rows: one partial group, which the GEMM would
+    # run as channelwise, but the quantizer takes no such group size
     assert report.replaced == []
-    assert report.skipped == {"0": "K x N = 192 x 64: size_k = 192 is not divisible by group_size = 128"}
-    assert isinstance(model[1], nn.Linear)
+    assert report.skipped == {
+        "0": "K x N = 192 x 64: group_size = 256 is not one of the reference quantizer's (-1, 32, 64, 128)",
+        "1": "K x N = 512 x 64: group size = size_k / num_groups = 512 / 2 = 256 is not one of (32, 64, 128) (or "
+             "channelwise)"}
+    model = nn.Sequential(nn.Linear(192, 64), nn.Linear(512, 64), nn.Linear(256, 64))
+    report = wt.replace_linears(model, "*", "u4b8", 128, exclude="2")
+    assert report.replaced == ["0", "1"] and not report.skipped  # 192 = 128 + a partial group of 64
+    assert tuple(model[0].scales.shape) == (2, 64)
+    assert isinstance(model[2], nn.Linear)
 
 
 def test_replace_linears_takes_loaded_weights_by_name():
@@ -223,9 +406,29 @@ def test_moe_state_dict_round_trip_and_from_weights():
     assert_buffers_equal(moe, w2, "w2_")
     fresh = wt.MarlinMoE(3, 256, 128, 2, "u4", 128)
     fresh.load_state_dict(moe.state_dict())
-    assert_buffers_equal(fresh, w13, "w13_") and assert_buffers_equal(fresh, w2, "w2_")
+    assert_buffers_equal(fresh, w13, "w13_")
+    assert_buffers_equal(fresh, w2, "w2_")  # (both: assert_buffers_equal returns None, so no `and`)
     with pytest.raises(ValueError, match="do not form one layer"):
         wt.MarlinMoE.from_weights(w13, w13, top_k=2)
+
+
+def test_moe_on_shapes_that_are_not_tile_multiples_holds_the_padded_stacks():
+    """hidden 264 (K of w13: 16.5 k16 tiles, groups 128 + 128 + 8; N of w2), intermediate 136 (N of w13: 272
+    columns, K of w2: groups 128 + 8): padded stacks bit for bit, a state-dict round trip, the forward's shapes on
+    meta tensors (the MoE op reads the group size from the group count with a partial last group)."""
+    h, i = 264, 136
+    w13, _ = random_expert_stack(3, h, 2 * i, S.U4B8, 128, seed=4)
+    w2, _ = random_expert_stack(3, i, h, S.U4B8, 128, seed=5)
+    moe = wt.MarlinMoE.from_weights(w13, w2, top_k=2)
+    assert_buffers_equal(moe, w13, "w13_")
+    assert_buffers_equal(moe, w2, "w2_")
+    assert tuple(moe.w13_scales.shape) == (3, 3, 320) and tuple(moe.w2_scales.shape) == (3, 2, 320)
+    fresh = wt.MarlinMoE(3, h, i, 2, "u4b8", 128)
+    fresh.load_state_dict(moe.state_dict())
+    assert_buffers_equal(fresh, w13, "w13_")
+    assert_buffers_equal(fresh, w2, "w2_")
+    out = moe.to("meta")(torch.empty((5, h), dtype=torch.float16, device="meta"), torch.empty((5, 3), device="meta"))
+    assert tuple(out.shape) == (5, h)
 
 
 def test_moe_forward_on_cpu_needs_cuda_and_shapes_on_meta():
@@ -254,6 +457,7 @@ def test_moe_compiles_once_per_block_size_not_per_batch_size():
     from workbench.moe import choose_block_size
 
     moe = wt.MarlinMoE.quantize(*dense_experts(), top_k=2).to("meta")
+    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(moe, backend=counter, fullgraph=True, dynamic=True)
     rows = (3, 5, 9, 40, 50)
@@ -261,6 +465,24 @@ def test_moe_compiles_once_per_block_size_not_per_batch_size():
         out = compiled(torch.empty((m, 256), dtype=torch.float16, device="meta"), torch.empty((m, 4), device="meta"))
         assert tuple(out.shape) == (m, 256)
     assert counter.frame_count == len({choose_block_size(m, 2, 4) for m in rows}) == 2
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_moe_batch_invariant_reaches_both_gemms_in_the_traced_graph(batch_invariant):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    moe = wt.MarlinMoE.quantize(*dense_experts(), top_k=2, batch_invariant=batch_invariant).to("meta")
+    assert moe.batch_invariant is batch_invariant and ("batch_invariant=True" in repr(moe)) is batch_invariant
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    out = torch.compile(moe, backend=counter, fullgraph=True)(torch.empty((5, 256), dtype=torch.float16,
+                                                                          device="meta"),
+                                                              torch.empty((5, 4), device="meta"))
+    assert tuple(out.shape) == (5, 256)
+    calls = [n for g in counter.graphs for n in g.graph.nodes if "moe_wna16_marlin_gemm" in str(n.target)]
+    assert len(calls) == 2
+    assert all(n.kwargs == ({"batch_invariant": True} if batch_invariant else {}) for n in calls), \
+        [n.kwargs for n in calls]
 
 
 def test_llama_shaped_decoder_of_marlin_linears_traces_to_one_graph():

@@ -45,7 +45,12 @@ ALL_OPS = ["marlin_gemm", "marlin_gemm_out", "gptq_marlin_gemm", "gptq_marlin_ge
 
 
 def arg_names(op):
-    return [a.name for a in getattr(OPS, op).default._schema.arguments]
+    """The positional arguments (a positional vLLM call binds these); keyword-only ones are workbench's own."""
+    return [a.name for a in getattr(OPS, op).default._schema.arguments if not a.kwarg_only]
+
+
+def kwarg_only_names(op):
+    return [a.name for a in getattr(OPS, op).default._schema.arguments if a.kwarg_only]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -58,6 +63,10 @@ def test_every_op_is_registered():
 @pytest.mark.parametrize("op", ["marlin_gemm", "gptq_marlin_gemm", "marlin_gemm_out", "gptq_marlin_gemm_out"])
 def test_gemm_takes_vllms_19_arguments_in_order(op):
     assert arg_names(op) == VLLM_GEMM_ARGS
+    # workbench's modes come after them, by keyword only (off by default), so no positional call changes meaning
+    assert kwarg_only_names(op) == ["deterministic", "batch_invariant"]
+    schema = getattr(OPS, op).default._schema
+    assert all(a.default_value is False for a in schema.arguments if a.kwarg_only)
 
 
 def test_gemm_out_declares_that_it_writes_c_and_the_functional_op_writes_nothing():
@@ -70,6 +79,7 @@ def test_gemm_out_declares_that_it_writes_c_and_the_functional_op_writes_nothing
 @pytest.mark.parametrize("op", ["moe_wna16_marlin_gemm", "moe_wna16_marlin_gemm_out"])
 def test_moe_gemm_takes_vllms_29_arguments_in_order(op):
     assert arg_names(op) == VLLM_MOE_ARGS
+    assert kwarg_only_names(op) == ["batch_invariant"]
 
 
 @pytest.mark.parametrize("op", sorted(VLLM_REPACK_ARGS))
@@ -234,6 +244,56 @@ def test_gemm_fake_shape_and_opcheck_on_meta(op):
     torch.library.opcheck(getattr(OPS, f"{op}_out").default, tuple(args))
 
 
+@pytest.mark.parametrize("op", ["marlin_gemm", "gptq_marlin_gemm"])
+def test_gemm_modes_by_keyword_through_the_op_the_fake_and_opcheck(op):
+    """deterministic / batch_invariant reach the fake through the dispatcher (as keyword-only arguments) and the
+    Python functions; opcheck's schema, fake and autograd-registration checks pass with them set."""
+    args = meta_gemm_args(5)
+    for flags in ({"deterministic": True}, {"batch_invariant": True}, {"deterministic": True, "batch_invariant": True}):
+        assert tuple(getattr(OPS, op)(*args, **flags).shape) == (5, 128)
+        assert tuple(getattr(OPS, op).default(*args, **flags).shape) == (5, 128)
+        assert tuple(getattr(wt, op)(*args, **flags).shape) == (5, 128)
+        torch.library.opcheck(getattr(OPS, op).default, tuple(args), flags)
+        out = [args[0], torch.empty((5, 128), dtype=torch.float16, device="meta"), *args[2:]]
+        torch.library.opcheck(getattr(OPS, f"{op}_out").default, tuple(out), flags)
+        assert getattr(wt, op)(*out, **flags) is out[1]
+
+
+@pytest.mark.parametrize("flag", ["deterministic", "batch_invariant"])
+def test_gemm_modes_refuse_atomics_and_non_bools_by_name(flag):
+    args = meta_gemm_args(5)
+    args[16] = True  # use_atomic_add: atomics sum in arrival order
+    for call in (OPS.marlin_gemm, wt.marlin_gemm, OPS.gptq_marlin_gemm_out.default):
+        a = list(args)
+        if call is OPS.gptq_marlin_gemm_out.default:
+            a[1] = torch.empty((5, 128), dtype=torch.float16, device="meta")
+        with pytest.raises(ValueError, match=rf"use_atomic_add cannot be {flag}"):
+            call(*a, **{flag: True})
+    with pytest.raises(TypeError, match=rf"marlin_gemm: {flag} must be a bool, got int"):
+        wt.marlin_gemm(*meta_gemm_args(5), **{flag: 1})
+    with pytest.raises(TypeError, match=r"positional"):  # keyword-only: a 20th positional argument is no mode
+        wt.marlin_gemm(*meta_gemm_args(5), True)
+
+
+def test_compile_gemm_with_batch_invariant_keeps_the_flag_in_the_graph():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    args = meta_gemm_args(4)
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def layer(x, q, s, ws):
+        return OPS.marlin_gemm(x, None, q, None, s, None, None, None, None, None, ws, U4B8, x.shape[0], 128, 256,
+                               True, False, True, False, batch_invariant=True)
+
+    compiled = torch.compile(layer, backend=counter, fullgraph=True, dynamic=True)
+    for m in (3, 7):
+        assert tuple(compiled(torch.empty((m, 256), dtype=torch.float16, device="meta"), args[2], args[4],
+                              args[10]).shape) == (m, 128)
+    assert counter.frame_count == 1
+    calls = [n for g in counter.graphs for n in g.graph.nodes if "marlin_gemm" in str(n.target)]
+    assert calls and all(n.kwargs.get("batch_invariant") is True for n in calls), [n.kwargs for n in calls]
+
+
 def test_gemm_bf16_fake():
     out = OPS.marlin_gemm(*meta_gemm_args(3, a_dtype=torch.bfloat16))
     assert out.dtype == torch.bfloat16
@@ -285,6 +345,14 @@ def test_moe_gemm_fake_and_opcheck_on_meta():
     torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, tuple(args))
     args[1] = torch.empty((m * top_k, n), dtype=torch.float16, **meta)
     torch.library.opcheck(OPS.moe_wna16_marlin_gemm_out.default, tuple(args))
+    torch.library.opcheck(OPS.moe_wna16_marlin_gemm_out.default, tuple(args), {"batch_invariant": True})
+    assert wt.moe_wna16_marlin_gemm(*args, batch_invariant=True) is args[1]
+    args[1] = None
+    assert tuple(wt.moe_wna16_marlin_gemm(*args, batch_invariant=True).shape) == (m * top_k, n)
+    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, tuple(args), {"batch_invariant": True})
+    with pytest.raises(TypeError, match=r"moe_wna16_marlin_gemm: batch_invariant must be a bool, got str"):
+        wt.moe_wna16_marlin_gemm(*args, batch_invariant="yes")
+    args[1] = torch.empty((m * top_k, n), dtype=torch.float16, **meta)
     args[15] = 24
     with pytest.raises(ValueError, match=r"moe_block_size = 24 is not one of"):
         OPS.moe_wna16_marlin_gemm_out(*args)
@@ -573,3 +641,12 @@ def test_gemm_plan_key_separates_what_the_checks_read():
     assert key() != key(a=torch.zeros((256, 4), dtype=torch.float16).t()) != key(a=a.to(torch.bfloat16))
     assert key() != key(zeros=torch.empty(0, dtype=torch.int32))
     assert key(is_k_full=1.0) is None and key(size_m=torch.tensor(4)) is None
+
+    def moded(**flags):
+        return _gemm_key(a, None, q, s, None, None, None, ws, U4B8, 4, 128, 256, True, False, True, **flags)
+
+    # the modes choose another launch (partition, tile, late scaling): each is its own plan
+    keys = [moded(), moded(deterministic=True), moded(batch_invariant=True),
+            moded(deterministic=True, batch_invariant=True)]
+    assert keys[0] == key() and len(set(keys)) == 4
+    assert moded(batch_invariant=1) is None  # not a bool: every check runs (and refuses it)

@@ -1,7 +1,8 @@
 """The torch surface on a real GPU: the ops against the CuPy entry points bit for bit, identity activations against
 the reference exactly, opcheck with the real kernels, torch.compile with a symbolic M, CUDA-graph capture and
 replay after every temporary of the capture was freed, side-stream ordering, the layout ops and moe_align on CUDA
-tensors, and MarlinMoE against the MoE reference (workbench.moe.moe_error_bound, derived there).
+tensors, and MarlinMoE against the MoE reference (workbench.moe.moe_error_bound, derived there); MarlinLinear on
+shapes that are not tile multiples against the fp32 reference, and the batch-invariant mode through the ops.
 
 Bitwise comparisons between the torch op and the CuPy path: both launch the same kernel with the same tile choice
 on the same data; with the fp32 (lock-ordered) reduction the result does not depend on block timing.
@@ -226,8 +227,9 @@ def test_moe_gemm_op_equals_the_fused_phase_bitwise_and_passes_opcheck(rng):
     assert np.array_equal(out.cpu().numpy().view(np.uint16), cp.asnumpy(ref).view(np.uint16))
 
 
-def test_marlin_moe_against_the_reference(rng):
-    e, h, i, m, top_k = 8, 256, 128, 7, 2
+@pytest.mark.parametrize("h,i", [(256, 128), (264, 136)], ids=str)  # (the second: no tile multiples, partial groups)
+def test_marlin_moe_against_the_reference(h, i, rng):
+    e, m, top_k = 8, 7, 2
     w13, w13_ref = moe.random_expert_stack(e, h, 2 * i, S.U4, 128, seed=1)
     w2, w2_ref = moe.random_expert_stack(e, i, h, S.U4, 128, seed=2)
     layer = wt.MarlinMoE.from_weights(w13, w2, top_k).to(DEV)
@@ -272,3 +274,133 @@ def test_module_to_cuda_and_state_dict_round_trip_on_the_gpu(tmp_path):
     fresh.load_state_dict(torch.load(tmp_path / "layer.pt"))
     assert all(b.device.type == "cpu" for b in fresh.buffers())
     assert torch.equal(fresh.to(DEV)(x), layer(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shapes that are not tile multiples (docs/formats.md): padded buffers, the true sizes to the kernel
+# ---------------------------------------------------------------------------------------------------------------
+# (K, N, type, group, act-order): N inside a 64-column tile, K a partial k16 tile and a partial last group, K below
+# one pipeline step, an act-order partial group, block-FP8 partial blocks, an 8-bit K that ends inside a 16-byte
+# chunk of fp16 rows (MarlinLinear passes such rows as a view of padded ones)
+ODD_CASES = [(200, 100, S.U4B8, 128, False), (1000, 200, S.U4, 64, False), (40, 96, S.U8B128, -1, False),
+             (312, 72, S.U4B8, 128, True), (200, 100, S.FE4M3FN, 128, False), (264, 136, S.U8B128, 32, False),
+             (36, 100, S.U8B128, 32, False)]
+
+
+def cupy_rows(x):
+    """x (M, K) as a CuPy view of rows padded with NaN to a multiple of 8 (the GEMM's 16-byte rows; it must not read
+    past K), as MarlinLinear hands a K that ends inside a chunk to the op."""
+    m, k = x.shape
+    buf = cp.full((m, -(-k // 8) * 8), np.nan, dtype=np.float16)
+    buf[:, :k] = cp.asarray(x.cpu().numpy())
+    return buf[:, :k]
+
+
+@pytest.mark.parametrize("k,n,wt_type,group,act_order", ODD_CASES, ids=str)
+@pytest.mark.parametrize("m", [1, 33])
+def test_odd_shape_marlin_linear_against_the_fp32_reference(k, n, wt_type, group, act_order, m):
+    """y (M, N) = x @ w_ref + bias within the GEMM's bound, and bit for bit what the CuPy entry point computes on
+    the same padded weight (one kernel, one tile choice, the fp32 lock-ordered reduction). Tolerance (reason):
+    |y - ref| <= c (|x| @ |w_ref|) + u |bias|, c = gemm.error_bound_factor (the output's one rounding, the weight
+    rounding a late-scaling kernel leaves out, fp32 tensor-core accumulation), u |bias| the output rounding the bias
+    goes through."""
+    w, q = random_marlin_weight(k, n, wt_type, group, act_order=act_order, seed=k + n + m)
+    w.require_padded_arrays()
+    bias = (torch.randn(n) * 0.1).half()
+    layer = wt.MarlinLinear.from_weight(w, bias).to(DEV)
+    x = (torch.randn(m, k, device=DEV) * 0.5).half()
+    y = layer(x)
+    assert tuple(y.shape) == (m, n) and y.is_contiguous()
+    got = y.float().cpu().numpy()
+    assert np.all(np.isfinite(got))
+    xf = x.float().cpu().numpy()
+    ref = xf @ q.w_ref + bias.float().numpy()
+    u = gemm.UNIT_ROUNDOFF["float16"]
+    bound = (gemm.error_bound_factor(np.float16, k) * (np.abs(xf) @ np.abs(q.w_ref))
+             + u * np.abs(bias.float().numpy()) + 1e-30)
+    err = np.abs(got - ref)
+    assert np.all(err <= bound), f"max err {err.max()} (bound there {bound.flat[np.argmax(err - bound)]})"
+    # (the mma.sync family, as the op's prepared launch: the CuPy entry point may route other shapes to wgmma)
+    cupy_y = gemm.marlin_gemm(cupy_rows(x), gemm.upload_weight(w), use_fp32_reduce=True,
+                              bias=cp.asarray(bias.numpy()), family="mma_sync")
+    assert np.array_equal(y.cpu().numpy().view(np.uint16), cp.asnumpy(cupy_y).view(np.uint16))
+
+
+def test_odd_shape_out_op_writes_exactly_size_n_columns():
+    """c (M, size_n) starts as NaN: every element is written, and the op's padded arrays never widen it."""
+    k, n, m = 200, 100, 17
+    w, _ = random_marlin_weight(k, n, S.U4B8, 128, seed=2)
+    a = torch.randn(m, k, device=DEV).half()
+    c = torch.full((m, n), float("nan"), device=DEV, dtype=torch.float16)
+    assert wt.marlin_gemm(*gemm_args(a, w, torch_weight(w), wt.make_workspace(DEV), c=c)) is c
+    assert bool(torch.isfinite(c).all())
+    assert torch.equal(c, OPS.marlin_gemm(*gemm_args(a, w, torch_weight(w), wt.make_workspace(DEV))))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# batch invariance through the ops (docs/performance.md, "Batch invariance")
+# ---------------------------------------------------------------------------------------------------------------
+INVARIANT_CASES = [(1024, 512, S.U4B8, 128, False), (1000, 200, S.U4B8, 128, False), (1024, 512, S.U4, 64, True),
+                   (1024, 512, S.FE4M3FN, -1, False)]
+
+
+@pytest.mark.parametrize("k,n,wt_type,group,act_order", INVARIANT_CASES, ids=str)
+def test_batch_invariant_rows_through_the_op_and_the_module(k, n, wt_type, group, act_order, rng):
+    """A probe row's output bits alone (M = 1) and at a random position of batches of fresh rows (every M class:
+    one m16 block, several, 64-row launches) are the same, through torch.ops.workbench.marlin_gemm(...,
+    batch_invariant=True), the Python function, and MarlinLinear(batch_invariant=True); and they equal what the CuPy
+    entry point computes in that mode (bitwise: the same launch)."""
+    w, _ = random_marlin_weight(k, n, wt_type, group, act_order=act_order, seed=int(rng.integers(1 << 20)))
+    tensors, ws = torch_weight(w), wt.make_workspace(DEV)
+    layer = wt.MarlinLinear.from_weight(w, batch_invariant=True).to(DEV)
+    probe = (torch.randn(1, k, device=DEV) * 0.5).half()
+    alone = OPS.marlin_gemm(*gemm_args(probe, w, tensors, ws), batch_invariant=True)
+    cupy_alone = gemm.marlin_gemm(cp.asarray(probe.cpu().numpy()), gemm.upload_weight(w), use_fp32_reduce=True,
+                                  batch_invariant=True, family="mma_sync")
+    assert np.array_equal(alone.cpu().numpy().view(np.uint16), cp.asnumpy(cupy_alone).view(np.uint16))
+    assert torch.equal(layer(probe), alone)
+    for m in (5, 17, 64, 130):
+        batch = (torch.randn(m, k, device=DEV) * 0.5).half()
+        row = int(rng.integers(m))
+        batch[row] = probe[0]
+        for out in (OPS.marlin_gemm(*gemm_args(batch, w, tensors, ws), batch_invariant=True),
+                    wt.marlin_gemm(*gemm_args(batch, w, tensors, ws), batch_invariant=True, deterministic=True),
+                    layer(batch)):
+            assert torch.equal(out[row], alone[0]), (
+                f"M = {m}, row {row}: {int((out[row] != alone[0]).sum())} of {n} outputs differ from M = 1")
+
+
+def test_batch_invariant_and_default_calls_of_one_shape_keep_their_own_plans():
+    """The mode is part of the op's plan key: a default call after an invariant one of the same shapes runs the
+    default launch (bit for bit the CuPy default), and the invariant one again its own."""
+    w, _ = random_marlin_weight(1024, 512, S.U4B8, 128, seed=9)
+    a = (torch.randn(9, 1024, device=DEV) * 0.5).half()
+    args, up = gemm_args(a, w, torch_weight(w), wt.make_workspace(DEV)), gemm.upload_weight(w)
+    a_cp = cp.asarray(a.cpu().numpy())
+    for flags in ({"batch_invariant": True}, {}, {"batch_invariant": True}, {}):
+        out = OPS.marlin_gemm(*args, **flags)
+        ref = gemm.marlin_gemm(a_cp, up, use_fp32_reduce=True, family="mma_sync", **flags)
+        assert np.array_equal(out.cpu().numpy().view(np.uint16), cp.asnumpy(ref).view(np.uint16)), flags
+
+
+def test_moe_gemm_op_batch_invariant_equals_the_fused_phase_in_that_mode_bitwise(rng):
+    e, k, n, m, top_k, block = 8, 256, 256, 16, 2, 16
+    stack, _ = moe.random_expert_stack(e, k, n, S.U4B8, 128)
+    ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(m)]).astype(np.int32)
+    a = torch.randn(m, k, device=DEV).half()
+    t_ids = torch.from_numpy(ids).to(DEV)
+    bufs = wt.allocate_align_buffers(t_ids, e, block)
+    wt.moe_align_block_size(t_ids, e, block, *bufs)
+    weights = torch.rand(m, top_k, device=DEV)
+    q, s = from_numpy(stack.qweight).to(DEV), from_numpy(stack.scales).to(DEV)
+    args = (a, None, q, None, s, None, None, None, None, None, wt.make_workspace(DEV), *bufs, weights, block, top_k,
+            True, wt.vllm_id(S.U4B8), m, n, k, True, False, True, False, -1, -1, -1)
+    out = OPS.moe_wna16_marlin_gemm(*args, batch_invariant=True)
+    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, args, {"batch_invariant": True})
+    ref_stack = moe.MarlinExpertStack(gemm.upload_weight(stack))
+    ref = cp.zeros((m * top_k, n), dtype=np.float16)
+    whole = bufs[0].shape[0] // block
+    ref_bufs = (bufs[0][:whole * block], bufs[1][:whole], bufs[2])
+    ref_stack.gemm_phase_fused(cp.asarray(a.cpu().numpy()), *(cp.asarray(b.cpu().numpy()) for b in ref_bufs), ref,
+                               m, block, top_k, topk_weights=cp.asarray(weights.cpu().numpy()), batch_invariant=True)
+    assert np.array_equal(out.cpu().numpy().view(np.uint16), cp.asnumpy(ref).view(np.uint16))

@@ -81,20 +81,20 @@ def _autograd_kernel(op, name: str, eager: Callable, cpu: Callable, cuda: Callab
 
     class NoBackward(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, keyset, *args):
-            return op.redispatch(keyset & below, *args)
+        def forward(ctx, keyset, kwargs, *args):
+            return op.redispatch(keyset & below, *args, **kwargs)
 
         @staticmethod
         def backward(ctx, *grads):
             no_backward(ctx, *grads)
 
-    def kernel(keyset, *args):
+    def kernel(keyset, *args, **kwargs):  # (kwargs: the schema's keyword-only arguments a caller set)
         device = eager(args)
         if device is not None:
-            return (cuda if device == "cuda" else cpu)(*args)
+            return (cuda if device == "cuda" else cpu)(*args, **kwargs)
         if not mutates and torch.is_grad_enabled() and _tracked(args):
-            return NoBackward.apply(keyset, *args)
-        return op.redispatch(keyset & below, *args)
+            return NoBackward.apply(keyset, kwargs, *args)
+        return op.redispatch(keyset & below, *args, **kwargs)
 
     return kernel
 
@@ -105,17 +105,18 @@ def _tracked(args) -> bool:
 
 def _padding(op):
     """Kernels and fakes receive the arguments a caller passed, positionally, without the trailing defaults it left
-    out; this wraps a kernel so it always gets the full list (the defaults read from the op's schema)."""
-    arguments = op._schema.arguments
+    out; this wraps a kernel so it always gets the full list (the defaults read from the op's schema). Keyword-only
+    arguments stay keywords (the dispatcher passes those a caller set; the kernel's own defaults are the schema's)."""
+    arguments = [a for a in op._schema.arguments if not a.kwarg_only]
     defaults = [a.default_value if a.has_default_value() else None for a in arguments]
     full = len(arguments)
 
     def wrap(fn):
         @functools.wraps(fn)
-        def padded(*args):
+        def padded(*args, **kwargs):
             if len(args) < full:
                 args = args + tuple(defaults[len(args):])
-            return fn(*args)
+            return fn(*args, **kwargs)
 
         return padded
 
@@ -173,15 +174,16 @@ def _eager_check(op) -> Callable:
 def bypass(op, impl: Callable) -> Callable:
     """The function to call ``op`` through: the registered op while compiling (Dynamo folds ``is_compiling()``
     and records the op node) or under a TorchFunctionMode, else ``impl`` directly for plain tensors, else the
-    dispatcher."""
+    dispatcher. Keyword arguments are the schema's keyword-only ones (the Python functions pass nothing else by
+    name)."""
 
     eager = op.eager_device
 
     @functools.wraps(impl)
-    def call(*args):
+    def call(*args, **kwargs):
         if torch.compiler.is_compiling() or _function_modes() or eager(args) is None:
-            return op(*args)
-        return impl(*args)
+            return op(*args, **kwargs)
+        return impl(*args, **kwargs)
 
     call.op = op
     return call

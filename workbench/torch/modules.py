@@ -5,6 +5,11 @@ MoE layer one such set per expert stack, with a leading expert axis), so ``state
 restores them bit for bit, and ``.to(device)`` moves them. The layout parameters (weight type, group size, K, N) are
 the module's extra state: loading a state dict of another layout fails and says which parameter differs.
 
+Shapes follow the GEMM's (docs/formats.md, "Shapes that are not tile multiples"): any N, K a multiple of the pack
+factor, a group size that divides K or leaves a partial last group. The buffers are the Marlin arrays of the weight
+zero-padded to whole 16 x 64 tiles (``MarlinWeight.require_padded_arrays``'s shapes); the true K and N are the
+extra state's ``size_k`` / ``size_n``, passed to every GEMM, and the output has exactly N columns.
+
 Where the weights come from: a layer that ``workbench.load`` returns (``from_weight``, ``MarlinMoE.from_weights``, or
 ``replace_linears(..., weights=...)``), or an ``nn.Linear`` / dense expert weights quantized on the fly by the
 reference RTN quantizer (``workbench.quantize``).
@@ -22,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.formats.marlin_tile import marlin_qweight_shape
+from workbench.formats.scales import num_groups, padded_n
 from workbench.scalar_types import ScalarType
 from workbench.torch import ops
 from workbench.torch._tensors import ArraySpec, from_numpy, numpy_dtype, to_numpy, torch_dtype
@@ -29,7 +36,6 @@ from workbench.torch.ops import REPRESENTATIVE_ROWS
 from workbench.torch.scalar_ids import vllm_id
 from workbench.weight import MarlinWeight
 
-TILE_K, TILE_N = 16, 64  # a Marlin tile: K rows x N columns (docs/formats.md)
 # Lock counters for up to this many SMs (2 per SM, gemm.workspace_numel): every current GPU has fewer, and the GEMM
 # checks the count against the device's.
 WORKSPACE_SMS = 512
@@ -61,20 +67,11 @@ class _Layout:
     is_k_full: bool
     num_experts: int | None = None
 
-    @property
-    def num_groups(self) -> int:
-        return 1 if self.group_size == -1 else self.size_k // self.group_size
-
     def shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype] | None]:
-        """buffer name -> (shape, dtype), None for a buffer this layout has no use for."""
-        pf = self.weight_type.pack_factor
-        lead = () if self.num_experts is None else (self.num_experts,)
-        k, n, ng = self.size_k, self.size_n, self.num_groups
-        return {"qweight": (lead + (k // TILE_K, n * TILE_K // pf), torch.int32),
-                "scales": (lead + (ng, n), self.act_dtype),
-                "zeros": (lead + (ng, n // pf), torch.int32) if self.weight_type.has_zero_points else None,
-                "g_idx": (lead + (k,), torch.int32) if self.act_order else None,
-                "perm": (lead + (k,), torch.int32) if self.act_order else None}
+        """buffer name -> (shape, dtype), None for a buffer this layout has no use for: the padded Marlin arrays of
+        the true sizes (as ``MarlinWeight.require_padded_arrays`` checks them)."""
+        return _buffer_shapes(self.size_k, self.size_n, self.weight_type, self.group_size, self.act_dtype,
+                              self.act_order, self.num_experts)
 
     def state(self) -> dict:
         return {"size_k": self.size_k, "size_n": self.size_n, "weight_type": self.weight_type.label,
@@ -85,6 +82,17 @@ class _Layout:
     def of(cls, w: MarlinWeight) -> "_Layout":
         return cls(w.size_k, w.size_n, w.weight_type, w.group_size, torch_dtype(w.act_dtype), w.has_act_order,
                    w.is_k_full, w.num_experts)
+
+
+def _buffer_shapes(size_k: int, size_n: int, wt: ScalarType, group_size: int, act_dtype: torch.dtype = torch.float16,
+                   act_order: bool = False, experts: int | None = None):
+    lead = () if experts is None else (experts,)
+    ng, n_pad = num_groups(size_k, group_size), padded_n(size_n)
+    return {"qweight": (lead + marlin_qweight_shape(size_k, size_n, wt.bits), torch.int32),
+            "scales": (lead + (ng, n_pad), act_dtype),
+            "zeros": (lead + (ng, n_pad // wt.pack_factor), torch.int32) if wt.has_zero_points else None,
+            "g_idx": (lead + (size_k,), torch.int32) if act_order else None,
+            "perm": (lead + (size_k,), torch.int32) if act_order else None}
 
 
 def _check_layout(layout: _Layout) -> None:
@@ -100,30 +108,36 @@ def _check_layout(layout: _Layout) -> None:
 
 
 def unsupported_shape(size_k: int, size_n: int, weight_type, group_size: int) -> str | None:
-    """Why a K x N weight cannot be a Marlin layer of this type and group size, or None when it can: the dense
-    GEMM's own shape rules (``gemm.check_gemm_shapes``), run on the buffers such a layer would have."""
+    """Why a K x N weight cannot be a Marlin layer of this type and group size, or None when it can: the format's
+    group rule (``check_group_size``: -1 or positive; a partial last group is fine), then the dense GEMM's own shape
+    rules (``gemm.check_gemm_shapes``: K a multiple of the pack factor, a group size it takes, ...) run on the padded
+    buffers such a layer would have."""
     from workbench import gemm
-    from workbench.formats._checks import require
     from workbench.formats.scales import check_group_size
 
     wt = ScalarType.parse(weight_type)
     try:
-        if size_k % TILE_K == 0:  # else the GEMM's rule below names K; a group count needs whole groups first
-            check_group_size(size_k, group_size)
-            # this module's buffers are whole tiles and whole groups (the formats also take partial last groups)
-            require(group_size == -1 or size_k % group_size == 0,
-                    f"size_k = {size_k} is not divisible by group_size = {group_size}")
-        ng = 1 if group_size == -1 else max(size_k // group_size, 1)
-        pf, f16 = wt.pack_factor, np.dtype(np.float16)
-        gemm.check_gemm_shapes(
-            ArraySpec.contiguous((REPRESENTATIVE_ROWS, size_k), f16),
-            ArraySpec.contiguous((size_k // TILE_K, size_n * TILE_K // pf), np.dtype(np.int32)),
-            ArraySpec.contiguous((ng, size_n), f16),
-            ArraySpec.contiguous((ng, size_n // pf), np.dtype(np.int32)) if wt.has_zero_points else None,
-            None, None, wt, REPRESENTATIVE_ROWS, size_n, size_k, True)
+        check_group_size(size_k, group_size)
+        shapes = _buffer_shapes(size_k, size_n, wt, group_size)
+        f16, i32 = np.dtype(np.float16), np.dtype(np.int32)
+        spec = (lambda name, dtype: None if shapes[name] is None else ArraySpec.contiguous(shapes[name][0], dtype))
+        lda = _row_stride(size_k)  # (the rows forward hands the GEMM)
+        a = ArraySpec((REPRESENTATIVE_ROWS, size_k), f16, (lda * f16.itemsize, f16.itemsize), lda == size_k)
+        gemm.check_gemm_shapes(a, spec("qweight", i32),
+                               spec("scales", f16), spec("zeros", i32), None, None, wt, REPRESENTATIVE_ROWS, size_n,
+                               size_k, True)
     except ValueError as exc:
         return f"K x N = {size_k} x {size_n}: {exc}"
     return None
+
+
+def _row_stride(size_k: int) -> int:
+    """The row stride of the activations MarlinLinear passes: K, or K rounded up to whole 16-byte chunks where K
+    ends inside one (an 8-bit K that is a multiple of 4 but not of 8); the GEMM reads rows in such chunks and never
+    past K (docs/formats.md, "Shapes that are not tile multiples")."""
+    from workbench.gemm.checks import A_CHUNK
+
+    return -(-size_k // A_CHUNK) * A_CHUNK
 
 
 class _MarlinBuffers(nn.Module):
@@ -187,11 +201,16 @@ class MarlinLinear(_MarlinBuffers):
     """``y = x @ dequant(W) + bias`` through ``torch.ops.workbench.marlin_gemm``; W is K x N (in x out features).
 
     Build one with ``from_weight`` (a ``MarlinWeight``, e.g. from ``workbench.load``), ``from_linear`` (quantize an
-    ``nn.Linear``), or the constructor (zero buffers of the right shapes, to ``load_state_dict`` into)."""
+    ``nn.Linear``), or the constructor (zero buffers of the right shapes, to ``load_state_dict`` into).
+
+    ``deterministic`` / ``batch_invariant``: the GEMM's modes (``workbench.gemm.gptq_marlin_gemm``; docs/performance.md,
+    "Batch invariance"): with ``batch_invariant`` a row's output bits do not depend on how many rows share the call.
+    They choose how the layer runs, not what it stores, so they are not in the state dict."""
 
     def __init__(self, in_features: int, out_features: int, weight_type="u4b8", group_size: int = 128, *,
                  bias: bool = False, act_dtype: torch.dtype = torch.float16, act_order: bool = False,
-                 is_k_full: bool = True, _weight: MarlinWeight | None = None):
+                 is_k_full: bool = True, deterministic: bool = False, batch_invariant: bool = False,
+                 _weight: MarlinWeight | None = None):
         super().__init__()
         layout = _Layout(int(in_features), int(out_features), ScalarType.parse(weight_type), int(group_size),
                          act_dtype, bool(act_order), bool(is_k_full))
@@ -200,10 +219,19 @@ class MarlinLinear(_MarlinBuffers):
         self.register_buffer("bias", torch.zeros(layout.size_n, dtype=act_dtype) if bias else None)
         self._type_id = vllm_id(layout.weight_type)
         self._is_k_full = layout.is_k_full
+        self.deterministic, self.batch_invariant = bool(deterministic), bool(batch_invariant)
+        self._lda = _row_stride(layout.size_k)
+
+    @property
+    def _modes(self) -> dict:
+        """The GEMM's keyword-only modes this layer sets (only those on: the op's defaults are off)."""
+        return {name: True for name in ("deterministic", "batch_invariant") if getattr(self, name)}
 
     @classmethod
-    def from_weight(cls, weight: MarlinWeight, bias=None) -> "MarlinLinear":
-        """A layer over a single-layer MarlinWeight (copied; NumPy or torch arrays); ``bias`` [N] optional."""
+    def from_weight(cls, weight: MarlinWeight, bias=None, *, deterministic: bool = False,
+                    batch_invariant: bool = False) -> "MarlinLinear":
+        """A layer over a single-layer MarlinWeight (copied; NumPy or torch arrays) in the padded layout of its true
+        sizes (docs/formats.md, "Shapes that are not tile multiples"); ``bias`` [N] optional."""
         if not isinstance(weight, MarlinWeight):
             raise TypeError(f"weight must be a MarlinWeight, got {type(weight).__name__}")
         if weight.num_experts is not None:
@@ -212,7 +240,7 @@ class MarlinLinear(_MarlinBuffers):
         layout = _Layout.of(weight)
         module = cls(layout.size_k, layout.size_n, layout.weight_type, layout.group_size, bias=bias is not None,
                      act_dtype=layout.act_dtype, act_order=layout.act_order, is_k_full=layout.is_k_full,
-                     _weight=weight)
+                     deterministic=deterministic, batch_invariant=batch_invariant, _weight=weight)
         if bias is not None:
             b = bias.detach().to("cpu") if isinstance(bias, torch.Tensor) else from_numpy(np.asarray(bias))
             if tuple(b.shape) != (layout.size_n,):
@@ -222,7 +250,8 @@ class MarlinLinear(_MarlinBuffers):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, weight_type="u4b8", group_size: int = 128, *, act_order: bool = False,
-                    act_dtype: torch.dtype | None = None, seed: int = 0) -> "MarlinLinear":
+                    act_dtype: torch.dtype | None = None, seed: int = 0, deterministic: bool = False,
+                    batch_invariant: bool = False) -> "MarlinLinear":
         """Quantize ``linear`` with the reference RTN quantizer (``workbench.quantize.quantize_weights``) and repack;
         the result sits on ``linear``'s device. ``act_dtype`` defaults to the weight's dtype when it is fp16/bf16."""
         from workbench.quantize import quantize_weights
@@ -237,7 +266,8 @@ class MarlinLinear(_MarlinBuffers):
         q = quantize_weights(w, weight_type, group_size, act_order=act_order, act_dtype=numpy_dtype(act_dtype, "a"),
                              seed=seed)
         module = cls.from_weight(make_marlin_weight(q),
-                                 None if linear.bias is None else linear.bias.detach().to("cpu", act_dtype))
+                                 None if linear.bias is None else linear.bias.detach().to("cpu", act_dtype),
+                                 deterministic=deterministic, batch_invariant=batch_invariant)
         return module.to(linear.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -248,18 +278,23 @@ class MarlinLinear(_MarlinBuffers):
             raise ValueError(f"{type(self).__name__}: x has {x.shape[-1]} features (shape {tuple(x.shape)}), the "
                              f"layer takes in_features = {k}")
         rows = x if x.dim() == 2 else x.reshape(-1, k)
-        if rows.stride(-1) != 1:
+        if self._lda != k:  # K ends inside a 16-byte chunk: the rows as a view of padded rows (read up to K only)
+            padded = rows.new_empty((rows.shape[0], self._lda))
+            padded[:, :k].copy_(rows)
+            rows = padded[:, :k]
+        elif rows.stride(-1) != 1:
             rows = rows.contiguous()
         b = self._buffers  # (the dict itself: nn.Module.__getattr__ is slow on the per-call path)
         y = ops.marlin_gemm_functional(rows, None, b["qweight"], b["bias"], b["scales"], None, None, b["zeros"],
                                        b["g_idx"], b["perm"], b["workspace"], self._type_id, rows.shape[0], n, k,
-                                       self._is_k_full, False, True, False)
+                                       self._is_k_full, False, True, False, **self._modes)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
     def extra_repr(self) -> str:
         layout = self._layouts[""]
         return (f"in_features={self.in_features}, out_features={self.out_features}, weight_type={layout.weight_type}, "
-                f"group_size={layout.group_size}, act_order={layout.act_order}, bias={self.bias is not None}")
+                f"group_size={layout.group_size}, act_order={layout.act_order}, bias={self.bias is not None}"
+                + "".join(f", {name}=True" for name in self._modes))
 
 
 def quantizable(linear: nn.Module, weight_type="u4b8", group_size: int = 128) -> str | None:
@@ -270,7 +305,14 @@ def quantizable(linear: nn.Module, weight_type="u4b8", group_size: int = 128) ->
         return "its weight is on the meta device (not materialized)"
     if not linear.weight.is_floating_point():
         return f"its weight has dtype {linear.weight.dtype}, not a floating-point dtype"
-    return unsupported_shape(linear.in_features, linear.out_features, weight_type, group_size)
+    from workbench.quantize import SUPPORTED_GROUP_SIZES
+
+    why = unsupported_shape(linear.in_features, linear.out_features, weight_type, group_size)
+    if why is None and group_size not in SUPPORTED_GROUP_SIZES and group_size != linear.in_features:
+        # (the GEMM takes one partial group of any size as channelwise; the reference quantizer does not)
+        why = (f"K x N = {linear.in_features} x {linear.out_features}: group_size = {group_size} is not one of the "
+               f"reference quantizer's {SUPPORTED_GROUP_SIZES}")
+    return why
 
 
 @dataclasses.dataclass
@@ -291,17 +333,21 @@ class ReplaceReport:
 
 def replace_linears(model: nn.Module, patterns: str | Iterable[str] = "*", weight_type="u4b8", group_size: int = 128,
                     *, act_order: bool = False, act_dtype: torch.dtype | None = None, weights: dict | None = None,
-                    exclude: str | Iterable[str] = (), seed: int = 0) -> ReplaceReport:
+                    exclude: str | Iterable[str] = (), seed: int = 0, deterministic: bool = False,
+                    batch_invariant: bool = False) -> ReplaceReport:
     """Swap, in place, every ``nn.Linear`` of ``model`` whose qualified name matches one of ``patterns`` (shell-style,
     ``fnmatch``: ``"*.q_proj"``, ``"encoder.layer.*.output.dense"``) and none of ``exclude`` for a ``MarlinLinear``.
 
     A layer named in ``weights`` (``{name: MarlinWeight}``, as ``workbench.load`` returns) takes that weight (its
-    K, N must equal in/out features); any other is quantized on the fly (``MarlinLinear.from_linear``). Layers that
-    cannot be Marlin layers (N not a multiple of 64, K of 16, the group size not dividing K, ...) are left as they
-    are and listed with the reason in the returned report."""
+    K, N must equal in/out features); any other is quantized on the fly (``MarlinLinear.from_linear``). Every new
+    layer takes ``deterministic`` / ``batch_invariant`` (MarlinLinear's modes). Any N and any K the weight type's
+    pack factor divides are taken (the buffers are padded to whole tiles), and so is a group size that leaves a
+    partial last group; layers the GEMM refuses (K not a multiple of the pack factor, a group size it has no kernel
+    for, ...) are left as they are and listed with the GEMM's reason in the returned report."""
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     exclude = [exclude] if isinstance(exclude, str) else list(exclude)
     weights = weights or {}
+    modes = {"deterministic": deterministic, "batch_invariant": batch_invariant}
     report = ReplaceReport()
     hits = {p: 0 for p in patterns}
     for name, module in list(model.named_modules()):
@@ -318,14 +364,14 @@ def replace_linears(model: nn.Module, patterns: str | Iterable[str] = "*", weigh
                 report.skipped[name] = (f"the given weight is K x N = {w.size_k} x {w.size_n}, the layer "
                                         f"{module.in_features} x {module.out_features}")
                 continue
-            new = MarlinLinear.from_weight(w, module.bias).to(module.weight.device)
+            new = MarlinLinear.from_weight(w, module.bias, **modes).to(module.weight.device)
         else:
             reason = quantizable(module, weight_type, group_size)
             if reason:
                 report.skipped[name] = reason
                 continue
             new = MarlinLinear.from_linear(module, weight_type, group_size, act_order=act_order,
-                                           act_dtype=act_dtype, seed=seed)
+                                           act_dtype=act_dtype, seed=seed, **modes)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
         report.replaced.append(name)
@@ -340,11 +386,13 @@ class MarlinMoE(_MarlinBuffers):
     Stacks: ``w13`` (gate and up of every expert, K = hidden, N = 2 · intermediate, gate columns first) and ``w2``
     (down, K = intermediate, N = hidden). Routing: softmax over the router logits (from ``router``, an ``nn.Linear``
     hidden -> experts, when the module has one, else passed to forward), top ``top_k``, renormalized when
-    ``renormalize``."""
+    ``renormalize``. ``batch_invariant``: both GEMMs in the fused kernel's batch-invariant mode (one tile for every
+    MoE block size, so a token's bits do not depend on how many tokens were routed with it); not in the state dict."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, weight_type="u4b8",
                  group_size: int = 128, *, act_dtype: torch.dtype = torch.float16, renormalize: bool = True,
-                 router: nn.Linear | None = None, _w13: MarlinWeight | None = None, _w2: MarlinWeight | None = None):
+                 router: nn.Linear | None = None, batch_invariant: bool = False, _w13: MarlinWeight | None = None,
+                 _w2: MarlinWeight | None = None):
         super().__init__()
         wt = ScalarType.parse(weight_type)
         e, h, i = int(num_experts), int(hidden_size), int(intermediate_size)
@@ -356,10 +404,11 @@ class MarlinMoE(_MarlinBuffers):
         self.top_k, self.renormalize = int(top_k), bool(renormalize)
         self.router = router
         self._type_id = vllm_id(wt)
+        self.batch_invariant = bool(batch_invariant)
 
     @classmethod
     def from_weights(cls, w13: MarlinWeight, w2: MarlinWeight, top_k: int, *, renormalize: bool = True,
-                     router: nn.Linear | None = None) -> "MarlinMoE":
+                     router: nn.Linear | None = None, batch_invariant: bool = False) -> "MarlinMoE":
         """A layer over two expert stacks (``MarlinWeight`` with ``num_experts``; e.g. from ``workbench.load`` or
         ``workbench.ops.stack_gptq_experts_to_marlin``); copied."""
         for name, w in (("w13", w13), ("w2", w2)):
@@ -374,12 +423,13 @@ class MarlinMoE(_MarlinBuffers):
                              f" {w2.weight_type}, {w2.group_size} do not form one layer (w13 N = 2 x w2 K, w2 N = "
                              f"w13 K, one type and group size)")
         return cls(w13.num_experts, w13.size_k, w2.size_k, top_k, w13.weight_type, w13.group_size,
-                   act_dtype=torch_dtype(w13.act_dtype), renormalize=renormalize, router=router, _w13=w13, _w2=w2)
+                   act_dtype=torch_dtype(w13.act_dtype), renormalize=renormalize, router=router,
+                   batch_invariant=batch_invariant, _w13=w13, _w2=w2)
 
     @classmethod
     def quantize(cls, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, top_k: int, weight_type="u4b8",
                  group_size: int = 128, *, act_dtype: torch.dtype = torch.float16, renormalize: bool = True,
-                 router: nn.Linear | None = None, seed: int = 0) -> "MarlinMoE":
+                 router: nn.Linear | None = None, seed: int = 0, batch_invariant: bool = False) -> "MarlinMoE":
         """Quantize dense experts with the reference RTN quantizer: ``gate``, ``up`` [E, I, H] and ``down`` [E, H, I]
         in nn.Linear's (out, in) orientation (as Mixtral-style checkpoints store them)."""
         from workbench.moe import stack_marlin_weights
@@ -399,7 +449,7 @@ class MarlinMoE(_MarlinBuffers):
             w2.append(make_marlin_weight(quantize_weights(host(down[e]).T, weight_type, group_size, act_dtype=act,
                                                           seed=seed + e)))
         return cls.from_weights(stack_marlin_weights(w13), stack_marlin_weights(w2), top_k, renormalize=renormalize,
-                                router=router)
+                                router=router, batch_invariant=batch_invariant)
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_weights float32 [M, top_k], topk_ids int32 [M, top_k]) from router logits [M, E]."""
@@ -424,19 +474,21 @@ class MarlinMoE(_MarlinBuffers):
         sorted_ids, expert_ids, post = ops.allocate_align_buffers(topk_ids, e, block)
         ops.moe_align_block_size(topk_ids, e, block, sorted_ids, expert_ids, post)
         w13, w2 = self._tensors("w13_"), self._tensors("w2_")
+        bi = self.batch_invariant
         g1 = ops.moe_wna16_marlin_gemm(x, None, w13["qweight"], None, w13["scales"], None, None, w13["zeros"], None,
                                        None, self.workspace, sorted_ids, expert_ids, post, topk_weights, block, k,
-                                       False, self._type_id, m, 2 * i, h, True, False, True, False)
+                                       False, self._type_id, m, 2 * i, h, True, False, True, False,
+                                       batch_invariant=bi)
         # SiLU(gate) * up in fp32, rounded once (as workbench.moe.silu_and_mul and the MoE reference round)
         act = (torch.nn.functional.silu(g1[:, :i].float()) * g1[:, i:].float()).to(x.dtype)
         y = ops.moe_wna16_marlin_gemm(act.contiguous(), None, w2["qweight"], None, w2["scales"], None, None,
                                       w2["zeros"], None, None, self.workspace, sorted_ids, expert_ids, post,
                                       topk_weights, block, 1, True, self._type_id, m * k, h, i, True, False, True,
-                                      False)
+                                      False, batch_invariant=bi)
         return y.view(m, k, h).sum(dim=1).reshape(hidden_states.shape)
 
     def extra_repr(self) -> str:
         layout = self._layouts["w13_"]
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size}, top_k={self.top_k}, weight_type={layout.weight_type}, "
-                f"group_size={layout.group_size}")
+                f"group_size={layout.group_size}" + (", batch_invariant=True" if self.batch_invariant else ""))

@@ -3,9 +3,12 @@
 Mirrors vLLM at commit 7bcae67b5de3f155e70026695285de25d096b801 (``csrc/torch_bindings.cpp``,
 ``vllm/_custom_ops.py``; docs/torch.md says what was read where). Registered when ``workbench.torch`` is imported:
 
-* ``marlin_gemm`` / ``gptq_marlin_gemm`` (CUDA): C = A @ dequant(B), vLLM's 19 arguments; ``c`` must be None;
+* ``marlin_gemm`` / ``gptq_marlin_gemm`` (CUDA): C = A @ dequant(B) + b_bias, vLLM's 19 arguments, then workbench's
+  keyword-only ``deterministic`` / ``batch_invariant`` (``workbench.gemm.gptq_marlin_gemm``'s modes); ``c`` must be
+  None; size_k / size_n are the true sizes, the weight arrays padded to whole tiles (docs/formats.md);
 * ``marlin_gemm_out`` / ``gptq_marlin_gemm_out`` (CUDA): the same, writing the given ``c`` (``Tensor(a!) c``);
-* ``moe_wna16_marlin_gemm[_out]`` (CUDA): the fused MoE GEMM over moe_align_block_size's blocks, vLLM's 29 arguments;
+* ``moe_wna16_marlin_gemm[_out]`` (CUDA): the fused MoE GEMM over moe_align_block_size's blocks, vLLM's 29 arguments,
+  then a keyword-only ``batch_invariant``;
 * ``moe_align_block_size`` (CPU, CUDA): vLLM's mutating form, filling sorted_token_ids, experts_ids and
   num_tokens_post_pad;
 * ``gptq_marlin_repack``, ``awq_marlin_repack`` (CPU, CUDA): checkpoint words -> Marlin tiles (``is_a_8bit`` False);
@@ -39,6 +42,7 @@ import torch
 from workbench import ops as wb_ops
 from workbench.formats._checks import check_bits, require
 from workbench.formats.moe_align import SUPPORTED_BLOCK_SIZES
+from workbench.gemm.checks import group_size_of
 from workbench.torch import _tensors as T
 from workbench.torch._library import bypass, define, refuse_grad
 from workbench.torch.scalar_ids import as_type_id, from_vllm_id
@@ -113,20 +117,26 @@ GEMM_ARGS = ("Tensor b_q_weight, Tensor? b_bias, Tensor b_scales, Tensor? a_scal
              "Tensor? b_zeros, Tensor? g_idx, Tensor? perm, Tensor workspace, int b_q_type, SymInt size_m, "
              "SymInt size_n, SymInt size_k, bool is_k_full=True, bool use_atomic_add=False, "
              "bool use_fp32_reduce=False, bool is_zp_float=False")
-GEMM_SCHEMA = f"(Tensor a, Tensor? c, {GEMM_ARGS}) -> Tensor"
-GEMM_OUT_SCHEMA = f"(Tensor a, Tensor(a!) c, {GEMM_ARGS}) -> ()"
+# workbench-only, keyword-only (after vLLM's arguments, which keep their positions): gemm.gptq_marlin_gemm's modes
+GEMM_FLAGS = ", *, bool deterministic=False, bool batch_invariant=False"
+GEMM_SCHEMA = f"(Tensor a, Tensor? c, {GEMM_ARGS}{GEMM_FLAGS}) -> Tensor"
+GEMM_OUT_SCHEMA = f"(Tensor a, Tensor(a!) c, {GEMM_ARGS}{GEMM_FLAGS}) -> ()"
 
 
 def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
-               b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float):
+               b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float, *,
+               deterministic=False, batch_invariant=False):
     """Every rule of a dense GEMM call that reads no values; returns the weight ScalarType. The shape, dtype and
     stride rules are ``gemm.check_gemm_shapes``'s (the CuPy entry point's), run on specs of the tensors."""
     from workbench import gemm
+    from workbench.gemm.checks import check_reduction
 
     T.require_cuda(op, "a", a)
     T.require_same_device(op, "a", a, c=c, b_q_weight=b_q_weight, b_scales=b_scales, b_zeros=b_zeros, g_idx=g_idx,
                           perm=perm, workspace=workspace, b_bias=b_bias, a_scales=a_scales, global_scale=global_scale)
     T.require_unimplemented_absent(op, a_scales=a_scales, is_zp_float=is_zp_float)
+    _require_flags(op, deterministic=deterministic, batch_invariant=batch_invariant)
+    check_reduction(bool(use_atomic_add), bool(deterministic), bool(batch_invariant))
     weight = from_vllm_id(b_q_type)
     size_n, size_k = _static(size_n, "size_n"), _static(size_k, "size_k")
     rows = None
@@ -148,22 +158,30 @@ def check_gemm(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_sca
     return weight
 
 
+def _require_flags(op: str, **flags) -> None:
+    for name, value in flags.items():
+        if type(value) is not bool:
+            raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
+
+
 def _gemm_fake(op: str):
     def fake(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace, b_q_type,
-             size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float):
+             size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float, *,
+             deterministic=False, batch_invariant=False):
         if c is not None:
             raise ValueError(_c_given(op))
         check_gemm(op, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
-                   b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float)
+                   b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float,
+                   deterministic=deterministic, batch_invariant=batch_invariant)
         return a.new_empty((size_m, _static(size_n, "size_n")))
 
     return fake
 
 
 def _gemm_out_fake(op: str):
-    def fake(a, c, *rest):
+    def fake(a, c, *rest, **flags):
         refuse_grad(f"{op}_out", {"a": a, "c": c})
-        check_gemm(op, a, c, *rest)
+        check_gemm(op, a, c, *rest, **flags)
 
     return fake
 
@@ -202,24 +220,26 @@ def _meta(x):
 
 
 def _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-              is_k_full, use_atomic_add, use_fp32_reduce, b_bias=None, global_scale=None):
+              is_k_full, use_atomic_add, use_fp32_reduce, b_bias=None, global_scale=None, deterministic=False,
+              batch_invariant=False):
     """The plan key, or None where an argument is not of the cached kind (then every check runs). Exact types for
     the ints: True and 1.0 compare equal to 1 but are checked differently."""
     if (type(size_m) is not int or type(size_n) is not int or type(size_k) is not int or type(b_q_type) is not int
             or type(a) is not _TENSOR or type(b_q_weight) is not _TENSOR or type(b_scales) is not _TENSOR
             or type(workspace) is not _TENSOR or type(is_k_full) not in _FLAG_TYPES
-            or type(use_atomic_add) not in _FLAG_TYPES or type(use_fp32_reduce) not in _FLAG_TYPES):
+            or type(use_atomic_add) not in _FLAG_TYPES or type(use_fp32_reduce) not in _FLAG_TYPES
+            or type(deterministic) is not bool or type(batch_invariant) is not bool):
         return None
     return (a.shape, a.stride(), a.dtype, a.get_device(), b_q_weight.shape, b_q_weight.stride(), b_q_weight.dtype,
             b_q_weight.get_device(), b_scales.shape, b_scales.stride(), b_scales.dtype, b_scales.get_device(),
             workspace.shape, workspace.stride(), workspace.dtype, workspace.get_device(), _meta(c), _meta(b_zeros), _meta(g_idx),
             _meta(perm), _meta(b_bias), b_q_type, size_m, size_n, size_k, bool(is_k_full), bool(use_atomic_add),
-            bool(use_fp32_reduce), _meta(global_scale))
+            bool(use_fp32_reduce), _meta(global_scale), deterministic, batch_invariant)
 
 
 def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm,
                workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
-               is_zp_float) -> _GemmPlan | None:
+               is_zp_float, deterministic=False, batch_invariant=False) -> _GemmPlan | None:
     """Every check (this surface's, then the runtime's own on views of the tensors), then the prepared launch
     from ``gemm.plan_marlin_gemm``; None for size_m = 0 (nothing to launch)."""
     from workbench import cuda as rt
@@ -228,7 +248,7 @@ def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, globa
 
     weight = check_gemm(op, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm,
                         workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
-                        is_zp_float)
+                        is_zp_float, deterministic=deterministic, batch_invariant=batch_invariant)
     if size_m == 0:
         return None
     device = a.device
@@ -250,7 +270,8 @@ def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, globa
     prepared = gemm.plan_marlin_gemm(v(a, "a"), layer, c=v(out, "c"), workspace=v(workspace, "workspace"),
                                      c_tmp=v(c_tmp, "c_tmp"), a_tmp=v(a_tmp, "a_tmp"), is_k_full=bool(is_k_full),
                                      use_atomic_add=bool(use_atomic_add), use_fp32_reduce=bool(use_fp32_reduce),
-                                     stream=stream, sms=sms, global_scale=v(global_scale, "global_scale"), **bias)
+                                     stream=stream, sms=sms, global_scale=v(global_scale, "global_scale"),
+                                     deterministic=deterministic, batch_invariant=batch_invariant, **bias)
     plan = _GemmPlan(prepared, device, sms, uses_c_tmp, act_order, zeros is not None, bool(bias))
     if key is not None:
         if len(_GEMM_PLANS) >= MAX_GEMM_PLANS:
@@ -260,7 +281,8 @@ def _plan_gemm(op: str, key, a, c, b_q_weight, b_bias, b_scales, a_scales, globa
 
 
 def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
-              b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float):
+              b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float, *,
+              deterministic=False, batch_invariant=False):
     """The call's plan (every check on the first call with its shapes, strides, dtypes, devices and flags; the
     unimplemented arguments every call), output and scratch from torch's allocator, then the runtime's prepared
     launch on the tensors' addresses and the current torch stream. Repeated calls re-check only what can change
@@ -268,12 +290,12 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
     if a_scales is not None or is_zp_float:
         T.require_unimplemented_absent(op, a_scales=a_scales, is_zp_float=is_zp_float)
     key = _gemm_key(a, c, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, b_q_type, size_m, size_n, size_k,
-                    is_k_full, use_atomic_add, use_fp32_reduce, b_bias, global_scale)
+                    is_k_full, use_atomic_add, use_fp32_reduce, b_bias, global_scale, deterministic, batch_invariant)
     plan = _GEMM_PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _plan_gemm(op, key, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx,
                           perm, workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add,
-                          use_fp32_reduce, is_zp_float)
+                          use_fp32_reduce, is_zp_float, deterministic, batch_invariant)
         if plan is None:  # size_m = 0
             return c if c is not None else torch.empty((0, size_n), dtype=a.dtype, device=a.device)
     stream = torch._C._cuda_getCurrentRawStream(plan.index)  # (torch.cuda.current_stream builds a Stream object)
@@ -301,14 +323,14 @@ def _gemm_run(op: str, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scal
 
 
 def _gemm_kernels(op: str):
-    def functional(a, c, *rest):
+    def functional(a, c, *rest, **flags):
         if c is not None:
             raise ValueError(_c_given(op))
-        return _gemm_run(op, a, None, *rest)
+        return _gemm_run(op, a, None, *rest, **flags)
 
-    def out(a, c, *rest):
+    def out(a, c, *rest, **flags):
         refuse_grad(f"{op}_out", {"a": a, "c": c})
-        _gemm_run(op, a, c, *rest)
+        _gemm_run(op, a, c, *rest, **flags)
 
     return functional, out
 
@@ -327,29 +349,48 @@ _gptq_marlin_gemm, _gptq_marlin_gemm_out = _define_gemm("gptq_marlin_gemm")
 
 def marlin_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
                 b_q_type, size_m, size_n, size_k, is_k_full: bool = True, use_atomic_add: bool = False,
-                use_fp32_reduce: bool = False, is_zp_float: bool = False) -> torch.Tensor:
-    """vLLM's ``marlin_gemm``: C (size_m, size_n) = a @ dequant(b_q_weight). ``b_q_type``: a vLLM scalar-type id,
-    vLLM's ScalarType, or ours (``workbench.scalar_types.ScalarType`` or its label). ``c`` given: written and
-    returned. ``b_zeros``/``g_idx``/``perm`` may be None or empty; ``workspace`` from ``make_workspace``."""
+                use_fp32_reduce: bool = False, is_zp_float: bool = False, *, deterministic: bool = False,
+                batch_invariant: bool = False) -> torch.Tensor:
+    """vLLM's ``marlin_gemm``: C (size_m, size_n) = a @ dequant(b_q_weight) (+ ``b_bias``). ``b_q_type``: a vLLM
+    scalar-type id, vLLM's ScalarType, or ours (``workbench.scalar_types.ScalarType`` or its label). ``c`` given:
+    written and returned. ``b_zeros``/``g_idx``/``perm`` may be None or empty; ``workspace`` from
+    ``make_workspace``. size_k / size_n are the true sizes (the arrays are padded to whole tiles: docs/formats.md).
+    Keyword-only, workbench's own: ``deterministic`` (bitwise the same output run to run; no atomics) and
+    ``batch_invariant`` (row r's bits independent of M and the other rows), as ``workbench.gemm.gptq_marlin_gemm``
+    defines them."""
     return _call_gemm(_marlin_gemm, _marlin_gemm_out, a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale,
                       b_zeros, g_idx, perm, workspace, as_type_id(b_q_type), size_m, size_n, size_k, is_k_full,
-                      use_atomic_add, use_fp32_reduce, is_zp_float)
+                      use_atomic_add, use_fp32_reduce, is_zp_float, **_flags(deterministic, batch_invariant))
 
 
 def gptq_marlin_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
                      b_q_type, size_m, size_n, size_k, is_k_full: bool = True, use_atomic_add: bool = False,
-                     use_fp32_reduce: bool = False, is_zp_float: bool = False) -> torch.Tensor:
+                     use_fp32_reduce: bool = False, is_zp_float: bool = False, *, deterministic: bool = False,
+                     batch_invariant: bool = False) -> torch.Tensor:
     """``marlin_gemm`` under vLLM's earlier name (the name it has at the pinned commit); same arguments."""
     return _call_gemm(_gptq_marlin_gemm, _gptq_marlin_gemm_out, a, c, b_q_weight, b_bias, b_scales, a_scales,
                       global_scale, b_zeros, g_idx, perm, workspace, as_type_id(b_q_type), size_m, size_n, size_k,
-                      is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float)
+                      is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float,
+                      **_flags(deterministic, batch_invariant, "gptq_marlin_gemm"))
 
 
-def _call_gemm(functional, out, a, c, *rest):
+def _flags(deterministic, batch_invariant, op: str = "marlin_gemm") -> dict:
+    """The keyword-only modes a call sets (none when both are off: the schema's defaults). Checked here: the eager
+    bypass hands them to the kernel as given, where the dispatcher would have converted them to bool."""
+    _require_flags(op, deterministic=deterministic, batch_invariant=batch_invariant)
+    flags = {}
+    if deterministic is not False:
+        flags["deterministic"] = deterministic
+    if batch_invariant is not False:
+        flags["batch_invariant"] = batch_invariant
+    return flags
+
+
+def _call_gemm(functional, out, a, c, *rest, **flags):
     """A given c goes to the _out op (which declares the write) and is returned; else the functional op."""
     if c is None:
-        return functional(a, None, *rest)
-    out(a, c, *rest)
+        return functional(a, None, *rest, **flags)
+    out(a, c, *rest, **flags)
     return c
 
 
@@ -361,7 +402,7 @@ MOE_ARGS = ("Tensor b_q_weight, Tensor? b_bias, Tensor b_scales, Tensor? a_scale
             "Tensor expert_ids, Tensor num_tokens_past_padded, Tensor topk_weights, int moe_block_size, int top_k, "
             "bool mul_topk_weights, int b_q_type, SymInt size_m, SymInt size_n, SymInt size_k, bool is_k_full, "
             "bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float, int thread_k=-1, int thread_n=-1, "
-            "int blocks_per_sm=-1")
+            "int blocks_per_sm=-1, *, bool batch_invariant=False")  # (the last: workbench-only, keyword-only)
 MOE_SCHEMA = f"(Tensor a, Tensor? c, {MOE_ARGS}) -> Tensor"
 MOE_OUT_SCHEMA = f"(Tensor a, Tensor(a!) c, {MOE_ARGS}) -> ()"
 MOE_OP = "moe_wna16_marlin_gemm"
@@ -370,7 +411,7 @@ MOE_OP = "moe_wna16_marlin_gemm"
 def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
                    sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
                    mul_topk_weights, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
-                   is_zp_float, thread_k, thread_n, blocks_per_sm):
+                   is_zp_float, thread_k, thread_n, blocks_per_sm, *, batch_invariant=False):
     """Every rule of a fused MoE GEMM call that reads no values; returns (weight type, experts, group size). One
     expert's weight, scales and zero points are checked by the dense GEMM's rules (``check_gemm``), the stacks'
     leading extents and the routing tensors here."""
@@ -380,6 +421,7 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
                           num_tokens_past_padded=num_tokens_past_padded, topk_weights=topk_weights)
     # the fused kernel has no act-order (docs/torch.md) and no microscaled formats (yet)
     T.require_unimplemented_absent(op, g_idx=g_idx, perm=perm, global_scale=global_scale)
+    _require_flags(op, batch_invariant=batch_invariant)
     for name, x in (("b_q_weight", b_q_weight), ("b_scales", b_scales), ("b_zeros", b_zeros)):
         if not T.is_empty(x) and x.dim() != 3:
             raise ValueError(f"{op}: {name} must be a 3-D stack [E, ...] of expert tensors, got shape "
@@ -411,8 +453,9 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
         if tuple(c.shape[1:]) != (size_n,) or c.dtype != a.dtype or not c.is_contiguous():
             raise ValueError(f"{op}: c must be a contiguous ({rows}, {size_n}) {a.dtype} tensor, got "
                              f"{c.dtype} of shape {tuple(c.shape)}")
+    # (check_gemm accepted the group count: ceil(K / group) rows, the last group possibly partial)
     ng = b_scales.shape[1]
-    return weight, experts, -1 if ng == 1 else _static(size_k, "size_k") // ng
+    return weight, experts, -1 if ng == 1 else group_size_of(_static(size_k, "size_k"), ng)
 
 
 _STACKS: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
@@ -443,14 +486,16 @@ def _expert_stack(a, b_q_weight, b_scales, b_zeros, weight, experts, group_size,
 def _moe_run(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
              sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
              mul_topk_weights, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
-             is_zp_float, thread_k, thread_n, blocks_per_sm):
+             is_zp_float, thread_k, thread_n, blocks_per_sm, *, batch_invariant=False):
     """Checks, output from torch's allocator (zeroed: rows no block names, e.g. of experts on another device, read
     0), then ``MarlinExpertStack.gemm_phase_fused``. ``use_atomic_add``, ``use_fp32_reduce``, ``thread_k``,
-    ``thread_n`` and ``blocks_per_sm`` are vLLM's tuning hints: the workbench kernel chooses its own."""
+    ``thread_n`` and ``blocks_per_sm`` are vLLM's tuning hints: the workbench kernel chooses its own.
+    ``batch_invariant``: ``MarlinExpertStack.gemm_phase_fused``'s (one tile for every block size)."""
     weight, experts, group_size = check_moe_gemm(
         a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace, sorted_token_ids,
         expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights, b_q_type, size_m,
-        size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float, thread_k, thread_n, blocks_per_sm)
+        size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float, thread_k, thread_n, blocks_per_sm,
+        batch_invariant=batch_invariant)
     if c is None:
         c = torch.zeros((size_m * top_k, size_n), dtype=a.dtype, device=a.device)
     if size_m == 0:
@@ -469,37 +514,37 @@ def _moe_run(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros
                                v(c),
                                int(size_m), int(moe_block_size), int(top_k),
                                topk_weights=v(topk_weights) if mul_topk_weights else None, stream=stream,
-                               bias=None if T.is_empty(b_bias) else v(b_bias))
+                               batch_invariant=batch_invariant, bias=None if T.is_empty(b_bias) else v(b_bias))
     return c
 
 
 def _moe_fake(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
               sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
               mul_topk_weights, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
-              is_zp_float, thread_k, thread_n, blocks_per_sm):
+              is_zp_float, thread_k, thread_n, blocks_per_sm, *, batch_invariant=False):
     if c is not None:
         raise ValueError(_c_given(MOE_OP))
     check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace,
                    sorted_token_ids, expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k,
                    mul_topk_weights, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
-                   is_zp_float, thread_k, thread_n, blocks_per_sm)
+                   is_zp_float, thread_k, thread_n, blocks_per_sm, batch_invariant=batch_invariant)
     return a.new_empty((size_m * top_k, _static(size_n, "size_n")))
 
 
-def _moe_out_fake(a, c, *rest):
+def _moe_out_fake(a, c, *rest, **flags):
     refuse_grad(f"{MOE_OP}_out", {"a": a, "c": c})
-    check_moe_gemm(a, c, *rest)
+    check_moe_gemm(a, c, *rest, **flags)
 
 
-def _moe_functional(a, c, *rest):
+def _moe_functional(a, c, *rest, **flags):
     if c is not None:
         raise ValueError(_c_given(MOE_OP))
-    return _moe_run(a, None, *rest)
+    return _moe_run(a, None, *rest, **flags)
 
 
-def _moe_out(a, c, *rest):
+def _moe_out(a, c, *rest, **flags):
     refuse_grad(f"{MOE_OP}_out", {"a": a, "c": c})
-    _moe_run(a, c, *rest)
+    _moe_run(a, c, *rest, **flags)
 
 
 _moe_gemm = bypass(define(MOE_OP, MOE_SCHEMA, fake=_moe_fake, cpu=_moe_functional, cuda=_moe_functional),
@@ -513,17 +558,21 @@ def moe_wna16_marlin_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_s
                           moe_block_size: int, top_k: int, mul_topk_weights: bool, b_q_type, size_m, size_n, size_k,
                           is_k_full: bool = True, use_atomic_add: bool = False, use_fp32_reduce: bool = False,
                           is_zp_float: bool = False, thread_k: int = -1, thread_n: int = -1,
-                          blocks_per_sm: int = -1) -> torch.Tensor:
+                          blocks_per_sm: int = -1, *, batch_invariant: bool = False) -> torch.Tensor:
     """vLLM's ``moe_wna16_marlin_gemm``: ``c[id] = a[id // top_k] @ dequant(W[expert_ids[b]])`` (× topk_weights.flat[id]
     when ``mul_topk_weights``) for the ids of every block b; c is (size_m * top_k, size_n). Stacks lead with the
-    expert axis: b_q_weight [E, K/16, N*16/pf], b_scales [E, ng, N], b_zeros [E, ng, N/pf]."""
+    expert axis: b_q_weight [E, K/16, N*16/pf], b_scales [E, ng, N], b_zeros [E, ng, N/pf] (K, N padded to whole
+    tiles as the dense GEMM's, docs/formats.md). ``batch_invariant`` (keyword-only, workbench's own): one tile for
+    every block size, so a row's bits do not depend on how many tokens were routed with it."""
     args = [b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros, g_idx, perm, workspace, sorted_token_ids,
             expert_ids, num_tokens_past_padded, topk_weights, moe_block_size, top_k, mul_topk_weights,
             as_type_id(b_q_type), size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce, is_zp_float,
             thread_k, thread_n, blocks_per_sm]
+    _require_flags(MOE_OP, batch_invariant=batch_invariant)  # (as _flags: the eager bypass does not convert)
+    flags = {"batch_invariant": True} if batch_invariant else {}
     if c is None:
-        return _moe_gemm(a, None, *args)
-    _moe_gemm_out(a, c, *args)
+        return _moe_gemm(a, None, *args, **flags)
+    _moe_gemm_out(a, c, *args, **flags)
     return c
 
 
