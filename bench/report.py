@@ -19,18 +19,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workbench.render.bench import (FAMILIES, GROUP_KEYS, SHAPE_KEYS, ResultsSchemaError,  # noqa: E402
-                                    compare_cells, config_label, describe_run, group_title, load_family,
-                                    missing_note, peers_of, sorted_cells)
+                                    compare_cells, config_label, describe_run, format_us, group_title,
+                                    load_family, measured_columns, missing_note, peers_of, sorted_cells)
 
 BEGIN = "<!-- tables: written by bench/report.py from bench/results/*.json; edit the results, not this -->"
 END = "<!-- end of tables -->"
 TITLES = {"gemm": "Dense GEMM", "moe": "Fused MoE", "repack": "Repack kernels", "checkpoint": "Checkpoint repack",
           "host": "Host time per call", "torch_models": "PyTorch models", "pipeline": "Checkpoint pipeline"}
 
-
-
-def _fmt_us(us: float) -> str:
-    return f"{us:.1f}" if us >= 10 else f"{us:.2f}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -65,9 +61,10 @@ def family_section(family: str, doc: dict) -> list[str]:
             row_keys = [k for k in first if k not in ("method", "us", "gbs", "pct_copy", "pct_read", "cell")
                         and isinstance(first[k], (str, int)) and not isinstance(first[k], bool)
                         and not k.endswith("_bytes")]  # (exact byte counts stay in the file)
+        measured = measured_columns(family, [c["row"] for c in members])
         header = ([k if k != "m" else "M" for k in row_keys] + ["format, launch"] * (family in FORMAT_FAMILIES)
-                  + ["ours µs"] + ["GB/s", "% of read"] * has_gbs + ["% of copy"] * has_copy
-                  + [f"× {p}" for p in peers])
+                  + [h for h, _ in measured] + ["ours µs"] + ["GB/s", "% of read"] * has_gbs
+                  + ["% of copy"] * has_copy + [f"× {p}" for p in peers])
         if group_keys == ("cell",):
             lines += [f"**{key[0]}**", ""]
         elif group_keys:
@@ -77,7 +74,8 @@ def family_section(family: str, doc: dict) -> list[str]:
         for c in members:
             r = c["row"]
             cols = [str(r.get(k, "—")) for k in row_keys] + [config_label(r)] * (family in FORMAT_FAMILIES)
-            cols.append(_fmt_us(float(r["us"])))
+            cols += [text(r) for _, text in measured]
+            cols.append(format_us(float(r["us"])))
             if has_gbs:
                 gbs = r.get("gbs")
                 cols += ["—" if gbs is None else f"{gbs:.0f}" if gbs >= 10 else f"{gbs:.2f}",

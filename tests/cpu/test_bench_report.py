@@ -147,3 +147,27 @@ def test_report_orders_default_launch_then_variants_then_plain_and_names_variant
         ["u4b8 g128 fp16, plain"] * 2 + ["u8b128 g128 fp16, graph"]
     assert "**K × N" not in page.read_text() and "**down: K × N = 4096 × 4096**" in page.read_text()
     assert bench.group_title("gemm", {"layer": "4096x4096", "k": 4096, "n": 4096}) == "K × N = 4096 × 4096"
+
+
+def test_torch_models_tables_format_the_measured_agreement_and_the_fp16_time():
+    """The decoder rows' teacher-forced agreement with eager (a record) and the fp16 nn.Linear time (a float) are
+    columns of their kind's table, formatted by the render; a row without them reads "—", and a kind whose rows
+    carry neither (host) gets no such column."""
+    doc = host_doc()
+    doc["family"] = "torch_models"
+    agree = {"cos_min": 0.9999987, "max_abs": 0.00271, "logit_absmax": 2.1, "top1_equal": 0.99}
+    doc["rows"] = [
+        {"cell": "decoder", "wtype": "u4b8", "launch": "plain", "compiled": "no", "method": "ours", "us": 3496.2,
+         "fp16_us": 3098.5},
+        {"cell": "decoder", "wtype": "u4b8", "launch": "graph", "compiled": "no", "method": "ours", "us": 435.7,
+         "fp16_us": 407.7, "logits_equal_eager": True, "vs_eager": dict(agree, cos_min=1.0, max_abs=0.0)},
+        {"cell": "decoder", "wtype": "u4b8", "launch": "plain", "compiled": "inductor default", "method": "ours",
+         "us": 2088.6, "fp16_us": 1274.9, "logits_equal_eager": False, "vs_eager": agree},
+        {"cell": "host", "call": "MarlinLinear.forward", "method": "ours", "us": 18.75}]
+    text = "\n".join(report.family_section("torch_models", bench.validate_results(doc, "x")))
+    assert ("| wtype | launch | compiled | vs eager: logits, teacher-forced | fp16 nn.Linear µs | ours µs |"
+            in text)
+    assert "| u4b8 | graph | no | bitwise equal | 407.7 | 435.7 |" in text
+    assert "| u4b8 | plain | inductor default | cos min 0.999999, max abs 0.0027 | 1274.9 | 2088.6 |" in text
+    assert "| u4b8 | plain | no | — | 3098.5 | 3496.2 |" in text
+    assert "| call | ours µs |" in text and "| MarlinLinear.forward | 18.8 |" in text

@@ -275,6 +275,35 @@ def config_label(row: dict) -> str:
     return f"{label}, {row['launch']}" if "launch" in row else label
 
 
+def format_us(us: float) -> str:
+    """A time in µs as the tables print it: one decimal from 10 µs up, two below."""
+    return f"{us:.1f}" if us >= 10 else f"{us:.2f}"
+
+
+def _vs_eager(row: dict) -> str:
+    """A decoder launch's logits against eager's (bench_torch.py: teacher-forced on eager's tokens)."""
+    if row.get("logits_equal_eager"):
+        return "bitwise equal"
+    a = row["vs_eager"]
+    return f"cos min {a['cos_min']:.6f}, max abs {a['max_abs']:.4f}"
+
+
+# Columns read from a row's measured fields (floats and records), which the tables of the families without
+# SHAPE_KEYS leave out (they show a row's strings and integers): family -> (header, the row key, row -> text). A
+# kind of row (``cell``) shows such a column when one of its rows has the key; a row without it reads "—".
+MEASURED_COLUMNS = {
+    "torch_models": (("vs eager: logits, teacher-forced", "vs_eager", _vs_eager),
+                     ("fp16 nn.Linear µs", "fp16_us", lambda row: format_us(float(row["fp16_us"])))),
+}
+
+
+def measured_columns(family: str, rows: list[dict]) -> list[tuple[str, object]]:
+    """``(header, row -> text)`` of the MEASURED_COLUMNS of ``family`` that any of ``rows`` carries, "—" for a row
+    that lacks the key."""
+    return [(header, (lambda row, key=key, text=text: text(row) if key in row else "—"))
+            for header, key, text in MEASURED_COLUMNS.get(family, ()) if any(key in r for r in rows)]
+
+
 def describe_run(doc: dict) -> str:
     """One sentence: where and when the run was, its ceilings and its peers' sources."""
     meta = doc["meta"]
