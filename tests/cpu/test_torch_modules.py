@@ -510,3 +510,34 @@ def test_llama_shaped_decoder_of_marlin_linears_traces_to_one_graph():
         assert len(gemms) == 8
         logits = torch.compile(model, fullgraph=True, backend="aot_eager")(tok, pos, cache)
     assert logits.shape == (1, 1, c["vocab_size"]) and logits.dtype == torch.float32
+
+
+def test_models_swap_linears_gives_marlin_layers_and_an_fp16_copy_of_the_same_dequantized_weights():
+    """workbench.torch.models.swap_linears (the tests' and bench_torch's one swap): every nn.Linear of the decoder
+    becomes a MarlinLinear holding the reference quantizer's weight, the copy's nn.Linears hold exactly that weight
+    dequantized (w_ref, in fp16), and the model it was given is left as it was."""
+    from workbench.torch import models
+    from workbench.weight import make_marlin_weight
+
+    c = dict(models.DECODER_CONFIG, num_hidden_layers=1, vocab_size=256)
+    model = models.decoder(c).half().eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ours, same, count = models.swap_linears(model, "u4b8", 128)
+    assert count == 8
+    for name, linear in model.named_modules():
+        if isinstance(linear, nn.Linear):
+            q = quantize_weights(linear.weight.detach().float().numpy().T, "u4b8", 128, act_dtype=np.float16)
+            mine = ours.get_submodule(name)
+            assert type(mine) is wt.MarlinLinear
+            assert np.array_equal(mine.marlin_weight().qweight, make_marlin_weight(q).qweight)
+            assert np.array_equal(same.get_submodule(name).weight.detach().numpy(), q.w_ref.T.astype(np.float16))
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_models_module_does_not_import_transformers():
+    """bench_torch's GPU run imports workbench.torch.models where transformers may be missing."""
+    import subprocess
+    import sys
+
+    code = "import sys, workbench.torch.models; assert 'transformers' not in sys.modules, 'imported transformers'"
+    subprocess.run([sys.executable, "-c", code], check=True)
