@@ -116,19 +116,25 @@ def test_forward_on_cpu_needs_a_cuda_device():
         wt.MarlinLinear.from_weight(w)(torch.randn(2, 256).half())
 
 
-def test_forward_shapes_through_the_fake_and_compiled_with_symbolic_m():
+def compiles_once_with_symbolic_m(m, rows=(3, 9, 40)) -> None:
+    """A meta MarlinLinear compiled with fullgraph=True, dynamic=True gives (M, out_features) for every M in
+    ``rows`` from one frame (the fake's shapes; no recompile per batch size)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
-    m = wt.MarlinLinear.from_weight(w, torch.zeros(128)).to("meta")
-    assert tuple(m(torch.empty((2, 3, 256), dtype=torch.float16, device="meta")).shape) == (2, 3, 128)
     torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
-    for rows in (3, 9, 40):
-        out = compiled(torch.empty((rows, 256), dtype=torch.float16, device="meta"))
-        assert tuple(out.shape) == (rows, 128)
+    for r in rows:
+        out = compiled(torch.empty((r, m.in_features), dtype=torch.float16, device="meta"))
+        assert tuple(out.shape) == (r, m.out_features)
     assert counter.frame_count == 1
+
+
+def test_forward_shapes_through_the_fake_and_compiled_with_symbolic_m():
+    w, _ = random_marlin_weight(256, 128, S.U4B8, 128)
+    m = wt.MarlinLinear.from_weight(w, torch.zeros(128)).to("meta")
+    assert tuple(m(torch.empty((2, 3, 256), dtype=torch.float16, device="meta")).shape) == (2, 3, 128)
+    compiles_once_with_symbolic_m(m)
     with pytest.raises(ValueError, match=r"x has 128 features .* in_features = 256"):
         m(torch.empty((2, 128), dtype=torch.float16, device="meta"))
 
@@ -213,32 +219,18 @@ def test_odd_shape_weights_of_the_wrong_padding_are_refused_by_name():
 
 
 def test_odd_shape_forward_shapes_through_the_fake_and_compiled():
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     w, _ = random_marlin_weight(200, 100, S.U4, 64)
     m = wt.MarlinLinear.from_weight(w, torch.zeros(100)).to("meta")
     assert tuple(m(torch.empty((2, 3, 200), dtype=torch.float16, device="meta")).shape) == (2, 3, 100)
-    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
-    for rows in (3, 9):
-        assert tuple(compiled(torch.empty((rows, 200), dtype=torch.float16, device="meta")).shape) == (rows, 100)
-    assert counter.frame_count == 1
+    compiles_once_with_symbolic_m(m, (3, 9))
 
 
 def test_an_8bit_k_inside_a_16_byte_chunk_reaches_the_gemm_as_padded_rows():
     """K = 36 (8-bit: a multiple of the pack factor 4, not of the 8 fp16 values of a 16-byte chunk): forward hands
     the op a view of rows padded to 40, which the GEMM's stride rule takes; traced with a symbolic M."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     w, _ = random_marlin_weight(36, 100, S.U8B128, 32)
     m = wt.MarlinLinear.from_weight(w).to("meta")
-    torch._dynamo.reset()  # (every layer compiles MarlinLinear.forward anew: keep under Dynamo's recompile limit)
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(m, backend=counter, fullgraph=True, dynamic=True)
-    for rows in (3, 9):
-        assert tuple(compiled(torch.empty((rows, 36), dtype=torch.float16, device="meta")).shape) == (rows, 100)
-    assert counter.frame_count == 1
+    compiles_once_with_symbolic_m(m, (3, 9))
     a = torch.empty((5, 36), dtype=torch.float16, device="meta")  # the contiguous rows themselves: refused by name
     args = [a, None, m.qweight, None, m.scales, None, None, None, None, None, m.workspace, wt.vllm_id(S.U8B128), 5,
             100, 36, True, False, True, False]
