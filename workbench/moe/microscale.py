@@ -67,3 +67,85 @@ def check_stack(weight, global_scale) -> tuple[MicroscaleRule | None, object]:
     if global_scale is not None:
         check_expert_global_scale(global_scale, int(weight.num_experts))
     return rule, global_scale
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# building microscaled stacks from checkpoint-layout tensors (host, NumPy): the dense layer's ops, per expert
+# ---------------------------------------------------------------------------------------------------------------
+def microscale_expert_stack(fmt: str, elements, scales, global_scale, size_k: int, size_n: int, act_dtype, *,
+                            backend: str = "numpy"):
+    """E experts' checkpoint tensors (rows = output features, as every producer writes them) -> (stacked
+    ``MarlinWeight`` on the host, the kernel's per-expert global scales [E] float32 or None, the exact weights
+    w_ref [E, K, N] float64).
+
+    ``fmt``: "nvfp4" (``elements`` packed E2M1 bytes [E, N, K/2], ``scales`` E4M3 bytes [E, N, K/16],
+    ``global_scale`` [E] fp32 = ModelOpt's weight_scale_2, value = e2m1 · scale · global), "mxfp4" (packed E2M1
+    [E, N, K/2], E8M0 codes [E, N, K/32], no global scale) or "mxfp8" (E4M3 bytes [E, N, K], E8M0 codes). Each expert
+    goes through the dense layer's ops (``ops.fp4_marlin_repack`` / ``mxfp8_marlin_repack``, ``nvfp4_marlin_scales`` /
+    ``mx_marlin_scales``, ``nvfp4_marlin_global_scale`` with the expert's own scale factor), so an expert of the stack
+    is bit for bit the dense layer of the same tensors.
+    """
+    from workbench import ops
+    from workbench.formats import microscale as ms
+    from workbench.formats._checks import require
+    from workbench.scalar_types import ScalarType
+    from workbench.weight import MarlinWeight
+
+    f = ms.microscale_format(fmt)
+    act = np.dtype(act_dtype)
+    require(act in f.act_dtypes, f"{f.name} runs with {' or '.join(d.name for d in f.act_dtypes)} activations in "
+            f"Marlin (as vLLM), got {act.name}")
+    elements, scales = np.asarray(elements), np.asarray(scales)
+    require(elements.ndim == 3 and scales.ndim == 3 and elements.shape[0] == scales.shape[0],
+            f"elements {elements.shape} and scales {scales.shape} must be [E, N, ...] stacks of the same E")
+    e = elements.shape[0]
+    require(e > 0, "an expert stack needs at least one expert")
+    if f.has_global_scale:
+        require(global_scale is not None, f"{f.name} needs a global scale per expert ([E = {e}] float32)")
+        g = np.asarray(global_scale, np.float32).reshape(-1)
+        require(g.shape == (e,), f"global_scale has {g.size} values, expected one per expert (E = {e})")
+    else:
+        require(global_scale is None, f"{f.name} has no global scale; global_scale must be None")
+    qweights, marlin_scales, gs, refs = [], [], [], []
+    for i in range(e):
+        if f.name == "nvfp4":
+            qweights.append(ops.fp4_marlin_repack(elements[i], size_k, size_n, backend=backend))
+            s, sf = ops.nvfp4_marlin_scales(scales[i], size_k, size_n, act, backend=backend)
+            marlin_scales.append(np.ascontiguousarray(s).view(np.uint8))
+            gs.append(ops.nvfp4_marlin_global_scale(g[i], act, sf))
+            refs.append(ms.dequantize_nvfp4(elements[i], scales[i], g[i]).T)
+        else:
+            repack = ops.fp4_marlin_repack if f.name == "mxfp4" else ops.mxfp8_marlin_repack
+            qweights.append(repack(elements[i], size_k, size_n, backend=backend))
+            marlin_scales.append(np.ascontiguousarray(
+                ops.mx_marlin_scales(scales[i], size_k, size_n, f.name, backend=backend)).view(np.uint8))
+            refs.append(ms.dequantize_mx(elements[i], scales[i], f.name).T)
+    wt = ScalarType.FE4M3FN if f.name == "mxfp8" else ScalarType.FE2M1F
+    weight = MarlinWeight(np.stack(qweights), np.stack(marlin_scales), None, None, None, int(size_k), int(size_n),
+                          f.group_size, wt, act, True, num_experts=e)
+    return weight, (np.array(gs, np.float32) if f.has_global_scale else None), np.stack(refs)
+
+
+def random_microscale_experts(fmt: str, num_experts: int, size_k: int, size_n: int, rng, *, scale_log2: int = -5):
+    """Random checkpoint-layout tensors of one format (elements, scales, global scale or None), each value drawn
+    directly (no quantizer: fast at gpt-oss-like shapes): every E2M1 code / finite E4M3 byte, scales around
+    2^scale_log2 (E8M0 codes scale_log2 + 127 + {-1, 0, 1}; NVFP4: E4M3 block scales in [0.5, 2] and global
+    2^scale_log2), so that K random products sum to a few units."""
+    from workbench.formats import microscale as ms
+
+    f = ms.microscale_format(fmt)
+    e, n, k = num_experts, size_n, size_k
+    if f.element_bits == 4:
+        elements = rng.integers(0, 256, size=(e, n, k // 2), dtype=np.uint8)
+    else:  # E4M3 bytes without the NaNs (0x7F, 0xFF) and capped at 2^4 magnitude (exponent field <= 10)
+        mag = rng.integers(0, 0x58, size=(e, n, k), dtype=np.uint8)
+        elements = mag | (rng.integers(0, 2, size=(e, n, k), dtype=np.uint8) << 7)
+    groups = k // f.group_size
+    if f.name == "nvfp4":
+        # E4M3 bytes 0x30..0x40: 0.5 .. 2.0 (exponent field 6..8)
+        scales = rng.integers(0x30, 0x41, size=(e, n, groups), dtype=np.uint8)
+        return elements, scales, np.full(e, 2.0 ** scale_log2, np.float32) * rng.uniform(0.75, 1.25, e).astype(
+            np.float32)
+    delta = -3 if f.element_bits == 8 else 0  # (E4M3 elements reach 16 here, E2M1 6)
+    codes = rng.integers(-1, 2, size=(e, n, groups)) + 127 + scale_log2 + delta
+    return elements, codes.astype(np.uint8), None
