@@ -201,3 +201,31 @@ def test_gpt_oss_block_on_the_marlin_stacks_matches_the_reference(rng):
     bound = moe.moe_error_bound(x, w13_ref, w2_ref, weights.astype(np.float32), ids, **kw)
     err = np.abs(got.astype(np.float64) - want)
     assert (err <= bound).all(), float((err / bound).max())
+
+
+def test_a_loaded_interleaved_stack_is_deinterleaved_or_refused(fake, rng):
+    """workbench.load keeps gpt-oss's interleaved order (its manifest says so): deinterleave_marlin_stack permutes a
+    loaded stack's rows once (the stack built from the raw tensors, bit for bit), and fused_moe refuses a stack still
+    marked interleaved."""
+    import dataclasses
+
+    from workbench.checkpoint.microscale import MicroscaleMarlinWeight
+
+    t = gpt_oss_tensors(rng)
+    e, n2, g, _ = t["gate_up_blocks"].shape
+    k = g * 32
+    raw, _, _ = moe.microscale_expert_stack("mxfp4", t["gate_up_blocks"].reshape(e, n2, k // 2),
+                                            t["gate_up_scales"], None, k, n2, BF16, ref_dtype=None)
+    loaded = MicroscaleMarlinWeight(**{f.name: getattr(raw, f.name) for f in dataclasses.fields(raw)},
+                                    microscale="mxfp4", gate_up="interleaved")
+    fixed = moe.gpt_oss.deinterleave_marlin_stack(loaded)
+    w13, _, _, _ = moe.gpt_oss_expert_weights(**t)
+    assert np.array_equal(fixed.qweight, w13.qweight) and np.array_equal(fixed.scales, w13.scales)
+    assert fixed.gate_up == ""
+    fake_loaded = MicroscaleMarlinWeight(**{f.name: getattr(fake_weight(HID, 2 * INTER, S.FE2M1F, BF16, 32), f.name)
+                                            for f in dataclasses.fields(MarlinWeight)},
+                                         microscale="mxfp4", gate_up="interleaved")
+    w13s, w2s = moe.MarlinExpertStack(fake_loaded), fake_stack("mxfp4", INTER, HID, BF16)
+    with pytest.raises(ValueError, match="deinterleave_marlin_stack"):
+        moe.fused_moe(FakeArray((2, HID), BF16), w13s, w2s, FakeArray((2, 2), np.float32),
+                      FakeArray((2, 2), np.int32))

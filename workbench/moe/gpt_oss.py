@@ -74,6 +74,32 @@ def gpt_oss_expert_weights(gate_up_blocks, gate_up_scales, gate_up_bias, down_bl
     return w13, biases[0][:, perm].astype(act), w2, biases[1].astype(act)
 
 
+def deinterleave_marlin_stack(weight):
+    """A loaded gpt-oss gate_up stack (workbench.load's MicroscaleMarlinWeight with ``gate_up = "interleaved"``:
+    the repacked checkpoint keeps gpt-oss's row order, as vLLM's) -> the same stack with its output features
+    de-interleaved, on the host: each expert's Marlin tiles and E8M0 scales unpacked to the checkpoint layout
+    (``ops.marlin_to_fp4``, ``ops.marlin_to_mx_scales``), rows permuted by ``gate_up_permutation``, repacked. Load
+    time only; its bias (a separate tensor) takes ``deinterleave_gate_up``."""
+    import dataclasses
+
+    from workbench import ops
+
+    require(getattr(weight, "microscale", "") == "mxfp4" and weight.num_experts is not None,
+            f"deinterleave_marlin_stack takes an MXFP4 expert stack, got microscale = "
+            f"{getattr(weight, 'microscale', None)!r} with num_experts = {weight.num_experts}")
+    require(getattr(weight, "gate_up", "") == "interleaved", "the stack's gate_up is not marked interleaved")
+    k, n = int(weight.size_k), int(weight.size_n)
+    perm = gate_up_permutation(n)
+    qweights, scales = [], []
+    for e in range(int(weight.num_experts)):
+        packed = ops.marlin_to_fp4(np.asarray(weight.qweight[e]), k, n, backend="numpy")[perm]
+        codes = np.asarray(ops.marlin_to_mx_scales(np.asarray(weight.scales[e]), k, n, "mxfp4", backend="numpy"))
+        qweights.append(ops.fp4_marlin_repack(packed, k, n, backend="numpy"))
+        scales.append(np.ascontiguousarray(ops.mx_marlin_scales(codes.view(np.uint8)[perm], k, n, "mxfp4",
+                                                                backend="numpy")).view(np.uint8))
+    return dataclasses.replace(weight, qweight=np.stack(qweights), scales=np.stack(scales), gate_up="")
+
+
 def route_topk_softmax(logits, top_k: int):
     """The gpt-oss router on the device: each token's ``top_k`` largest logits (CuPy arrays [T, E]), softmax over
     those k in fp32 -> (topk_weights [T, k] float32, topk_ids [T, k] int32), as

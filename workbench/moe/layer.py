@@ -32,6 +32,10 @@ def _check_layer(hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, topk_wei
         raise TypeError("w13_stack and w2_stack must be MarlinExpertStack objects")
     if w13.num_experts != w2.num_experts:
         raise ValueError(f"w13 has {w13.num_experts} experts but w2 has {w2.num_experts}")
+    if getattr(w13.weight, "gate_up", "") == "interleaved":
+        raise ValueError("w13's gate_up rows interleave (gpt-oss's order, as loaded); the MoE reads gate | up halves: "
+                         "de-interleave it once at load time (workbench.moe.gpt_oss.deinterleave_marlin_stack, and "
+                         "deinterleave_gate_up for its bias)")
     if w13.n_per_expert != 2 * w2.k:
         raise ValueError(f"w13 n_per_expert = {w13.n_per_expert} must be 2 x w2's K = {w2.k} (gate and up)")
     if w2.n_per_expert != w13.k:
