@@ -175,6 +175,8 @@ def test_gpt_oss_stacks_are_the_deinterleaved_checkpoint(rng):
         assert np.array_equal(np.asarray(codes).view(np.uint8), t["gate_up_scales"][i][perm])
         assert np.array_equal(b13[i].astype(np.float32), t["gate_up_bias"][i][perm])
     assert np.array_equal(b2.astype(np.float32), t["down_bias"])
+    # a stack's bias rows must be contiguous: the column-permuted copy is made so (NumPy's fancy index is not)
+    assert b13.flags["C_CONTIGUOUS"] and b2.flags["C_CONTIGUOUS"]
 
 
 def test_gpt_oss_block_on_the_marlin_stacks_matches_the_reference(rng):

@@ -68,10 +68,12 @@ def gpt_oss_expert_weights(gate_up_blocks, gate_up_scales, gate_up_bias, down_bl
         require(b.shape == (e, width), f"{name} has shape {b.shape}, expected {(e, width)}")
         biases.append(b)
     perm = gate_up_permutation(n2)
-    w13, _, _ = microscale_expert_stack("mxfp4", gu[:, perm], gu_s[:, perm], None, h, n2, act, backend=backend,
+    w13, _, _ = microscale_expert_stack("mxfp4", np.ascontiguousarray(gu[:, perm]),
+                                        np.ascontiguousarray(gu_s[:, perm]), None, h, n2, act, backend=backend,
                                         ref_dtype=None)
     w2, _, _ = microscale_expert_stack("mxfp4", dn, dn_s, None, inter, h, act, backend=backend, ref_dtype=None)
-    return w13, biases[0][:, perm].astype(act), w2, biases[1].astype(act)
+    # (contiguous: a column-indexed copy may come back in another order, and a stack's bias rows must be contiguous)
+    return w13, np.ascontiguousarray(biases[0][:, perm].astype(act)), w2, np.ascontiguousarray(biases[1].astype(act))
 
 
 def deinterleave_marlin_stack(weight):

@@ -117,6 +117,7 @@ class MarlinExpertStack:
                 raise TypeError("bias is not on GPU (upload it with the stack's arrays)")
             gemm.check_bias(bias, weight.size_n, np.dtype(weight.act_dtype), "bias", (e,))
         self.bias = bias
+        self._dense_global_scales = None  # expert_global_scale's aligned copy, made on first use
         self.num_streams = num_streams
         self._sms = as_int(sms, "sms")
         self._scratch: dict[tuple[int, str], tuple[Any, Any, list, int]] = {}  # (device, pool) -> _scratch_for
@@ -143,8 +144,19 @@ class MarlinExpertStack:
         return np.dtype(self.weight.act_dtype)
 
     def expert_global_scale(self, e: int):
-        """NVFP4: expert e's global scale as the dense GEMM takes one (a [1] float32 view); None otherwise."""
-        return None if self.global_scale is None else self.global_scale.reshape(-1)[e:e + 1]
+        """NVFP4: expert e's global scale as the dense GEMM takes one (a [1] float32 view, 16-byte aligned: the dense
+        kernel reads it through its zero-point slot, whose address the launch checks for 16-byte alignment); None
+        otherwise. The aligned copy ([E, 4] float32, value in column 0) is made once per stack, synchronously."""
+        if self.global_scale is None:
+            return None
+        if self._dense_global_scales is None:
+            cupy = rt.cupy()
+            with cupy.cuda.Device(self._device()):
+                padded = cupy.zeros((self.num_experts, 4), dtype=np.float32)
+                padded[:, 0] = self.global_scale.reshape(-1)
+                cupy.cuda.get_current_stream().synchronize()
+            self._dense_global_scales = padded
+        return self._dense_global_scales[e, :1]
 
     def expert_views(self) -> list[MarlinWeight]:
         """Single-expert views of the stack (no copies), made once."""
