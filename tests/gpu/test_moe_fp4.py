@@ -17,7 +17,8 @@ Tolerances (reasons beside them):
   doubled (router-weighted rows round the weighted value);
 * the layer: workbench.moe.moe_error_bound with the clamped SwiGLU (derived there: min / clip are 1-Lipschitz,
   |d(g sigmoid(alpha g))/dg| <= 1.1) and gemm_extra = 2^-22 (NVFP4's global scale), plus a mean relative error below
-  8u (a systematic error hides under a worst-case bound);
+  8u: at K = 2880 the worst-case bound sums every rounding with one sign and is far above the typical error, so the
+  mean check is what catches a systematic error (a wrong scale, a missing bias, a permuted column);
 * gpt-oss against the float64 reference: the same bound (it bounds each side's distance from the exact value, doubled).
 Outputs are poisoned (NaN) before every launch: phase outputs directly, the layer's by filling the pool block it gets.
 """
