@@ -22,6 +22,9 @@
 // registers so that two CTAs share an SM, as the dense kernel does for M <= 16.
 //
 //   silu_and_mul   h[r, j]  = rnd(silu(x[r, j]) * x[r, N + j])          gate = first N columns, up = last N
+//   swiglu_oai_and_mul  h[r, j] = rnd((clip(u, -l, l) + 1) * g' * sigmoid(alpha * g')),  g' = min(g, l),
+//                  g = x[r, j], u = x[r, N + j]: gpt-oss's clamped SwiGLU ("swigluoai") on the de-interleaved gate_up
+//                  (workbench/moe/gpt_oss.py permutes gpt-oss's interleaved rows once, when the stack is built)
 //   moe_sum        out[t, :] = rnd(sum_j w[t, j] * y[row(t, j), :])      the router-weighted sum over top_k
 //   gather_rows    out[i, :] = x[rows[i], :]                             rows grouped by expert (batched path)
 //   add_bias       y[r, :]   = rnd(y[r, :] + bias)                       bias of a single-expert view
@@ -54,6 +57,25 @@ __global__ void silu_and_mul(const T* __restrict__ x,  // (rows, 2n)
     const float g = to_f32(x[r * 2 * n + j]);
     const float u = to_f32(x[r * 2 * n + n + j]);
     out[i] = from_f32<T>(g / (1.f + expf(-g)) * u);
+  }
+}
+
+// alpha and limit travel as the bits of float32 values in int32 parameters (the launch ABI's argument kinds are
+// addresses and integers: workbench/moe/kernels.py PLAN_ARG_KINDS).
+template <typename T>
+__global__ void swiglu_oai_and_mul(const T* __restrict__ x,  // (rows, 2n): gate columns first, then up
+                                   T* __restrict__ out,      // (rows, n)
+                                   int rows, int n, int alpha_bits, int limit_bits) {
+  allow_dependent_launch();
+  grid_dependency_wait();  // x is the gate_up GEMM's output
+  const float alpha = __int_as_float(alpha_bits), limit = __int_as_float(limit_bits);
+  const long long total = static_cast<long long>(rows) * n;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long r = i / n, j = i % n;
+    const float g = fminf(to_f32(x[r * 2 * n + j]), limit);
+    const float u = fminf(fmaxf(to_f32(x[r * 2 * n + n + j]), -limit), limit);
+    out[i] = from_f32<T>((u + 1.f) * (g / (1.f + expf(-alpha * g))));
   }
 }
 
@@ -172,7 +194,8 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
            const int4* __restrict__ B,              // (E, K/16, N*16/pack) int32 Marlin tiles
            T* __restrict__ C,                       // (numel, N) output rows, one per routed entry
            const int4* __restrict__ scales,         // (E, num_groups, N) act type, Marlin-permuted
-           const int4* __restrict__ zeros,          // (E, num_groups, N/pack) int32 or null
+           const int4* __restrict__ zeros,          // (E, num_groups, N/pack) int32 or null; NVFP4: (E,) fp32 global
+                                                    // scales (vLLM's per-expert global_scale, exponent correction in)
            const int* __restrict__ sorted_ids,      // (n_blocks * block_size,) flat entry ids, >= numel = padding
            const int* __restrict__ expert_ids,      // (n_blocks,) expert of each block, -1 = not on this device
            const int* __restrict__ num_post_padded, // (1,) rows of sorted_ids in use
@@ -183,6 +206,7 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   static_assert(GROUP_MODE == kChannelwise || GROUP_MODE == kGrouped, "act-order stacks take the batched path");
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two CTAs per SM only with 16-row blocks");
   static_assert(!SWAP || M_BLOCKS == 1, "the swapped loop covers 8-row blocks");
+  static_assert(!Weight<W>::kByteScales || GROUP_MODE == kGrouped, "microscaled formats have grouped scales only");
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP,
                         late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>()>;
@@ -190,6 +214,9 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   constexpr bool kHasZero = Weight<W>::kHasZero;
   constexpr int kPack = Weight<W>::kPack;
   constexpr int kAChunks = (G::kAI4 + kThreads - 1) / kThreads;  // A chunks (16 bytes) a thread fetches per stage
+  // NVFP4 has no zero points: its launch passes one fp32 global scale per expert in the zero-point slot (the dense
+  // kernel passes its one there too), applied to the item's fp32 sums before the bias (as the dense epilogue).
+  const float* const global_scale = reinterpret_cast<const float*>(zeros);
 
   // Under a programmatic launch (workbench/moe/layer.py) this grid may start while the kernel before it runs: every
   // read below depends on the routing (which expert's weights), so all of it waits; only the launch itself overlaps.
@@ -282,7 +309,8 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
   const int group_shift = GROUP_MODE == kGrouped ? __ffs(group_size) - 1 : 0;
   const int num_groups = GROUP_MODE == kGrouped ? (prob_k + group_size - 1) >> group_shift : 1;  // (last: partial)
   const long long b_expert_i4 = static_cast<long long>((prob_k + 15) / 16) * (n_pad * 16 / kPack) / 4;
-  const long long s_expert_i4 = static_cast<long long>(num_groups) * n_pad / 8;
+  // (scale bytes of the microscaled formats: one byte per (group, column), half the 16-bit scales' int4)
+  const long long s_expert_i4 = static_cast<long long>(num_groups) * n_pad * Weight<W>::kScaleBytes / 16;
   const long long z_expert_i4 = static_cast<long long>(num_groups) * n_pad / kPack / 4;
 
   // The next item at or after w on this CTA's stride whose block has a local expert (ids outside [0, E) are
@@ -365,6 +393,15 @@ marlin_moe(const int4* __restrict__ A,              // (prob_m, lda) activations
     if (kg != 0) return;  // warps 0..N_TILES-1 hold the item's sums
     float acc[M_BLOCKS][8][4];  // the item's sums in row layout
     loop.rows_layout(acc);
+    if constexpr (Weight<W>::kGlobalScale) {  // NVFP4: the expert's global scale on the fp32 sums
+      const float gs = __ldg(global_scale + e);
+#pragma unroll
+      for (int mb = 0; mb < M_BLOCKS; ++mb)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[mb][nb][r] *= gs;
+    }
     const int col = w % cols;
     const int col0 = col * BN + nt * 64 + 2 * (lane % 4);  // this lane's first column; n8 block nb adds 8 nb
     // the item's expert's bias row (columns >= N are neither read nor written)

@@ -14,8 +14,13 @@ Three ways to run it:
   its C rows, optionally scales them by the router weight; ``-1`` experts and sentinel rows are skipped.
 * ``make_expert_linear(offset, n, bias)`` — one expert's column slice as a plain layer for the dense GEMM.
 
-``fused_moe(hidden, w13, w2, topk_weights, topk_ids, path=...)`` is an inference engine's MoE layer on top:
-gate_up -> SiLU(gate) * up -> down -> router-weighted sum over top_k.
+Formats: every integer and FP8 type of the dense GEMM, and the microscaled ones (``microscale``: NVFP4 with one fp32
+global scale per expert, MXFP4, MXFP8; validated by the dense GEMM's ``MICROSCALE_RULES``), with optional per-expert
+bias rows on the stack (``MarlinExpertStack(weight, bias=, global_scale=)``). ``gpt_oss`` builds gpt-oss's experts
+(de-interleaved gate_up, biases, the clamped SwiGLU ``activation``) on top (docs/formats.md, "MoE FP4").
+
+``fused_moe(hidden, w13, w2, topk_weights, topk_ids, path=..., activation=...)`` is an inference engine's MoE layer
+on top: gate_up -> SiLU(gate) * up (or the clamped SwiGLU) -> down -> router-weighted sum over top_k.
 
 ``moe_reference`` is the NumPy spec of that layer (fp32 math on the exact dequantized weights, rounded to the
 activation type where the kernels write activations) and ``moe_error_bound`` the per-element tolerance derived
@@ -40,12 +45,20 @@ from workbench.policy import DEFAULT_MOE_POLICY, MOE_GLOBALS, MoePolicy, install
 # The policy of calls that pass none (config.default_policy reads it here; a deprecated module global rewrites it).
 _default_policy: MoePolicy = DEFAULT_MOE_POLICY
 
+from workbench.moe import activation, microscale  # noqa: E402,F401
 from workbench.moe import config, fused, kernels, layer, reference, stack  # noqa: E402,F401
+from workbench.moe import gpt_oss  # noqa: E402,F401
+from workbench.moe.activation import Activation, activation_of  # noqa: E402,F401
+from workbench.moe.gpt_oss import (GptOssExperts, deinterleave_gate_up, gate_up_permutation,  # noqa: E402,F401
+                                   gpt_oss_expert_weights, route_topk_softmax)
+from workbench.moe.microscale import (check_expert_global_scale, microscale_expert_stack,  # noqa: E402,F401
+                                      random_microscale_experts, stack_format)
 from workbench.moe.config import (MoeConfig, cached_moe_config, choose_block_size,  # noqa: E402,F401
                                   choose_moe_config, default_policy)
 from workbench.moe.fused import UnsupportedError  # noqa: E402,F401
 from workbench.moe.kernels import (ALIGN_MAX_EXPERTS, ALIGN_THREADS, MOE_KERNEL_SOURCE,  # noqa: E402,F401
-                                   PLAN_ARG_KINDS, add_bias, gather_rows, get_moe_kernel, moe_align_block_size,
+                                   PLAN_ARG_KINDS, activation_and_mul, add_bias, gather_rows, get_moe_kernel,
+                                   moe_align_block_size,
                                    moe_kernel_source, moe_sum, silu_and_mul)
 from workbench.moe.layer import PATHS, fused_moe  # noqa: E402,F401
 from workbench.moe.reference import UNIT_ROUNDOFF, moe_error_bound, moe_reference  # noqa: E402,F401

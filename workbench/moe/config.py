@@ -47,24 +47,31 @@ class MoeConfig(TileGeometry):
     group_mode: int = GROUP_GROUPED  # GROUP_GROUPED or GROUP_CHANNELWISE (no act-order in the fused kernel)
     blocks_per_sm: int = 1  # CTAs per SM the registers are cut for (2: 128 registers, 16-row items only)
     swap: bool = False  # moe_block_size 8: one mma per 16x16 sub-block on the transposed problem
+    # the weight's scales are E8M0 codes (MXFP4, MXFP8): the kernel's weight code is the type's + 16 (dequant.cuh),
+    # as the dense KernelConfig's
+    e8m0_scales: bool = False
 
     @property
     def name_expression(self) -> str:
         from workbench.scalar_types import ScalarType
 
         t = "__half" if self.act is ScalarType.F16 else "__nv_bfloat16"
-        return f"mwb::marlin_moe<{t}, {self.weight.abi_code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, " \
+        code = self.weight.abi_code + 16 * self.e8m0_scales
+        return f"mwb::marlin_moe<{t}, {code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, " \
                f"{self.stages}, {self.group_mode}, {self.blocks_per_sm}, {str(self.swap).lower()}>"
 
 
 def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int,
                       items_hint: int, sms: int, smem_limit: int, sm_smem: int = 0,
-                      blocks_per_sm: int = -1, policy: MoePolicy | None = None) -> MoeConfig:
+                      blocks_per_sm: int = -1, policy: MoePolicy | None = None,
+                      e8m0_scales: bool = False) -> MoeConfig:
     """The first (BN, BK) that divides (N, K); 128 columns only when that still gives every SM an item.
 
     ``sm_smem``: shared memory per SM (0 = unknown: one CTA per SM). ``blocks_per_sm``: 1 or 2 to force the one- or
     two-CTA kernel (2 only where it exists: 16-row items with a ring that fits half an SM), -1 = the policy's
-    ``blocks_per_sm``. ``policy``: workbench.policy.MoePolicy (None: the default).
+    ``blocks_per_sm``. ``policy``: workbench.policy.MoePolicy (None: the default). ``e8m0_scales``: the MX formats'
+    kernels (MXFP4, MXFP8: E8M0 scale codes); the tile choice is the same (scale bytes take the bytes of 16-bit scale
+    rows of twice the group, so a stage's shared memory does not change).
     """
     p = policy or _default()
     # the dense planner's rule for shapes that are not tile multiples: tiles of the padded width, K rounded up
@@ -77,7 +84,7 @@ def choose_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int
     for k_try in dict.fromkeys((k_fit, -(-size_k // 128) * 128)):
         for n_tiles, k_warp in shapes:
             cfg = MoeConfig(act, weight, m_blocks, n_tiles, k_warp, 4, group_mode,
-                            swap=moe_block_size <= min(p.swap_max_block, 8))
+                            swap=moe_block_size <= min(p.swap_max_block, 8), e8m0_scales=bool(e8m0_scales))
             if k_try % cfg.block_k or size_n % cfg.block_n:
                 continue
             if group_size > 0 and group_size % cfg.block_k and cfg.block_k % group_size:
@@ -118,15 +125,17 @@ _MAX_CACHED = 1024  # entries per cache: a serving loop sees a few dozen shapes;
 
 
 def cached_moe_config(act, weight, moe_block_size: int, size_n: int, size_k: int, group_size: int, items_hint: int,
-                      sms: int, smem_limit: int, sm_smem: int, policy: MoePolicy | None = None) -> MoeConfig:
+                      sms: int, smem_limit: int, sm_smem: int, policy: MoePolicy | None = None,
+                      e8m0_scales: bool = False) -> MoeConfig:
     """choose_moe_config, remembered per arguments and policy (choose_moe_config costs more host time than
     the launch it configures, twice a layer)."""
     policy = policy or _default()
-    key = (act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms, smem_limit, sm_smem, policy)
+    key = (act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms, smem_limit, sm_smem, policy,
+           e8m0_scales)
     cfg = _config_cache.get(key)
     if cfg is None:
         cfg = choose_moe_config(act, weight, moe_block_size, size_n, size_k, group_size, items_hint, sms, smem_limit,
-                                sm_smem, policy=policy)
+                                sm_smem, policy=policy, e8m0_scales=e8m0_scales)
         if len(_config_cache) >= _MAX_CACHED:
             _config_cache.clear()
         _config_cache[key] = cfg

@@ -80,7 +80,13 @@ def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, 
                              f"{np.dtype(topk_weights.dtype)} {tuple(topk_weights.shape)}")
     ng = int(w.scales.shape[1])
     check_size_k(stack.k, w.weight_type)
-    group = check_groups(w.weight_type, stack.k, ng, False, True, "scales.size(1)")  # (the last may be partial)
+    # (the last group may be partial; a microscaled format's are whole, its rules checked when the stack was made)
+    group = check_groups(w.weight_type, stack.k, ng, False, True, "scales.size(1)", stack.microscale is not None)
+    if bias is None:
+        bias = stack.bias  # (the stack's own per-expert bias rows, gpt-oss's: None unless given)
+    global_scale = stack.global_scale  # NVFP4: [E] fp32, passed in the zero-point slot (marlin_moe.cu)
+    if global_scale is not None and not on_gpu(global_scale):
+        raise TypeError("the stack's global_scale is not on GPU")
     if bias is not None:  # per-expert bias rows, added in the epilogue before the router weight
         if not on_gpu(bias):
             raise TypeError("bias is not on GPU")
@@ -88,7 +94,7 @@ def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, 
     device = stack._device()
     for name, x in (("input", input), ("output", output), ("sorted_token_ids", sorted_token_ids),
                     ("expert_ids", expert_ids), ("num_tokens_post_padded", num_tokens_post_padded),
-                    ("topk_weights", topk_weights), ("bias", bias)):
+                    ("topk_weights", topk_weights), ("bias", bias), ("global_scale", global_scale)):
         if x is not None and rt.device_pointer(x, name)[1] != device:
             raise ValueError(f"{name} is on device {rt.device_pointer(x, name)[1]} but the stack is on {device}")
     if input.data.ptr % 16:
@@ -99,12 +105,21 @@ def launch_fused(stack: MarlinExpertStack, input, sorted_token_ids, expert_ids, 
                                      group, policy)
     launch_fused_phase(cfg, grid, device, policy, (
         input.data.ptr, w.qweight.data.ptr, output.data.ptr, w.scales.data.ptr,
-        0 if w.zeros is None else w.zeros.data.ptr, sorted_token_ids.data.ptr, expert_ids.data.ptr,
+        zero_slot(stack), sorted_token_ids.data.ptr, expert_ids.data.ptr,
         num_tokens_post_padded.data.ptr, 0 if topk_weights is None else topk_weights.data.ptr,
         0 if bias is None else bias.data.ptr, n_blocks,
         moe_block_size, numel, top_k, stack.n_per_expert, stack.k, lda, group, stack.num_experts),
         rt.stream_handle(stream))
     return output
+
+
+def zero_slot(stack: MarlinExpertStack) -> int:
+    """The kernel's zero-point argument: the zero points' address, NVFP4's per-expert global scales' (which take
+    that slot, as in the dense kernel), or 0."""
+    w = stack.weight
+    if stack.global_scale is not None:
+        return rt.device_pointer(stack.global_scale, "global_scale")[0]
+    return 0 if w.zeros is None else w.zeros.data.ptr
 
 
 def launch_smem(cfg: MoeConfig, device: int, policy: MoePolicy) -> int:
@@ -164,8 +179,9 @@ def fused_grid(stack: MarlinExpertStack, device: int, act, moe_block_size: int, 
         sms = stack._sms
     n_blocks = cap // moe_block_size
     items_hint = min(n_blocks, numel)
+    e8m0 = stack.microscale is not None and not stack.microscale.global_scale  # MXFP4 / MXFP8: E8M0 codes
     cfg = cached_moe_config(act, stack.weight.weight_type, moe_block_size, stack.n_per_expert, stack.k, group,
-                            items_hint, sms, smem_limit, sm_smem, policy)
+                            items_hint, sms, smem_limit, sm_smem, policy, e8m0_scales=e8m0)
     # No CTA waits on another, so a grid larger than what is resident is correct, only slower.
     grid = max(1, min(sms * cfg.blocks_per_sm, items_hint * (tiled_n(stack.n_per_expert) // cfg.block_n)))
     return cfg, grid, n_blocks

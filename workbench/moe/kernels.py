@@ -144,6 +144,7 @@ def get_moe_kernel(name_expression: str, device: int, smem_bytes: int = 0):
 # Parameter lists of the marlin_moe.cu kernels (their argument blocks), 'p' = 64-bit address, 'i' = int32
 # (checked against kernels_cuda/marlin_moe.cu by tests/cpu/test_moe_plan.py).
 PLAN_ARG_KINDS = {"marlin_moe": "pppppppppp" + "iiiiiiiii", "moe_align": "piiippipp", "silu_and_mul": "ppii",
+                  "swiglu_oai_and_mul": "ppiiii",
                   "moe_sum": "ppppiiii", "gather_rows": "pppiii", "add_bias": "ppii"}
 
 
@@ -186,6 +187,40 @@ def silu_and_mul(x, out=None, *, stream=None, pool: str | None = None):
         blocks = min(65535, -(-(rows * n) // 256))
         launch_helper(f"mwb::silu_and_mul<{ctype_name(x.dtype)}>", device, blocks, 256,
                       (x_ptr, rt.device_pointer(out, "out")[0], rows, n), stream_ptr)
+    return given if given is not None else for_caller(out, caller)
+
+
+def activation_kernel(activation, dtype) -> tuple[str, tuple[int, ...]]:
+    """(the marlin_moe.cu kernel of an Activation for activations of ``dtype``, its scalar arguments after
+    (rows, n)): silu_and_mul, or swiglu_oai_and_mul with (alpha, limit) as float32 bits."""
+    if activation.name == "silu":
+        return f"mwb::silu_and_mul<{ctype_name(dtype)}>", ()
+    return f"mwb::swiglu_oai_and_mul<{ctype_name(dtype)}>", activation.kernel_args
+
+
+def activation_and_mul(x, activation=None, out=None, *, stream=None, pool: str | None = None):
+    """The MoE activation of x [R, 2N] (gate columns first, then up) -> [R, N] on the GPU, fp32 math inside, one
+    rounding: ``activation`` a workbench.moe.activation spec (None / "silu": silu_and_mul; "swigluoai" or an
+    Activation with alpha and limit: gpt-oss's clamped SwiGLU). Arrays, pools and streams as silu_and_mul's."""
+    from workbench.moe.activation import activation_of
+
+    act = activation_of(activation)
+    if act.name == "silu":
+        return silu_and_mul(x, out, stream=stream, pool=pool)
+    caller, given, pool = x, out, pool or pool_of(x)
+    x, out = as_cupy(x), as_cupy(out)
+    act_scalar_type(x.dtype)
+    if len(x.shape) != 2 or x.shape[1] % 2 or not x.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"{act.name}_and_mul takes a contiguous (R, 2N) array, got shape {tuple(x.shape)}")
+    rows, n = int(x.shape[0]), int(x.shape[1]) // 2
+    x_ptr, device = rt.device_pointer(x, "x")
+    stream_ptr = rt.stream_handle(stream, pool_of(caller), device)
+    out = output_array(out, (rows, n), x.dtype, pool, device, stream_ptr)
+    if rows:
+        name, extra = activation_kernel(act, x.dtype)
+        blocks = min(65535, -(-(rows * n) // 256))
+        launch_helper(name, device, blocks, 256, (x_ptr, rt.device_pointer(out, "out")[0], rows, n) + extra,
+                      stream_ptr)
     return given if given is not None else for_caller(out, caller)
 
 

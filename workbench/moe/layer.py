@@ -1,6 +1,8 @@
-"""``fused_moe``: an inference engine's MoE layer on two expert stacks (gate_up -> SiLU(gate) * up -> down ->
-router-weighted sum over top_k) along one of three paths, and the per-layer plans that launch its five kernels
-straight through the driver once a first call passed every check."""
+"""``fused_moe``: an inference engine's MoE layer on two expert stacks (gate_up -> activation(gate, up) -> down ->
+router-weighted sum over top_k; the activation SiLU(gate) * up or gpt-oss's clamped SwiGLU, workbench.moe.activation;
+the stacks' own per-expert biases and NVFP4 global scales applied in the GEMMs' epilogues) along one of three paths,
+and the per-layer plans that launch its five kernels straight through the driver once a first call passed every
+check."""
 from __future__ import annotations
 
 import threading
@@ -12,11 +14,12 @@ from workbench import gemm
 from workbench.gemm import kernels as gemm_kernels
 from workbench.cuda import launch as rt_launch
 from workbench.moe import kernels
+from workbench.moe.activation import activation_of
 from workbench.moe.config import choose_block_size, default_policy
-from workbench.moe.fused import fused_grid, launch_smem
-from workbench.moe.kernels import (ALIGN_THREADS, PLAN_ARG_KINDS, as_cupy, contiguous, ctype_name, for_caller,
-                                   gather_rows, moe_align_block_size, moe_sum, new_array, on_gpu, pool_of,
-                                   silu_and_mul, upload)
+from workbench.moe.fused import fused_grid, launch_smem, zero_slot
+from workbench.moe.kernels import (ALIGN_THREADS, PLAN_ARG_KINDS, activation_and_mul, activation_kernel, as_cupy,
+                                   contiguous, ctype_name, for_caller, gather_rows, moe_align_block_size, moe_sum,
+                                   new_array, on_gpu, pool_of, upload)
 from workbench.moe.stack import MarlinExpertStack
 from workbench.policy import MoePolicy
 
@@ -29,6 +32,10 @@ def _check_layer(hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, topk_wei
         raise TypeError("w13_stack and w2_stack must be MarlinExpertStack objects")
     if w13.num_experts != w2.num_experts:
         raise ValueError(f"w13 has {w13.num_experts} experts but w2 has {w2.num_experts}")
+    if getattr(w13.weight, "gate_up", "") == "interleaved":
+        raise ValueError("w13's gate_up rows interleave (gpt-oss's order, as loaded); the MoE reads gate | up halves: "
+                         "de-interleave it once at load time (workbench.moe.gpt_oss.deinterleave_marlin_stack, and "
+                         "deinterleave_gate_up for its bias)")
     if w13.n_per_expert != 2 * w2.k:
         raise ValueError(f"w13 n_per_expert = {w13.n_per_expert} must be 2 x w2's K = {w2.k} (gate and up)")
     if w2.n_per_expert != w13.k:
@@ -57,8 +64,12 @@ def _check_layer(hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, topk_wei
 
 def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack, topk_weights, topk_ids, *,
               path: str = "fused", block_size: int | None = None, expert_map=None, stream=None,
-              policy: MoePolicy | None = None, batch_invariant: bool = False):
-    """An MoE layer: ``out[t] = Σ_j w[t, j] · (silu(gate) · up)(hidden[t] @ W13[e]) @ W2[e]``, e = topk_ids[t, j].
+              policy: MoePolicy | None = None, batch_invariant: bool = False, activation=None):
+    """An MoE layer: ``out[t] = Σ_j w[t, j] · (act(gate, up)(hidden[t] @ W13[e] + b13[e]) @ W2[e] + b2[e])``,
+    e = topk_ids[t, j], act = ``activation`` (workbench.moe.activation: None / "silu" = silu(gate) · up; "swigluoai"
+    or ``Activation("swigluoai", alpha, limit)`` = gpt-oss's clamped SwiGLU), b13 / b2 the stacks' own bias rows
+    (``MarlinExpertStack(..., bias=)``; none: 0), each stack in any of its formats (NVFP4 with its per-expert global
+    scales, MXFP4, MXFP8 included: docs/formats.md, "MoE FP4").
 
     hidden [M, K] fp16/bf16, topk_weights [M, top_k] float32, topk_ids [M, top_k] int32: CuPy arrays, torch CUDA
     tensors. The output and every intermediate come from the pool of
@@ -89,6 +100,7 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     """
     if path not in PATHS:
         raise ValueError(f"path = {path!r} is not one of {PATHS}")
+    activation = activation_of(activation)
     policy = policy or _default()
     if batch_invariant:
         policy = policy.batch_invariant()
@@ -103,7 +115,7 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     key = None
     if path == "fused" and policy.layer_plans:
         key = _layer_key(hidden, w13_stack, w2_stack, topk_weights, topk_ids, block_size, expert_map, stream,
-                         policy, pool)
+                         policy, pool, activation)
         plan = None if key is None else w13_stack._fused_plans.get(key)
         if plan is not None and plan.matches(w13_stack, w2_stack):
             out = plan.run(hidden, topk_weights, topk_ids, expert_map)
@@ -115,7 +127,7 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
     with caller:
         if path == "fused":
             out = _fused_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, block_size,
-                              expert_map, caller, policy, pool)
+                              expert_map, caller, policy, pool, activation)
             if key is not None and top_k >= 1 and topk_ids.flags["C_CONTIGUOUS"] and (
                     expert_map is None or expert_map.flags["C_CONTIGUOUS"]):  # else the checked path copies them
                 # every check passed on these arguments: later calls with the same key launch from a plan
@@ -125,11 +137,11 @@ def fused_moe(hidden, w13_stack: MarlinExpertStack, w2_stack: MarlinExpertStack,
                 if len(plans) >= _MAX_PLANS_PER_STACK:
                     plans.clear()
                 plans[key] = _LayerPlan(hidden, w13_stack, w2_stack, top_k, block, num_global, expert_map,
-                                        caller.ptr, policy, pool)
+                                        caller.ptr, policy, pool, activation)
             return for_caller(out, given)
         return for_caller(_grouped_path(hidden, w13_stack, w2_stack, topk_weights, topk_ids, m, top_k, expert_map,
                                         caller, batched=(path == "batched"), policy=policy, pool=pool,
-                                        batch_invariant=bool(batch_invariant)), given)
+                                        batch_invariant=bool(batch_invariant), activation=activation), given)
 
 
 def _device_copy(x, pool: str, device: int, stream_ptr: int):
@@ -139,7 +151,8 @@ def _device_copy(x, pool: str, device: int, stream_ptr: int):
     return upload(pool, np.asarray(x), device, stream_ptr)
 
 
-def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, expert_map, caller, policy, pool):
+def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, expert_map, caller, policy, pool,
+                activation=None):
     num_global = w13.num_experts if expert_map is None else int(expert_map.shape[0])
     block = block_size or choose_block_size(m, top_k, num_global)
     device, s = hidden.data.device_id, caller.ptr
@@ -148,7 +161,7 @@ def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, e
                                                         stream=caller, pool=pool)
     g1 = new_array(pool, (m * top_k, w13.n_per_expert), hidden.dtype, device, s)
     w13.gemm_phase_fused(hidden, sorted_ids, expert_ids, post, g1, m, block, top_k, stream=caller, policy=policy)
-    h = silu_and_mul(g1, stream=caller, pool=pool)
+    h = activation_and_mul(g1, activation, stream=caller, pool=pool)
     y = new_array(pool, (m * top_k, w2.n_per_expert), hidden.dtype, device, s, zero=True)  # non-local rows stay 0
     w2.gemm_phase_fused(h, sorted_ids, expert_ids, post, y, m * top_k, block, 1, topk_weights=topk_weights,
                         stream=caller, policy=policy)
@@ -156,7 +169,7 @@ def _fused_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, block_size, e
 
 
 def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map, caller, batched, policy, pool,
-                  batch_invariant=False):
+                  batch_invariant=False, activation=None):
     """Sort the (token, slot) entries by expert on the host, gather rows, one dense GEMM per expert."""
     cupy = rt.cupy()
     device, s = hidden.data.device_id, caller.ptr
@@ -187,7 +200,7 @@ def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map,
         if batched:
             w13.gemm_phase_batched(a, dispatches, g1, stream=caller, policy=policy, pool=pool,
                                    batch_invariant=batch_invariant)
-            h = silu_and_mul(g1, stream=caller, pool=pool)
+            h = activation_and_mul(g1, activation, stream=caller, pool=pool)
             w2.gemm_phase_batched(h, dispatches, y, stream=caller, policy=policy, pool=pool,
                                   batch_invariant=batch_invariant)
         else:
@@ -203,9 +216,10 @@ def _grouped_path(hidden, w13, w2, topk_weights, topk_ids, m, top_k, expert_map,
                 for e, r0, _, c in dispatches:
                     gemm.marlin_gemm(x[r0:r0 + c], stack.expert_views()[e], c=out[r0:r0 + c], stream=caller,
                                      a_tmp=None if a_tmp is None else a_tmp[:c], policy=policy.gemm,
-                                     batch_invariant=batch_invariant, **scratch)
+                                     batch_invariant=batch_invariant, global_scale=stack.expert_global_scale(e),
+                                     bias=None if stack.bias is None else stack.bias[e], **scratch)
                 if stack is w13:
-                    silu_and_mul(g1, h, stream=caller)
+                    activation_and_mul(g1, activation, h, stream=caller)
     return moe_sum(y, top_k, weights=topk_weights, row_of=upload(pool, row_of, device, s), stream=caller,
                    pool=pool)
 
@@ -218,7 +232,8 @@ class _LayerPlan:
     stream order keeps one call's reads before the next call's writes). No device -> host synchronisation."""
 
     def __init__(self, hidden, w13: MarlinExpertStack, w2: MarlinExpertStack, top_k: int, block: int,
-                 num_global: int, expert_map, stream_ptr: int, policy: MoePolicy, pool: str = "cupy"):
+                 num_global: int, expert_map, stream_ptr: int, policy: MoePolicy, pool: str = "cupy",
+                 activation=None):
         from workbench.formats.moe_align import aligned_capacity
 
         m, k = (int(s) for s in hidden.shape)
@@ -247,21 +262,25 @@ class _LayerPlan:
         for stack, a, c, weights, rows, tk, a_lda in ((w13, "hidden", "g1", 0, m, top_k, lda),
                                                       (w2, "h", "y", "weights", numel, 1, w2.k)):
             ng = int(stack.weight.scales.shape[1])
-            group = gemm.check_groups(stack.weight.weight_type, stack.k, ng, False, True, "scales.size(1)")
+            group = gemm.check_groups(stack.weight.weight_type, stack.k, ng, False, True, "scales.size(1)",
+                                      stack.microscale is not None)
             cfg, grid, n_blocks = fused_grid(stack, device, act, block, rows * tk, cap, group, policy)
             f = kernels.function_ptr(cfg.name_expression, device, cfg.smem_bytes)
             if programmatic:
                 pinned[f] = launch_smem(cfg, device, policy)
             w = stack.weight
             launches.append((f, grid, 256, cfg.smem_bytes, rt.ArgBlock(PLAN_ARG_KINDS["marlin_moe"]),
-                             (a, w.qweight.data.ptr, c, w.scales.data.ptr, 0 if w.zeros is None else w.zeros.data.ptr,
-                              "sorted", "experts", "post", weights, 0, n_blocks, block, rows * tk, tk,
+                             (a, w.qweight.data.ptr, c, w.scales.data.ptr, zero_slot(stack),
+                              "sorted", "experts", "post", weights,
+                              0 if stack.bias is None else stack.bias.data.ptr, n_blocks, block, rows * tk, tk,
                               stack.n_per_expert, stack.k, a_lda, group, stack.num_experts)))
-            if stack is w13:  # SiLU-and-multiply between the GEMMs
-                f = kernels.function_ptr(f"mwb::silu_and_mul<{ctype_name(hidden.dtype)}>", device)
+            if stack is w13:  # the activation between the GEMMs (SiLU-and-multiply or the clamped SwiGLU)
+                name, extra = activation_kernel(activation_of(activation), hidden.dtype)
+                f = kernels.function_ptr(name, device)
                 half = n13 // 2
+                kinds = PLAN_ARG_KINDS[name.split("<")[0].removeprefix("mwb::")]
                 launches.append((f, min(65535, -(-(numel * half) // 256)), 256, 0,
-                                 rt.ArgBlock(PLAN_ARG_KINDS["silu_and_mul"]), ("g1", "h", numel, half)))
+                                 rt.ArgBlock(kinds), ("g1", "h", numel, half) + extra))
         f = kernels.function_ptr(f"mwb::moe_sum<{ctype_name(hidden.dtype)}>", device)
         launches.append((f, min(65535, -(-(m * k) // 256)), 256, 0, rt.ArgBlock(PLAN_ARG_KINDS["moe_sum"]),
                          ("y", 0, 0, "out", m, top_k, k, numel)))
@@ -340,7 +359,7 @@ class _LayerPlan:
 def _stack_state(stack: MarlinExpertStack):
     """What a layer plan read from a stack: (objects compared by identity, values compared by ==)."""
     w = stack.weight
-    return ((w, w.qweight, w.scales, w.zeros, w.g_idx, w.perm),
+    return ((w, w.qweight, w.scales, w.zeros, w.g_idx, w.perm, stack.bias, stack.global_scale),
             (w.size_k, w.size_n, w.num_experts, w.weight_type, w.act_dtype, w.group_size, stack._sms,
              tuple(w.qweight.shape), tuple(w.scales.shape), None if w.zeros is None else tuple(w.zeros.shape)))
 
@@ -359,7 +378,8 @@ def _array_key(x, array_type):
     return x.shape, x.strides, x.dtype, x.data.device_id
 
 
-def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, stream, policy, pool="cupy"):
+def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, stream, policy, pool="cupy",
+               activation=None):
     """Everything a layer plan depends on but the stacks' contents (checked by _LayerPlan.matches) and the
     addresses of the per-call arrays (read on every call); None: no plan for these arguments."""
     array_type = rt.cupy_array_type()
@@ -374,7 +394,7 @@ def _layer_key(hidden, w13, w2, topk_weights, topk_ids, block_size, expert_map, 
             return None
     stream_ptr = rt.stream_handle(stream)  # after the type checks: no CUDA call for host arrays
     # kept in w13's _fused_plans; a plan holds w2, so id(w2) is not reused while the plan lives
-    key = (id(w2),) + keys + (type(block_size), block_size, emap, stream_ptr, policy.token, pool)
+    key = (id(w2),) + keys + (type(block_size), block_size, emap, stream_ptr, policy.token, pool, activation)
     try:
         hash(key)
     except TypeError:  # an unhashable block_size: the checked path

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.gemm import UNIT_ROUNDOFF, error_bound_factor
+from workbench.moe.activation import SWIGLU_GATE_LIPSCHITZ, activation_of
 
 
 def _round(x: np.ndarray, act: np.dtype) -> np.ndarray:
@@ -57,7 +58,7 @@ def _biases(w13_bias, w2_bias, e: int, n2: int, k: int):
 
 
 def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=None, expert_map=None, w13_bias=None,
-                  w2_bias=None) -> np.ndarray:
+                  w2_bias=None, activation=None) -> np.ndarray:
     """The MoE layer in NumPy: ``out[t] = Σ_j w[t, j] · (silu(g) · u)(hidden[t] @ W13[e]) @ W2[e]``, e = ids[t, j].
 
     hidden [M, K] (fp16/bf16), w13_ref [E, K, 2N] and w2_ref [E, N, K] float32 exact dequantized weights
@@ -71,7 +72,10 @@ def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=Non
       out = rnd(Σ_j y_j)                  the top-k sum adds in fp32, then writes
 
     ``w13_bias`` [E, 2N] / ``w2_bias`` [E, K]: per-expert biases (the seed's expert-linear bias, gpt-oss's), None = 0.
+    ``activation``: workbench.moe.activation's (None: SiLU; "swigluoai" / ``Activation("swigluoai", alpha, limit)``:
+    gpt-oss's clamped SwiGLU on the de-interleaved gate | up halves), computed in float64, then rounded.
     """
+    act_fn = activation_of(activation)
     hidden, weights, local = _check_routing(hidden, np.asarray(w13_ref), np.asarray(w2_ref), topk_weights,
                                             topk_ids, expert_map)
     act = np.dtype(act_dtype or hidden.dtype)
@@ -83,7 +87,7 @@ def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=Non
     for e in np.unique(local[local >= 0]):
         rows, slots = np.nonzero(local == e)
         g = _round(a[rows] @ w13_ref[e] + b13[e], act)
-        h = _round(_silu(g[:, :n]) * g[:, n:], act)
+        h = _round(act_fn.reference(g), act)
         y = _round(weights[rows, slots, None] * (h @ w2_ref[e] + b2[e]), act)
         np.add.at(total, rows, y)
     return total.astype(act)
@@ -91,7 +95,7 @@ def moe_reference(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=Non
 
 
 def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=None, expert_map=None, w13_bias=None,
-                    w2_bias=None) -> np.ndarray:
+                    w2_bias=None, activation=None, gemm_extra: float = 0.0) -> np.ndarray:
     """Per-element bound on |kernel - moe_reference| (float32 [M, K]), derived from where each side rounds.
 
     With u the activation type's unit roundoff and a GEMM's error <= (2u + K·2^-22)·(|A| @ |W|)
@@ -102,8 +106,14 @@ def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=N
       δy  <= |w|·(δh @ |W2| + (2u + N·2^-22)·(|h| @ |W2|))                     (GEMM 2, router weight in fp32)
       δout <= Σ_j δy_j + 2u·Σ_j |y_j|                    (a path that rounds y before weighting adds one more u)
     With biases (``moe_reference``'s), each GEMM's rounding also covers its bias: + u·|b| in δg and δy.
+    The clamped SwiGLU (``activation`` "swigluoai"): a = (u' + 1)·f(g'), f(g) = g·sigmoid(alpha g), g' = min(g, l),
+    u' = clip(u, ±l); min and clip are 1-Lipschitz and |f'| <= 1.1 everywhere, so
+      δh  <= 1.1·δg_gate·(|u' + 1| + δg_up) + |f(g')|·δg_up + u·|h|.
+    ``gemm_extra``: a relative error each GEMM adds beyond error_bound_factor (NVFP4's fp32 global-scale multiply of
+    the fp32 sums: 2^-22 covers its one rounding).
     Both the kernel and the reference carry such an error, so the bound is doubled.
     """
+    act_fn = activation_of(activation)
     hidden, weights, local = _check_routing(hidden, np.asarray(w13_ref), np.asarray(w2_ref), topk_weights,
                                             topk_ids, expert_map)
     act = np.dtype(act_dtype or hidden.dtype)
@@ -116,15 +126,22 @@ def moe_error_bound(hidden, w13_ref, w2_ref, topk_weights, topk_ids, act_dtype=N
     for e in np.unique(local[local >= 0]):
         rows, slots = np.nonzero(local == e)
         g = hidden[rows].astype(np.float32) @ w13_ref[e] + b13[e]
-        e1 = error_bound_factor(act, k) * (a[rows] @ np.abs(w13_ref[e])) + u * np.abs(b13[e])
+        e1 = (error_bound_factor(act, k) + gemm_extra) * (a[rows] @ np.abs(w13_ref[e])) + u * np.abs(b13[e])
         gate, up = g[:, :n], g[:, n:]
-        sig = 1.0 / (1.0 + np.exp(-gate))
-        dsilu = np.abs(sig * (1.0 + gate * (1.0 - sig)))
-        h = np.abs(_silu(gate) * up)
-        dh = dsilu * e1[:, :n] * (np.abs(up) + e1[:, n:]) + np.abs(_silu(gate)) * e1[:, n:] + u * h
+        if act_fn.name == "silu":
+            sig = 1.0 / (1.0 + np.exp(-gate))
+            dsilu = np.abs(sig * (1.0 + gate * (1.0 - sig)))
+            h = np.abs(_silu(gate) * up)
+            dh = dsilu * e1[:, :n] * (np.abs(up) + e1[:, n:]) + np.abs(_silu(gate)) * e1[:, n:] + u * h
+        else:
+            gc = np.minimum(gate, act_fn.limit)
+            uc = np.clip(up, -act_fn.limit, act_fn.limit)
+            f = np.abs(gc / (1.0 + np.exp(-act_fn.alpha * gc)))
+            h = np.abs(act_fn.reference(g)).astype(np.float32)
+            dh = SWIGLU_GATE_LIPSCHITZ * e1[:, :n] * (np.abs(uc + 1) + e1[:, n:]) + f * e1[:, n:] + u * h
         w2 = np.abs(w2_ref[e])
         w = np.abs(weights[rows, slots, None])
-        dy = w * ((dh @ w2) + error_bound_factor(act, n) * (h @ w2) + u * np.abs(b2[e]))
+        dy = w * ((dh @ w2) + (error_bound_factor(act, n) + gemm_extra) * (h @ w2) + u * np.abs(b2[e]))
         y = w * (h @ w2 + np.abs(b2[e]))
         np.add.at(bound, rows, dy + 2 * u * y)
     return 2 * bound + np.float32(1e-30)

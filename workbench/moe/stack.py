@@ -13,6 +13,7 @@ from workbench import cuda as rt
 from workbench import gemm
 from workbench.gemm import kernels as gemm_kernels
 from workbench.moe import fused
+from workbench.moe import microscale as moe_microscale
 from workbench.moe.config import default_policy
 from workbench.moe.kernels import array_module, as_cupy, as_int, new_array, on_gpu, pool_of
 from workbench.policy import MoePolicy
@@ -85,7 +86,8 @@ class MarlinExpertStack:
     tensors (viewed as CuPy arrays once, here: ``weight`` holds the views).
     """
 
-    def __init__(self, weight: MarlinWeight, *, num_streams: int = DEFAULT_STREAMS, sms: int = -1):
+    def __init__(self, weight: MarlinWeight, *, num_streams: int = DEFAULT_STREAMS, sms: int = -1, global_scale=None,
+                 bias=None):
         if not isinstance(weight, MarlinWeight):
             raise TypeError(f"weight must be a MarlinWeight, got {type(weight).__name__}")
         if weight.num_experts is None:
@@ -102,6 +104,20 @@ class MarlinExpertStack:
             weight = dataclasses.replace(weight, **{f: as_cupy(getattr(weight, f))
                                                     for f in ("qweight", "scales", "zeros", "g_idx", "perm")})
         self.weight = weight
+        # The microscaled formats (docs/formats.md, "MoE FP4"): NVFP4 / MXFP4 / MXFP8 by the scales' dtype and group
+        # (workbench.gemm.checks' MICROSCALE_RULES, the dense rules), NVFP4's per-expert fp32 global scales ([E] or
+        # [E, 1]: the weight's own where it carries them, workbench.load's MicroscaleMarlinWeight) and the stack's
+        # per-expert bias rows ([E, n_per_expert], act dtype: gpt-oss's experts carry them), checked here once.
+        if global_scale is None:
+            global_scale = getattr(weight, "global_scale", None)
+        self.microscale, self.global_scale = moe_microscale.check_stack(weight, as_cupy(global_scale))
+        if bias is not None:
+            bias = as_cupy(bias)
+            if not on_gpu(bias):
+                raise TypeError("bias is not on GPU (upload it with the stack's arrays)")
+            gemm.check_bias(bias, weight.size_n, np.dtype(weight.act_dtype), "bias", (e,))
+        self.bias = bias
+        self._dense_global_scales = None  # expert_global_scale's aligned copy, made on first use
         self.num_streams = num_streams
         self._sms = as_int(sms, "sms")
         self._scratch: dict[tuple[int, str], tuple[Any, Any, list, int]] = {}  # (device, pool) -> _scratch_for
@@ -126,6 +142,21 @@ class MarlinExpertStack:
     @property
     def act_dtype(self) -> np.dtype:
         return np.dtype(self.weight.act_dtype)
+
+    def expert_global_scale(self, e: int):
+        """NVFP4: expert e's global scale as the dense GEMM takes one (a [1] float32 view, 16-byte aligned: the dense
+        kernel reads it through its zero-point slot, whose address the launch checks for 16-byte alignment); None
+        otherwise. The aligned copy ([E, 4] float32, value in column 0) is made once per stack, synchronously."""
+        if self.global_scale is None:
+            return None
+        if self._dense_global_scales is None:
+            cupy = rt.cupy()
+            with cupy.cuda.Device(self._device()):
+                padded = cupy.zeros((self.num_experts, 4), dtype=np.float32)
+                padded[:, 0] = self.global_scale.reshape(-1)
+                cupy.cuda.get_current_stream().synchronize()
+            self._dense_global_scales = padded
+        return self._dense_global_scales[e, :1]
 
     def expert_views(self) -> list[MarlinWeight]:
         """Single-expert views of the stack (no copies), made once."""
@@ -240,6 +271,8 @@ class MarlinExpertStack:
             input, output = as_cupy(input), as_cupy(output)
         pool = pool or framework
         self._check_io(input, output, "output")
+        if bias is None:
+            bias = self.bias  # (the stack's own bias rows: None unless given)
         if bias is not None:
             bias = as_cupy(bias)
             gemm.check_bias(bias, self.n_per_expert, self.act_dtype, "bias", (self.num_experts,))
@@ -252,7 +285,9 @@ class MarlinExpertStack:
         cupy = rt.cupy()
         caller = rt.cupy_stream(stream_ptr)
         w = self.weight
-        if w.has_act_order or type(input) is not nd or type(output) is not nd or type(w.qweight) is not nd:
+        # (microscaled stacks through the per-dispatch views: marlin_gemm takes each expert's global scale)
+        if w.has_act_order or type(input) is not nd or type(output) is not nd or type(w.qweight) is not nd or \
+                self.microscale is not None:
             lanes = self._join_lanes(caller, streams, len(work), device, before=True)
             # act-order gathers each dispatch's rows into a_tmp: one buffer per lane (lanes run concurrently)
             a_tmp = None if not w.has_act_order else new_array(
@@ -316,7 +351,7 @@ class MarlinExpertStack:
                              workspace=ws[lane * per_ws:(lane + 1) * per_ws], c_tmp=c_tmp[lane],
                              a_tmp=None if a_tmp is None else a_tmp[lane, :m], stream=lanes[lane], sms=sms,
                              policy=gemm_policy, batch_invariant=batch_invariant,
-                             bias=None if bias is None else bias[e])
+                             bias=None if bias is None else bias[e], global_scale=self.expert_global_scale(e))
 
     def _join_lanes(self, caller, streams, n_work: int, device: int, *, before: bool):
         """before=True: the streams the dispatches use, each made to wait for the caller's stream (one dispatch:
@@ -349,7 +384,8 @@ class MarlinExpertStack:
         """One launch: ``output[id] = input[id // top_k] @ W[expert_ids[b]]`` (× ``topk_weights.flat[id]`` when
         given) for every id < prob_m·top_k of every block b < num_tokens_post_padded / moe_block_size with an
         expert id >= 0 (``bias`` [E, n_per_expert] in the act dtype: ``(input @ W[e] + bias[e]) × weight``, added
-        in the epilogue before the one rounding). Rows of ``output`` no block names are left untouched. Inputs come from
+        in the epilogue before the one rounding; None: the stack's own, if any). NVFP4 stacks: ``(gs[e] · (input @
+        W[e]) + bias[e]) × weight``, gs the stack's per-expert global scales, on the fp32 sums. Rows of ``output`` no block names are left untouched. Inputs come from
         ``moe_align_block_size``; input [prob_m, K], output [prob_m·top_k, n_per_expert]. CuPy arrays or torch tensors
         (nothing is allocated); ``stream`` None: the current stream of input's framework. ``batch_invariant``: under
         ``policy.batch_invariant()`` (one tile for every block size: a row's bits do not depend on it)."""
