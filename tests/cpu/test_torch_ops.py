@@ -507,6 +507,38 @@ def test_global_scale_is_nvfp4s_only():
         OPS.marlin_gemm(*args)
 
 
+def nvfp4_moe_args(e=4, k=256, n=128):
+    """moe_args with an NVFP4 stack: fe2m1f words [E, K / 16, 2 N], E4M3 scale bytes [E, K / 16, N]."""
+    args = moe_args(e=e, k=k, n=n)
+    args[2] = torch.empty((e, k // 16, 2 * n), dtype=torch.int32, device="meta")
+    args[4] = torch.empty((e, k // 16, n), dtype=torch.float8_e4m3fn, device="meta")
+    args[18] = wt.vllm_id("fe2m1f")
+    return args
+
+
+def test_moe_global_scale_is_one_float32_per_expert():
+    """The fused MoE op takes NVFP4's global_scale as vLLM's [E] float32 (each expert's, by the dense rule for one);
+    another shape or dtype, or a global scale with a format that has none, is refused naming the values."""
+    e, m, top_k, n = 4, 6, 2, 128
+    args = nvfp4_moe_args(e=e, n=n)
+    args[6] = torch.empty(e, dtype=torch.float32, device="meta")
+    assert tuple(OPS.moe_wna16_marlin_gemm(*args).shape) == (m * top_k, n)
+    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, tuple(args))
+    for bad in (torch.empty(e, dtype=torch.float16, device="meta"), torch.empty(e + 1, dtype=torch.float32,
+                                                                                  device="meta")):
+        args[6] = bad
+        with pytest.raises(ValueError, match=rf"global_scale must be a contiguous float32 tensor with one value per "
+                                             rf"expert, \[E = {e}\] .* got {bad.dtype} of shape \({bad.shape[0]},\)"):
+            OPS.moe_wna16_marlin_gemm(*args)
+    args[6] = None
+    with pytest.raises(ValueError, match=r"NVFP4 needs global_scale"):
+        OPS.moe_wna16_marlin_gemm(*args)
+    args = moe_args(e=e)  # u4b8
+    args[6] = torch.empty(e, dtype=torch.float32, device="meta")
+    with pytest.raises(ValueError, match=r"global_scale is NVFP4's"):
+        OPS.moe_wna16_marlin_gemm(*args)
+
+
 def test_is_a_8bit_is_refused():
     q = torch.zeros((32, 128), dtype=torch.int32)
     with pytest.raises(NotImplementedError, match=r"gptq_marlin_repack: is_a_8bit = True is not implemented"):

@@ -201,34 +201,54 @@ def test_moe_align_on_cuda_matches_the_reference(rng):
 
 
 class MoECase:
-    """One fused-MoE GEMM set-up: a u4b8 g128 expert stack, random top-k routing aligned by the op, random routing
-    weights, and vLLM's 29 positional arguments of moe_wna16_marlin_gemm for it."""
+    """One fused-MoE GEMM set-up: an expert stack (u4b8 g128, or an NVFP4 / MXFP4 one built by the dense layer's ops),
+    random top-k routing aligned by the op, random routing weights, and vLLM's 29 positional arguments of
+    moe_wna16_marlin_gemm for it (NVFP4: its [E] float32 global scales, E4M3 scale bytes as float8_e4m3fn; MXFP4:
+    E8M0 codes as uint8, bf16 activations)."""
 
-    def __init__(self, rng, e=8, k=256, n=256, m=16, top_k=2, block=16):
+    def __init__(self, rng, e=8, k=256, n=256, m=16, top_k=2, block=16, fmt="u4b8"):
         self.e, self.m, self.n, self.top_k, self.block = e, m, n, top_k, block
-        self.stack, _ = moe.random_expert_stack(e, k, n, S.U4B8, 128)
+        self.global_scale = None
+        if fmt == "u4b8":
+            self.stack, _ = moe.random_expert_stack(e, k, n, S.U4B8, 128)
+            self.act, scales, w_type = np.dtype(np.float16), from_numpy(self.stack.scales), S.U4B8
+        else:
+            import ml_dtypes
+            self.act = np.dtype(np.float16 if fmt == "nvfp4" else ml_dtypes.bfloat16)
+            elements, scale_codes, g = moe.random_microscale_experts(fmt, e, k, n, rng)
+            self.stack, self.global_scale, _ = moe.microscale_expert_stack(fmt, elements, scale_codes, g, k, n,
+                                                                           self.act, ref_dtype=None)
+            scales = torch.from_numpy(np.ascontiguousarray(self.stack.scales))
+            scales, w_type = (scales.view(torch.float8_e4m3fn) if fmt == "nvfp4" else scales), S.FE2M1F
         ids = np.stack([rng.choice(e, top_k, replace=False) for _ in range(m)]).astype(np.int32)
-        self.a = torch.randn(m, k, device=DEV).half()
+        self.a = from_numpy(rng.standard_normal((m, k)).astype(self.act)).to(DEV)
         self.t_ids = torch.from_numpy(ids).to(DEV)
         self.bufs = wt.allocate_align_buffers(self.t_ids, e, block)
         wt.moe_align_block_size(self.t_ids, e, block, *self.bufs)
         self.weights = torch.rand(m, top_k, device=DEV)
-        self.q, self.s = from_numpy(self.stack.qweight).to(DEV), from_numpy(self.stack.scales).to(DEV)
-        self.args = (self.a, None, self.q, None, self.s, None, None, None, None, None, wt.make_workspace(DEV),
-                     *self.bufs, self.weights, block, top_k, True, wt.vllm_id(S.U4B8), m, n, k, True, False, True,
+        self.q, self.s = from_numpy(self.stack.qweight).to(DEV), scales.to(DEV)
+        gs = None if self.global_scale is None else torch.from_numpy(self.global_scale).to(DEV)
+        self.args = (self.a, None, self.q, None, self.s, None, gs, None, None, None, wt.make_workspace(DEV),
+                     *self.bufs, self.weights, block, top_k, True, wt.vllm_id(w_type), m, n, k, True, False, True,
                      False, -1, -1, -1)
 
     def fused_phase(self, **mode) -> np.ndarray:
-        """What the CuPy entry point computes (MarlinExpertStack.gemm_phase_fused) on the same data. It takes whole
-        blocks (vLLM's sizing leaves a partial one): the slices the op passes it."""
-        ref_stack = moe.MarlinExpertStack(gemm.upload_weight(self.stack))
-        ref = cp.zeros((self.m * self.top_k, self.n), dtype=np.float16)
+        """What the CuPy entry point computes (MarlinExpertStack.gemm_phase_fused) on the same data, as 16-bit
+        patterns. It takes whole blocks (vLLM's sizing leaves a partial one): the slices the op passes it."""
+        gs = None if self.global_scale is None else cp.asarray(self.global_scale)
+        ref_stack = moe.MarlinExpertStack(gemm.upload_weight(self.stack), global_scale=gs)
+        ref = cp.zeros((self.m * self.top_k, self.n), dtype=self.act)
         whole = self.bufs[0].shape[0] // self.block
         ref_bufs = (self.bufs[0][:whole * self.block], self.bufs[1][:whole], self.bufs[2])
-        ref_stack.gemm_phase_fused(cp.asarray(self.a.cpu().numpy()), *(cp.asarray(b.cpu().numpy()) for b in ref_bufs),
+        a = cp.asarray(self.a.cpu().view(torch.int16).numpy()).view(self.act)
+        ref_stack.gemm_phase_fused(a, *(cp.asarray(b.cpu().numpy()) for b in ref_bufs),
                                    ref, self.m, self.block, self.top_k,
                                    topk_weights=cp.asarray(self.weights.cpu().numpy()), **mode)
-        return cp.asnumpy(ref)
+        return cp.asnumpy(ref).view(np.uint16)
+
+
+def bits16(x: torch.Tensor) -> np.ndarray:
+    return x.cpu().view(torch.int16).numpy().view(np.uint16)
 
 
 def test_moe_gemm_op_equals_the_fused_phase_bitwise_and_passes_opcheck(rng):
@@ -238,7 +258,23 @@ def test_moe_gemm_op_equals_the_fused_phase_bitwise_and_passes_opcheck(rng):
     torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, c.args)
     torch.library.opcheck(OPS.moe_align_block_size.default,
                           (c.t_ids, c.e, c.block, *wt.allocate_align_buffers(c.t_ids, c.e, c.block)))
-    assert np.array_equal(out.cpu().numpy().view(np.uint16), c.fused_phase().view(np.uint16))
+    assert np.array_equal(bits16(out), c.fused_phase())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_microscaled_moe_gemm_op_equals_the_fused_phase_bitwise(fmt, rng):
+    """The fused MoE op on NVFP4 (vLLM's [E] float32 global_scale) and MXFP4 stacks: the CuPy stack's bits, and
+    opcheck with the real kernels; new global-scale values at the same address are read by the next call."""
+    c = MoECase(rng, fmt=fmt)
+    out = OPS.moe_wna16_marlin_gemm(*c.args)
+    torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, c.args)
+    assert np.array_equal(bits16(out), c.fused_phase())
+    if fmt == "nvfp4":
+        c.args[6].mul_(2.0)  # (a power of two: every sum doubles exactly)
+        c.global_scale = c.global_scale * 2
+        twice = OPS.moe_wna16_marlin_gemm(*c.args)
+        assert np.array_equal(bits16(twice), c.fused_phase())
+        assert not np.array_equal(bits16(twice), bits16(out))
 
 
 @pytest.mark.parametrize("h,i", [(256, 128), (264, 136)], ids=str)  # (the second: no tile multiples, partial groups)
@@ -401,4 +437,4 @@ def test_moe_gemm_op_batch_invariant_equals_the_fused_phase_in_that_mode_bitwise
     c = MoECase(rng)
     out = OPS.moe_wna16_marlin_gemm(*c.args, batch_invariant=True)
     torch.library.opcheck(OPS.moe_wna16_marlin_gemm.default, c.args, {"batch_invariant": True})
-    assert np.array_equal(out.cpu().numpy().view(np.uint16), c.fused_phase(batch_invariant=True).view(np.uint16))
+    assert np.array_equal(bits16(out), c.fused_phase(batch_invariant=True))

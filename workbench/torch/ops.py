@@ -418,9 +418,10 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
     op = MOE_OP
     T.require_cuda(op, "a", a)
     T.require_same_device(op, "a", a, c=c, sorted_token_ids=sorted_token_ids, expert_ids=expert_ids,
-                          num_tokens_past_padded=num_tokens_past_padded, topk_weights=topk_weights)
-    # the fused kernel has no act-order (docs/torch.md) and no microscaled formats (yet)
-    T.require_unimplemented_absent(op, g_idx=g_idx, perm=perm, global_scale=global_scale)
+                          num_tokens_past_padded=num_tokens_past_padded, topk_weights=topk_weights,
+                          global_scale=global_scale)
+    # the fused kernel has no act-order (docs/torch.md)
+    T.require_unimplemented_absent(op, g_idx=g_idx, perm=perm)
     _require_flags(op, batch_invariant=batch_invariant)
     for name, x in (("b_q_weight", b_q_weight), ("b_scales", b_scales), ("b_zeros", b_zeros)):
         if not T.is_empty(x) and x.dim() != 3:
@@ -444,7 +445,15 @@ def check_moe_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b
         raise ValueError(f"{op}: b_bias must be [E = {experts}, size_n] (one bias row per expert), got shape "
                          f"{tuple(b_bias.shape)}")
     bias0 = None if T.is_empty(b_bias) else b_bias[0]  # (one expert's row by the dense rules)
-    weight = check_gemm(op, a, None, b_q_weight[0], bias0, b_scales[0], a_scales, global_scale, zeros, None, None,
+    scale0 = None
+    if not T.is_empty(global_scale):  # NVFP4: one fp32 global scale per expert (vLLM's [E])
+        if (global_scale.dtype != torch.float32 or tuple(global_scale.shape) not in ((experts,), (experts, 1))
+                or not global_scale.is_contiguous()):
+            raise ValueError(f"{op}: global_scale must be a contiguous float32 tensor with one value per expert, "
+                             f"[E = {experts}] or [E, 1]; got {global_scale.dtype} of shape "
+                             f"{tuple(global_scale.shape)}")
+        scale0 = global_scale.reshape(-1)[:1]  # (one expert's, by the dense rules)
+    weight = check_gemm(op, a, None, b_q_weight[0], bias0, b_scales[0], a_scales, scale0, zeros, None, None,
                         workspace, b_q_type, size_m, size_n, size_k, is_k_full, use_atomic_add, use_fp32_reduce,
                         is_zp_float)
     if c is not None:
@@ -462,20 +471,22 @@ _STACKS: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
 MAX_STACKS = 256  # expert stacks kept (each holds DLPack views of its tensors, so they stay alive while cached)
 
 
-def _expert_stack(a, b_q_weight, b_scales, b_zeros, weight, experts, group_size, size_n, size_k, is_k_full):
+def _expert_stack(a, b_q_weight, b_scales, b_zeros, global_scale, weight, experts, group_size, size_n, size_k,
+                  is_k_full):
     """A ``moe.MarlinExpertStack`` over the tensors' memory, cached by address and layout (its fused-kernel plans
-    and scratch are per stack), until the MoE stack takes torch tensors through ``workbench.cuda``."""
+    and scratch are per stack), until the MoE stack takes torch tensors through ``workbench.cuda``. The stack reads
+    the global scales' memory at each launch, so new values at the same address need no new stack."""
     from workbench import moe
     from workbench.weight import MarlinWeight
 
     key = tuple((x.data_ptr(), tuple(x.shape), x.dtype) if x is not None else None
-                for x in (b_q_weight, b_scales, b_zeros)) + (weight, a.dtype, is_k_full)
+                for x in (b_q_weight, b_scales, b_zeros, global_scale)) + (weight, a.dtype, is_k_full)
     stack = _STACKS.get(key)
     if stack is None:
         v = T.cupy_view
         mw = MarlinWeight(v(b_q_weight), v(b_scales), v(b_zeros), None, None, int(size_k), int(size_n), group_size,
                           weight, T.numpy_dtype(a.dtype, "a"), bool(is_k_full), num_experts=int(experts))
-        stack = moe.MarlinExpertStack(mw)
+        stack = moe.MarlinExpertStack(mw, global_scale=v(global_scale))
         if len(_STACKS) >= MAX_STACKS:
             _STACKS.popitem(last=False)
         _STACKS[key] = stack
@@ -504,7 +515,9 @@ def _moe_run(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, b_zeros
     zeros = None if T.is_empty(b_zeros) else b_zeros
     v = T.cupy_view
     with torch.cuda.device(a.device), T.cupy_stream(stream):
-        stack = _expert_stack(a, b_q_weight, b_scales, zeros, weight, experts, group_size, size_n, size_k, is_k_full)
+        scale = None if T.is_empty(global_scale) else global_scale.reshape(-1)
+        stack = _expert_stack(a, b_q_weight, b_scales, zeros, scale, weight, experts, group_size, size_n, size_k,
+                              is_k_full)
         # vLLM sizes sorted_token_ids as numel + E * (block - 1), not always a multiple of the block; the kernel
         # reads only the first num_tokens_post_padded entries, a multiple of the block and never above that size.
         # expert_ids (ceil(size / block) entries in vLLM's sizing) is cut to one entry per whole block to match.
