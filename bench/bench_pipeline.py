@@ -116,8 +116,9 @@ for item in sys.argv[5:]:
     mode, src = item.split("=", 1)
     runs.append((mode, src))
 for mode, src in runs:
-    threads, streams = mode.split(":")
+    threads, streams = mode.split(":")[:2]
     pipeline.GPU_STREAMS, pipeline.OWN_STREAMS = int(threads), streams == "own"
+    pipeline.DEVICE_RESULTS = not mode.endswith(":host")  # "T:own:host": results back through host arrays
     stats = Stats()
     # 1 GB output files: finishing one (checksum, rename) overlaps converting the next, as in a 700 GB run
     manifest = repack(src, out, backend=backend, workers=workers, max_shard_bytes=1 << 30, progress=False,
@@ -138,7 +139,9 @@ for mode, src in runs:
 
 # GPU rows: "T:own" = T converter threads, each on a stream of its own (the pipeline's default is 2); "T:shared" =
 # all on one stream (the legacy default stream)
-GPU_MODES = ("2:own", "4:own", "1:own")
+# all on one stream (the legacy default stream); a ":host" suffix: the results back through host arrays
+# (pipeline.DEVICE_RESULTS off), as before the device path
+GPU_MODES = ("2:own", "4:own", "1:own", "2:own:host")
 
 
 def measure(sources: list, out: str, backend: str, workers: int, warm: str = "", timeout: float = 400,
@@ -311,8 +314,10 @@ def main(argv=None) -> int:
             row["finish_s"] = round(result.get("finish_seconds", 0.0), 3)
             row["tail_s"] = round(result.get("tail_seconds", 0.0), 3)
             if mode is not None:
-                threads, kind = mode.split(":")
+                threads, kind = mode.split(":")[:2]
                 row["gpu_threads"] = int(threads)
+                row["results"] = "host arrays" if mode.endswith(":host") else "device, into page-locked buffers"
+                row["device_tasks"] = int(row["stage_s"].pop("device", 0))
                 row["streams"] = "one per thread" if kind == "own" else "one shared (the legacy default stream)"
             # the table's memory columns (the exact bytes stay in the row)
             row["peak_rss_mb"] = round(result["peak_rss_bytes"] / 2**20)

@@ -358,3 +358,35 @@ def test_an_explicit_numpy_backend_never_looks_for_a_gpu():
                          env={**os.environ, "PYTHONPATH": ROOT})
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split()[-1] == "False" and "NumPy reference path on the CPU" in run.stdout
+
+
+@pytest.mark.parametrize("opt", [sy.Options(fmt="block-fp8", group_size=128),
+                                 sy.Options(fmt="gptq", bits=4, group_size=64),
+                                 sy.Options(fmt="gptq", bits=4, group_size=64, sym=False),
+                                 sy.Options(fmt="gptq", bits=4, group_size=128, act_order=True)],
+                         ids=["block-fp8", "gptq-sym", "gptq-asym", "gptq-act-order"])
+def test_the_device_conversion_gives_the_host_conversions_bytes(opt, tmp_path):
+    """convert.to_marlin_device (the GPU path's results left on the device) writes what to_marlin writes, byte for
+    byte, for every layer and expert it takes (run here with the NumPy ops standing in for the device's), fused
+    projections included; act-order layers it leaves to to_marlin."""
+    from workbench.checkpoint.convert import NotOnDevice, device_conversion, to_marlin, to_marlin_device
+    from workbench.checkpoint.layers import discover
+    from workbench.checkpoint.source import open_source
+
+    src = open_source(_model(tmp_path, opt))
+    layers = discover(src).layers
+    assert layers
+    for spec in layers:
+        if not device_conversion(spec):
+            assert spec.act_order
+            with pytest.raises(NotOnDevice):
+                to_marlin_device(src, spec, 0, np.asarray, None, backend="numpy")
+            continue
+        for e in range(max(spec.num_experts, 1)):
+            host = to_marlin(src, spec, e, "numpy")
+            dev = to_marlin_device(src, spec, e, np.asarray, None, backend="numpy")
+            for a, b in ((host.qweight, dev.qweight), (host.scales, dev.scales), (host.zeros, dev.zeros)):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    assert any(device_conversion(s) for s in layers) and (not opt.act_order or any(s.act_order for s in layers))

@@ -510,35 +510,94 @@ class WorkerLost(KeepsPartial, CheckpointError):
 
 
 class _PinnedPool:
-    """A bounded set of page-locked staging buffers, one per converter thread: the GPU path's reads land here, and
-    the copy to the device then runs at full speed without an intermediate pageable copy. ``alloc_for`` blocks
-    while all are in use."""
+    """A bounded set of page-locked buffers, one per converter thread: the GPU path's reads land in the first
+    ``staging`` bytes of one, and its results come back from the device into the rest (``alloc.out``), from where
+    the thread writes them: no pageable copy either way. ``alloc_for`` blocks while all are in use."""
 
-    def __init__(self, count: int, nbytes: int):
+    def __init__(self, count: int, staging: int, results: int = 0):
         from numba import cuda
 
-        self._free = [cuda.pinned_array(max(nbytes, 1), np.uint8) for _ in range(count)]
+        self.staging = -(-max(staging, 1) // 64) * 64
+        self._free = [cuda.pinned_array(self.staging + max(results, 0), np.uint8) for _ in range(count)]
         self._cv = threading.Condition()
-        self.nbytes = nbytes * count
+        self.nbytes = (self.staging + max(results, 0)) * count
 
     def alloc_for(self, sizes: list[int]):
-        """An ``alloc`` handing out consecutive pieces of one pinned buffer for one task's tensors."""
+        """An ``alloc`` handing out consecutive pieces of one pinned buffer for one task's tensors; ``alloc.out(n)``
+        hands out pieces of its results part."""
         with self._cv:
             while not self._free:
                 self._cv.wait()
             buf = self._free.pop()
         offsets = iter(np.cumsum([0] + [-(-s // 64) * 64 for s in sizes]).tolist())
+        taken = [self.staging]
 
         def alloc(nbytes, dtype):
             start = next(offsets)
             return buf[start: start + nbytes]
-        alloc.buffer = buf
+
+        def out(nbytes: int) -> np.ndarray:
+            start = taken[0]
+            if start + nbytes > buf.nbytes:
+                raise MemoryError(f"the task's results ({start - self.staging + nbytes} bytes so far) exceed the"
+                                  f" {buf.nbytes - self.staging} bytes planned for them")
+            taken[0] = start + -(-nbytes // 64) * 64
+            return buf[start: start + nbytes]
+        alloc.buffer, alloc.out = buf, out
         return alloc
 
     def give_back(self, buf) -> None:
         with self._cv:
             self._free.append(buf)
             self._cv.notify()
+
+
+# The GPU path keeps the results of the layers ``convert.to_marlin_device`` takes (block-FP8, GPTQ without
+# act-order) on the device and copies them straight into the thread's page-locked buffer, from where the thread
+# writes them (False: every layer through ``to_marlin`` on host arrays, whose results come back into fresh pageable
+# arrays and are copied again into each layer's array; for comparison).
+DEVICE_RESULTS = True
+
+
+def run_task_device(src: SourceCheckpoint, maps: _Maps, shard: str, unit_index: int, unit: Unit,
+                    expert: int | None, alloc, stream) -> TaskResult:
+    """``run_task`` for the GPU path with the results left on the device: the staged source goes up on the
+    thread's stream, the ops run on device arrays, the results come down into ``alloc.out``'s page-locked pieces
+    (asynchronously, one synchronize at the end). Raises ``convert.NotOnDevice`` for a layer it does not take."""
+    from workbench.checkpoint.convert import to_marlin_device
+    from workbench.cuda.arrays import cupy
+
+    cp = cupy()
+    began = time.perf_counter()
+    spec = unit.layer
+    staged = StagedSource(src, stage(src, maps, task_tensors(spec, expert), alloc))
+    read = time.perf_counter()
+    warnings = nonfinite_scales(staged, dataclasses.replace(spec, parts=[spec.parts[expert or 0]]))
+    on = cp.cuda.get_current_stream()  # the thread's stream (``_on_stream``)
+
+    def upload(host: np.ndarray):
+        host = np.ascontiguousarray(host)
+        d = cp.empty(host.shape, host.dtype)
+        d.set(host, stream=on)  # from page-locked memory: asynchronous
+        return d
+    try:
+        m = to_marlin_device(staged, spec, expert or 0, upload, stream)
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError) as exc:  # an op's refusal, said with the layer (as repack.convert_layer does)
+        which = f" expert {expert}" if spec.num_experts else ""
+        raise CheckpointError(f"{src.root}: layer {spec.name!r}{which}: {exc}") from exc
+    arrays = {}
+    for name, d in marlin_arrays(spec, m).items():
+        host = alloc.out(d.nbytes).view(d.dtype).reshape(d.shape)
+        try:
+            d.get(stream=on, out=host, blocking=False)
+        except TypeError:  # pragma: no cover - CuPy before 13 (no blocking=): a synchronous copy
+            d.get(stream=on, out=host)
+        arrays[name] = host
+    on.synchronize()
+    return TaskResult(shard, unit_index, expert, arrays, unit.source_bytes // max(len(unit.tasks), 1), warnings,
+                      seconds={"read": read - began, "convert": time.perf_counter() - read})
 
 
 class _ThreadStreams:
@@ -619,7 +678,9 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
         streams = None if hardware.simulator_enabled() else _ThreadStreams()
         staging = max((task_source_bytes(u, e, src) + 64 * len(task_tensors(u.layer, e))
                        for _, _, u, e in tasks if u.layer is not None), default=1)
-        pinned = _PinnedPool(parallel, staging)
+        results = max((u.nbytes // len(u.tasks) + 64 * len(u.tensors) for _, _, u, e in tasks
+                       if u.layer is not None), default=0) if DEVICE_RESULTS else 0
+        pinned = _PinnedPool(parallel, staging, results)
     stats.workers, stats.path = parallel, pool_kind
     stats.memory_bound_bytes = window * largest + (pinned.nbytes if pinned else 0) + 64 * 1024**2
     maps = _Maps()
@@ -649,20 +710,31 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
     else:
         executor = ThreadPoolExecutor(parallel, thread_name_prefix="repack")
 
+        from workbench.checkpoint.convert import NotOnDevice, device_conversion
+
         def one(job, i, unit, e, path, where):
             # the thread writes its own results, as a worker process does: the writes of the threads overlap each
             # other and the copies, instead of queueing behind this coordinator
             if pinned is None:
                 result = run_task(src, maps, job.name, i, unit, e, backend)
-            else:
-                alloc = pinned.alloc_for([src.info(n).nbytes for n in task_tensors(unit.layer, e)])
-                try:
-                    stream = streams.current() if streams is not None else None
-                    with _on_stream(stream):
+                write_results(path, where, result)
+                return result
+            alloc = pinned.alloc_for([src.info(n).nbytes for n in task_tensors(unit.layer, e)])
+            try:  # (the buffer stays the thread's until the results in it are written)
+                stream = streams.current() if streams is not None else None
+                with _on_stream(stream):
+                    result = None
+                    if DEVICE_RESULTS and streams is not None and device_conversion(unit.layer):
+                        try:
+                            result = run_task_device(src, maps, job.name, i, unit, e, alloc, stream)
+                            result.seconds["device"] = 1.0  # counted: tasks whose results stayed on the device
+                        except NotOnDevice:
+                            result = None
+                    if result is None:
                         result = run_task(src, maps, job.name, i, unit, e, backend, alloc, stream)
-                finally:
-                    pinned.give_back(alloc.buffer)
-            write_results(path, where, result)
+                write_results(path, where, result)
+            finally:
+                pinned.give_back(alloc.buffer)
             return result
 
         def submit(job, i, unit, e):
