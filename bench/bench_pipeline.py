@@ -227,12 +227,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu-gb", type=float, default=2.0, help="source size of each GPU measurement (GB)")
     p.add_argument("--cpu-gb", type=float, default=4.0,
-                   help="source size of the CPU measurements (GB; 4 GB = 273 tasks, 17 per worker at 16 workers: a"
-                        " smaller source measures the start and the last half-empty wave, not the scaling)")
+                   help="source size of the CPU measurements (GB; 4 GB = 90 experts, 180 tasks of 22-29 MB, 11 per"
+                        " worker at 16 workers: the 0.48 GB used before gave 33 tasks, 2 per worker, and measured"
+                        " the workers' start and the half-empty last wave rather than the scaling)")
     p.add_argument("--workers", default="1,2,4,8,16", help="CPU worker counts to measure")
     p.add_argument("--write-modes", default="mmap,pwrite",
                    help="how the CPU tasks write their results (pipeline.WORKER_WRITE): every worker count with the"
                         " first, the largest count again with each other one")
+    p.add_argument("--gpu-write-mode", default="", help="how the GPU path's threads write (mmap, pwrite; default:"
+                                                             " the pipeline's)")
     p.add_argument("--gpu-modes", default=",".join(GPU_MODES),
                    help="GPU rows: T:own = T converter threads with a stream each, T:shared = on one stream")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU path")
@@ -342,7 +345,7 @@ def main(argv=None) -> int:
             modes = [m for m in args.gpu_modes.split(",") if m]
             runs = [(modes[0], gpu_sources[0])] + [(m, g) for m in modes for g in gpu_sources[1:]]
             results = measure([(m, g[0]) for m, g in runs], os.path.join(work, "out"), "numba", 1,
-                              f"{warm},{warm_gptq}", timeout=args.gpu_timeout_s)
+                              f"{warm},{warm_gptq}", timeout=args.gpu_timeout_s, write_mode=args.gpu_write_mode)
             for (mode, (src, fmt, info)), result in zip(runs, results):
                 record(src, fmt, "gpu", result, info, mode)
             for src, _, _ in gpu_sources[1:]:

@@ -68,6 +68,11 @@ def test_every_executor_writes_the_serial_bytes(opt, tmp_path):
     assert snapshot(src) == before
     manifest = json.load(open(tmp_path / "one" / "marlin_checkpoint.json"))
     assert set(manifest["shards"]) == {f for f in reference if f.endswith(".safetensors")}
+    from workbench.checkpoint.manifest import file_checksum  # computed while the files filled: the whole file's
+
+    for name, entry in manifest["shards"].items():
+        assert entry["digest"] == file_checksum(str(tmp_path / "one" / name), entry["checksum"])
+        assert entry["bytes"] == os.path.getsize(tmp_path / "one" / name)
     assert not any(name.startswith(WRITING_PREFIX) or name == PROGRESS for name in os.listdir(tmp_path / "one"))
 
 

@@ -43,7 +43,6 @@ import numpy as np
 from workbench.checkpoint.convert import nonfinite_scales
 from workbench.checkpoint.files import CheckpointError
 from workbench.checkpoint.layers import LayerSpec
-from workbench.checkpoint.manifest import shard_entry
 from workbench.checkpoint.output import KeepsPartial
 from workbench.checkpoint.safetensors_io import (PlannedTensor, StreamingWriter, TensorInfo, encode_header,
                                                  planned_header)
@@ -427,9 +426,71 @@ def _worker_ready() -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # write: results into their planned places; files finished atomically
 # ---------------------------------------------------------------------------------------------------------------
+class _PrefixHasher:
+    """The shard's checksum (the manifest's: ``manifest.CHECKSUM`` of the whole file), computed front to back while
+    the file is still being written: each range is handed in once its bytes are final (``add``), and ``advance``
+    hashes from where it stopped through every range that now follows without a gap. So finishing the file hashes
+    only what the last tasks wrote, instead of reading the whole file again after the last task (on the H200 that
+    read was 0.5 s at the end of a 2.6 s run with 16 workers)."""
+
+    def __init__(self, path: str, size: int, planned: list[tuple[int, int]]):
+        from workbench.checkpoint.manifest import CHECKSUM, _hasher
+
+        self.algorithm, self.size, self._path = CHECKSUM, size, path
+        self._h = _hasher(CHECKSUM)
+        self._pos = 0
+        self._ready: dict[int, int] = {}  # start -> end of final ranges not hashed yet (disjoint, tiling the file)
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._buf = np.empty(0, np.uint8)
+        at = 0
+        for start, end in sorted(planned):  # the header, and any bytes between tensors, are final already
+            if start > at:
+                self.add(at, start)
+            at = max(at, end)
+        if size > at:
+            self.add(at, size)
+
+    def add(self, start: int, end: int) -> None:
+        if end > start:
+            with self._lock:
+                self._ready[start] = end
+
+    def advance(self) -> None:
+        """Hash every final range that follows the hashed prefix (one caller at a time)."""
+        from workbench.checkpoint.manifest import READ_CHUNK
+
+        while True:
+            with self._lock:
+                end = self._ready.pop(self._pos, None)
+            if end is None:
+                return
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._buf = np.empty(READ_CHUNK, np.uint8)
+            while self._pos < end:
+                n = min(end - self._pos, self._buf.nbytes)
+                read_range(self._fd, self._buf[:n], self._pos, self._path)
+                self._h.update(memoryview(self._buf[:n]))
+                self._pos += n
+
+    def digest(self) -> str:
+        self.advance()
+        self.close()
+        if self._pos != self.size:
+            raise RuntimeError(f"{self._path}: bytes from {self._pos} on were never written (of {self.size})")
+        return self._h.hexdigest()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class ShardWriter:
     """One output file under its temporary name, filled in any order, finished by ``finish`` (fsync, checksum,
-    rename). ``abort`` removes the temporary file: a half-written shard never stays under any name."""
+    rename). ``abort`` removes the temporary file: a half-written shard never stays under any name. The checksum
+    is computed as the file fills (``_PrefixHasher``; ``hash_ahead`` runs it on the caller's thread)."""
 
     def __init__(self, folder: str, job: ShardJob, attempt: str = ""):
         self.job, self.folder = job, folder
@@ -438,17 +499,37 @@ class ShardWriter:
         self.pending = sum(len(u.tasks) for u in job.units)
         self._w = StreamingWriter(self.tmp, job.planned, job.metadata)
         self._by_workers: dict[str, int] = {}  # bytes the tasks (processes, threads) wrote into the file themselves
+        self._places = job.places()
+        self._sizes = {t.name: t.nbytes for t in job.planned}
+        self._hasher = _PrefixHasher(self.tmp, os.path.getsize(self.tmp),
+                                     [(self._places[n], self._places[n] + b) for n, b in self._sizes.items()])
+        self.hashing = False  # a hash_ahead is queued (the coordinator queues one at a time)
+
+    def _final(self, name: str, nbytes: int, expert: int | None) -> None:
+        at = self._places[name] + (expert or 0) * nbytes
+        self._hasher.add(at, at + nbytes)
 
     def write(self, result: TaskResult) -> None:
         for name, array in result.arrays.items():
             self._w.write(name, array, result.expert)
+        if result.arrays:
+            self._w.flush()  # (the hasher reads the file through its own descriptor)
+        for name, array in result.arrays.items():
+            self._final(name, array.nbytes, result.expert)
         for name, nbytes in result.written.items():
             self._by_workers[name] = self._by_workers.get(name, 0) + nbytes
+            self._final(name, nbytes, result.expert)
         self.pending -= 1
 
     def copy_passthrough(self, src: SourceCheckpoint, unit: Unit) -> None:
         src.files[src.where[unit.name]].copy_bytes_to(unit.name, lambda chunk: self._w.append(unit.name, chunk))
+        self._w.flush()
+        self._final(unit.name, self._sizes[unit.name], None)
         self.pending -= 1
+
+    def hash_ahead(self) -> None:
+        self.hashing = False
+        self._hasher.advance()
 
     def finish(self) -> dict:
         if self._by_workers:  # the tasks wrote their tensors: check every byte is there, then sync the file
@@ -465,11 +546,15 @@ class ShardWriter:
                 os.close(fd)
         else:
             self._w.close()
-        entry = shard_entry(self.tmp)
+        size = os.path.getsize(self.tmp)
+        if size != self._hasher.size:
+            raise RuntimeError(f"{self.tmp}: {size} bytes, planned {self._hasher.size}")
+        entry = {"bytes": size, "checksum": self._hasher.algorithm, "digest": self._hasher.digest()}
         os.rename(self.tmp, self.final)
         return entry
 
     def abort(self) -> None:
+        self._hasher.close()
         self._w.abort()
         if os.path.lexists(self.tmp):
             os.remove(self.tmp)
@@ -793,6 +878,10 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
                     warned.add(layer)
                     stats.warnings.append(w)
             bar.update(result.source_bytes)
+            w = writers[result.shard]
+            if w.pending and not w.hashing:  # checksum what is final so far, beside the conversion
+                w.hashing = True
+                finisher.submit(w.hash_ahead)
             finish_if_done(result.shard)
 
     try:
@@ -820,6 +909,7 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
         for fut, name in finishing.items():
             if fut.exception() is None:
                 on_shard(name, fut.result())
+        finisher.shutdown(wait=True, cancel_futures=True)  # no checksum reads a file that is about to go
         for w in writers.values():
             w.abort()
         if isinstance(exc, BrokenProcessPool):  # from a result or from the next submit, whichever came first
