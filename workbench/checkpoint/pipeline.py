@@ -2,24 +2,28 @@
 
 Stages (docs/scale-out.md draws them)::
 
-    read (mmap, one sequential range per tensor) -> convert (workbench.ops) -> write (StreamingWriter, planned offsets)
+    read (preadv, one range per tensor) -> convert (workbench.ops) -> write (by the task, at the planned offsets)
 
 * **The plan fixes every byte's place first.** ``repack`` plans each output file's header (names, dtypes, shapes,
   offsets) before any tensor is read; a task's output goes to its planned offsets, so the order in which tasks
   finish cannot change the file: the output is the serial path's, byte for byte, for any number of workers.
-* **Local, CPU** (``workers`` > 1): a pool of processes (forkserver), each reading its task's source tensors
-  itself, converting them with the NumPy reference ops and writing them into the shard file at their planned
-  offsets; the coordinator streams pass-through tensors and finishes the files.
+* **Local, CPU**: a pool of processes (forkserver, the conversion preloaded) for ``workers`` > 1, else one thread,
+  each reading its task's source tensors itself, converting them with the NumPy reference ops and writing them into
+  the shard file at their planned offsets (``write_results``: through a mapping of the range, pages populated first,
+  or pwrite); the coordinator streams pass-through tensors and finishes the files.
 * **Local, GPU** (backend numba): two converter threads, each with its own non-blocking CUDA stream (handed to
-  ``to_marlin`` and made the thread's current CuPy stream), reading into page-locked staging buffers from a bounded
-  pool; the copies in and out and the kernels of one thread overlap the other's, and the reads and writes of both.
-  (On one shared stream, the legacy default one, the two threads' GPU work would run one after the other.)
+  the ops and made the thread's current CuPy stream), reading into page-locked buffers from a bounded pool; for the
+  layers ``convert.to_marlin_device`` takes, the results stay on the device and come back into the same buffer,
+  from which the thread writes them. The copies in and out and the kernels of one thread overlap the other's, and
+  the reads and writes of both. (On one shared stream, the legacy default one, the two threads' GPU work would run
+  one after the other.)
 * **Bounded memory**: at most ``window`` tasks are in flight (read, converting, or waiting to be written), so host
-  memory stays below ``window`` x (largest task's source + Marlin bytes) plus the staging buffers, whatever the
-  checkpoint's size; ``Stats`` reports the bound and the measured peak.
-* **Shards finish atomically**: each file is written under a temporary name, fsync'ed, checksummed
-  (``manifest.shard_entry``), renamed into place and then recorded in the journal, so a file under its final name
-  is always complete and a resumed run redoes exactly the ones not recorded.
+  memory stays below ``window`` x (largest task's source + Marlin bytes) plus the page-locked buffers, whatever the
+  checkpoint's size; ``Stats`` reports the bound and the measured peak, and where the time went (``stage_seconds``).
+* **Shards finish atomically**: each file is written under a temporary name, checksummed as its ranges become
+  final (``_PrefixHasher``: the same digest as ``manifest.shard_entry``), fsync'ed, renamed into place and then
+  recorded in the journal, so a file under its final name is always complete and a resumed run redoes exactly the
+  ones not recorded.
 
 The dask executor (``workbench.checkpoint.executor``) runs ``write_shard`` on cluster workers with the same tasks.
 """
