@@ -132,7 +132,7 @@ for mode, src in runs:
                       "peak_worker_rss_bytes": stats.peak_worker_rss_bytes,
                       "memory_bound_bytes": stats.memory_bound_bytes, "write_mode": pipeline.WORKER_WRITE,
                       "stage_seconds": stats.stage_seconds, "finish_seconds": stats.finish_seconds,
-                      "tail_seconds": stats.tail_seconds,
+                      "tail_seconds": stats.tail_seconds, "device_tasks": stats.device_tasks,
                       "shards": {k: v["digest"] for k, v in manifest["shards"].items()}}), flush=True)
 """
 
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
                 threads, kind = mode.split(":")[:2]
                 row["gpu_threads"] = int(threads)
                 row["results"] = "host arrays" if mode.endswith(":host") else "device, into page-locked buffers"
-                row["device_tasks"] = int(row["stage_s"].pop("device", 0))
+                row["device_tasks"] = int(result.get("device_tasks", 0))
                 row["streams"] = "one per thread" if kind == "own" else "one shared (the legacy default stream)"
             # the table's memory columns (the exact bytes stay in the row)
             row["peak_rss_mb"] = round(result["peak_rss_bytes"] / 2**20)

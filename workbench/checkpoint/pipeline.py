@@ -124,6 +124,7 @@ class Stats:
     finish_seconds: float = 0.0
     tail_seconds: float = 0.0
     last_result_at: float = 0.0
+    device_tasks: int = 0  # GPU path: tasks whose results stayed on the device (convert.to_marlin_device)
     cpu_seconds: float = 0.0  # user + system time of the coordinator and every worker during the run
     shards_written: int = 0
     shards_kept: int = 0  # resumed: already written and verified
@@ -284,6 +285,7 @@ class TaskResult:
     worker: tuple[int, float] = (0, 0.0)  # (pid, its CPU seconds so far) of a worker process
     written: dict[str, int] = field(default_factory=dict)  # bytes the task wrote into the file itself, per tensor
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of the task's stages (STAGES)
+    on_device: bool = False  # the GPU path kept the results on the device (run_task_device)
 
 
 STAGES = ("read", "convert", "write")  # a task's stages, timed; ``Stats.stage_seconds`` sums them over the tasks
@@ -686,7 +688,7 @@ def run_task_device(src: SourceCheckpoint, maps: _Maps, shard: str, unit_index: 
         arrays[name] = host
     on.synchronize()
     return TaskResult(shard, unit_index, expert, arrays, unit.source_bytes // max(len(unit.tasks), 1), warnings,
-                      seconds={"read": read - began, "convert": time.perf_counter() - read})
+                      seconds={"read": read - began, "convert": time.perf_counter() - read}, on_device=True)
 
 
 class _ThreadStreams:
@@ -816,7 +818,6 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
                     if DEVICE_RESULTS and streams is not None and device_conversion(unit.layer):
                         try:
                             result = run_task_device(src, maps, job.name, i, unit, e, alloc, stream)
-                            result.seconds["device"] = 1.0  # counted: tasks whose results stayed on the device
                         except NotOnDevice:
                             result = None
                     if result is None:
@@ -873,6 +874,7 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
             for stage_name, seconds in result.seconds.items():
                 stats.stage_seconds[stage_name] = stats.stage_seconds.get(stage_name, 0.0) + seconds
             stats.last_result_at = time.perf_counter()
+            stats.device_tasks += result.on_device
             stats.peak_worker_rss_bytes = max(stats.peak_worker_rss_bytes, result.worker_rss)
             if result.worker[0]:
                 worker_cpu[result.worker[0]] = max(worker_cpu.get(result.worker[0], 0.0), result.worker[1])
