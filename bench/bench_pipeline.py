@@ -107,6 +107,7 @@ from workbench.checkpoint import repack
 from workbench.checkpoint.pipeline import Stats
 from workbench.checkpoint import pipeline
 out, backend, workers, warm = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+pipeline.WORKER_WRITE = os.environ.get("WB_BENCH_WRITE") or pipeline.WORKER_WRITE  # how tasks write their results
 for w in filter(None, warm.split(",")):  # compile the kernels of each format before the timed runs
     repack(w, out + ".warm", backend=backend, workers=1, progress=False, log=lambda m: None)
     shutil.rmtree(out + ".warm")
@@ -115,8 +116,9 @@ for item in sys.argv[5:]:
     mode, src = item.split("=", 1)
     runs.append((mode, src))
 for mode, src in runs:
-    threads, streams = mode.split(":")
+    threads, streams = mode.split(":")[:2]
     pipeline.GPU_STREAMS, pipeline.OWN_STREAMS = int(threads), streams == "own"
+    pipeline.DEVICE_RESULTS = not mode.endswith(":host")  # "T:own:host": results back through host arrays
     stats = Stats()
     # 1 GB output files: finishing one (checksum, rename) overlaps converting the next, as in a 700 GB run
     manifest = repack(src, out, backend=backend, workers=workers, max_shard_bytes=1 << 30, progress=False,
@@ -128,18 +130,27 @@ for mode, src in runs:
                       "source_bytes": stats.source_bytes, "output_bytes": stats.output_bytes, "path": stats.path,
                       "workers": stats.workers, "peak_rss_bytes": stats.peak_rss_bytes,
                       "peak_worker_rss_bytes": stats.peak_worker_rss_bytes,
-                      "memory_bound_bytes": stats.memory_bound_bytes,
+                      "memory_bound_bytes": stats.memory_bound_bytes, "write_mode": pipeline.WORKER_WRITE,
+                      "stage_seconds": stats.stage_seconds, "finish_seconds": stats.finish_seconds,
+                      "tail_seconds": stats.tail_seconds, "device_tasks": stats.device_tasks,
                       "shards": {k: v["digest"] for k, v in manifest["shards"].items()}}), flush=True)
 """
 
 
-GPU_MODES = ("2:own", "2:shared", "1:own")  # the pipeline's two streams, both threads on one stream, one thread
+# GPU rows: "T:own" = T converter threads, each on a stream of its own (the pipeline's default is 2); "T:shared" =
+# all on one stream (the legacy default stream)
+# all on one stream (the legacy default stream); a ":host" suffix: the results back through host arrays
+# (pipeline.DEVICE_RESULTS off), as before the device path
+GPU_MODES = ("2:own", "4:own", "1:own", "2:own:host")
 
 
-def measure(sources: list, out: str, backend: str, workers: int, warm: str = "", timeout: float = 400) -> list:
+def measure(sources: list, out: str, backend: str, workers: int, warm: str = "", timeout: float = 400,
+            write_mode: str = "") -> list:
     """One fresh process repacking each of ``sources`` in turn (paths, or (GPU mode, path) pairs; the GPU rows
-    share one process, so the kernels compile once; a row's peak RSS is then that process's so far)."""
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    share one process, so the kernels compile once; a row's peak RSS is then that process's so far).
+    ``write_mode``: how the tasks write their results (``pipeline.WORKER_WRITE``; empty: the pipeline's default)."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "WB_BENCH_WRITE": write_mode}
     runs = [f"{s[0]}={s[1]}" if isinstance(s, tuple) else f"2:own={s}" for s in sources]
     done = subprocess.run([sys.executable, "-c", _CHILD, out, backend, str(workers), warm, *runs], env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -214,9 +225,19 @@ def _workdir(need: int, given: str | None) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--gpu-gb", type=float, default=3.0, help="source size of each GPU measurement (GB)")
-    p.add_argument("--cpu-gb", type=float, default=1.0, help="source size of the CPU measurements (GB)")
+    p.add_argument("--gpu-gb", type=float, default=2.0, help="source size of each GPU measurement (GB)")
+    p.add_argument("--cpu-gb", type=float, default=4.0,
+                   help="source size of the CPU measurements (GB; 4 GB = 90 experts, 180 tasks of 22-29 MB, 11 per"
+                        " worker at 16 workers: the 0.48 GB used before gave 33 tasks, 2 per worker, and measured"
+                        " the workers' start and the half-empty last wave rather than the scaling)")
     p.add_argument("--workers", default="1,2,4,8,16", help="CPU worker counts to measure")
+    p.add_argument("--write-modes", default="mmap,pwrite",
+                   help="how the CPU tasks write their results (pipeline.WORKER_WRITE): every worker count with the"
+                        " first, the largest count again with each other one")
+    p.add_argument("--gpu-write-mode", default="", help="how the GPU path's threads write (mmap, pwrite; default:"
+                                                             " the pipeline's)")
+    p.add_argument("--gpu-modes", default=",".join(GPU_MODES),
+                   help="GPU rows: T:own = T converter threads with a stream each, T:shared = on one stream")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU path")
     p.add_argument("--tiny", action="store_true", help="a few MB (checks the script, measures nothing useful)")
     p.add_argument("--budget-s", type=float, default=120.0, help="stop starting measurements after this long")
@@ -248,7 +269,16 @@ def main(argv=None) -> int:
                                       "us": "wall time of the whole repack call (one run)",
                                       "gpu_rows": "one process for all GPU rows (kernels compiled once before"
                                                   " timing); its peak RSS is that process's so far",
-                                      "gbs": "source bytes / that time"},
+                                      "gbs": "source bytes / that time",
+                                      "stage_s": "per row: each task stage's wall seconds (read = preadv of the"
+                                                 " source tensors, convert, write = into the shard file at the"
+                                                 " planned offsets) summed over the tasks, so up to workers x the"
+                                                 " run; finish_s = the files' checksum read and rename; tail_s ="
+                                                 " from the last task's result to the end",
+                                      "write_mode": "how the tasks write their results: mmap = a shared mapping"
+                                                    " of the range, pages populated up front (the default);"
+                                                    " pwrite = positional writes (one file's writers take turns"
+                                                    " on its inode lock)"},
                            "peers": {}},
                   "rows": rows}
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -280,9 +310,17 @@ def main(argv=None) -> int:
                    "memory_bound_bytes": result["memory_bound_bytes"],
                    "largest_tensor_bytes": info["largest_tensor_bytes"], "identical_to_first": ident}
             row["cell"] = "GPU path" if path_kind == "gpu" else "CPU path (worker processes)"
+            # where the time went: each task stage's seconds summed over the tasks (over parallel workers: up to
+            # workers x the wall time), the files' finishing (checksum read, fsync) and the tail after the last task
+            row["write_mode"] = result.get("write_mode", "")
+            row["stage_s"] = {k: round(v, 3) for k, v in result.get("stage_seconds", {}).items()}
+            row["finish_s"] = round(result.get("finish_seconds", 0.0), 3)
+            row["tail_s"] = round(result.get("tail_seconds", 0.0), 3)
             if mode is not None:
-                threads, kind = mode.split(":")
+                threads, kind = mode.split(":")[:2]
                 row["gpu_threads"] = int(threads)
+                row["results"] = "host arrays" if mode.endswith(":host") else "device, into page-locked buffers"
+                row["device_tasks"] = int(result.get("device_tasks", 0))
                 row["streams"] = "one per thread" if kind == "own" else "one shared (the legacy default stream)"
             # the table's memory columns (the exact bytes stay in the row)
             row["peak_rss_mb"] = round(result["peak_rss_bytes"] / 2**20)
@@ -304,23 +342,27 @@ def main(argv=None) -> int:
                 gpu_sources.append((src, fmt, sources[f"gpu-{fmt}"]))
             warm_gptq = os.path.join(work, "warm-gptq")
             write_source(warm_gptq, "gptq", 1, shapes=TINY)
-            runs = [(GPU_MODES[0], gpu_sources[0])] + [(m, g) for m in GPU_MODES for g in gpu_sources[1:]]
+            modes = [m for m in args.gpu_modes.split(",") if m]
+            runs = [(modes[0], gpu_sources[0])] + [(m, g) for m in modes for g in gpu_sources[1:]]
             results = measure([(m, g[0]) for m, g in runs], os.path.join(work, "out"), "numba", 1,
-                              f"{warm},{warm_gptq}", timeout=args.gpu_timeout_s)
+                              f"{warm},{warm_gptq}", timeout=args.gpu_timeout_s, write_mode=args.gpu_write_mode)
             for (mode, (src, fmt, info)), result in zip(runs, results):
                 record(src, fmt, "gpu", result, info, mode)
             for src, _, _ in gpu_sources[1:]:
                 shutil.rmtree(src, ignore_errors=True)
-        for n in workers:
+        write_modes = [m for m in args.write_modes.split(",") if m]
+        cpu_runs = [(n, write_modes[0]) for n in workers] + [(max(workers), m) for m in write_modes[1:]]
+        for n, mode in cpu_runs:
             if time.perf_counter() - started > args.budget_s:
-                print(f"budget reached: {n} workers and beyond not measured", flush=True)
+                print(f"budget reached: {n} workers ({mode}) and beyond not measured", flush=True)
                 break
-            (result,) = measure([cpu_src], os.path.join(work, "out"), "numpy", n)
+            (result,) = measure([cpu_src], os.path.join(work, "out"), "numpy", n, write_mode=mode)
             record(cpu_src, "block-fp8", "cpu", result, sources["cpu"])
         base = next((r["gbs"] for r in rows if r["path"] == "cpu" and r["workers"] == 1), None)
         for r in rows:
             if r["path"] == "cpu" and base:
                 r["speedup_vs_1_worker"] = round(r["gbs"] / base, 2)
+                r["speedup_after_startup"] = round(r["gbs_after_startup"] / base, 2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     save()

@@ -18,7 +18,7 @@ def _bench():
 
 def test_the_bench_writes_rows_in_the_results_schema(tmp_path):
     out = tmp_path / "pipeline.json"
-    assert _bench().main(["--tiny", "--no-gpu", "--workers", "1", "--workdir", str(tmp_path / "work"),
+    assert _bench().main(["--tiny", "--no-gpu", "--workers", "1", "--write-modes", "mmap", "--workdir", str(tmp_path / "work"),
                           "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["schema"] == 1 and result["family"] == "pipeline"
@@ -30,4 +30,5 @@ def test_the_bench_writes_rows_in_the_results_schema(tmp_path):
     assert row["method"] == "ours" and row["path"] == "cpu" and row["workers"] == 1 and row["identical_to_first"]
     assert row["us"] > 0 and row["gbs"] > 0 and row["source_bytes"] == meta["method"]["sources"]["cpu"]["source_bytes"]
     assert 0 < row["peak_rss_bytes"] - row["baseline_rss_bytes"] <= row["memory_bound_bytes"]
+    assert row["write_mode"] == "mmap" and set(row["stage_s"]) == {"read", "convert", "write"}
     assert not os.listdir(tmp_path / "work")  # the checkpoint and outputs are removed

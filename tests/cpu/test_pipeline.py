@@ -68,6 +68,11 @@ def test_every_executor_writes_the_serial_bytes(opt, tmp_path):
     assert snapshot(src) == before
     manifest = json.load(open(tmp_path / "one" / "marlin_checkpoint.json"))
     assert set(manifest["shards"]) == {f for f in reference if f.endswith(".safetensors")}
+    from workbench.checkpoint.manifest import file_checksum  # computed while the files filled: the whole file's
+
+    for name, entry in manifest["shards"].items():
+        assert entry["digest"] == file_checksum(str(tmp_path / "one" / name), entry["checksum"])
+        assert entry["bytes"] == os.path.getsize(tmp_path / "one" / name)
     assert not any(name.startswith(WRITING_PREFIX) or name == PROGRESS for name in os.listdir(tmp_path / "one"))
 
 
@@ -171,18 +176,20 @@ def test_resume_refuses_another_plan_and_force_with_resume(tmp_path, monkeypatch
 
 
 def test_a_full_disk_keeps_only_finished_shards_for_resume(tmp_path, monkeypatch, capsys):
-    import workbench.checkpoint.safetensors_io as io
+    from workbench.checkpoint import pipeline
 
     src = _model(tmp_path, FORMATS[2])
     before = snapshot(src)
     repack(src, tmp_path / "ref", executor="serial", max_shard_bytes=60_000, **QUIET)
-    real = io.StreamingWriter.write
+    real = pipeline._pwrite_all
 
-    def write(self, name, array, index=None):  # the disk fills up in the second file
-        if "00002" in self.path:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
-        real(self, name, array, index)
-    monkeypatch.setattr(io.StreamingWriter, "write", write)
+    def pwrite_all(fd, data, at):  # the disk fills up in the second file (a task's own write, as os.pwrite says it)
+        if "00002" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data, at)
+    # (a full disk makes the mapped write's MADV_POPULATE_WRITE fail, which then writes with pwrite to say why)
+    monkeypatch.setattr(pipeline, "_copy_mapped", lambda fd, data, at: False)
+    monkeypatch.setattr(pipeline, "_pwrite_all", pwrite_all)
     code, _, err = _cli(capsys, "repack", src, "--out", str(tmp_path / "out"), "--workers", "1",
                         "--max-shard-size", "60000", "--no-progress")
     assert code == 2 and os.strerror(errno.ENOSPC) in err and "--resume" in err
@@ -191,10 +198,36 @@ def test_a_full_disk_keeps_only_finished_shards_for_resume(tmp_path, monkeypatch
     assert not [n for n in names if n.startswith(WRITING_PREFIX)] and "marlin_checkpoint.json" not in names
     recorded = Journal.read(str(partial))["shards"]
     assert recorded and all(n in names for n in recorded) and not any("00002" in n for n in names)
-    monkeypatch.setattr(io.StreamingWriter, "write", real)
+    monkeypatch.setattr(pipeline, "_pwrite_all", real)
+    monkeypatch.undo()
     assert _cli(capsys, "repack", src, "--out", str(tmp_path / "out"), "--resume", "--max-shard-size", "60000",
                 "--no-progress")[0] == 0
     assert _files(tmp_path / "out") == _files(tmp_path / "ref") and snapshot(src) == before
+
+
+@pytest.mark.parametrize("mode", ["mmap", "pwrite"])
+def test_a_task_writes_its_results_at_their_places_either_way(mode, tmp_path):
+    """write_results: the bytes land at the planned offsets (an expert's slice at its index, offsets not page
+    aligned) whether through a mapping or pwrite; nothing else in the file changes; the arrays are dropped."""
+    from workbench.checkpoint import pipeline
+
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(bytes(range(256)) * 400)  # 102400 bytes
+    before = open(path, "rb").read()
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**31, (7, 33), dtype=np.int32)
+    b = rng.random((5, 64)).astype(np.float16)
+    result = pipeline.TaskResult("s", 0, 2, {"a": a, "b": b}, 0, [])
+    places = {"a": 1001, "b": 70_000 - 2 * b.nbytes}  # b: expert 2 of a stack starting there
+    pipeline.write_results(path, places, result, mode)
+    after = open(path, "rb").read()
+    expected = bytearray(before)
+    at_a = 1001 + 2 * a.nbytes
+    expected[at_a: at_a + a.nbytes] = a.tobytes()
+    expected[70_000: 70_000 + b.nbytes] = b.tobytes()
+    assert after == bytes(expected)
+    assert result.arrays == {} and result.written == {"a": a.nbytes, "b": b.nbytes} and "write" in result.seconds
 
 
 def test_a_bad_tensor_in_a_worker_is_a_message_and_leaves_nothing(tmp_path, capsys):
@@ -330,3 +363,35 @@ def test_an_explicit_numpy_backend_never_looks_for_a_gpu():
                          env={**os.environ, "PYTHONPATH": ROOT})
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split()[-1] == "False" and "NumPy reference path on the CPU" in run.stdout
+
+
+@pytest.mark.parametrize("opt", [sy.Options(fmt="block-fp8", group_size=128),
+                                 sy.Options(fmt="gptq", bits=4, group_size=64),
+                                 sy.Options(fmt="gptq", bits=4, group_size=64, sym=False),
+                                 sy.Options(fmt="gptq", bits=4, group_size=128, act_order=True)],
+                         ids=["block-fp8", "gptq-sym", "gptq-asym", "gptq-act-order"])
+def test_the_device_conversion_gives_the_host_conversions_bytes(opt, tmp_path):
+    """convert.to_marlin_device (the GPU path's results left on the device) writes what to_marlin writes, byte for
+    byte, for every layer and expert it takes (run here with the NumPy ops standing in for the device's), fused
+    projections included; act-order layers it leaves to to_marlin."""
+    from workbench.checkpoint.convert import NotOnDevice, device_conversion, to_marlin, to_marlin_device
+    from workbench.checkpoint.layers import discover
+    from workbench.checkpoint.source import open_source
+
+    src = open_source(_model(tmp_path, opt))
+    layers = discover(src).layers
+    assert layers
+    for spec in layers:
+        if not device_conversion(spec):
+            assert spec.act_order
+            with pytest.raises(NotOnDevice):
+                to_marlin_device(src, spec, 0, np.asarray, None, backend="numpy")
+            continue
+        for e in range(max(spec.num_experts, 1)):
+            host = to_marlin(src, spec, e, "numpy")
+            dev = to_marlin_device(src, spec, e, np.asarray, None, backend="numpy")
+            for a, b in ((host.qweight, dev.qweight), (host.scales, dev.scales), (host.zeros, dev.zeros)):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    assert any(device_conversion(s) for s in layers) and (not opt.act_order or any(s.act_order for s in layers))

@@ -370,10 +370,13 @@ def test_an_unwritable_or_full_disk_is_a_message_and_leaves_nothing(failure, tmp
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
         monkeypatch.setattr(output.os, "mkdir", mkdir)
     else:
-        real = io.StreamingWriter.write
-        def write(self, name, array, index=None):
+        import workbench.checkpoint.pipeline as pipeline
+
+        def write(*a, **k):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        monkeypatch.setattr(io.StreamingWriter, "write", write)
+        monkeypatch.setattr(io.StreamingWriter, "write", write)  # the serial path's writes
+        monkeypatch.setattr(pipeline, "_copy_mapped", lambda *a: False)  # the pipeline's tasks: a full disk makes
+        monkeypatch.setattr(pipeline, "_pwrite_all", write)  # MADV_POPULATE_WRITE fail, then pwrite says ENOSPC
     code, _, err = _cli(capsys, "repack", src, "--out", str(tmp_path / "out"), "--no-progress")
     assert code == 2 and os.strerror(failure) in err and str(tmp_path / "out") in err
     assert sorted(os.listdir(tmp_path)) == ["src"]

@@ -268,6 +268,69 @@ def to_marlin(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str,
     return MarlinTensors(qweight, scales, zeros, g_idx, perm)
 
 
+class NotOnDevice(Exception):
+    """``to_marlin_device`` does not convert this layer (the caller takes ``to_marlin``)."""
+
+
+def device_conversion(spec: LayerSpec) -> bool:
+    """Whether ``to_marlin_device`` converts this layer: block-FP8 and GPTQ (v1 / v2) without act-order, the
+    checkpoints the GPU path meets most (DeepSeek-V3's experts, GPTQ models); the other formats take ``to_marlin``."""
+    return not spec.microscale and (spec.source_format == FP8 or
+                                    spec.source_format in (GPTQ, GPTQ_V2) and not spec.act_order)
+
+
+def to_marlin_device(src: SourceCheckpoint, spec: LayerSpec, expert: int, upload, stream,
+                     backend: str = "numba") -> MarlinTensors:
+    """``to_marlin`` with the Marlin tensors left on the device (CuPy arrays, raw words: the 16-bit scales as
+    their bits): the caller copies them into page-locked memory and writes them from there, so the results never
+    take the pageable copy back, nor the copy into the layer's host array. ``upload(host array)`` puts a source
+    tensor on the device (on ``stream``, from the page-locked staging). The values checked on the host by
+    ``to_marlin`` (g_idx, zero points) are checked here the same way, with the same messages."""
+    if not device_conversion(spec):
+        raise NotOnDevice(f"{spec.name}: {spec.source_format} is not converted on the device by to_marlin_device")
+    segments = spec.parts[expert]
+    fmt, bits, g = spec.source_format, spec.bits, spec.group_size
+    if fmt != FP8:
+        _layer_g_idx(src, spec, segments)  # without act-order a stored g_idx must be the trivial k // G
+    pieces = []
+    for part in segments:
+        k, n, t = part.size_k, part.size_n, part.tensors
+        if fmt == FP8:
+            inv = src.read(t["weight_scale_inv"])
+            inv = inv.view(np.uint16) if inv.dtype.itemsize == 2 else inv  # bf16 travels as its bits
+            q = ops.block_fp8_group128_repack(upload(src.read(t["weight"]).view(np.uint8)), k, n, backend=backend,
+                                              stream=stream)
+            sc = ops.block_fp8_group128_scales(upload(inv), k, n, spec.act_dtype, backend=backend, stream=stream)
+            pieces.append((q, sc, None))
+            continue
+        if src.read(t["scales"]).dtype != np.dtype(spec.act_dtype):  # the host path rounds them into act_dtype
+            raise NotOnDevice(f"{t['scales']}: {src.read(t['scales']).dtype} scales, {np.dtype(spec.act_dtype)} out")
+        zero_codes = _zero_codes(src, spec, part)
+        q = ops.gptq_marlin_repack(upload(src.read(t["qweight"])), None, k, n, bits, backend=backend, stream=stream)
+        scales = src.read(t["scales"])
+        sc = ops.marlin_permute_scales(upload(scales.view(np.uint16) if scales.dtype.itemsize == 2 and
+                                              scales.dtype != np.float16 else scales), k, n, g, backend=backend,
+                                       stream=stream)
+        z = None
+        if spec.weight_type.has_zero_points:
+            z = ops.marlin_zero_points(upload(np.ascontiguousarray(zero_codes)), k, n, bits, backend=backend,
+                                       stream=stream)
+        pieces.append((q, sc, z))
+    if len(pieces) == 1:
+        q, sc, z = pieces[0]
+    else:  # fused along N: each Marlin tensor's columns concatenated (as to_marlin does on the host)
+        if isinstance(q, np.ndarray):  # (host arrays: the backend given, in a test)
+            cp = np
+        else:
+            from workbench.cuda.arrays import cupy
+
+            cp = cupy()
+        q = cp.concatenate([p[0] for p in pieces], axis=1)
+        sc = cp.concatenate([p[1] for p in pieces], axis=1)
+        z = None if pieces[0][2] is None else cp.concatenate([p[2] for p in pieces], axis=1)
+    return MarlinTensors(q, sc, z, None, None)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Marlin -> source, exact compare (verify)
 # ---------------------------------------------------------------------------------------------------------------

@@ -414,6 +414,13 @@ class StreamingWriter:
         self._appended[name] += len(chunk)
         self._written[name] += len(chunk)
 
+    def flush(self) -> None:
+        self._f.flush()
+
+    def written(self, name: str) -> int:
+        """Bytes of tensor ``name`` written through this writer so far."""
+        return self._written[name]
+
     def close(self) -> None:
         short = [f"{n} ({w} of {self._planned[n].nbytes} bytes)" for n, w in self._written.items()
                  if w != self._planned[n].nbytes]
