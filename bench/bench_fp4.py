@@ -243,7 +243,7 @@ def repack(out, dev, ceil, cp, torch, old_dir=None, sweep=False, rounds=11) -> N
     the scale routes do for their error check). Methods: ``ours`` (the public wrapper), ``old`` (OLD's module, or
     for MXFP8 weights the block-FP8 transpose-tile route it dispatched to; outputs compared bit for bit with ours),
     ``ours_kernel`` (the scale tile kernel's launch alone, buffers allocated once), and with ``sweep`` the weight
-    kernels' other launch shapes ``ours_g{groups}_{k|n}fast``. Bytes = read + written."""
+    kernels' other launch shapes ``ours_g{groups}_{k|n}fast_w{warps}``. Bytes = read + written."""
     from kernels_numba import fp4_repack as kf
     from kernels_numba import marlin_repack as kr
     from workbench import ops
@@ -254,7 +254,7 @@ def repack(out, dev, ceil, cp, torch, old_dir=None, sweep=False, rounds=11) -> N
     def stream():
         return torch.cuda.current_stream().cuda_stream
 
-    shapes = [(g, nf) for g in (1, 2) for nf in (False, True)]
+    shapes = [(g, nf, 4) for g in (1, 2) for nf in (False, True)] + [(1, False, 8), (1, True, 8)]
     for k, n in REPACK_LAYERS:
         fp4 = cp.random.randint(0, 256, size=(n, k // 2), dtype=cp.int32).astype(cp.uint8)
         fp8 = cp.random.randint(0, 0x7F, size=(n, k), dtype=cp.int32).astype(cp.uint8)
@@ -313,14 +313,14 @@ def repack(out, dev, ceil, cp, torch, old_dir=None, sweep=False, rounds=11) -> N
         cases["marlin_to_nvfp4_scales"][2]["ours_kernel"] = kernel_call("nvfp4", False)
         cases["marlin_to_mx_scales"][2]["ours_kernel"] = kernel_call("mx", False)
         if sweep:
-            for g, nf in shapes:
-                tag = f"ours_g{g}_{'n' if nf else 'k'}fast"
-                cases["fp4_marlin_repack"][2][tag] = (lambda g=g, nf=nf: kf.fp4_marlin_repack(
-                    fp4, k, n, stream=stream(), launch=(g, nf)))
-                cases["marlin_to_fp4"][2][tag] = (lambda g=g, nf=nf: kf.marlin_to_fp4(
-                    q4, k, n, stream=stream(), launch=(g, nf)))
-                cases["mxfp8_marlin_repack"][2][tag] = (lambda g=g, nf=nf: kf.mxfp8_marlin_repack(
-                    fp8, k, n, stream=stream(), launch=(g, nf)))
+            for shape in shapes:
+                tag = f"ours_g{shape[0]}_{'n' if shape[1] else 'k'}fast_w{shape[2]}"
+                cases["fp4_marlin_repack"][2][tag] = (lambda shape=shape: kf.fp4_marlin_repack(
+                    fp4, k, n, stream=stream(), launch=shape))
+                cases["marlin_to_fp4"][2][tag] = (lambda shape=shape: kf.marlin_to_fp4(
+                    q4, k, n, stream=stream(), launch=shape))
+                cases["mxfp8_marlin_repack"][2][tag] = (lambda shape=shape: kf.mxfp8_marlin_repack(
+                    fp8, k, n, stream=stream(), launch=shape))
         for op, (wtype, nbytes, methods) in cases.items():
             equal = {}
             try:

@@ -62,13 +62,12 @@ MARK_BASE = 1 << 62  # error slots: the lowest bad index i is kept as an atomic 
 
 # weights: the sector kernels
 SECTOR_WARPS = 4
-SECTOR_THREADS = 32 * SECTOR_WARPS
 STAGE_ROW_4 = 136  # staged words per k-tile, 4-bit: 8 columns x 17 (16 words + 1 pad); 136 = 8 mod 32
 STAGE_COL_4 = 17
 STAGE_ROW_8 = 264  # 8-bit: 8 columns x 33 (32 words + 1 pad); 264 = 8 mod 32
 STAGE_COL_8 = 33
-# bits -> (k-tile groups per warp, n-tiles fastest in the grid): the shipped launch shapes
-WEIGHT_LAUNCH = {4: (1, False), 8: (1, False)}
+# bits -> (k-tile groups per warp, n-tiles fastest in the grid, warps per block): the shipped launch shapes
+WEIGHT_LAUNCH = {4: (1, False, SECTOR_WARPS), 8: (1, False, SECTOR_WARPS)}
 
 # scales: the tile kernels
 SCALE_TILE_N = 64
@@ -156,22 +155,23 @@ def e4m3_of_s0e5m3(b, s):
 # ---------------------------------------------------------------------------------------------------------------
 # weights: the sector kernels
 # ---------------------------------------------------------------------------------------------------------------
-def sector_grid(size_k: int, size_n: int, experts: int, groups: int, n_fastest: bool) -> tuple[int, int, int]:
-    """Grid of the sector kernels: a block is SECTOR_WARPS warps along K of one n-tile, a warp 4 * groups k-tiles."""
-    k_blocks = -(-(size_k // 16) // (4 * groups * SECTOR_WARPS))
+def sector_grid(size_k: int, size_n: int, experts: int, groups: int, n_fastest: bool,
+                warps: int = SECTOR_WARPS) -> tuple[int, int, int]:
+    """Grid of the sector kernels: a block is ``warps`` warps along K of one n-tile, a warp 4 * groups k-tiles."""
+    k_blocks = -(-(size_k // 16) // (4 * groups * warps))
     n_tiles = size_n // 64
     return (n_tiles, k_blocks, experts) if n_fastest else (k_blocks, n_tiles, experts)
 
 
-def fp4_sector_repack_source(groups: int = 1, n_fastest: bool = False):
+def fp4_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: int = SECTOR_WARPS):
     """src uint64 [E, N, K/16] (word (n, kt): codes 16 kt .. 16 kt + 15 of row n, i.e. GPTQ words a | b << 32 of
     k-tile kt, column n) -> out uint32 [E, K/16, 2N] Marlin words."""
     held = 8 * groups
-    stage_words = SECTOR_WARPS * 4 * groups * STAGE_ROW_4
+    stage_words = warps * 4 * groups * STAGE_ROW_4
     per_warp = 4 * groups * STAGE_ROW_4
 
     def fp4_sector_repack(src, out, size_n):
-        """Grid sector_grid(K, N, E, groups, n_fastest), SECTOR_THREADS threads."""
+        """Grid sector_grid(K, N, E, groups, n_fastest, warps), 32 * warps threads."""
         stage = cuda.shared.array(stage_words, dtype=uint32)
         if n_fastest:
             nt = cuda.blockIdx.x
@@ -186,7 +186,7 @@ def fp4_sector_repack_source(groups: int = 1, n_fastest: bool = False):
         col = lane >> 2
         j = lane & 3
         k_tiles = out.shape[1]
-        kt_w = (kb * SECTOR_WARPS + warp) * (4 * groups)  # the warp's first k-tile
+        kt_w = (kb * warps + warp) * (4 * groups)  # the warp's first k-tile
         row0 = (nt << 6) + col
         sbase = warp * per_warp
         words = cuda.local.array(held, dtype=uint64)
@@ -220,13 +220,13 @@ def fp4_sector_repack_source(groups: int = 1, n_fastest: bool = False):
     return fp4_sector_repack
 
 
-def fp4_sector_unpack_source(groups: int = 1, n_fastest: bool = False):
+def fp4_sector_unpack_source(groups: int = 1, n_fastest: bool = False, warps: int = SECTOR_WARPS):
     """The inverse: Marlin uint32 [E, K/16, 2N] -> uint64 [E, N, K/16] (E2M1 bytes [E, N, K/2])."""
-    stage_words = SECTOR_WARPS * 4 * groups * STAGE_ROW_4
+    stage_words = warps * 4 * groups * STAGE_ROW_4
     per_warp = 4 * groups * STAGE_ROW_4
 
     def fp4_sector_unpack(marlin, out, size_n):
-        """Grid sector_grid(K, N, E, groups, n_fastest), SECTOR_THREADS threads."""
+        """Grid sector_grid(K, N, E, groups, n_fastest, warps), 32 * warps threads."""
         stage = cuda.shared.array(stage_words, dtype=uint32)
         if n_fastest:
             nt = cuda.blockIdx.x
@@ -241,7 +241,7 @@ def fp4_sector_unpack_source(groups: int = 1, n_fastest: bool = False):
         col = lane >> 2
         j = lane & 3
         k_tiles = marlin.shape[1]
-        kt_w = (kb * SECTOR_WARPS + warp) * (4 * groups)
+        kt_w = (kb * warps + warp) * (4 * groups)
         sbase = warp * per_warp
         obase = nt << 7
         for q in range(4 * groups):  # whole 128-byte lines of the warp's k-tile rows
@@ -275,15 +275,15 @@ def fp4_sector_unpack_source(groups: int = 1, n_fastest: bool = False):
     return fp4_sector_unpack
 
 
-def fp8_sector_repack_source(groups: int = 1, n_fastest: bool = False):
+def fp8_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: int = SECTOR_WARPS):
     """src uint64 [E, N, K/8] (words (n, 2 kt + h): bytes 16 kt + 8 h .. + 7 of row n, i.e. GPTQ 8-bit words
     4 kt + 2 h and 4 kt + 2 h + 1 of column n) -> out uint32 [E, K/16, 4N] Marlin words."""
     held = 16 * groups
-    stage_words = SECTOR_WARPS * 4 * groups * STAGE_ROW_8
+    stage_words = warps * 4 * groups * STAGE_ROW_8
     per_warp = 4 * groups * STAGE_ROW_8
 
     def fp8_sector_repack(src, out, size_n):
-        """Grid sector_grid(K, N, E, groups, n_fastest), SECTOR_THREADS threads."""
+        """Grid sector_grid(K, N, E, groups, n_fastest, warps), 32 * warps threads."""
         stage = cuda.shared.array(stage_words, dtype=uint32)
         if n_fastest:
             nt = cuda.blockIdx.x
@@ -298,7 +298,7 @@ def fp8_sector_repack_source(groups: int = 1, n_fastest: bool = False):
         col = lane >> 2
         j = lane & 3
         k_tiles = out.shape[1]
-        kt_w = (kb * SECTOR_WARPS + warp) * (4 * groups)
+        kt_w = (kb * warps + warp) * (4 * groups)
         row0 = (nt << 6) + col
         sbase = warp * per_warp
         words = cuda.local.array(held, dtype=uint64)
@@ -335,10 +335,19 @@ def fp8_sector_repack_source(groups: int = 1, n_fastest: bool = False):
 
 
 @functools.lru_cache(maxsize=None)
-def _sector_kernel(name: str, groups: int, n_fastest: bool):
+def _sector_kernel(name: str, groups: int, n_fastest: bool, warps: int):
     sources = {"fp4_repack": fp4_sector_repack_source, "fp4_unpack": fp4_sector_unpack_source,
                "fp8_repack": fp8_sector_repack_source}
-    return jit(sources[name](groups, n_fastest))
+    return jit(sources[name](groups, n_fastest, warps))
+
+
+def _sector_launch(name: str, bits: int, launch, size_k: int, size_n: int, experts: int, stream):
+    """kernel[grid, threads, stream] of the sector kernel ``name`` for WEIGHT_LAUNCH[bits] or ``launch`` =
+    (k-tile groups per warp, n-tiles fastest[, warps per block])."""
+    groups, n_fastest, warps = (tuple(WEIGHT_LAUNCH[bits] if launch is None else launch) + (SECTOR_WARPS,))[:3]
+    kernel = _sector_kernel(name, int(groups), bool(n_fastest), int(warps))
+    return kernel[sector_grid(size_k, size_n, experts, int(groups), bool(n_fastest), int(warps)), 32 * int(warps),
+                  stream]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -519,22 +528,15 @@ def _aligned(arrays: Arrays, d, alignment: int = 8):
     return arrays.copy(d)
 
 
-def _launch_shape(bits: int, launch) -> tuple[int, bool]:
-    groups, n_fastest = WEIGHT_LAUNCH[bits] if launch is None else launch
-    return int(groups), bool(n_fastest)
-
-
 def fp4_marlin_repack(weight_packed, size_k: int, size_n: int, *, stream=None, launch=None):
     """E2M1 bytes uint8 [N, K/2] (or [E, N, K/2]) -> Marlin int32 [K/16, 2N]. ``launch``: (k-tile groups per
-    warp, n-tiles fastest) instead of WEIGHT_LAUNCH[4] (for timing other shapes)."""
+    warp, n-tiles fastest[, warps per block]) instead of WEIGHT_LAUNCH[4] (for timing other shapes)."""
     size_k, size_n = check_tile_sizes(size_k, size_n)
     arrays = Arrays(stream)
     src, stacked = _bytes(arrays, weight_packed, "weight_packed", (size_n, size_k // 2))
     src = _aligned(arrays, src).view(np.uint64)  # [E, N, K/16]: one word a k-tile
-    groups, n_fastest = _launch_shape(4, launch)
     out = arrays.empty((src.shape[0], size_k // 16, 2 * size_n), np.uint32)
-    _sector_kernel("fp4_repack", groups, n_fastest)[
-        sector_grid(size_k, size_n, src.shape[0], groups, n_fastest), SECTOR_THREADS, arrays.stream](src, out, size_n)
+    _sector_launch("fp4_repack", 4, launch, size_k, size_n, src.shape[0], arrays.stream)(src, out, size_n)
     return _give(arrays, out, (size_k // 16, 2 * size_n), stacked, np.int32)
 
 
@@ -543,11 +545,9 @@ def marlin_to_fp4(marlin_q, size_k: int, size_n: int, *, stream=None, launch=Non
     size_k, size_n = check_tile_sizes(size_k, size_n)
     arrays = Arrays(stream)
     q, stacked = _words(arrays, marlin_q, "marlin_q", size_k // 16, 2 * size_n)
-    groups, n_fastest = _launch_shape(4, launch)
     out = arrays.empty((q.shape[0], size_n, size_k // 16), np.uint64)
-    _sector_kernel("fp4_unpack", groups, n_fastest)[
-        sector_grid(size_k, size_n, q.shape[0], groups, n_fastest), SECTOR_THREADS, arrays.stream](
-        _aligned(arrays, q, 4), out, size_n)
+    _sector_launch("fp4_unpack", 4, launch, size_k, size_n, q.shape[0], arrays.stream)(_aligned(arrays, q, 4), out,
+                                                                                       size_n)
     return _give(arrays, out.view(np.uint8), (size_n, size_k // 2), stacked)
 
 
@@ -558,10 +558,8 @@ def mxfp8_marlin_repack(weight, size_k: int, size_n: int, *, stream=None, launch
     arrays = Arrays(stream)
     src, stacked = _bytes(arrays, weight, "weight", (size_n, size_k))
     src = _aligned(arrays, src).view(np.uint64)  # [E, N, K/8]: two words a k-tile
-    groups, n_fastest = _launch_shape(8, launch)
     out = arrays.empty((src.shape[0], size_k // 16, 4 * size_n), np.uint32)
-    _sector_kernel("fp8_repack", groups, n_fastest)[
-        sector_grid(size_k, size_n, src.shape[0], groups, n_fastest), SECTOR_THREADS, arrays.stream](src, out, size_n)
+    _sector_launch("fp8_repack", 8, launch, size_k, size_n, src.shape[0], arrays.stream)(src, out, size_n)
     return _give(arrays, out, (size_k // 16, 4 * size_n), stacked, np.int32)
 
 
@@ -742,12 +740,14 @@ def compile_targets():
         return types.Array(dt, nd, "C")
 
     u8, u32, u64, i64 = types.uint8, types.uint32, types.uint64, types.int64
-    shapes = sorted({(1, False), (2, False), (1, True), (2, True)} | set(WEIGHT_LAUNCH.values()))
-    for groups, n_fastest in shapes:
-        tag = f"groups={groups},n_fastest={n_fastest}"
-        yield f"fp4_sector_repack[{tag}]", fp4_sector_repack_source(groups, n_fastest), (arr(u64, 3), arr(u32, 3), i64)
-        yield f"fp4_sector_unpack[{tag}]", fp4_sector_unpack_source(groups, n_fastest), (arr(u32, 3), arr(u64, 3), i64)
-        yield f"fp8_sector_repack[{tag}]", fp8_sector_repack_source(groups, n_fastest), (arr(u64, 3), arr(u32, 3), i64)
+    shapes = sorted({(1, False, 4), (2, False, 4), (1, True, 4), (2, True, 4), (1, False, 8)} |
+                    set(WEIGHT_LAUNCH.values()))
+    for groups, n_fastest, warps in shapes:
+        tag = f"groups={groups},n_fastest={n_fastest},warps={warps}"
+        for name, source, types_in, types_out in (("fp4_sector_repack", fp4_sector_repack_source, u64, u32),
+                                                   ("fp4_sector_unpack", fp4_sector_unpack_source, u32, u64),
+                                                   ("fp8_sector_repack", fp8_sector_repack_source, u64, u32)):
+            yield f"{name}[{tag}]", source(groups, n_fastest, warps), (arr(types_in, 3), arr(types_out, 3), i64)
     for kind in ("nvfp4", "mx"):
         yield (f"scale_tile[{kind}]", scale_tile_source(kind),
                (arr(u8, 3), arr(u8, 3), i64, i64, i64, arr(u64, 1)))
