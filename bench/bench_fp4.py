@@ -243,7 +243,7 @@ def repack(out, dev, ceil, cp, torch, old_dir=None, sweep=False, rounds=11) -> N
     the scale routes do for their error check). Methods: ``ours`` (the public wrapper), ``old`` (OLD's module, or
     for MXFP8 weights the block-FP8 transpose-tile route it dispatched to; outputs compared bit for bit with ours),
     ``ours_kernel`` (the scale tile kernel's launch alone, buffers allocated once), and with ``sweep`` the weight
-    kernels' other launch shapes ``ours_g{groups}_{k|n}fast_w{warps}``. Bytes = read + written."""
+    kernels' other launch shapes ``ours_g{groups}_{k|n}fast_w{warps}[_warpsync]``. Bytes = read + written."""
     from kernels_numba import fp4_repack as kf
     from kernels_numba import marlin_repack as kr
     from workbench import ops
@@ -254,7 +254,8 @@ def repack(out, dev, ceil, cp, torch, old_dir=None, sweep=False, rounds=11) -> N
     def stream():
         return torch.cuda.current_stream().cuda_stream
 
-    shapes = [(g, nf, 4) for g in (1, 2) for nf in (False, True)] + [(1, False, 8), (1, True, 8)]
+    shapes = ([(g, nf, 4, False) for g in (1, 2) for nf in (False, True)] + [(1, False, 8, False), (1, True, 8, False)]
+              + [(1, False, 4, True), (1, True, 4, True)])
     for k, n in REPACK_LAYERS:
         fp4 = cp.random.randint(0, 256, size=(n, k // 2), dtype=cp.int32).astype(cp.uint8)
         fp8 = cp.random.randint(0, 0x7F, size=(n, k), dtype=cp.int32).astype(cp.uint8)
@@ -296,8 +297,10 @@ def repack(out, dev, ceil, cp, torch, old_dir=None, sweep=False, rounds=11) -> N
         err = cp.zeros(6, dtype=cp.uint64)
         o16, o32 = cp.empty((1, ng16, n), cp.uint8), cp.empty((1, ng32, n), cp.uint8)
         b16, b32 = cp.empty((1, n, ng16), cp.uint8), cp.empty((1, n, ng32), cp.uint8)
-        tile = {("nvfp4", True): (e4m3.reshape(1, n, ng16), o16, ng16), ("mx", True): (e8m0.reshape(1, n, ng32), o32, ng32),
-                ("nvfp4", False): (s_nv.reshape(1, ng16, n), b16, ng16), ("mx", False): (s_mx.reshape(1, ng32, n), b32, ng32)}
+        tile = {("nvfp4", True): (e4m3.reshape(1, n, ng16), o16, ng16),
+                ("mx", True): (e8m0.reshape(1, n, ng32), o32, ng32),
+                ("nvfp4", False): (s_nv.reshape(1, ng16, n), b16, ng16),
+                ("mx", False): (s_mx.reshape(1, ng32, n), b32, ng32)}
 
         def kernel_call(kind, forward):
             src, dst, ng = tile[(kind, forward)]
@@ -314,7 +317,7 @@ def repack(out, dev, ceil, cp, torch, old_dir=None, sweep=False, rounds=11) -> N
         cases["marlin_to_mx_scales"][2]["ours_kernel"] = kernel_call("mx", False)
         if sweep:
             for shape in shapes:
-                tag = f"ours_g{shape[0]}_{'n' if shape[1] else 'k'}fast_w{shape[2]}"
+                tag = f"ours_g{shape[0]}_{'n' if shape[1] else 'k'}fast_w{shape[2]}{'_warpsync' if shape[3] else ''}"
                 cases["fp4_marlin_repack"][2][tag] = (lambda shape=shape: kf.fp4_marlin_repack(
                     fp4, k, n, stream=stream(), launch=shape))
                 cases["marlin_to_fp4"][2][tag] = (lambda shape=shape: kf.marlin_to_fp4(

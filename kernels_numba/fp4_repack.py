@@ -49,7 +49,7 @@ import warnings
 import numpy as np
 from numba import cuda, int64, uint8, uint32, uint64
 
-from kernels_numba._launch import Arrays, copy_to_host_checked, is_device_array, jit
+from kernels_numba._launch import SIMULATOR, Arrays, copy_to_host_checked, is_device_array, jit
 from kernels_numba.marlin_repack import gptq_byte_from_marlin_4bit, marlin_words_4bit, marlin_words_8bit
 from workbench.formats import fp4_marlin as fm
 from workbench.formats import microscale as ms
@@ -66,8 +66,9 @@ STAGE_ROW_4 = 136  # staged words per k-tile, 4-bit: 8 columns x 17 (16 words + 
 STAGE_COL_4 = 17
 STAGE_ROW_8 = 264  # 8-bit: 8 columns x 33 (32 words + 1 pad); 264 = 8 mod 32
 STAGE_COL_8 = 33
-# bits -> (k-tile groups per warp, n-tiles fastest in the grid, warps per block): the shipped launch shapes
-WEIGHT_LAUNCH = {4: (1, False, SECTOR_WARPS), 8: (1, False, SECTOR_WARPS)}
+# bits -> (k-tile groups per warp, n-tiles fastest in the grid, warps per block, a warp's own barrier instead of
+# the block's): the shipped launch shapes
+WEIGHT_LAUNCH = {4: (1, False, SECTOR_WARPS, False), 8: (1, False, SECTOR_WARPS, False)}
 
 # scales: the tile kernels
 SCALE_TILE_N = 64
@@ -163,12 +164,30 @@ def sector_grid(size_k: int, size_n: int, experts: int, groups: int, n_fastest: 
     return (n_tiles, k_blocks, experts) if n_fastest else (k_blocks, n_tiles, experts)
 
 
-def fp4_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: int = SECTOR_WARPS):
+@cuda.jit(device=True, inline=True)
+def _block_barrier():
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline=True)
+def _warp_barrier():
+    cuda.syncwarp()
+
+
+def _stage_barrier(warp_sync: bool):
+    """The barrier between a warp's stores into its private stage and its reads of it: the block's, or (warp_sync,
+    on a GPU) the warp's own, so a warp need not wait for the block's other warps (the simulator has no syncwarp)."""
+    return _warp_barrier if warp_sync and not SIMULATOR else _block_barrier
+
+
+def fp4_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: int = SECTOR_WARPS,
+                             warp_sync: bool = False):
     """src uint64 [E, N, K/16] (word (n, kt): codes 16 kt .. 16 kt + 15 of row n, i.e. GPTQ words a | b << 32 of
     k-tile kt, column n) -> out uint32 [E, K/16, 2N] Marlin words."""
     held = 8 * groups
     stage_words = warps * 4 * groups * STAGE_ROW_4
     per_warp = 4 * groups * STAGE_ROW_4
+    barrier = _stage_barrier(warp_sync)
 
     def fp4_sector_repack(src, out, size_n):
         """Grid sector_grid(K, N, E, groups, n_fastest, warps), 32 * warps threads."""
@@ -207,7 +226,7 @@ def fp4_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: in
                     d = uint32(cd >> uint64(32))
                     for row2 in range(4):  # Marlin word 16 col + 4 row2 + sub
                         stage[srow + 4 * row2 + sub] = marlin_words_4bit(a, b, c, d, row2)
-        cuda.syncthreads()
+        barrier()
         obase = nt << 7
         for q in range(4 * groups):
             kt = kt_w + q
@@ -220,10 +239,12 @@ def fp4_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: in
     return fp4_sector_repack
 
 
-def fp4_sector_unpack_source(groups: int = 1, n_fastest: bool = False, warps: int = SECTOR_WARPS):
+def fp4_sector_unpack_source(groups: int = 1, n_fastest: bool = False, warps: int = SECTOR_WARPS,
+                             warp_sync: bool = False):
     """The inverse: Marlin uint32 [E, K/16, 2N] -> uint64 [E, N, K/16] (E2M1 bytes [E, N, K/2])."""
     stage_words = warps * 4 * groups * STAGE_ROW_4
     per_warp = 4 * groups * STAGE_ROW_4
+    barrier = _stage_barrier(warp_sync)
 
     def fp4_sector_unpack(marlin, out, size_n):
         """Grid sector_grid(K, N, E, groups, n_fastest, warps), 32 * warps threads."""
@@ -251,7 +272,7 @@ def fp4_sector_unpack_source(groups: int = 1, n_fastest: bool = False, warps: in
                     p = 32 * r + lane
                     stage[sbase + q * STAGE_ROW_4 + STAGE_COL_4 * (p >> 4) + (p & 15)] = marlin[
                         e, uint64(kt), uint64(obase + p)]
-        cuda.syncthreads()
+        barrier()
         row0 = (nt << 6) + col
         for g in range(groups):
             kt = kt_w + 4 * g + j
@@ -275,12 +296,14 @@ def fp4_sector_unpack_source(groups: int = 1, n_fastest: bool = False, warps: in
     return fp4_sector_unpack
 
 
-def fp8_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: int = SECTOR_WARPS):
+def fp8_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: int = SECTOR_WARPS,
+                             warp_sync: bool = False):
     """src uint64 [E, N, K/8] (words (n, 2 kt + h): bytes 16 kt + 8 h .. + 7 of row n, i.e. GPTQ 8-bit words
     4 kt + 2 h and 4 kt + 2 h + 1 of column n) -> out uint32 [E, K/16, 4N] Marlin words."""
     held = 16 * groups
     stage_words = warps * 4 * groups * STAGE_ROW_8
     per_warp = 4 * groups * STAGE_ROW_8
+    barrier = _stage_barrier(warp_sync)
 
     def fp8_sector_repack(src, out, size_n):
         """Grid sector_grid(K, N, E, groups, n_fastest, warps), 32 * warps threads."""
@@ -322,7 +345,7 @@ def fp8_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: in
                     stage[srow + 8 + sub] = marlin_words_8bit(r0, r2, 1)
                     stage[srow + 16 + sub] = marlin_words_8bit(r1, r3, 2)
                     stage[srow + 24 + sub] = marlin_words_8bit(r1, r3, 3)
-        cuda.syncthreads()
+        barrier()
         obase = nt << 8
         for q in range(4 * groups):
             kt = kt_w + q
@@ -335,17 +358,18 @@ def fp8_sector_repack_source(groups: int = 1, n_fastest: bool = False, warps: in
 
 
 @functools.lru_cache(maxsize=None)
-def _sector_kernel(name: str, groups: int, n_fastest: bool, warps: int):
+def _sector_kernel(name: str, groups: int, n_fastest: bool, warps: int, warp_sync: bool):
     sources = {"fp4_repack": fp4_sector_repack_source, "fp4_unpack": fp4_sector_unpack_source,
                "fp8_repack": fp8_sector_repack_source}
-    return jit(sources[name](groups, n_fastest, warps))
+    return jit(sources[name](groups, n_fastest, warps, warp_sync))
 
 
 def _sector_launch(name: str, bits: int, launch, size_k: int, size_n: int, experts: int, stream):
     """kernel[grid, threads, stream] of the sector kernel ``name`` for WEIGHT_LAUNCH[bits] or ``launch`` =
-    (k-tile groups per warp, n-tiles fastest[, warps per block])."""
-    groups, n_fastest, warps = (tuple(WEIGHT_LAUNCH[bits] if launch is None else launch) + (SECTOR_WARPS,))[:3]
-    kernel = _sector_kernel(name, int(groups), bool(n_fastest), int(warps))
+    (k-tile groups per warp, n-tiles fastest[, warps per block[, warp_sync]])."""
+    groups, n_fastest, warps, warp_sync = (tuple(WEIGHT_LAUNCH[bits] if launch is None else launch) +
+                                           (SECTOR_WARPS, False)[len(launch or WEIGHT_LAUNCH[bits]) - 2:])
+    kernel = _sector_kernel(name, int(groups), bool(n_fastest), int(warps), bool(warp_sync))
     return kernel[sector_grid(size_k, size_n, experts, int(groups), bool(n_fastest), int(warps)), 32 * int(warps),
                   stream]
 
@@ -740,14 +764,15 @@ def compile_targets():
         return types.Array(dt, nd, "C")
 
     u8, u32, u64, i64 = types.uint8, types.uint32, types.uint64, types.int64
-    shapes = sorted({(1, False, 4), (2, False, 4), (1, True, 4), (2, True, 4), (1, False, 8)} |
-                    set(WEIGHT_LAUNCH.values()))
-    for groups, n_fastest, warps in shapes:
-        tag = f"groups={groups},n_fastest={n_fastest},warps={warps}"
+    shapes = sorted({(1, False, 4, False), (2, False, 4, False), (1, True, 4, False), (2, True, 4, False),
+                     (1, False, 8, False), (1, False, 4, True)} | set(WEIGHT_LAUNCH.values()))
+    for groups, n_fastest, warps, warp_sync in shapes:
+        tag = f"groups={groups},n_fastest={n_fastest},warps={warps},warp_sync={warp_sync}"
         for name, source, types_in, types_out in (("fp4_sector_repack", fp4_sector_repack_source, u64, u32),
                                                    ("fp4_sector_unpack", fp4_sector_unpack_source, u32, u64),
                                                    ("fp8_sector_repack", fp8_sector_repack_source, u64, u32)):
-            yield f"{name}[{tag}]", source(groups, n_fastest, warps), (arr(types_in, 3), arr(types_out, 3), i64)
+            yield (f"{name}[{tag}]", source(groups, n_fastest, warps, warp_sync),
+                   (arr(types_in, 3), arr(types_out, 3), i64))
     for kind in ("nvfp4", "mx"):
         yield (f"scale_tile[{kind}]", scale_tile_source(kind),
                (arr(u8, 3), arr(u8, 3), i64, i64, i64, arr(u64, 1)))

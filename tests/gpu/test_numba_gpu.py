@@ -308,14 +308,19 @@ from workbench.formats import fp4_marlin as fm  # noqa: E402
 # (K, N): the 70B layers (>= 100 MB), the smallest tile, a k-tile count that leaves a warp and a block partial (65 =
 # 4 * 16 + 1), an odd number of 16-groups and a group count past one 32-group scale tile
 FP4_SHAPES = LLAMA3_70B + [(16, 64), (1040, 320), (48, 192), (32 * 33, 128)]
-FP4_LAUNCHES = [(1, False, 4), (2, False, 4), (1, True, 4), (2, True, 4), (1, False, 8), (1, True, 8)]
+FP4_LAUNCHES = [(1, False, 4, False), (2, False, 4, False), (1, True, 4, False), (2, True, 4, False),
+                (1, False, 8, False), (1, True, 8, False), (1, False, 4, True), (1, True, 4, True)]
 
 
 def _device_bytes(shape):
     return cupy.random.randint(0, 256, size=shape, dtype=cupy.int32).astype(cupy.uint8)
 
 
-@pytest.mark.parametrize("launch", FP4_LAUNCHES, ids=lambda v: f"g{v[0]}-{'n' if v[1] else 'k'}fast-w{v[2]}")
+def _launch_id(v):
+    return f"g{v[0]}-{'n' if v[1] else 'k'}fast-w{v[2]}" + ("-warpsync" if v[3] else "")
+
+
+@pytest.mark.parametrize("launch", FP4_LAUNCHES, ids=_launch_id)
 @pytest.mark.parametrize("k,n", FP4_SHAPES)
 def test_fp4_and_mxfp8_weights_every_launch_shape(k, n, launch):
     """Against vLLM's route on the GPTQ kernel (``weight.view(int32).T`` through gptq_marlin_repack, checked against

@@ -35,7 +35,8 @@ def test_fp4_weights_both_ways(size_k, size_n, rng):
 
 # every launch shape of the sector kernels, on shapes whose k-tiles leave the last warp and block partial (17 =
 # 4 * 4 + 1 k-tiles; the smallest tile: one k-tile of the four a warp covers)
-@pytest.mark.parametrize("launch", [(1, False, 4), (2, False, 4), (1, True, 4), (2, True, 4), (1, False, 8)])
+@pytest.mark.parametrize("launch", [(1, False, 4), (2, False, 4), (1, True, 4), (2, True, 4), (1, False, 8),
+                                    (1, False, 4, True)])
 @pytest.mark.parametrize("size_k,size_n", [(16, 64), (272, 128)])
 def test_sector_kernels_every_launch_shape(launch, size_k, size_n, rng):
     packed = rng.integers(0, 256, size=(size_n, size_k // 2), dtype=np.uint8)
