@@ -38,8 +38,8 @@ error slot (the lowest index i as an atomic max of ``MARK_BASE - i``, and a coun
 with the NumPy reference's message; negative NVFP4 scales are counted and warned about the same way. The host reads
 the slot back once, after the launch (the check has to see the kernel's result before the call returns).
 
-Launch shapes (k-tile groups per warp, grid order) are ``WEIGHT_LAUNCH``; the measurements behind them are in
-docs/performance.md, "Repack kernels".
+Launch shapes (k-tile groups per warp, grid order, warps per block, barrier) are ``WEIGHT_LAUNCH``; the
+measurements behind them are in docs/performance.md, "Repack kernels".
 """
 from __future__ import annotations
 
@@ -66,9 +66,10 @@ STAGE_ROW_4 = 136  # staged words per k-tile, 4-bit: 8 columns x 17 (16 words + 
 STAGE_COL_4 = 17
 STAGE_ROW_8 = 264  # 8-bit: 8 columns x 33 (32 words + 1 pad); 264 = 8 mod 32
 STAGE_COL_8 = 33
-# bits -> (k-tile groups per warp, n-tiles fastest in the grid, warps per block, a warp's own barrier instead of
-# the block's): the shipped launch shapes
-WEIGHT_LAUNCH = {4: (1, False, SECTOR_WARPS, False), 8: (1, False, SECTOR_WARPS, False)}
+# kernel -> (k-tile groups per warp, n-tiles fastest in the grid, warps per block, a warp's own barrier instead of
+# the block's): the shipped launch shapes, the fastest of a sweep of all eight (docs/performance.md, "Repack kernels")
+WEIGHT_LAUNCH = {"fp4_repack": (1, False, SECTOR_WARPS, False), "fp4_unpack": (1, False, SECTOR_WARPS, True),
+                 "fp8_repack": (2, True, SECTOR_WARPS, False)}
 
 # scales: the tile kernels
 SCALE_TILE_N = 64
@@ -364,11 +365,11 @@ def _sector_kernel(name: str, groups: int, n_fastest: bool, warps: int, warp_syn
     return jit(sources[name](groups, n_fastest, warps, warp_sync))
 
 
-def _sector_launch(name: str, bits: int, launch, size_k: int, size_n: int, experts: int, stream):
-    """kernel[grid, threads, stream] of the sector kernel ``name`` for WEIGHT_LAUNCH[bits] or ``launch`` =
+def _sector_launch(name: str, launch, size_k: int, size_n: int, experts: int, stream):
+    """kernel[grid, threads, stream] of the sector kernel ``name`` for WEIGHT_LAUNCH[name] or ``launch`` =
     (k-tile groups per warp, n-tiles fastest[, warps per block[, warp_sync]])."""
-    groups, n_fastest, warps, warp_sync = (tuple(WEIGHT_LAUNCH[bits] if launch is None else launch) +
-                                           (SECTOR_WARPS, False)[len(launch or WEIGHT_LAUNCH[bits]) - 2:])
+    shape = tuple(WEIGHT_LAUNCH[name] if launch is None else launch)
+    groups, n_fastest, warps, warp_sync = shape + (SECTOR_WARPS, False)[len(shape) - 2:]
     kernel = _sector_kernel(name, int(groups), bool(n_fastest), int(warps), bool(warp_sync))
     return kernel[sector_grid(size_k, size_n, experts, int(groups), bool(n_fastest), int(warps)), 32 * int(warps),
                   stream]
@@ -554,13 +555,13 @@ def _aligned(arrays: Arrays, d, alignment: int = 8):
 
 def fp4_marlin_repack(weight_packed, size_k: int, size_n: int, *, stream=None, launch=None):
     """E2M1 bytes uint8 [N, K/2] (or [E, N, K/2]) -> Marlin int32 [K/16, 2N]. ``launch``: (k-tile groups per
-    warp, n-tiles fastest[, warps per block]) instead of WEIGHT_LAUNCH[4] (for timing other shapes)."""
+    warp, n-tiles fastest[, warps per block[, warp_sync]]) instead of WEIGHT_LAUNCH (for timing other shapes)."""
     size_k, size_n = check_tile_sizes(size_k, size_n)
     arrays = Arrays(stream)
     src, stacked = _bytes(arrays, weight_packed, "weight_packed", (size_n, size_k // 2))
     src = _aligned(arrays, src).view(np.uint64)  # [E, N, K/16]: one word a k-tile
     out = arrays.empty((src.shape[0], size_k // 16, 2 * size_n), np.uint32)
-    _sector_launch("fp4_repack", 4, launch, size_k, size_n, src.shape[0], arrays.stream)(src, out, size_n)
+    _sector_launch("fp4_repack", launch, size_k, size_n, src.shape[0], arrays.stream)(src, out, size_n)
     return _give(arrays, out, (size_k // 16, 2 * size_n), stacked, np.int32)
 
 
@@ -570,7 +571,7 @@ def marlin_to_fp4(marlin_q, size_k: int, size_n: int, *, stream=None, launch=Non
     arrays = Arrays(stream)
     q, stacked = _words(arrays, marlin_q, "marlin_q", size_k // 16, 2 * size_n)
     out = arrays.empty((q.shape[0], size_n, size_k // 16), np.uint64)
-    _sector_launch("fp4_unpack", 4, launch, size_k, size_n, q.shape[0], arrays.stream)(_aligned(arrays, q, 4), out,
+    _sector_launch("fp4_unpack", launch, size_k, size_n, q.shape[0], arrays.stream)(_aligned(arrays, q, 4), out,
                                                                                        size_n)
     return _give(arrays, out.view(np.uint8), (size_n, size_k // 2), stacked)
 
@@ -583,7 +584,7 @@ def mxfp8_marlin_repack(weight, size_k: int, size_n: int, *, stream=None, launch
     src, stacked = _bytes(arrays, weight, "weight", (size_n, size_k))
     src = _aligned(arrays, src).view(np.uint64)  # [E, N, K/8]: two words a k-tile
     out = arrays.empty((src.shape[0], size_k // 16, 4 * size_n), np.uint32)
-    _sector_launch("fp8_repack", 8, launch, size_k, size_n, src.shape[0], arrays.stream)(src, out, size_n)
+    _sector_launch("fp8_repack", launch, size_k, size_n, src.shape[0], arrays.stream)(src, out, size_n)
     return _give(arrays, out, (size_k // 16, 4 * size_n), stacked, np.int32)
 
 
