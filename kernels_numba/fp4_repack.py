@@ -11,7 +11,8 @@ words. The kernels here ("sector" kernels) take the transpose out of the memory 
 
     warp = one n-tile (64 rows) x 4 k-tiles (x groups_per_warp); lane = (col = lane // 4, j = lane % 4)
     loads   lane (col, j) reads k-tile j of rows col + 8 i, i = 0..7: each load instruction reads 8 rows x 32
-            contiguous bytes (4-bit; 8-bit: 8 rows x 64 bytes in two instructions) - whole 32-byte sectors
+            contiguous bytes, whole 32-byte sectors (8-bit: two instructions read 8 rows x 64 bytes, each one half
+            of every sector)
     compute rows col + 8 i are the columns n = 16 sub + col and n + 8 of every sub-block: all a lane needs for the
             Marlin words 16 col .. 16 col + 15 of its k-tile (4-bit; 8-bit: 32 col + 8 row2 + sub, row2 = 2 words)
     stores  those words go to a warp-private shared-memory tile (padded so that neither side has bank conflicts),
@@ -62,9 +63,12 @@ MARK_BASE = 1 << 62  # error slots: the lowest bad index i is kept as an atomic 
 
 # weights: the sector kernels
 SECTOR_WARPS = 4
-STAGE_ROW_4 = 136  # staged words per k-tile, 4-bit: 8 columns x 17 (16 words + 1 pad); 136 = 8 mod 32
+# the warp-private stage: word (k-tile j, column col, m) at j * STAGE_ROW + col * STAGE_COL + m. A row stride of
+# 8 mod 32 and an odd column stride put the 32 lanes' (col, j) stores of one m into 32 banks, and a warp's reads of
+# 32 consecutive Marlin words stay in distinct banks too
+STAGE_ROW_4 = 136  # 4-bit: 8 columns x 17 (16 words + 1 pad)
 STAGE_COL_4 = 17
-STAGE_ROW_8 = 264  # 8-bit: 8 columns x 33 (32 words + 1 pad); 264 = 8 mod 32
+STAGE_ROW_8 = 264  # 8-bit: 8 columns x 33 (32 words + 1 pad)
 STAGE_COL_8 = 33
 # kernel -> (k-tile groups per warp, n-tiles fastest in the grid, warps per block, a warp's own barrier instead of
 # the block's): the shipped launch shapes, the fastest of a sweep of all eight (docs/performance.md, "Repack kernels")
