@@ -65,7 +65,7 @@ MARK_BASE = 1 << 62  # error slots: the lowest bad index i is kept as an atomic 
 SECTOR_WARPS = 4
 # the warp-private stage: word (k-tile j, column col, m) at j * STAGE_ROW + col * STAGE_COL + m. A row stride of
 # 8 mod 32 and an odd column stride put the 32 lanes' (col, j) stores of one m into 32 banks, and a warp's reads of
-# 32 consecutive Marlin words stay in distinct banks too
+# 32 consecutive Marlin words hit 32 banks too (8-bit; 4-bit: 31, lanes 0 and 31 share one)
 STAGE_ROW_4 = 136  # 4-bit: 8 columns x 17 (16 words + 1 pad)
 STAGE_COL_4 = 17
 STAGE_ROW_8 = 264  # 8-bit: 8 columns x 33 (32 words + 1 pad)
