@@ -310,6 +310,22 @@ class _RuntimeArrays:
             _check(_driver().cuMemsetD8Async(d.ptr, POISON_BYTE, d.nbytes, self.stream), "cuMemsetD8Async")
         return d
 
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> KernelArray:
+        """A device buffer set to 0 in stream order (one memset: no host array, no upload)."""
+        d = self._alloc(shape, dtype)
+        _not_replayable()
+        if d.nbytes:
+            _check(_driver().cuMemsetD8Async(d.ptr, 0, d.nbytes, self.stream), "cuMemsetD8Async")
+        return d
+
+    def copy(self, d: KernelArray) -> KernelArray:
+        """A new buffer (from the pool: 256-byte aligned) holding ``d``'s bytes, copied in stream order."""
+        out = self._alloc(d.shape, d.dtype)
+        _not_replayable()
+        if d.nbytes:
+            _check(_driver().cuMemcpyDtoDAsync(out.ptr, d.ptr, d.nbytes, self.stream), "cuMemcpyDtoDAsync")
+        return out
+
     def to_host(self, d: KernelArray) -> np.ndarray:
         return d.copy_to_host(self.stream)
 
@@ -417,6 +433,14 @@ class _SimulatorArrays:
             poisoned = np.full(nbytes, POISON_BYTE, dtype=np.uint8).view(dtype).reshape(shape)
             return cuda.to_device(poisoned, stream=self.stream)
         return cuda.device_array(shape, dtype=dtype, stream=self.stream)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any):
+        return cuda.to_device(np.zeros(tuple(int(s) for s in shape), dtype=dtype), stream=self.stream)
+
+    def copy(self, d):
+        out = cuda.device_array(d.shape, dtype=d.dtype, stream=self.stream)
+        out.copy_to_device(d, stream=self.stream)
+        return out
 
     def to_host(self, d) -> np.ndarray:
         host = d.copy_to_host(stream=self.stream)

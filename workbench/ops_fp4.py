@@ -29,7 +29,7 @@ from workbench.formats._checks import (check_tile_sizes, require, require_contig
 FP4_KERNELS = {
     "fp4_marlin_repack": ("fp4_repack", "fp4_marlin_repack"),
     "marlin_to_fp4": ("fp4_repack", "marlin_to_fp4"),
-    "mxfp8_marlin_repack": ("marlin_repack", "block_fp8_group128_repack"),
+    "mxfp8_marlin_repack": ("fp4_repack", "mxfp8_marlin_repack"),
     "marlin_to_mxfp8": ("marlin_repack", "marlin_to_block_fp8_row_major"),
     "nvfp4_marlin_scales": ("fp4_repack", "nvfp4_marlin_scales"),
     "marlin_to_nvfp4_scales": ("fp4_repack", "marlin_to_nvfp4_scales"),

@@ -299,3 +299,110 @@ def test_round3_stacked_act_order_keeps_the_one_pass_kernel(bits, rng):
         got = kr.gptq_marlin_repack(cupy.asarray(stacked), cupy.asarray(perms), k, n, bits).get()
     for e in (0, 31, 63):
         assert np.array_equal(got[e], marlin_tile.marlin_repack_codes(codes[e], bits, perms[e]))
+
+
+# ---- the microscaled formats (kernels_numba/fp4_repack.py): the sector kernels and the scale tile kernels ----------
+from kernels_numba import fp4_repack as kf  # noqa: E402
+from workbench.formats import fp4_marlin as fm  # noqa: E402
+
+# (K, N): the 70B layers (>= 100 MB), the smallest tile, a k-tile count that leaves a warp and a block partial (65 =
+# 4 * 16 + 1), an odd number of 16-groups and a group count past one 32-group scale tile
+FP4_SHAPES = LLAMA3_70B + [(16, 64), (1040, 320), (48, 192), (32 * 33, 128)]
+FP4_LAUNCHES = [(1, False, 4, False), (2, False, 4, False), (1, True, 4, False), (2, True, 4, False),
+                (1, False, 8, False), (1, True, 8, False), (1, False, 4, True), (1, True, 4, True)]
+
+
+def _device_bytes(shape):
+    return cupy.random.randint(0, 256, size=shape, dtype=cupy.int32).astype(cupy.uint8)
+
+
+def _launch_id(v):
+    return f"g{v[0]}-{'n' if v[1] else 'k'}fast-w{v[2]}" + ("-warpsync" if v[3] else "")
+
+
+@pytest.mark.parametrize("launch", FP4_LAUNCHES, ids=_launch_id)
+@pytest.mark.parametrize("k,n", FP4_SHAPES)
+def test_fp4_and_mxfp8_weights_every_launch_shape(k, n, launch):
+    """Against vLLM's route on the GPTQ kernel (``weight.view(int32).T`` through gptq_marlin_repack, checked against
+    NumPy in this module) and the block-FP8 transpose tile; small shapes also against the NumPy references."""
+    packed, fp8 = _device_bytes((n, k // 2)), _device_bytes((n, k))
+    want4 = kr.gptq_marlin_repack(cupy.ascontiguousarray(packed.view(cupy.int32).T), None, k, n, 4)
+    want8 = kr.block_fp8_group128_repack(fp8, k, n)
+    with poison_outputs():
+        got4 = kf.fp4_marlin_repack(packed, k, n, launch=launch)
+        back4 = kf.marlin_to_fp4(got4, k, n, launch=launch)
+        got8 = kf.mxfp8_marlin_repack(fp8, k, n, launch=launch)
+    assert isinstance(got4, cupy.ndarray) and got4.dtype == np.int32 and got4.shape == (k // 16, 2 * n)
+    assert isinstance(got8, cupy.ndarray) and got8.dtype == np.int32 and got8.shape == (k // 16, 4 * n)
+    assert bool(cupy.array_equal(got4, want4)) and bool(cupy.array_equal(got8, want8))
+    assert back4.dtype == np.uint8 and bool(cupy.array_equal(back4, packed))
+    if k * n <= 1 << 20:
+        assert np.array_equal(got4.get(), fm.fp4_marlin_repack(packed.get(), k, n))
+        assert np.array_equal(got8.get(), fm.mxfp8_marlin_repack(fp8.get(), k, n))
+
+
+def test_fp4_weights_public_ops_torch_stacked_and_unaligned(rng):
+    torch = pytest.importorskip("torch", reason="PyTorch is needed for the torch-tensor inputs")
+    k, n = 512, 192
+    packed = rng.integers(0, 256, size=(3, n, k // 2), dtype=np.uint8)
+    fp8 = rng.integers(0, 256, size=(3, n, k), dtype=np.uint8)
+    with poison_outputs():
+        q = ops.fp4_marlin_repack(torch.from_numpy(packed[1]).cuda(), k, n)  # backend auto: the kernels
+        q8 = ops.mxfp8_marlin_repack(torch.from_numpy(fp8[2]).cuda(), k, n)
+        stacked = kf.fp4_marlin_repack(cupy.asarray(packed), k, n)
+        stacked8 = kf.mxfp8_marlin_repack(cupy.asarray(fp8), k, n)
+        # an input 1 byte past an aligned address (a view into another buffer): copied to an aligned one first
+        buf = cupy.zeros(packed[0].size + 1, cupy.uint8)
+        buf[1:] = cupy.asarray(packed[0]).ravel()
+        unaligned = buf[1:].reshape(n, k // 2)
+        assert unaligned.data.ptr % 8 == 1
+        q_unaligned = kf.fp4_marlin_repack(unaligned, k, n)
+        words = cupy.zeros(stacked[0].size + 1, cupy.int32)  # Marlin words 4 bytes past an aligned address
+        words[1:] = stacked[0].ravel()
+        back_unaligned = kf.marlin_to_fp4(words[1:].reshape(k // 16, 2 * n), k, n)
+    assert type(q).__module__.startswith("torch") and type(q8).__module__.startswith("torch")
+    assert np.array_equal(_host(q), fm.fp4_marlin_repack(packed[1], k, n))
+    assert np.array_equal(_host(q8), fm.mxfp8_marlin_repack(fp8[2], k, n))
+    for e in range(3):
+        assert np.array_equal(stacked[e].get(), fm.fp4_marlin_repack(packed[e], k, n))
+        assert np.array_equal(stacked8[e].get(), fm.mxfp8_marlin_repack(fp8[e], k, n))
+    assert np.array_equal(q_unaligned.get(), fm.fp4_marlin_repack(packed[0], k, n))
+    assert np.array_equal(back_unaligned.get(), packed[0])
+    assert bool((buf[1:] == cupy.asarray(packed[0]).ravel()).all())  # input untouched
+
+
+@pytest.mark.parametrize("k,n", FP4_SHAPES)
+def test_fp4_scale_routes_real_shapes(k, n):
+    """NVFP4 (fp16, and bf16 with its computed factor) and MX scales both ways against the NumPy references, and
+    the NaN errors with the references' messages."""
+    rng = np.random.default_rng()
+    nv = rng.integers(0, 0x7F, size=(n, k // 16), dtype=np.uint8)  # every E4M3 magnitude but NaN
+    with poison_outputs():
+        got, sf = kf.nvfp4_marlin_scales(cupy.asarray(nv), k, n, np.float16)
+        back = kf.marlin_to_nvfp4_scales(got, k, n, sf)
+        got_b, sf_b = kf.nvfp4_marlin_scales(cupy.asarray(np.maximum(nv, 0x20)), k, n, BF16)  # bf16: factor 1
+    want, want_sf = fm.nvfp4_marlin_scales(nv, k, n, np.float16)
+    want_b, want_sf_b = fm.nvfp4_marlin_scales(np.maximum(nv, 0x20), k, n, BF16)
+    assert sf == want_sf and np.array_equal(got.get(), want) and np.array_equal(back.get(), nv)
+    assert sf_b == want_sf_b and np.array_equal(got_b.get(), want_b)
+    bad = nv.copy()
+    bad[n // 2, (k // 16) // 2] = 0x7F
+    bad[n - 1, 0] = 0xFF
+    with pytest.raises(ValueError) as ref:
+        fm.nvfp4_marlin_scales(bad, k, n, np.float16)
+    with pytest.raises(ValueError) as kern:
+        kf.nvfp4_marlin_scales(cupy.asarray(bad), k, n, np.float16)
+    assert str(kern.value) == str(ref.value)
+    if k % 32:
+        return
+    codes = rng.integers(0, 255, size=(n, k // 32), dtype=np.uint8)
+    with poison_outputs():
+        got = kf.mx_marlin_scales(cupy.asarray(codes), k, n, "mxfp4")
+        back = kf.marlin_to_mx_scales(got, k, n, "mxfp4")
+    assert np.array_equal(got.get(), fm.mx_marlin_scales(codes, k, n, "mxfp4")) and np.array_equal(back.get(), codes)
+    codes[n // 3, (k // 32) - 1] = 0xFF
+    with pytest.raises(ValueError) as ref:
+        fm.mx_marlin_scales(codes, k, n, "mxfp4")
+    with pytest.raises(ValueError) as kern:
+        kf.mx_marlin_scales(cupy.asarray(codes), k, n, "mxfp4")
+    assert str(kern.value) == str(ref.value)

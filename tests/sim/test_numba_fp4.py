@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kernels_numba import fp4_repack as kf
+from kernels_numba import marlin_repack as kr
 from kernels_numba._launch import poison_outputs
 from workbench import ops
 from workbench.formats import fp4_marlin as fm
@@ -30,6 +31,47 @@ def test_fp4_weights_both_ways(size_k, size_n, rng):
         back = ops.marlin_to_fp4(got, size_k, size_n, backend="numba")
     assert got.dtype == np.int32 and np.array_equal(got, fm.fp4_marlin_repack(packed, size_k, size_n))
     assert np.array_equal(back, packed)
+
+
+# every launch shape of the sector kernels, on shapes whose k-tiles leave the last warp and block partial (17 =
+# 4 * 4 + 1 k-tiles; the smallest tile: one k-tile of the four a warp covers)
+@pytest.mark.parametrize("launch", [(1, False, 4), (2, False, 4), (1, True, 4), (2, True, 4), (1, False, 8),
+                                    (1, False, 4, True)])
+@pytest.mark.parametrize("size_k,size_n", [(16, 64), (272, 128)])
+def test_sector_kernels_every_launch_shape(launch, size_k, size_n, rng):
+    packed = rng.integers(0, 256, size=(size_n, size_k // 2), dtype=np.uint8)
+    fp8 = rng.integers(0, 256, size=(size_n, size_k), dtype=np.uint8)
+    with poison_outputs():
+        got = kf.fp4_marlin_repack(packed, size_k, size_n, launch=launch)
+        back = kf.marlin_to_fp4(got, size_k, size_n, launch=launch)
+        got8 = kf.mxfp8_marlin_repack(fp8, size_k, size_n, launch=launch)
+    assert got.dtype == np.int32 and np.array_equal(got, fm.fp4_marlin_repack(packed, size_k, size_n))
+    assert back.dtype == np.uint8 and np.array_equal(back, packed)
+    assert got8.dtype == np.int32 and np.array_equal(got8, fm.mxfp8_marlin_repack(fp8, size_k, size_n))
+
+
+@pytest.mark.parametrize("size_k,size_n", [(48, 192), (32 * 33, 128), (32, 64)])
+def test_scale_tiles_at_odd_group_counts(size_k, size_n, rng):
+    """3 groups (one partial 32-group tile), 66 / 33 groups (a second, partial tile) and one group (P32)."""
+    nv = rng.integers(0, 0x7F, size=(size_n, size_k // 16), dtype=np.uint8)
+    with poison_outputs():
+        got, sf = kf.nvfp4_marlin_scales(nv, size_k, size_n, np.float16)
+        back = kf.marlin_to_nvfp4_scales(got, size_k, size_n, sf)
+    assert np.array_equal(got, fm.nvfp4_marlin_scales(nv, size_k, size_n, np.float16)[0])
+    assert np.array_equal(back, nv)
+    if size_k % 32 == 0:
+        codes = rng.integers(0, 255, size=(size_n, size_k // 32), dtype=np.uint8)
+        with poison_outputs():
+            got = kf.mx_marlin_scales(codes, size_k, size_n, "mxfp4")
+            back = kf.marlin_to_mx_scales(got, size_k, size_n, "mxfp4")
+        assert np.array_equal(got, fm.mx_marlin_scales(codes, size_k, size_n, "mxfp4")) and np.array_equal(back,
+                                                                                                           codes)
+        codes[size_n - 1, 0] = codes[3, size_k // 32 - 1] = 0xFF  # the lowest index is named, both counted
+        with pytest.raises(ValueError) as ref:
+            fm.mx_marlin_scales(codes, size_k, size_n, "mxfp4")
+        with pytest.raises(ValueError) as kern:
+            kf.mx_marlin_scales(codes, size_k, size_n, "mxfp4")
+        assert str(kern.value) == str(ref.value) and "(2 such" in str(ref.value)
 
 
 def test_fp4_weights_stacked_experts(rng):
@@ -122,12 +164,14 @@ def test_mx_scales_both_ways(fmt, rng):
     assert str(kern.value) == str(ref.value) and "weight_scale[70, 5] = 0xFF" in str(ref.value)
 
 
-def test_mxfp8_weights_take_the_block_fp8_kernel(rng):
+def test_mxfp8_weights_match_the_block_fp8_kernel(rng):
     w = rng.integers(0, 256, size=(64, 32), dtype=np.uint8)
     with poison_outputs():
         got = ops.mxfp8_marlin_repack(w, 32, 64, backend="numba")
         back = ops.marlin_to_mxfp8(got, 32, 64, backend="numba")
+        block = kr.block_fp8_group128_repack(w, 32, 64)
     assert np.array_equal(got, fm.mxfp8_marlin_repack(w, 32, 64)) and np.array_equal(_host(back), w)
+    assert np.array_equal(got, block)
 
 
 def test_stacked_scales_name_the_expert(rng):
