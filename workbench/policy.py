@@ -196,6 +196,9 @@ class GemmPolicy(_Hashed):
     # (the same k ranges in each) where a launch holds one chunk's blocks; False (and the in-C reduction): one launch
     # per group of chunks that sms blocks hold at once, in order on the caller's stream
     invariant_walk: bool = True
+    # at M <= 16, s blocks per slice summed in a cluster of s (the fp32 slots' order: the same bits) for s in these;
+    # a grid whose clusters do not all fit at once sums in global memory instead (PreparedLaunch)
+    invariant_cluster_sizes: tuple = (2,)
 
     # ---- kernel family (workbench.gemm.hopper) -----------------------------------------------------------------------
     # which family runs a call: ((min compute capability, min M, max M, family), ...), the first row whose capability

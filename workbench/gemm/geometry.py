@@ -464,8 +464,8 @@ def invariant_plan(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms
                    compute_capability: int, fp32_reduce: bool, policy: GemmPolicy | None = None
                    ) -> tuple[KernelConfig, tuple[tuple[int, int, int], ...]]:
     """What a batch-invariant call of ``cfg`` (choose_invariant_config's) launches: the configuration of its (first)
-    launch, with its cluster size (cluster_blocks: two blocks per slice summed in a cluster at M <= 16, the fp32
-    slots' order) and ``walk`` (one launch walking every 64-row chunk: the policy's ``invariant_walk``, four m16
+    launch, with its cluster size (cluster_blocks with the policy's ``invariant_cluster_sizes``: a slice's blocks
+    summed in a cluster at M <= 16, in the fp32 slots' order) and ``walk`` (one launch walking every 64-row chunk: the policy's ``invariant_walk``, four m16
     blocks, the fp32 reduction, ``split`` > 1 and more than one chunk), and the launches (invariant_launches)."""
     p = policy or _default()
     cfg = dataclasses.replace(cfg, cluster=1, walk=False)
@@ -475,7 +475,8 @@ def invariant_plan(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms
     if walk and len(launches) == 1 and launches[0][2] == tiled_n(size_n) // cfg.block_n * split:
         return dataclasses.replace(cfg, walk=True), launches
     _, rows, grid = launches[0]
-    cluster = cluster_blocks(cfg, rows, size_n, size_k, grid, compute_capability, fp32_reduce, policy=p)
+    cluster = cluster_blocks(cfg, rows, size_n, size_k, grid, compute_capability, fp32_reduce,
+                             sizes=p.invariant_cluster_sizes, policy=p)
     return dataclasses.replace(cfg, cluster=cluster), launches
 
 
