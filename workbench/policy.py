@@ -196,6 +196,9 @@ class GemmPolicy(_Hashed):
     # (the same k ranges in each) where a launch holds one chunk's blocks; False (and the in-C reduction): one launch
     # per group of chunks that sms blocks hold at once, in order on the caller's stream
     invariant_walk: bool = True
+    # ... only where each block sums at most this many k steps of a chunk: the walk won with 8 (4096 x 4096), tied
+    # with 28..32 and lost with 112 (28672 x 8192), where launches per chunk overlap one's prologue with the last's end
+    invariant_walk_max_steps: int = 16
     # at M <= 16, s blocks per slice summed in a cluster of s (the fp32 slots' order: the same bits) for s in these;
     # a grid whose clusters do not all fit at once sums in global memory instead (PreparedLaunch)
     invariant_cluster_sizes: tuple = (2,)

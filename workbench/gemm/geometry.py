@@ -470,7 +470,8 @@ def invariant_plan(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms
     p = policy or _default()
     cfg = dataclasses.replace(cfg, cluster=1, walk=False)
     split = invariant_split(cfg, size_n, size_k, device_sms, p)
-    walk = p.invariant_walk and fp32_reduce and cfg.m_blocks == 4 and split > 1 and size_m > cfg.block_m
+    walk = (p.invariant_walk and fp32_reduce and cfg.m_blocks == 4 and 1 < split and size_m > cfg.block_m
+            and -(-k_steps(size_k, cfg.block_k) // split) <= p.invariant_walk_max_steps)
     launches = invariant_launches(cfg, size_m, size_n, size_k, sms, split, walk=walk)
     if walk and len(launches) == 1 and launches[0][2] == tiled_n(size_n) // cfg.block_n * split:
         return dataclasses.replace(cfg, walk=True), launches
