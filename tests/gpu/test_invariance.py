@@ -5,8 +5,9 @@ size, act-order) and the fused MoE layer (every type, every moe_block_size, ever
 batch's outputs are also checked against the fp32 reference within the derived bound (tests/gpu/test_gemm.py
 error_bound), so an invariant but wrong kernel fails. Outputs are poisoned (NaN) before every launch.
 
-Also measured here, because batch invariance may use it only if it holds: whether the operand-swapped small-M loop
-gives bitwise the row layout's per-row sums on the same tile and grid (docs/performance.md, "Batch invariance").
+Also measured here, because batch invariance uses it and may only while it holds: whether the operand-swapped small-M
+loop gives bitwise the row layout's per-row sums on the same tile and grid (docs/performance.md, "Batch invariance");
+and the chunk-walking launch against one launch per chunk, every output bit.
 """
 import dataclasses
 
