@@ -199,6 +199,12 @@ class GemmPolicy(_Hashed):
     # ... only where each block sums at most this many k steps of a chunk: the walk won with 8 (4096 x 4096), tied
     # with 28..32 and lost with 112 (28672 x 8192), where launches per chunk overlap one's prologue with the last's end
     invariant_walk_max_steps: int = 16
+    # 16-row kernels: (weight bits, F) merge F stages of the tile into one pipeline stage, each warp summing its k16
+    # tiles in the tile's order (the same bits), where every block's range is whole merged stages: a stage's fixed
+    # cost (barrier, wait, fetch issue) once per F; 4-bit stages of the 64 x 256 tile hold only 8 KB of weights
+    invariant_merge: tuple = ((4, 4),)
+    # ... and the rings of merged stages, deeper first
+    invariant_merge_stages: tuple = (4, 3)
     # at M <= 16, s blocks per slice summed in a cluster of s (the fp32 slots' order: the same bits) for s in these;
     # a grid whose clusters do not all fit at once sums in global memory instead (PreparedLaunch)
     invariant_cluster_sizes: tuple = (2,)

@@ -58,9 +58,12 @@ INVARIANT_CONFIGS = (
     gemm.KernelConfig(S.F16, S.U4B8, 4, 4, 2, 4, gemm.GROUP_GROUPED, invariant=True, walk=True),
     gemm.KernelConfig(S.F16, S.FE4M3FN, 4, 4, 2, 4, gemm.GROUP_CHANNELWISE, invariant=True, walk=True),
     gemm.KernelConfig(S.F16, S.U8B128, 2, 4, 2, 8, gemm.GROUP_GROUPED, invariant=True),
+    # merged stages (k_base): four stages of the 64 x 256 tile per pipeline stage, swapped and not
+    gemm.KernelConfig(S.F16, S.U4B8, 1, 4, 8, 4, gemm.GROUP_GROUPED, swap=True, invariant=True, k_base=2),
+    gemm.KernelConfig(S.BF16, S.U4, 1, 4, 8, 4, gemm.GROUP_CHANNELWISE, invariant=True, k_base=2),
 )
 INVARIANT_NAMES = [c.name_expression for c in INVARIANT_CONFIGS]
-INVARIANT_CLUSTER_NAMES = [dataclasses.replace(INVARIANT_CONFIGS[0], cluster=2).name_expression]
+INVARIANT_CLUSTER_NAMES = [dataclasses.replace(INVARIANT_CONFIGS[i], cluster=2).name_expression for i in (0, 5)]
 
 
 def test_every_cu_file_is_the_one_we_build():

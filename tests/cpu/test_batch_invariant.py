@@ -28,8 +28,8 @@ def _config(wt, gs, per_row, m, k, n, act=S.F16, policy=None):
 def _pinned(cfg):
     """What must not change with M: everything but the m16 block count, the stages it allows and the swap (which
     sums a row as the row layout on the same tile: tests/gpu/test_invariance.py)."""
-    return (cfg.act, cfg.weight, cfg.n_tiles, cfg.k_warp, cfg.group_mode, cfg.blocks_per_sm, cfg.invariant,
-            cfg.late_scale)
+    return (cfg.act, cfg.weight, cfg.n_tiles, cfg.k_base or cfg.k_warp, cfg.group_mode, cfg.blocks_per_sm,
+            cfg.invariant, cfg.late_scale)
 
 
 @pytest.mark.parametrize("wt,gs,per_row", TYPES, ids=str)
@@ -57,7 +57,7 @@ def test_every_type_takes_the_default_large_m_tile():
     default = geometry.choose_config(S.F16, S.U4B8, 64, 4096, 4096, 128, False, H200["smem_limit"])
     assert (default.n_tiles, default.k_warp, default.m_blocks) == (4, 2, 4)
     cl = dataclasses.replace(_config(S.U4B8, 128, False, 1, 4096, 4096), cluster=2)
-    assert cl.name_expression.startswith("mwb::marlin_gemm_cluster_invariant<") and cl.name_expression.endswith(", 2>")
+    assert cl.name_expression.startswith("mwb::marlin_gemm_cluster_invariant<") and cl.name_expression.endswith(", 2, 0>")
 
 
 @pytest.mark.parametrize("k,n", LAYERS, ids=str)
@@ -216,3 +216,30 @@ def test_large_m_runs_on_the_one_chunk_partition(walk):
         assert ints[:6] == (r, n, k, k, 128, gemm.REDUCE_FP32)
         steps = 16 * (k // 64)  # one chunk of 16 slices of 64 k steps (the 64 x 256 tile) over 128 blocks
         assert ints[6:8] == (steps // 128, steps % 128)
+
+
+def test_the_16_row_kernel_merges_stages_where_every_range_is_whole_merged_stages():
+    """invariant_plan (with the device's shared memory): 4-bit 16-row kernels take four 64 x 256 stages per pipeline
+    stage (k_base = 2) where K, the split and each block's share allow; the partition stays the tile's; 8-bit
+    weights, 32..64-row kernels, odd K and act-order groups keep the plain kernel."""
+    args = (H200["sms"], H200["sms"], H200["cc"], True)
+    for k, n in LAYERS[:6]:
+        for m in (1, 8, 16, 17, 64):
+            for wt, gs in ((S.U4B8, 128), (S.U4, 64), (S.U8B128, 128)):
+                cfg = _config(wt, gs, False, m, k, n)
+                split = geometry.invariant_split(cfg, n, k, H200["sms"])
+                merged, launches = geometry.invariant_plan(cfg, m, n, k, *args, smem_limit=H200["smem_limit"])
+                assert geometry.invariant_split(merged, n, k, H200["sms"]) == split
+                if m <= 16 and wt.bits == 4:
+                    assert (merged.k_warp, merged.k_base, merged.block_k) == (8, 2, 256), (k, n, m, wt)
+                    assert merged.name_expression.endswith(", 2>") and merged.smem_bytes <= H200["smem_limit"]
+                    assert launches == geometry.invariant_plan(cfg, m, n, k, *args)[1]
+                else:
+                    assert merged.k_base == 0 and merged.k_warp == 2
+    odd = _config(S.U4B8, 128, False, 1, 1000, 200)
+    assert geometry.invariant_plan(odd, 1, 200, 1000, *args, smem_limit=H200["smem_limit"])[0].k_base == 0
+    act = _config(S.U4B8, 128, True, 1, 4096, 4096)
+    assert geometry.invariant_plan(act, 1, 4096, 4096, *args, smem_limit=H200["smem_limit"])[0].k_base == 0
+    off = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_merge=())
+    u4 = _config(S.U4B8, 128, False, 1, 4096, 4096)
+    assert geometry.invariant_plan(u4, 1, 4096, 4096, *args, policy=off, smem_limit=H200["smem_limit"])[0].k_base == 0

@@ -69,7 +69,7 @@ def invariant_configs(act, wt, n, k, gs, per_row):
         least = (geometry.tiled_n(n) // cfg.block_n) * split if split > 1 else 1
         for forced in {sms, least, min(sms, least + 5)}:
             for fp32 in (True, False):
-                out.append(geometry.invariant_plan(cfg, m, n, k, forced, sms, cc, fp32)[0])
+                out.append(geometry.invariant_plan(cfg, m, n, k, forced, sms, cc, fp32, smem_limit=smem_limit)[0])
     return out
 
 

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import sys
 
-from workbench.policy import GemmPolicy
+from workbench.policy import GemmPolicy, lookup
 from workbench.scalar_types import ScalarType
 
 # The package's namespace, which holds the default policy (workbench.gemm._default_policy): read through the dict,
@@ -136,6 +136,9 @@ class KernelConfig(TileGeometry):
     # (invariant, four m16 blocks, fp32 reduction, s > 1 blocks per slice) one launch walks every 64-row chunk of A
     # on the one-chunk partition (marlin_gemm_invariant's WALK)
     walk: bool = False
+    # (invariant, one m16 block) > 0: each stage merges k_warp / k_base stages of the k_warp = k_base tile and sums
+    # them as that tile does (WarpLoop's K_BASE): the same bits as the k_base tile's kernels
+    k_base: int = 0
 
     @property
     def name_expression(self) -> str:
@@ -145,8 +148,8 @@ class KernelConfig(TileGeometry):
                 f"{self.group_mode}, {self.blocks_per_sm}, {int(self.swap)}")
         if self.invariant:
             if self.cluster > 1:
-                return f"mwb::marlin_gemm_cluster_invariant<{args}, {self.cluster}>"
-            return f"mwb::marlin_gemm_invariant<{args}, {int(self.walk)}>"
+                return f"mwb::marlin_gemm_cluster_invariant<{args}, {self.cluster}, {self.k_base}>"
+            return f"mwb::marlin_gemm_invariant<{args}, {int(self.walk)}, {self.k_base}>"
         if self.cluster > 1:
             return f"mwb::marlin_gemm_cluster<{args}, {self.cluster}>"
         return f"mwb::marlin_gemm<{args}>"
@@ -420,12 +423,34 @@ def choose_invariant_config(act: ScalarType, weight: ScalarType, size_m: int, si
         f"shared memory")
 
 
+def _merged(cfg: KernelConfig, size_k: int, split: int, smem_limit: int, p: GemmPolicy) -> KernelConfig:
+    """The 16-row invariant kernel with F = ``invariant_merge[bits]`` stages of its tile merged into one
+    (KernelConfig.k_base), where every block's range of the partition is whole merged stages (K a multiple of the
+    merged depth, the split dividing the slice's steps and F their share) and a ring of the merged stages fits
+    (``invariant_merge_stages``); else ``cfg``. (Groups are powers of two, so one of a group and the merged depth
+    divides the other.)"""
+    merge = lookup(p.invariant_merge, cfg.weight.bits, 1)
+    if merge <= 1 or cfg.m_blocks != 1 or cfg.group_mode == GROUP_PER_ROW or cfg.k_base or cfg.e8m0_scales \
+            or cfg.weight is ScalarType.FE2M1F:  # (microscaled weights: not measured merged)
+        return cfg
+    ki = k_steps(size_k, cfg.block_k)
+    if size_k % (cfg.block_k * merge) or ki % split or (ki // split) % merge:
+        return cfg
+    for stages in p.invariant_merge_stages:
+        wide = dataclasses.replace(cfg, k_warp=cfg.k_warp * merge, k_base=cfg.k_warp, stages=stages)
+        if wide.smem_bytes <= smem_limit:
+            return wide
+    return cfg
+
+
 def invariant_split(cfg: KernelConfig, size_n: int, size_k: int, device_sms: int,
                     policy: GemmPolicy | None = None) -> int:
     """Blocks per column slice of the batch-invariant partition: ``invariant_blocks`` (at most the device's SMs)
     over the slices of one 64-row chunk, at most one per ``invariant_min_steps`` k steps, at least 1. A function of
     the layer, the tile and the device only: never of M or of the ``sms`` a launch is given."""
     p = policy or _default()
+    if cfg.k_base:  # (a merged 16-row kernel: the partition is its tile's)
+        cfg = dataclasses.replace(cfg, k_warp=cfg.k_base, k_base=0)
     cols, ki = tiled_n(size_n) // cfg.block_n, k_steps(size_k, cfg.block_k)
     blocks = min(p.invariant_blocks, device_sms)
     return max(1, min(blocks // cols, ki // max(1, p.invariant_min_steps)))
@@ -461,15 +486,20 @@ def invariant_launches(cfg: KernelConfig, size_m: int, size_n: int, size_k: int,
 
 
 def invariant_plan(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, device_sms: int,
-                   compute_capability: int, fp32_reduce: bool, policy: GemmPolicy | None = None
-                   ) -> tuple[KernelConfig, tuple[tuple[int, int, int], ...]]:
+                   compute_capability: int, fp32_reduce: bool, policy: GemmPolicy | None = None,
+                   smem_limit: int = 0) -> tuple[KernelConfig, tuple[tuple[int, int, int], ...]]:
     """What a batch-invariant call of ``cfg`` (choose_invariant_config's) launches: the configuration of its (first)
-    launch, with its cluster size (cluster_blocks with the policy's ``invariant_cluster_sizes``: a slice's blocks
-    summed in a cluster at M <= 16, in the fp32 slots' order) and ``walk`` (one launch walking every 64-row chunk: the policy's ``invariant_walk``, four m16
-    blocks, the fp32 reduction, ``split`` > 1 and more than one chunk), and the launches (invariant_launches)."""
+    launch and the launches (invariant_launches). The configuration gets its cluster size (cluster_blocks with the
+    policy's ``invariant_cluster_sizes``: a slice's blocks summed in a cluster at M <= 16, in the fp32 slots' order),
+    ``walk`` (one launch walking every 64-row chunk: the policy's ``invariant_walk``, four m16 blocks, the fp32
+    reduction, ``split`` > 1, more than one chunk and at most ``invariant_walk_max_steps`` k steps per block and
+    chunk) and, with ``smem_limit`` > 0, the 16-row kernel's merged stages where the policy's ``invariant_merge`` and
+    the partition allow (_merged; a merged ``cfg`` stays so)."""
     p = policy or _default()
     cfg = dataclasses.replace(cfg, cluster=1, walk=False)
     split = invariant_split(cfg, size_n, size_k, device_sms, p)
+    if smem_limit > 0:
+        cfg = _merged(cfg, size_k, split, smem_limit, p)
     walk = (p.invariant_walk and fp32_reduce and cfg.m_blocks == 4 and 1 < split and size_m > cfg.block_m
             and -(-k_steps(size_k, cfg.block_k) // split) <= p.invariant_walk_max_steps)
     launches = invariant_launches(cfg, size_m, size_n, size_k, sms, split, walk=walk)

@@ -109,7 +109,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
         checks.check_pipeline_steps(pipeline_steps(cfg, max(m, 1), n, k))
         cfg = dataclasses.replace(cfg, e8m0_scales=scale is ScalarType.FE8M0FNU)
         cfg, launches = invariant_plan(cfg, max(m, 1), n, k, sms, device_sms, compute_capability, fp32_reduce,
-                                       policy)
+                                       policy, smem_limit)
         return cfg, sms, launches[0][2]
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
                         launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms,
