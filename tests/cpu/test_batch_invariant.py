@@ -219,27 +219,29 @@ def test_large_m_runs_on_the_one_chunk_partition(walk):
 
 
 def test_the_16_row_kernel_merges_stages_where_every_range_is_whole_merged_stages():
-    """invariant_plan (with the device's shared memory): 4-bit 16-row kernels take four 64 x 256 stages per pipeline
-    stage (k_base = 2) where K, the split and each block's share allow; the partition stays the tile's; 8-bit
-    weights, 32..64-row kernels, odd K and act-order groups keep the plain kernel."""
+    """invariant_plan (with the device's shared memory) under invariant_merge = ((4, 4),): 4-bit 16-row kernels take
+    four 64 x 256 stages per pipeline stage (k_base = 2) where K, the split and each block's share allow; the
+    partition stays the tile's; 8-bit weights, 32..64-row kernels, odd K and act-order groups keep the plain kernel.
+    The default policy merges nothing yet."""
     args = (H200["sms"], H200["sms"], H200["cc"], True)
+    on = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_merge=((4, 4),))
+    assert DEFAULT_GEMM_POLICY.invariant_merge == ()  # (off until the GPU tests have run it)
     for k, n in LAYERS[:6]:
         for m in (1, 8, 16, 17, 64):
             for wt, gs in ((S.U4B8, 128), (S.U4, 64), (S.U8B128, 128)):
                 cfg = _config(wt, gs, False, m, k, n)
                 split = geometry.invariant_split(cfg, n, k, H200["sms"])
-                merged, launches = geometry.invariant_plan(cfg, m, n, k, *args, smem_limit=H200["smem_limit"])
+                merged, launches = geometry.invariant_plan(cfg, m, n, k, *args, on, smem_limit=H200["smem_limit"])
                 assert geometry.invariant_split(merged, n, k, H200["sms"]) == split
                 if m <= 16 and wt.bits == 4:
                     assert (merged.k_warp, merged.k_base, merged.block_k) == (8, 2, 256), (k, n, m, wt)
                     assert merged.name_expression.endswith(", 2>") and merged.smem_bytes <= H200["smem_limit"]
-                    assert launches == geometry.invariant_plan(cfg, m, n, k, *args)[1]
+                    assert launches == geometry.invariant_plan(cfg, m, n, k, *args, on)[1]
                 else:
                     assert merged.k_base == 0 and merged.k_warp == 2
     odd = _config(S.U4B8, 128, False, 1, 1000, 200)
-    assert geometry.invariant_plan(odd, 1, 200, 1000, *args, smem_limit=H200["smem_limit"])[0].k_base == 0
+    assert geometry.invariant_plan(odd, 1, 200, 1000, *args, on, smem_limit=H200["smem_limit"])[0].k_base == 0
     act = _config(S.U4B8, 128, True, 1, 4096, 4096)
-    assert geometry.invariant_plan(act, 1, 4096, 4096, *args, smem_limit=H200["smem_limit"])[0].k_base == 0
-    off = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_merge=())
+    assert geometry.invariant_plan(act, 1, 4096, 4096, *args, on, smem_limit=H200["smem_limit"])[0].k_base == 0
     u4 = _config(S.U4B8, 128, False, 1, 4096, 4096)
-    assert geometry.invariant_plan(u4, 1, 4096, 4096, *args, policy=off, smem_limit=H200["smem_limit"])[0].k_base == 0
+    assert geometry.invariant_plan(u4, 1, 4096, 4096, *args, smem_limit=H200["smem_limit"])[0].k_base == 0

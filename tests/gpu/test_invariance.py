@@ -57,19 +57,26 @@ def _device():
     return cp.cuda.Device().id
 
 
-def invariant_configs(act, wt, n, k, gs, per_row):
+# the merged 16-row stages (GemmPolicy.invariant_merge, off by default until this module has run them)
+MERGED = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_merge=((4, 4),))
+MERGED_CASES = ((S.U4B8, 128), (S.U4, 64), (S.U4B8, 32), (S.U4, -1))
+
+
+def invariant_configs(act, wt, n, k, gs, per_row, policy=None):
     """Every instantiation batch_invariant launches for this layer: each m16 block count, swapped and not, with its
     cluster form and the chunk-walking one, at the SM counts the tests force and both reductions."""
     device = _device()
     cc, sms, smem_limit, _ = gemm.device_properties(device)
     out = []
     for m in (1, 9, 17, 33, 49, 130, 256):
-        cfg = geometry.choose_invariant_config(gemm.act_scalar_type(act), wt, m, n, k, gs, per_row, smem_limit)
-        split = geometry.invariant_split(cfg, n, k, sms)
+        cfg = geometry.choose_invariant_config(gemm.act_scalar_type(act), wt, m, n, k, gs, per_row, smem_limit,
+                                               policy=policy)
+        split = geometry.invariant_split(cfg, n, k, sms, policy)
         least = (geometry.tiled_n(n) // cfg.block_n) * split if split > 1 else 1
         for forced in {sms, least, min(sms, least + 5)}:
             for fp32 in (True, False):
-                out.append(geometry.invariant_plan(cfg, m, n, k, forced, sms, cc, fp32, smem_limit=smem_limit)[0])
+                out.append(geometry.invariant_plan(cfg, m, n, k, forced, sms, cc, fp32, policy,
+                                                   smem_limit=smem_limit)[0])
     return out
 
 
@@ -119,6 +126,9 @@ def compile_everything_once():
     for n, k in ((2 * MOE_N, MOE_K), (MOE_K, MOE_N)):  # the MoE layer's dense paths
         dense += invariant_configs(F16, S.U4B8, n, k, 128, False)
     dense += [c for _, _, pair in swap_configs() for c in pair]
+    for wt, gs in MERGED_CASES:
+        dense += invariant_configs(F16, wt, DENSE_N, DENSE_K, gs, False, MERGED)
+    dense += invariant_configs(F16, S.U4B8, SPLIT_SHAPES[0][1], SPLIT_SHAPES[0][0], 128, False, MERGED)
     names = [(c.name_expression, c.smem_bytes) for c in moe_configs()]
     names += [(f"mwb::{f}<{t}>", 0) for f in ("silu_and_mul", "moe_sum") for t in ("__half", "__nv_bfloat16")]
     names += [("mwb::gather_rows", 0), ("mwb::moe_align", 0)]
@@ -149,7 +159,8 @@ def per_launch_blocks(w, act, sms):
     return (geometry.tiled_n(w.size_n) // cfg.block_n) * split if split > 1 else 1
 
 
-def check_invariance(rng, w, q, act, m_values=M_VALUES, sms_values=None, modes=("fp32",), is_k_full=True):
+def check_invariance(rng, w, q, act, m_values=M_VALUES, sms_values=None, modes=("fp32",), is_k_full=True,
+                     policy=None):
     """Probe rows alone and in every batch, every sms and reduction: the same bits; the largest batch within the
     reference bound."""
     device_sms = gemm.device_properties(_device())[1]
@@ -158,7 +169,7 @@ def check_invariance(rng, w, q, act, m_values=M_VALUES, sms_values=None, modes=(
         sms_values = (-1, least, min(device_sms, least + 5))
     probes = rng.standard_normal((PROBES, w.size_k), dtype=np.float32).astype(act)
     for mode in modes:
-        kw = dict(MODES[mode], batch_invariant=True, is_k_full=is_k_full)
+        kw = dict(MODES[mode], batch_invariant=True, is_k_full=is_k_full, policy=policy)
         alone = []
         for p in probes:
             c = poisoned(1, w.size_n, act)
@@ -233,6 +244,24 @@ def test_dense_chunk_walk_is_bitwise_the_launch_per_chunk(rng):
     out = cp.asnumpy(c).astype(np.float32)
     ref = cp.asnumpy(a).astype(np.float32) @ q.w_ref
     assert np.all(np.abs(out - ref) <= error_bound(cp.asnumpy(a), q.w_ref, F16, "fp32", DENSE_K))
+
+
+@pytest.mark.parametrize("wt,gs", MERGED_CASES, ids=str)
+def test_dense_merged_stages_keep_the_bits(wt, gs, rng):
+    """The merged 16-row stages (four 64 x 256 stages per pipeline stage, GemmPolicy.invariant_merge): M <= 16 runs
+    them, swapped and not, M > 16 the 32..64-row kernels of the plain tile; every row the same bits, both
+    reductions, and with two blocks per slice in clusters (512 x 8192)."""
+    mw, q = random_marlin_weight(DENSE_K, DENSE_N, wt, gs, act_dtype=F16, seed=int(rng.integers(1 << 20)))
+    w = gemm.upload_weight(mw)
+    cc, sms, smem_limit, _ = gemm.device_properties(_device())
+    cfg = geometry.choose_invariant_config(S.F16, wt, 1, DENSE_N, DENSE_K, gs, False, smem_limit, policy=MERGED)
+    merged, _ = geometry.invariant_plan(cfg, 1, DENSE_N, DENSE_K, sms, sms, cc, True, MERGED, smem_limit)
+    assert merged.k_base == 2 and merged.k_warp == 8, merged
+    check_invariance(rng, w, q, F16, modes=("fp32", "in_c"), policy=MERGED)
+    if (wt, gs) == (S.U4B8, 128):
+        k, n = SPLIT_SHAPES[0]
+        mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=F16, seed=int(rng.integers(1 << 20)))
+        check_invariance(rng, gemm.upload_weight(mw), q, F16, m_values=(1, 8, 16, 17, 64), policy=MERGED)
 
 
 def test_dense_refuses_too_few_sms_for_its_partition(rng):
