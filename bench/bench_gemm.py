@@ -160,11 +160,8 @@ def main(argv=None) -> int:
                 for m in ms:
                     cfg = gemm.geometry.choose_invariant_config(ScalarType.F16, ScalarType.parse(w), m, n, k,
                                                                 GROUP[w], False, smem_limit)
-                    cfgs.append(cfg)
-                    split = gemm.geometry.invariant_split(cfg, n, k, dev.sms)
-                    _, rows, grid = gemm.geometry.invariant_launches(cfg, m, n, k, dev.sms, split)[0]
-                    cfgs.append(dataclasses.replace(cfg, cluster=gemm.cluster_blocks(cfg, rows, n, k, grid, 90,
-                                                                                     True)))
+                    cfgs.append(gemm.geometry.invariant_plan(cfg, m, n, k, dev.sms, dev.sms, 90, True,
+                                                             smem_limit=smem_limit)[0])
     gemm.precompile(cfgs, workers=16)
     from workbench.gemm import hopper
 

@@ -531,8 +531,11 @@ enum class Finish {
 // CLUSTER > 1 (sm_90, marlin_gemm_cluster): the grid is slice-aligned with CLUSTER blocks per slice, launched in
 // clusters of CLUSTER blocks; slices are summed through distributed shared memory (finish_slice_cluster) in the fp32
 // reduction's order. The host takes it only for the fp32 reduction.
+// LATE_OFF (the batch-invariant kernels, marlin_gemm_invariant): no late scaling whatever late_scale_pays says, so a
+// 16-row kernel sums a row exactly as the 32..64-row kernels of its tile do (they never late-scale). K_BASE > 0: the
+// stage merges K_WARP / K_BASE stages of the K_BASE-wide tile (WarpLoop's K_BASE: the same sums as that tile).
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
-          int SWAP, int CLUSTER>
+          int SWAP, int CLUSTER, bool LATE_OFF = false, int K_BASE = 0>
 struct GemmTraits {
   static_assert(MIN_BLOCKS == 1 || (MIN_BLOCKS == 2 && M_BLOCKS == 1), "two blocks per SM only with 16-row tiles");
   static_assert(CLUSTER == 1 || (M_BLOCKS == 1 && CLUSTER <= 8), "cluster sums: 16-row tiles, at most 8 blocks");
@@ -550,10 +553,10 @@ struct GemmTraits {
   // whose stage has landed computes while others' still arrive. Slots are refilled by the group that reads them,
   // after its barrier, so releasing one needs no block barrier either. One block per SM (the A copies' pointers cost
   // registers).
-  static constexpr bool kWarpFetch = N_TILES <= 2 && M_BLOCKS == 1 && K_WARP >= 2 && MIN_BLOCKS == 1;
+  static constexpr bool kWarpFetch = N_TILES <= 2 && M_BLOCKS == 1 && K_WARP >= 2 && MIN_BLOCKS == 1 && K_BASE == 0;
   // Scales applied to fp32 partial sums once per group instead of to every dequantized pair (late_scale_pays).
-  static constexpr bool kLateScale = late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>();
-  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP, kLateScale, kWarpFetch>;
+  static constexpr bool kLateScale = !LATE_OFF && late_scale_pays<MIN_BLOCKS, SWAP, K_WARP>();
+  using Loop = WarpLoop<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, SWAP, kLateScale, kWarpFetch, K_BASE>;
   // float4 loads per lane in flight in the fp32 cross-block sum (the 128-register kernels spill above 4)
   static constexpr int kLoadsInFlight = MIN_BLOCKS == 1 ? 8 : 4;
   // The slice finishing inlined in every one-m16-block kernel, where it measured faster (M <= 8 and the two-block
@@ -612,7 +615,7 @@ __device__ __forceinline__ void fold_last_slice_in_ring(float (&partial)[M_BLOCK
 }
 
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
-          int SWAP, int CLUSTER>
+          int SWAP, int CLUSTER, bool LATE_OFF = false, int K_BASE = 0>
 __device__ __forceinline__ void
 gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte rows (lda % 8 == 0)
            const int4* __restrict__ B,       // (K/16, N*16/pack) int32 Marlin tiles
@@ -632,7 +635,8 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
            // fast_div's (magic, shift) for the grid, KI = ceil(prob_k / BK) and cols = n_tiles_total 64 / BN
            int steps_q, int steps_r, int grid_magic, int grid_shift, int ki_magic, int ki_shift, int cols_magic,
            int cols_shift) {
-  using Tr = GemmTraits<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, CLUSTER>;
+  using Tr = GemmTraits<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, CLUSTER, LATE_OFF,
+                        K_BASE>;
   using G = typename Tr::G;
   using Loop = typename Tr::Loop;
   constexpr bool kWarpFetch = Tr::kWarpFetch;
@@ -787,7 +791,7 @@ gemm_block(const int4* __restrict__ A,       // (M, lda) activations, 16-byte ro
                           reinterpret_cast<const unsigned*>(zeros) + (col * BN + nt * 64) / Weight<W>::kPack);
   };
   // (groups are >= kMinGroup rows: 32, or NVFP4's 16, which reloads at K_WARP = 2 too)
-  const bool stage_reloads = 16 * K_WARP > Weight<W>::kMinGroup && group_size < 16 * K_WARP;
+  const bool stage_reloads = Loop::kSpan > Weight<W>::kMinGroup && group_size < Loop::kSpan;
   auto compute_stage = [&](unsigned slot, int slice, int kit) {
     if (Tr::kSplitReloads && !stage_reloads)
       loop.template compute_stage<false>(slot, lane_off, kit * BK, group_size, group_shift, scales, zeros, n_pad,
@@ -980,7 +984,50 @@ __global__ void MWB_CLUSTER_DIMS(CLUSTER) __launch_bounds__(kThreads, MIN_BLOCKS
     marlin_gemm_cluster(MWB_GEMM_PARAMS) {
   gemm_block<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, CLUSTER>(MWB_GEMM_ARGS);
 }
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
+          int SWAP, int CLUSTER, int K_BASE>
+__global__ void MWB_CLUSTER_DIMS(CLUSTER) __launch_bounds__(kThreads, MIN_BLOCKS)
+    marlin_gemm_cluster_invariant(MWB_GEMM_PARAMS) {
+  gemm_block<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, CLUSTER, true, K_BASE>(
+      MWB_GEMM_ARGS);
+}
 #undef MWB_CLUSTER_DIMS
+
+// The batch-invariant mode's kernels (workbench/gemm/geometry.py choose_invariant_config; docs/performance.md, "Batch
+// invariance"): marlin_gemm without late scaling (LATE_OFF), so that its 16-row kernels, swapped or not, sum a row as
+// the 32..64-row kernels of the same tile do, and the mode can take the default's tiles for every M
+// (marlin_gemm_cluster_invariant: the same in clusters). K_BASE > 0 (16-row kernels): each pipeline stage is
+// K_WARP / K_BASE stages of the K_WARP = K_BASE tile, summed as that tile sums them (WarpLoop), so that the 16-row
+// kernel pays a stage's fixed cost once per merged stage and still gives the bits of the 32..64-row kernels; the host
+// merges only where every block's range is whole merged stages.
+// WALK = 1 (four m16 blocks, the fp32 reduction, a slice-aligned grid of s > 1 blocks per column slice): one launch
+// over every 64-row chunk of A, each block summing the same k steps of its slice in chunk after chunk (the host's
+// division plan is one chunk's), instead of one launch per chunk. Chunk c keeps its partials in the blocks' C_tmp
+// slots of parity c % 2 and counts in the locks [(c % 2) G, (c % 2 + 1) G): a slice-aligned block writes one partial
+// per chunk, in its first slot (slot 2 b), so the second (2 b + 1) is free; a block can reach chunk c + 2 only once
+// every block of its slice has counted in to chunk c + 1, i.e. finished reading chunk c's slots and left its lock
+// zero, so the two parities never overlap. The rows of a chunk are summed as in a launch of that chunk alone: the
+// same bits.
+template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int MIN_BLOCKS,
+          int SWAP, int WALK, int K_BASE>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) marlin_gemm_invariant(MWB_GEMM_PARAMS) {
+  if constexpr (WALK == 0) {
+    gemm_block<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, 1, true, K_BASE>(MWB_GEMM_ARGS);
+  } else {
+    static_assert(M_BLOCKS == 4 && SWAP == 0 && MIN_BLOCKS == 1 && K_BASE == 0, "the chunk walk is for 64-row tiles");
+    constexpr int BM = 16 * M_BLOCKS, BN = 64 * N_TILES;
+    const int chunks = (prob_m + BM - 1) / BM;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      if (chunk > 0) __syncthreads();  // every warp done with the ring and the fold buffer before the next prologue
+      const int parity = chunk & 1;
+      gemm_block<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE, MIN_BLOCKS, SWAP, 1, true>(
+          A + static_cast<long long>(chunk) * BM * (lda / 8), B, C + static_cast<long long>(chunk) * BM * prob_n,
+          C_tmp + parity * (BM * BN), scales, zeros, g_idx, locks + parity * static_cast<int>(gridDim.x), bias,
+          prob_m - chunk * BM < BM ? prob_m - chunk * BM : BM, prob_n, prob_k, lda, group_size, reduce_mode, steps_q,
+          steps_r, grid_magic, grid_shift, ki_magic, ki_shift, cols_magic, cols_shift);
+    }
+  }
+}
 #undef MWB_GEMM_ARGS
 #undef MWB_GEMM_PARAMS
 

@@ -320,8 +320,12 @@ __host__ __device__ constexpr bool late_scale_pays() {
 // register budget or stage shape make it slower: late_scale_pays).
 // PER_WARP: the stage's scales / zero points lie where WeightFetch<..., PER_WARP = true> puts them (each warp's group
 // rows in a region of its own, counted from the warp's first k row).
+// K_BASE > 0 (the batch-invariant kernels' merged stages): the stage is K_WARP / K_BASE consecutive stages of the
+// K_WARP = K_BASE tile, and warp (nt, kg) takes k16 tiles kg K_BASE + j + f kWarpsPerN K_BASE (f = i / K_BASE,
+// j = i % K_BASE) in that order: the same tiles in the same order per warp, the same fold, as K_BASE-wide stages one
+// after another, so the same sums bit for bit with a stage's fixed cost paid once per K_WARP / K_BASE of them.
 template <typename T, int W, int M_BLOCKS, int N_TILES, int K_WARP, int STAGES, int GROUP_MODE, int SWAP = 0,
-          bool LATE_SCALE = true, bool PER_WARP = false>
+          bool LATE_SCALE = true, bool PER_WARP = false, int K_BASE = 0>
 struct WarpLoop {
   using G = Geometry<T, W, M_BLOCKS, N_TILES, K_WARP, STAGES, GROUP_MODE>;
   using Fetch = WeightFetch<G, W, GROUP_MODE, PER_WARP>;
@@ -345,6 +349,15 @@ struct WarpLoop {
   // vLLM's, and are only brought into range by the scale multiply (dequant.cuh).
   static constexpr bool kLateScale = LATE_SCALE && M_BLOCKS == 1 && GROUP_MODE != kPerRow && !Weight<W>::kIsFp8 &&
                                      !Weight<W>::kByteScales;
+  // The k16 tiles of one K_BASE-wide sub-stage (K_BASE > 0; else the warp's K_WARP tiles are consecutive).
+  static constexpr int kBase = K_BASE > 0 ? K_BASE : K_WARP;
+  static_assert(K_BASE == 0 || (K_WARP % kBase == 0 && !kLateScale && !PER_WARP &&
+                                (2 * G::kWarpsPerN * K_BASE) % 8 == 0),
+                "merged stages: whole sub-stages, no late scaling, block-wide fetch, sub-stages of whole A swizzle rows");
+  // Tile i of the warp, counted from its first (kt0): i % kBase + (i / kBase) kWarpsPerN kBase.
+  __host__ __device__ static constexpr int tile_of(int i) { return i % kBase + i / kBase * G::kWarpsPerN * kBase; }
+  // K rows from the warp's first tile to the end of its last: where a group can end inside the warp's tiles.
+  static constexpr int kSpan = 16 * (tile_of(K_WARP - 1) + 1);
 
   // [m16 block][n8 block = 2 s + h][mma C registers]: C rows lane/4 (+8 for registers 2, 3), columns 8 nb + 2 (lane
   // % 4) (+1). SWAP: [8-row half][sub-block s][r]: C^T, i.e. C columns 16 s + lane/4 (+8 for r = 2, 3), rows 8 half
@@ -513,7 +526,7 @@ struct WarpLoop {
     const int warp = tid / 32;
     const int nt = warp % N_TILES;
     const int kg = warp / N_TILES;
-    const int kt0 = kg * K_WARP;
+    const int kt0 = kg * kBase;
     LaneOffsets o;
     // SWAP: ldmatrix.x2 rows lane % 8, column block (lane / 8) % 2; else .x4 rows lane % 16, block lane / 16.
     o.a = G::kAOff + 16 * (SWAP ? G::a_index(lane % 8, 2 * kt0 + (lane / 8) % 2)
@@ -535,10 +548,10 @@ struct WarpLoop {
   // This warp's K_WARP k16 tiles of the stage in the slot at shared address `slot`, k0 its first K row; o: this
   // lane's offsets (lane_offsets). kPerRow reads scales / zero points from global memory through the stage's
   // g_idx: scales / zeros point at the column tile's matrices (num_groups, prob_n), col = the block's column tile.
-  // RELOADS: groups may end inside the warp's K_WARP tiles (G < 16 K_WARP; grouped scales only), so the group's
-  // pairs are reloaded (and kLateScale's sums flushed) between tiles under a runtime test. RELOADS = false is for
-  // callers that know G >= 16 K_WARP: without that test between the tiles, ptxas schedules the stage as one
-  // region instead of one per k16 tile.
+  // RELOADS: groups may end inside the warp's K_WARP tiles (G < kSpan = 16 K_WARP; grouped scales only), so the
+  // group's pairs are reloaded (and kLateScale's sums flushed) between tiles under a runtime test. RELOADS = false is
+  // for callers that know G >= kSpan: without that test between the tiles, ptxas schedules the stage as one
+  // region instead of one per k16 tile. (K_BASE: a group can end only between sub-stages unless G < 16 K_BASE.)
   template <bool RELOADS = true>
   __device__ __forceinline__ void compute_stage(unsigned slot, const LaneOffsets& o, int k0, int group_size,
                                                 int group_shift, const int4* __restrict__ scales,
@@ -550,15 +563,15 @@ struct WarpLoop {
     for (int i = 0; i < K_WARP; ++i) {
       if constexpr (GROUP_MODE == kGrouped) {
         // A warp's K_WARP tiles lie in one group when G >= 16 K_WARP (both powers of two, aligned): load once.
-        if (i == 0 || (RELOADS && group_size < 16 * K_WARP)) {
+        if (i == 0 || (RELOADS && (K_BASE == 0 || i % kBase == 0 ? group_size < kSpan : group_size < 16 * kBase))) {
           if constexpr (kLateScale) {
             if (i > 0) {  // the previous group's sums, with its scales, before they are replaced
               flush_part();
               zero(part);
             }
           }
-          load_group(slot, ((k0 + o.k + 16 * i) >> group_shift) - ((k0 + (PER_WARP ? o.k : 0)) >> group_shift), o.s,
-                     o.z, o.s_acc);
+          load_group(slot, ((k0 + o.k + 16 * tile_of(i)) >> group_shift) - ((k0 + (PER_WARP ? o.k : 0)) >> group_shift),
+                     o.s, o.z, o.s_acc);
         }
       }
       // Per-row groups: the scale vectors and zero words of this lane's rows k0, k0+1, k0+8, k0+9.
@@ -569,7 +582,7 @@ struct WarpLoop {
         const int lane_col = (threadIdx.x % 32) / 4;
 #pragma unroll
         for (int r = 0; r < 4; ++r) {  // rows 16 kt + 2 (lane % 4) + (r & 1) + 8 (r >> 1) of the stage
-          const long long g = static_cast<int>(lds32(slot + o.gi + 4 * (16 * i + (r & 1) + 8 * (r >> 1))));
+          const long long g = static_cast<int>(lds32(slot + o.gi + 4 * (16 * tile_of(i) + (r & 1) + 8 * (r >> 1))));
           sv[r] = __ldg(scales + (g * prob_n + col * G::BN + nt * 64) / 8 + lane_col);
           if constexpr (kHasZero) {
             const unsigned* zrow = reinterpret_cast<const unsigned*>(zeros) +
@@ -604,7 +617,7 @@ struct WarpLoop {
 
       // This lane's weight words of tile (kt, nt): word s (4-bit) or words 2s, 2s+1 (8-bit) belong to sub-block s.
       unsigned words[kWordsPerLane];
-      const unsigned tile = slot + o.b + 16 * i * N_TILES * G::kTileI4;  // tile (kt, nt), this lane's int4
+      const unsigned tile = slot + o.b + 16 * tile_of(i) * N_TILES * G::kTileI4;  // tile (kt, nt), this lane's int4
       {
         const int4 w0 = lds128(tile);
         words[0] = w0.x; words[1] = w0.y; words[2] = w0.z; words[3] = w0.w;
@@ -621,8 +634,9 @@ struct WarpLoop {
       // Column block c = 2 kt + (0 or 1) of row r sits at chunk c ^ (r % 8) of the row: 2 kt = 2 kt0 + 2 i adds
       // without carry into the bits r % 8 flips (kt0 = kg K_WARP is a multiple of K_WARP, 2 i < 2 K_WARP), so tile i's
       // chunk is tile 0's with bit 1..2 flipped by 2 i; rows are 2 BK >= 128 bytes apart, so in bytes: o.a ^ 32 i
-      // (o.a is relative to the slot, whose start need not be 128-byte aligned).
-      const unsigned a_lane = o.a ^ (32u * i);
+      // (o.a is relative to the slot, whose start need not be 128-byte aligned). K_BASE: the sub-stage's chunks are
+      // the first's 2 kWarpsPerN K_BASE further on, a whole number of 8-chunk swizzle groups (the static_assert).
+      const unsigned a_lane = (o.a ^ (32u * (i % kBase))) + 32u * (i / kBase) * G::kWarpsPerN * kBase;
       if constexpr (SWAP) {
         ldmatrix_x2_at(a_t[0], slot + a_lane);
       } else {

@@ -178,18 +178,38 @@ class GemmPolicy(_Hashed):
     programmatic_pin_occupancy: bool = True
 
     # ---- batch-invariant mode (batch_invariant=True: row r of C the same bits for every M) ------------------------
-    # One tile for every M, the first of these that divides (K, N) and the group size and whose 16-row kernel does not
-    # late-scale: the kernels of 2..4 m16 blocks never do, and a row's sums are the same in all of them only if the
-    # 16-row one sums as they do (so for integer weights K_WARP = 1: the 64 x 256 tile late-scales at M <= 16; FP8
-    # never late-scales and takes it). No swapped loop (it late-scales integer weights), no pairs, one block per SM.
-    invariant_shapes: tuple = ((4, 2), (2, 1), (1, 1))
+    # One tile for every M, the first of these that divides (K, N) and the group size and fits at every m16 block
+    # count. The mode runs its own kernels (marlin_gemm_invariant), which never late-scale, so the 16-row kernel sums a
+    # row as the 32..64-row ones of the same tile do; the first choice is the default's tile at M >= 33 (64 x 256),
+    # so from M = 33 up the mode runs the default's kernel shape. No pairs of its own choosing, one block per SM.
+    invariant_shapes: tuple = ((4, 2), (2, 2), (2, 1), (1, 1))
+    # the swapped loop for M <= swap_max_m (not late-scaled: it sums a row as the row layout on the same tile)
+    invariant_swap: bool = True
     # The K split is planned once per layer, for this many blocks (at most the device's SMs) and never for M or the
     # sms argument: each column slice gets s = blocks // slices-per-64-rows blocks (1: no split), each summing
-    # ceil(KI / s) or floor(KI / s) k steps, and the s partials are added in fp32 in block order. Larger M runs as
-    # several launches of 64-row chunks on the same partition; sms below a launch's blocks is refused.
+    # ceil(KI / s) or floor(KI / s) k steps, and the s partials are added in fp32 in block order. sms below a launch's
+    # blocks is refused.
     invariant_blocks: int = 128
     # ... with at least this many k steps per block (a shorter range pays more for the sum than it streams)
     invariant_min_steps: int = 4
+    # M beyond one 64-row chunk with s > 1 and the fp32 reduction: one launch whose blocks walk the chunks in turn
+    # (the same k ranges in each) where a launch holds one chunk's blocks; False (and the in-C reduction): one launch
+    # per group of chunks that sms blocks hold at once, in order on the caller's stream
+    invariant_walk: bool = True
+    # ... only where each block sums at most this many k steps of a chunk: the walk won with 8 (4096 x 4096), tied
+    # with 28..32 and lost with 112 (28672 x 8192), where launches per chunk overlap one's prologue with the last's end
+    invariant_walk_max_steps: int = 16
+    # 16-row kernels: (weight bits, F) merge F stages of the tile into one pipeline stage, each warp summing its k16
+    # tiles in the tile's order (the same bits), where every block's range is whole merged stages: a stage's fixed
+    # cost (barrier, wait, fetch issue) once per F; 4-bit stages of the 64 x 256 tile hold only 8 KB of weights.
+    # Off: ((4, 4),) builds and plans (tests/compile, tests/cpu) but has not run on a GPU yet; it is taken only once
+    # tests/gpu/test_invariance.py (test_dense_merged_stages_keep_the_bits) and the bench have run it.
+    invariant_merge: tuple = ()
+    # ... and the rings of merged stages, deeper first
+    invariant_merge_stages: tuple = (4, 3)
+    # at M <= 16, s blocks per slice summed in a cluster of s (the fp32 slots' order: the same bits) for s in these;
+    # a grid whose clusters do not all fit at once sums in global memory instead (PreparedLaunch)
+    invariant_cluster_sizes: tuple = (2,)
 
     # ---- kernel family (workbench.gemm.hopper) -----------------------------------------------------------------------
     # which family runs a call: ((min compute capability, min M, max M, family), ...), the first row whose capability

@@ -50,6 +50,20 @@ CLUSTER_NAMES = [dataclasses.replace(c, cluster=s).name_expression for c, s in (
     (gemm.KernelConfig(S.BF16, S.FE4M3FN, 1, 4, 2, 4, gemm.GROUP_CHANNELWISE), 8),
     (gemm.KernelConfig(S.F16, S.U8B128, 1, 1, 1, 6, gemm.GROUP_GROUPED, swap=True), 8))]
 NAMES = [c.name_expression for c in CONFIGS] + list(EXTRA_KERNELS)
+# The batch-invariant kernels (marlin_gemm_invariant, marlin_gemm_cluster_invariant: never late-scaled; WALK: one
+# launch over every 64-row chunk): what the mode runs on the bench layers, swapped and not, in a cluster, the walk.
+INVARIANT_CONFIGS = (
+    gemm.KernelConfig(S.F16, S.U4B8, 1, 4, 2, 6, gemm.GROUP_GROUPED, swap=True, invariant=True),
+    gemm.KernelConfig(S.BF16, S.U4, 1, 4, 2, 6, gemm.GROUP_GROUPED, invariant=True),
+    gemm.KernelConfig(S.F16, S.U4B8, 4, 4, 2, 4, gemm.GROUP_GROUPED, invariant=True, walk=True),
+    gemm.KernelConfig(S.F16, S.FE4M3FN, 4, 4, 2, 4, gemm.GROUP_CHANNELWISE, invariant=True, walk=True),
+    gemm.KernelConfig(S.F16, S.U8B128, 2, 4, 2, 8, gemm.GROUP_GROUPED, invariant=True),
+    # merged stages (k_base): four stages of the 64 x 256 tile per pipeline stage, swapped and not
+    gemm.KernelConfig(S.F16, S.U4B8, 1, 4, 8, 4, gemm.GROUP_GROUPED, swap=True, invariant=True, k_base=2),
+    gemm.KernelConfig(S.BF16, S.U4, 1, 4, 8, 4, gemm.GROUP_CHANNELWISE, invariant=True, k_base=2),
+)
+INVARIANT_NAMES = [c.name_expression for c in INVARIANT_CONFIGS]
+INVARIANT_CLUSTER_NAMES = [dataclasses.replace(INVARIANT_CONFIGS[i], cluster=2).name_expression for i in (0, 5)]
 
 
 def test_every_cu_file_is_the_one_we_build():
@@ -77,7 +91,10 @@ KNOWN_SPILLS = {(80, "marlin_gemmI13__nv_bfloat16Li4ELi4ELi4ELi2ELi4ELi1ELi1ELi0
                 (80, "marlin_gemmI6__halfLi4ELi1ELi2ELi4ELi3ELi1ELi2ELi0EE"): 64,
                 (80, "marlin_gemmI6__halfLi5ELi1ELi2ELi4ELi3ELi2ELi2ELi0EE"): 28,
                 (90, "marlin_gemmI6__halfLi5ELi1ELi2ELi4ELi3ELi2ELi2ELi0EE"): 48,
-                (80, "marlin_gemmI13__nv_bfloat16Li4ELi1ELi2ELi4ELi3ELi1ELi2ELi1EE"): 8}
+                (80, "marlin_gemmI13__nv_bfloat16Li4ELi1ELi2ELi4ELi3ELi1ELi2ELi1EE"): 8,
+                # the chunk-walking u4b8 kernel sits at the cap beside the 64-row loop's accumulators (nvcc 13)
+                (80, "marlin_gemm_invariantI6__halfLi4ELi4ELi4ELi2ELi4ELi1ELi1ELi0ELi1EE"): 16,
+                (90, "marlin_gemm_invariantI6__halfLi4ELi4ELi4ELi2ELi4ELi1ELi1ELi0ELi1EE"): 8}
 
 
 def spills_per_function(log: str) -> dict[str, int]:
@@ -113,6 +130,35 @@ def test_cluster_kernels_build_for_sm90_without_warnings_or_spills(tmp_path):
     assert sum(name.startswith("_ZN3mwb19marlin_gemm_cluster") for name in spills) == len(CLUSTER_NAMES), spills
     assert not any(spills.values()), spills
     nvrtc_cubin(gemm.kernel_source(), CLUSTER_NAMES, 90)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_invariant_kernels_build_without_warnings_or_new_spills(arch, tmp_path):
+    """The batch-invariant kernels with nvcc (spills within KNOWN_SPILLS) and NVRTC; the cluster form on sm_90."""
+    names = INVARIANT_NAMES + (INVARIANT_CLUSTER_NAMES if arch >= 90 else [])
+    spills = spills_per_function(nvcc_cubin(gemm.KERNEL_SOURCE, names, arch, tmp_path))
+    assert sum("marlin_gemm" in name and "invariant" in name for name in spills) == len(names), spills
+    for name, nbytes in spills.items():
+        allowed = max([b for (a, fragment), b in KNOWN_SPILLS.items() if a == arch and fragment in name], default=0)
+        assert nbytes <= allowed, f"sm_{arch}: {name} spills {nbytes} bytes (allowed {allowed})"
+    nvrtc_cubin(gemm.kernel_source(), names, arch)
+
+
+def test_invariant_kernels_never_late_scale():
+    """GemmTraits<..., LATE_OFF = true>::kLateScale (the invariant kernels) is false where the default kernel of the
+    same shape late-scales, as KernelConfig.late_scale says of each: NVRTC evaluates the asserts."""
+    checks = []
+    for cfg in (gemm.KernelConfig(S.F16, S.U4B8, 1, 4, 2, 6, gemm.GROUP_GROUPED, swap=True),
+                gemm.KernelConfig(S.BF16, S.U4, 1, 2, 4, 3, gemm.GROUP_CHANNELWISE),
+                gemm.KernelConfig(S.F16, S.U8B128, 1, 4, 2, 4, gemm.GROUP_GROUPED)):
+        t = "__half" if cfg.act is S.F16 else "__nv_bfloat16"
+        for invariant in (False, True):
+            c = dataclasses.replace(cfg, invariant=invariant)
+            traits = (f"mwb::GemmTraits<{t}, {c.weight.abi_code}, 1, {c.n_tiles}, {c.k_warp}, {c.stages}, "
+                      f"{c.group_mode}, 1, {int(c.swap)}, 1, {str(invariant).lower()}>")
+            checks.append(f'static_assert({traits}::kLateScale == {str(c.late_scale).lower()}, "{c}");')
+            assert c.late_scale is not invariant
+    nvrtc_cubin(gemm.kernel_source() + "\n" + "\n".join(checks) + "\n", list(EXTRA_KERNELS), 90)
 
 
 def test_shared_memory_of_every_config_fits_sm80():

@@ -26,31 +26,61 @@ def _config(wt, gs, per_row, m, k, n, act=S.F16, policy=None):
 
 
 def _pinned(cfg):
-    """What must not change with M: everything but the m16 block count and the stages it allows."""
-    return (cfg.act, cfg.weight, cfg.n_tiles, cfg.k_warp, cfg.group_mode, cfg.blocks_per_sm, cfg.swap, cfg.cluster)
+    """What must not change with M: everything but the m16 block count, the stages it allows and the swap (which
+    sums a row as the row layout on the same tile: tests/gpu/test_invariance.py)."""
+    return (cfg.act, cfg.weight, cfg.n_tiles, cfg.k_base or cfg.k_warp, cfg.group_mode, cfg.blocks_per_sm,
+            cfg.invariant, cfg.late_scale)
 
 
 @pytest.mark.parametrize("wt,gs,per_row", TYPES, ids=str)
 def test_one_configuration_for_every_m(wt, gs, per_row):
     for k, n in LAYERS:
         first = _config(wt, gs, per_row, 1, k, n)
-        assert not first.late_scale, "the 16-row kernel must sum as the 32..64-row ones (no late scaling)"
-        assert (first.swap, first.blocks_per_sm, first.cluster) == (0, 1, 1)
+        assert first.invariant and not first.late_scale, "the 16-row kernel must sum as the 32..64-row ones"
+        assert (first.swap, first.blocks_per_sm, first.cluster, first.walk) == (1, 1, 1, False)
         split = geometry.invariant_split(first, n, k, H200["sms"])
         for m in M_ALL:
             cfg = _config(wt, gs, per_row, m, k, n)
             assert _pinned(cfg) == _pinned(first), f"{wt} g{gs} {k}x{n}: M = {m} takes another tile"
-            assert cfg.m_blocks == min(4, -(-m // 16))
+            assert cfg.m_blocks == min(4, -(-m // 16)) and cfg.swap == (m <= 8) and not cfg.late_scale
             assert geometry.invariant_split(cfg, n, k, H200["sms"]) == split
 
 
-def test_fp8_keeps_the_wide_tile_and_integers_take_k_warp_1():
-    """Which tile the policy's order gives: FP8 never late-scales, so its first choice (64 x 256) stays; integer
-    weights late-scale it at M <= 16 and take the next one (64 x 128, one k16 tile per warp)."""
-    fp8 = _config(S.FE4M3FN, -1, False, 1, 4096, 4096)
-    u4 = _config(S.U4B8, 128, False, 1, 4096, 4096)
-    assert (fp8.n_tiles, fp8.k_warp) == DEFAULT_GEMM_POLICY.invariant_shapes[0] == (4, 2)
-    assert (u4.n_tiles, u4.k_warp) == (2, 1)
+def test_every_type_takes_the_default_large_m_tile():
+    """The invariant kernels never late-scale, so the policy's first shape (64 x 256, the default's tile from
+    M = 33 up) serves integer weights too; their names are the invariant kernels'."""
+    for wt, gs in ((S.FE4M3FN, -1), (S.U4B8, 128), (S.U4, 64), (S.U8B128, 32)):
+        for m in (1, 16, 64, 256):
+            cfg = _config(wt, gs, False, m, 4096, 4096)
+            assert (cfg.n_tiles, cfg.k_warp) == DEFAULT_GEMM_POLICY.invariant_shapes[0] == (4, 2)
+            assert cfg.name_expression.startswith("mwb::marlin_gemm_invariant<")
+    default = geometry.choose_config(S.F16, S.U4B8, 64, 4096, 4096, 128, False, H200["smem_limit"])
+    assert (default.n_tiles, default.k_warp, default.m_blocks) == (4, 2, 4)
+    cl = dataclasses.replace(_config(S.U4B8, 128, False, 1, 4096, 4096), cluster=2)
+    assert cl.name_expression.startswith("mwb::marlin_gemm_cluster_invariant<") and cl.name_expression.endswith(", 2, 0>")
+
+
+@pytest.mark.parametrize("k,n", LAYERS, ids=str)
+def test_the_chunk_walk_runs_one_launch_on_the_one_chunk_partition(k, n):
+    """Where a launch holds one chunk's blocks (s > 1, fp32) and a block sums few k steps of a chunk: one launch of
+    cols x s blocks walks every chunk; without the walk (the policy's switch, longer ranges, or the in-C reduction)
+    the same partition runs chunk by chunk."""
+    args = (H200["sms"], H200["sms"], H200["cc"])
+    no_walk = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_walk=False)
+    for m in (1, 16, 64, 65, 128, 256):
+        cfg = _config(S.U4B8, 128, False, m, k, n)
+        split = geometry.invariant_split(cfg, n, k, H200["sms"])
+        per_chunk = n // cfg.block_n * split
+        walked, launches = geometry.invariant_plan(cfg, m, n, k, *args, True)
+        plain, pieces = geometry.invariant_plan(cfg, m, n, k, *args, True, policy=no_walk)
+        in_c, in_c_pieces = geometry.invariant_plan(cfg, m, n, k, *args, False)
+        assert not plain.walk and not in_c.walk and pieces == in_c_pieces
+        short = -(-(k // cfg.block_k) // split) <= DEFAULT_GEMM_POLICY.invariant_walk_max_steps
+        if split > 1 and m > 64 and H200["sms"] // per_chunk == 1 and short:
+            assert walked.walk and launches == ((0, m, per_chunk),)
+            assert len(pieces) == -(-m // 64) and all(g == per_chunk for _, _, g in pieces)
+        else:
+            assert not walked.walk and launches == pieces
 
 
 def _ranges(total_steps, grid):
@@ -91,17 +121,19 @@ def test_every_launch_gives_each_slice_the_same_k_ranges(k, n):
 
 def test_the_split_is_policy_data():
     cfg = _config(S.U4B8, 128, False, 1, 4096, 4096)
-    assert geometry.invariant_split(cfg, 4096, 4096, 132) == 4  # 128 blocks over 32 slices of 128 columns
-    assert geometry.invariant_split(cfg, 4096, 4096, 64) == 2  # (a device of fewer SMs: across GPUs not guaranteed)
-    fewer = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_blocks=32)
+    assert geometry.invariant_split(cfg, 4096, 4096, 132) == 8  # 128 blocks over 16 slices of 256 columns
+    assert geometry.invariant_split(cfg, 4096, 4096, 64) == 4  # (a device of fewer SMs: across GPUs not guaranteed)
+    fewer = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_blocks=16)
     assert geometry.invariant_split(cfg, 4096, 4096, 132, policy=fewer) == 1
     longer = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_min_steps=32)
     assert geometry.invariant_split(cfg, 4096, 4096, 132, policy=longer) == 2  # 64 k steps / 32
     only = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_shapes=((1, 1),))
     assert (_config(S.U4B8, 128, False, 200, 4096, 4096, policy=only).n_tiles,) == (1,)
     with pytest.raises(ValueError, match="invariant_shapes"):
-        _config(S.U4B8, 128, False, 1, 4096, 4096,
-                policy=dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_shapes=((2, 4),)))  # late-scales: refused
+        _config(S.U4B8, 128, False, 1, 4096, 4096 + 64,
+                policy=dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_shapes=((4, 2),)))  # 64 x 256 fits no N
+    assert not _config(S.U4B8, 128, False, 4, 4096, 4096,
+                       policy=dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_swap=False)).swap
 
 
 def _record(m, n, k, wt=S.U4B8, gs=128, sms=-1, atomic=False, invariant=True):
@@ -123,7 +155,7 @@ def test_the_record_flag_reaches_the_planner():
         for sms in (-1, 128, 130):
             cfg, _, grid = check_launch(_record(m, 4096, 4096, sms=sms), *args)
             seen.add(_pinned(dataclasses.replace(cfg, cluster=1)))
-            assert grid == 128  # 32 slices x 4 blocks, one 64-row chunk per launch
+            assert grid == 128  # 16 slices x 8 blocks: one 64-row chunk at a time
     assert len(seen) == 1
     default, _, _ = check_launch(_record(1, 4096, 4096, invariant=False), *args)
     assert _pinned(default) != seen.pop()
@@ -151,15 +183,18 @@ def test_fused_moe_pins_one_tile_for_every_block_size(wt, gs):
     assert choose_moe_config(S.F16, wt, 8, 256, 256, gs, 8, 132, H200["smem_limit"], H200["sm_smem"]).swap
 
 
-def test_large_m_runs_as_launches_of_whole_chunks_on_the_same_partition():
-    """On the stand-in driver (tests/fake_device.py): M = 200 on a layer whose slices take 4 blocks each runs as
-    launches of 64-row chunks, each at its rows of A and C, with 128 blocks and the division plan of its own rows;
-    a repeated call launches the same pieces again."""
+@pytest.mark.parametrize("walk", [True, False], ids=["walk", "per_chunk"])
+def test_large_m_runs_on_the_one_chunk_partition(walk):
+    """On the stand-in driver (tests/fake_device.py): M = 200 on a layer whose slices take 8 blocks each runs as one
+    launch of 128 blocks that walks the 64-row chunks with one chunk's division plan (the policy's invariant_walk),
+    or as launches of 64-row chunks, each at its rows of A and C with the division plan of its own rows; a repeated
+    call launches the same again."""
     import numpy as np
 
     from fake_device import SMS, FakeArray, installed
     from workbench import gemm
 
+    policy = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_walk=walk)
     k, n, m = 4096, 4096, 200
     with installed() as (_, driver):
         args = dict(a=FakeArray((m, k), np.float16), b_q_weight=FakeArray((k // 16, n * 2), np.int32),
@@ -167,11 +202,11 @@ def test_large_m_runs_as_launches_of_whole_chunks_on_the_same_partition():
                     workspace=FakeArray((gemm.workspace_numel(SMS),), np.int32), b_q_type=S.U4B8, size_m=m,
                     size_n=n, size_k=k, c=FakeArray((m, n), np.float16),
                     c_tmp=FakeArray((gemm.c_tmp_numel(SMS),), np.float32))
-        gemm.gptq_marlin_gemm(**args, batch_invariant=True)
+        gemm.gptq_marlin_gemm(**args, batch_invariant=True, policy=policy)
         first = list(driver.launches)
-        gemm.gptq_marlin_gemm(**args, batch_invariant=True)
+        gemm.gptq_marlin_gemm(**args, batch_invariant=True, policy=policy)
         assert driver.launches[len(first):] == first, "the cached plan launches the same pieces"
-    rows = [64, 64, 64, 8]
+    rows = [200] if walk else [64, 64, 64, 8]
     assert len(first) == len(rows)
     n_pointers = gemm.KERNEL_ARG_KINDS["marlin_gemm"].count("p")  # the kernel's pointer parameters come first
     for i, (launch, r) in enumerate(zip(first, rows)):
@@ -179,5 +214,34 @@ def test_large_m_runs_as_launches_of_whole_chunks_on_the_same_partition():
         assert launch[1] == (128, 1, 1)
         assert pointers[0] == args["a"].data.ptr + i * 64 * k * 2 and pointers[2] == args["c"].data.ptr + i * 64 * n * 2
         assert ints[:6] == (r, n, k, k, 128, gemm.REDUCE_FP32)
-        steps = 32 * (k // 64)  # one chunk of 32 slices of 64 k steps (the 64 x 128 tile) over 128 blocks
+        steps = 16 * (k // 64)  # one chunk of 16 slices of 64 k steps (the 64 x 256 tile) over 128 blocks
         assert ints[6:8] == (steps // 128, steps % 128)
+
+
+def test_the_16_row_kernel_merges_stages_where_every_range_is_whole_merged_stages():
+    """invariant_plan (with the device's shared memory) under invariant_merge = ((4, 4),): 4-bit 16-row kernels take
+    four 64 x 256 stages per pipeline stage (k_base = 2) where K, the split and each block's share allow; the
+    partition stays the tile's; 8-bit weights, 32..64-row kernels, odd K and act-order groups keep the plain kernel.
+    The default policy merges nothing yet."""
+    args = (H200["sms"], H200["sms"], H200["cc"], True)
+    on = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_merge=((4, 4),))
+    assert DEFAULT_GEMM_POLICY.invariant_merge == ()  # (off until the GPU tests have run it)
+    for k, n in LAYERS[:6]:
+        for m in (1, 8, 16, 17, 64):
+            for wt, gs in ((S.U4B8, 128), (S.U4, 64), (S.U8B128, 128)):
+                cfg = _config(wt, gs, False, m, k, n)
+                split = geometry.invariant_split(cfg, n, k, H200["sms"])
+                merged, launches = geometry.invariant_plan(cfg, m, n, k, *args, on, smem_limit=H200["smem_limit"])
+                assert geometry.invariant_split(merged, n, k, H200["sms"]) == split
+                if m <= 16 and wt.bits == 4:
+                    assert (merged.k_warp, merged.k_base, merged.block_k) == (8, 2, 256), (k, n, m, wt)
+                    assert merged.name_expression.endswith(", 2>") and merged.smem_bytes <= H200["smem_limit"]
+                    assert launches == geometry.invariant_plan(cfg, m, n, k, *args, on)[1]
+                else:
+                    assert merged.k_base == 0 and merged.k_warp == 2
+    odd = _config(S.U4B8, 128, False, 1, 1000, 200)
+    assert geometry.invariant_plan(odd, 1, 200, 1000, *args, on, smem_limit=H200["smem_limit"])[0].k_base == 0
+    act = _config(S.U4B8, 128, True, 1, 4096, 4096)
+    assert geometry.invariant_plan(act, 1, 4096, 4096, *args, on, smem_limit=H200["smem_limit"])[0].k_base == 0
+    u4 = _config(S.U4B8, 128, False, 1, 4096, 4096)
+    assert geometry.invariant_plan(u4, 1, 4096, 4096, *args, smem_limit=H200["smem_limit"])[0].k_base == 0

@@ -5,8 +5,9 @@ size, act-order) and the fused MoE layer (every type, every moe_block_size, ever
 batch's outputs are also checked against the fp32 reference within the derived bound (tests/gpu/test_gemm.py
 error_bound), so an invariant but wrong kernel fails. Outputs are poisoned (NaN) before every launch.
 
-Also measured here, because batch invariance may use it only if it holds: whether the operand-swapped small-M loop
-gives bitwise the row layout's per-row sums on the same tile and grid (docs/performance.md, "Batch invariance").
+Also measured here, because batch invariance uses it and may only while it holds: whether the operand-swapped small-M
+loop gives bitwise the row layout's per-row sums on the same tile and grid (docs/performance.md, "Batch invariance");
+and the chunk-walking launch against one launch per chunk, every output bit.
 """
 import dataclasses
 
@@ -16,7 +17,7 @@ import pytest
 
 from workbench import gemm, hardware, moe
 from workbench.gemm import geometry
-from workbench.policy import DEFAULT_MOE_POLICY
+from workbench.policy import DEFAULT_GEMM_POLICY, DEFAULT_MOE_POLICY
 from workbench.scalar_types import ScalarType as S
 from workbench.weight import random_marlin_weight
 
@@ -56,25 +57,38 @@ def _device():
     return cp.cuda.Device().id
 
 
-def invariant_configs(act, wt, n, k, gs, per_row):
-    """Every instantiation batch_invariant launches for this layer: each m16 block count, with its cluster form."""
+# the merged 16-row stages (GemmPolicy.invariant_merge, off by default until this module has run them)
+MERGED = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_merge=((4, 4),))
+MERGED_CASES = ((S.U4B8, 128), (S.U4, 64), (S.U4B8, 32), (S.U4, -1))
+
+
+def invariant_configs(act, wt, n, k, gs, per_row, policy=None):
+    """Every instantiation batch_invariant launches for this layer: each m16 block count, swapped and not, with its
+    cluster form and the chunk-walking one, at the SM counts the tests force and both reductions."""
     device = _device()
     cc, sms, smem_limit, _ = gemm.device_properties(device)
     out = []
-    for m in (1, 17, 33, 49):
-        cfg = geometry.choose_invariant_config(gemm.act_scalar_type(act), wt, m, n, k, gs, per_row, smem_limit)
-        split = geometry.invariant_split(cfg, n, k, sms)
-        _, rows, grid = geometry.invariant_launches(cfg, m, n, k, sms, split)[0]
-        out += [cfg, dataclasses.replace(cfg, cluster=gemm.cluster_blocks(cfg, rows, n, k, grid, cc, True))]
+    for m in (1, 9, 17, 33, 49, 130, 256):
+        cfg = geometry.choose_invariant_config(gemm.act_scalar_type(act), wt, m, n, k, gs, per_row, smem_limit,
+                                               policy=policy)
+        split = geometry.invariant_split(cfg, n, k, sms, policy)
+        least = (geometry.tiled_n(n) // cfg.block_n) * split if split > 1 else 1
+        for forced in {sms, least, min(sms, least + 5)}:
+            for fp32 in (True, False):
+                out.append(geometry.invariant_plan(cfg, m, n, k, forced, sms, cc, fp32, policy,
+                                                   smem_limit=smem_limit)[0])
     return out
 
 
 def swap_configs(m_rows=8):
-    """(rows-layout, swapped) configurations of one tile each: FP8 (neither late-scales) and u4b8 g128 (both do)."""
+    """(rows-layout, swapped) configurations of one tile each: FP8 (neither late-scales), u4b8 g128 (both do) and the
+    batch-invariant kernels of u4b8 g128 (neither does)."""
     g = geometry
     return [(S.FE4M3FN, -1, [g.KernelConfig(S.F16, S.FE4M3FN, 1, 4, 2, 4, g.GROUP_CHANNELWISE, swap=s)
                              for s in (0, 1)]),
-            (S.U4B8, 128, [g.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 6, g.GROUP_GROUPED, swap=s) for s in (0, 1)])]
+            (S.U4B8, 128, [g.KernelConfig(S.F16, S.U4B8, 1, 2, 4, 6, g.GROUP_GROUPED, swap=s) for s in (0, 1)]),
+            (S.U4B8, 128, [g.KernelConfig(S.F16, S.U4B8, 1, 4, 2, 6, g.GROUP_GROUPED, swap=s, invariant=True)
+                           for s in (0, 1)])]
 
 
 def moe_configs():
@@ -112,6 +126,9 @@ def compile_everything_once():
     for n, k in ((2 * MOE_N, MOE_K), (MOE_K, MOE_N)):  # the MoE layer's dense paths
         dense += invariant_configs(F16, S.U4B8, n, k, 128, False)
     dense += [c for _, _, pair in swap_configs() for c in pair]
+    for wt, gs in MERGED_CASES:
+        dense += invariant_configs(F16, wt, DENSE_N, DENSE_K, gs, False, MERGED)
+    dense += invariant_configs(F16, S.U4B8, SPLIT_SHAPES[0][1], SPLIT_SHAPES[0][0], 128, False, MERGED)
     names = [(c.name_expression, c.smem_bytes) for c in moe_configs()]
     names += [(f"mwb::{f}<{t}>", 0) for f in ("silu_and_mul", "moe_sum") for t in ("__half", "__nv_bfloat16")]
     names += [("mwb::gather_rows", 0), ("mwb::moe_align", 0)]
@@ -142,7 +159,8 @@ def per_launch_blocks(w, act, sms):
     return (geometry.tiled_n(w.size_n) // cfg.block_n) * split if split > 1 else 1
 
 
-def check_invariance(rng, w, q, act, m_values=M_VALUES, sms_values=None, modes=("fp32",), is_k_full=True):
+def check_invariance(rng, w, q, act, m_values=M_VALUES, sms_values=None, modes=("fp32",), is_k_full=True,
+                     policy=None):
     """Probe rows alone and in every batch, every sms and reduction: the same bits; the largest batch within the
     reference bound."""
     device_sms = gemm.device_properties(_device())[1]
@@ -151,7 +169,7 @@ def check_invariance(rng, w, q, act, m_values=M_VALUES, sms_values=None, modes=(
         sms_values = (-1, least, min(device_sms, least + 5))
     probes = rng.standard_normal((PROBES, w.size_k), dtype=np.float32).astype(act)
     for mode in modes:
-        kw = dict(MODES[mode], batch_invariant=True, is_k_full=is_k_full)
+        kw = dict(MODES[mode], batch_invariant=True, is_k_full=is_k_full, policy=policy)
         alone = []
         for p in probes:
             c = poisoned(1, w.size_n, act)
@@ -203,6 +221,49 @@ def test_dense_invariance_on_shapes_that_are_not_tile_multiples(k, n, wt, gs, rn
     check_invariance(rng, w, q, F16, m_values=(1, 9, 16, 33, 64, 130), modes=("fp32", "in_c"))
 
 
+def test_dense_chunk_walk_is_bitwise_the_launch_per_chunk(rng):
+    """M beyond one 64-row chunk where a launch holds one chunk's blocks: one launch whose blocks walk the chunks
+    (marlin_gemm_invariant's WALK) against one launch per chunk (invariant_walk = False), every output bit, with
+    the fp32 reduction; the in-C reduction keeps one launch per chunk."""
+    mw, q = random_marlin_weight(DENSE_K, DENSE_N, S.U4B8, 128, act_dtype=F16, seed=int(rng.integers(1 << 20)))
+    w = gemm.upload_weight(mw)
+    cc, sms, smem_limit, _ = gemm.device_properties(_device())
+    least = per_launch_blocks(w, F16, sms)
+    per_chunk = dataclasses.replace(DEFAULT_GEMM_POLICY, invariant_walk=False)
+    for m in (65, 200, 256):
+        cfg = geometry.choose_invariant_config(S.F16, S.U4B8, m, DENSE_N, DENSE_K, 128, False, smem_limit)
+        walked, launches = geometry.invariant_plan(cfg, m, DENSE_N, DENSE_K, least, sms, cc, True)
+        assert walked.walk and len(launches) == 1, (walked, launches)
+        a = cp.asarray(rng.standard_normal((m, DENSE_K), dtype=np.float32).astype(F16))
+        outs = []
+        for policy in (None, per_chunk):
+            c = poisoned(m, DENSE_N, F16)
+            gemm.marlin_gemm(a, w, c=c, sms=least, batch_invariant=True, policy=policy)
+            outs.append(bits(c))
+        assert np.array_equal(outs[0], outs[1]), f"M = {m}: {np.count_nonzero(outs[0] != outs[1])} outputs differ"
+    out = cp.asnumpy(c).astype(np.float32)
+    ref = cp.asnumpy(a).astype(np.float32) @ q.w_ref
+    assert np.all(np.abs(out - ref) <= error_bound(cp.asnumpy(a), q.w_ref, F16, "fp32", DENSE_K))
+
+
+@pytest.mark.parametrize("wt,gs", MERGED_CASES, ids=str)
+def test_dense_merged_stages_keep_the_bits(wt, gs, rng):
+    """The merged 16-row stages (four 64 x 256 stages per pipeline stage, GemmPolicy.invariant_merge): M <= 16 runs
+    them, swapped and not, M > 16 the 32..64-row kernels of the plain tile; every row the same bits, both
+    reductions, and with two blocks per slice in clusters (512 x 8192)."""
+    mw, q = random_marlin_weight(DENSE_K, DENSE_N, wt, gs, act_dtype=F16, seed=int(rng.integers(1 << 20)))
+    w = gemm.upload_weight(mw)
+    cc, sms, smem_limit, _ = gemm.device_properties(_device())
+    cfg = geometry.choose_invariant_config(S.F16, wt, 1, DENSE_N, DENSE_K, gs, False, smem_limit, policy=MERGED)
+    merged, _ = geometry.invariant_plan(cfg, 1, DENSE_N, DENSE_K, sms, sms, cc, True, MERGED, smem_limit)
+    assert merged.k_base == 2 and merged.k_warp == 8, merged
+    check_invariance(rng, w, q, F16, modes=("fp32", "in_c"), policy=MERGED)
+    if (wt, gs) == (S.U4B8, 128):
+        k, n = SPLIT_SHAPES[0]
+        mw, q = random_marlin_weight(k, n, wt, gs, act_dtype=F16, seed=int(rng.integers(1 << 20)))
+        check_invariance(rng, gemm.upload_weight(mw), q, F16, m_values=(1, 8, 16, 17, 64), policy=MERGED)
+
+
 def test_dense_refuses_too_few_sms_for_its_partition(rng):
     mw, _ = random_marlin_weight(DENSE_K, DENSE_N, S.U4B8, 128, act_dtype=F16, seed=int(rng.integers(1 << 20)))
     w = gemm.upload_weight(mw)
@@ -241,9 +302,8 @@ def test_dense_invariance_on_two_streams_at_once(rng):
 @pytest.mark.parametrize("wt,gs,cfgs", swap_configs(), ids=lambda v: str(v) if not isinstance(v, list) else "pair")
 def test_swapped_loop_per_row_sums_against_the_row_layout(wt, gs, cfgs, rng):
     """The swapped loop (C^T = W^T A^T, one mma per 16 x 16 sub-block) against the row layout on the same tile, grid
-    and late-scaling choice: whether mma.sync sums a row in the same order in both operand positions. (Batch
-    invariance does not use the swapped loop: for integer weights it late-scales and the 32..64-row kernels cannot;
-    this records whether FP8, which never late-scales, could.)"""
+    and late-scaling choice: whether mma.sync sums a row in the same order in both operand positions. Batch
+    invariance relies on it: its kernels (never late-scaled) swap at M <= 8 and take the row layout above."""
     k, n, m = 1024, 512, 8
     mw, _ = random_marlin_weight(k, n, wt, gs, act_dtype=F16, seed=int(rng.integers(1 << 20)))
     w = gemm.upload_weight(mw)

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import sys
 
-from workbench.policy import GemmPolicy
+from workbench.policy import GemmPolicy, lookup
 from workbench.scalar_types import ScalarType
 
 # The package's namespace, which holds the default policy (workbench.gemm._default_policy): read through the dict,
@@ -107,8 +107,8 @@ class TileGeometry:
         ``WarpLoop::kLateScale`` and ``late_scale_pays`` in kernels_cuda/marlin_mainloop.cuh). Two kernels that differ
         here round differently: their outputs are not bitwise equal even where the partition is the same."""
         fits = self.swap == 1 or (self.blocks_per_sm == 1 and self.k_warp >= 2)
-        return self.m_blocks == 1 and self.group_mode != GROUP_PER_ROW and self.weight is not ScalarType.FE4M3FN \
-            and self.weight is not ScalarType.FE2M1F and not getattr(self, "e8m0_scales", False) \
+        return not getattr(self, "invariant", False) and self.m_blocks == 1 and self.group_mode != GROUP_PER_ROW \
+            and self.weight is not ScalarType.FE4M3FN and self.weight is not ScalarType.FE2M1F and not getattr(self, "e8m0_scales", False) \
             and fits
 
 
@@ -130,6 +130,15 @@ class KernelConfig(TileGeometry):
     cluster: int = 1  # > 1: blocks per thread-block cluster, slices summed in shared memory (marlin_gemm_cluster)
     # the weight's scales are E8M0 codes (MXFP4, MXFP8): the kernel's weight code is the type's + 16 (dequant.cuh)
     e8m0_scales: bool = False
+    # the batch-invariant kernels (marlin_gemm_invariant / marlin_gemm_cluster_invariant): never late-scaled, so a
+    # 16-row kernel sums a row as the 32..64-row kernels of its tile do
+    invariant: bool = False
+    # (invariant, four m16 blocks, fp32 reduction, s > 1 blocks per slice) one launch walks every 64-row chunk of A
+    # on the one-chunk partition (marlin_gemm_invariant's WALK)
+    walk: bool = False
+    # (invariant, one m16 block) > 0: each stage merges k_warp / k_base stages of the k_warp = k_base tile and sums
+    # them as that tile does (WarpLoop's K_BASE): the same bits as the k_base tile's kernels
+    k_base: int = 0
 
     @property
     def name_expression(self) -> str:
@@ -137,6 +146,10 @@ class KernelConfig(TileGeometry):
         code = self.weight.abi_code + 16 * self.e8m0_scales
         args = (f"{t}, {code}, {self.m_blocks}, {self.n_tiles}, {self.k_warp}, {self.stages}, "
                 f"{self.group_mode}, {self.blocks_per_sm}, {int(self.swap)}")
+        if self.invariant:
+            if self.cluster > 1:
+                return f"mwb::marlin_gemm_cluster_invariant<{args}, {self.cluster}, {self.k_base}>"
+            return f"mwb::marlin_gemm_invariant<{args}, {int(self.walk)}, {self.k_base}>"
         if self.cluster > 1:
             return f"mwb::marlin_gemm_cluster<{args}, {self.cluster}>"
         return f"mwb::marlin_gemm<{args}>"
@@ -372,16 +385,18 @@ def choose_invariant_config(act: ScalarType, weight: ScalarType, size_m: int, si
                             group_size: int, per_row_groups: bool, smem_limit: int, thread_k: int = -1,
                             thread_n: int = -1, policy: GemmPolicy | None = None) -> KernelConfig:
     """The batch-invariant configuration: the first of the policy's ``invariant_shapes`` that divides (K, N) and the
-    group size, fits shared memory at every m16 block count and whose 16-row kernel does not late-scale (so every M
-    sums a row in the same order: the kernels of 2..4 m16 blocks never late-scale). Row layout, one block per SM, no
-    cluster of its own choosing; only ``m_blocks`` (and so the stages) follows M, and a row's sums do not depend on
-    either. ValueError naming the shapes tried otherwise."""
+    group size and fits shared memory at every m16 block count, as a batch-invariant kernel (``invariant``: never
+    late-scaled, so its 16-row kernel sums a row as the 32..64-row kernels of the tile do); the swapped loop for
+    M <= ``swap_max_m`` where ``invariant_swap`` (it sums a row as the row layout on the same tile). One block per SM,
+    no cluster of its own choosing; only ``m_blocks`` (and so the stages) and the swap follow M, and a row's sums
+    depend on neither. ValueError naming the shapes tried otherwise."""
     p = policy or _default()
     m_blocks = min(4, max(1, math.ceil(size_m / 16)))
     group_mode = GROUP_PER_ROW if per_row_groups else (GROUP_CHANNELWISE if group_size == -1 else GROUP_GROUPED)
     tried = []
     # (as choose_config plans shapes that are not tile multiples: N over its 64-column tiles, K by tile_k)
     n_plan, k_plan = tiled_n(size_n), tile_k(size_k, -1 if per_row_groups else group_size)
+    swap = swap_halves(size_m, policy=p) if p.invariant_swap else 0
     for n_tiles, k_warp in p.invariant_shapes:
         tk, tn = THREAD_SHAPES[(n_tiles, k_warp)]
         if (thread_k, thread_n) != (-1, -1) and (tk, tn) != (thread_k, thread_n):
@@ -394,17 +409,38 @@ def choose_invariant_config(act: ScalarType, weight: ScalarType, size_m: int, si
 
         def fitting(mb):
             return next((cfg for stages in _stage_order(weight, mb, p)
-                         for cfg in [KernelConfig(act, weight, mb, n_tiles, k_warp, stages, group_mode)]
+                         for cfg in [KernelConfig(act, weight, mb, n_tiles, k_warp, stages, group_mode,
+                                                  invariant=True)]
                          if cfg.smem_bytes <= smem_limit), None)
 
         fits = [fitting(mb) for mb in (1, 2, 3, 4)]
-        if None in fits or fits[0].late_scale:
+        if None in fits:
             continue
-        return fits[m_blocks - 1]
+        return dataclasses.replace(fits[m_blocks - 1], swap=swap if m_blocks == 1 else 0)
     raise ValueError(
         f"batch_invariant: no (thread_k, thread_n) in {tried or [(thread_k, thread_n)]} (GemmPolicy.invariant_shapes) "
         f"divides (size_k, size_n) = ({size_k}, {size_n}) and group size {group_size} within {smem_limit} bytes of "
-        f"shared memory without late scaling at M <= 16")
+        f"shared memory")
+
+
+def _merged(cfg: KernelConfig, size_k: int, split: int, smem_limit: int, p: GemmPolicy) -> KernelConfig:
+    """The 16-row invariant kernel with F = ``invariant_merge[bits]`` stages of its tile merged into one
+    (KernelConfig.k_base), where every block's range of the partition is whole merged stages (K a multiple of the
+    merged depth, the split dividing the slice's steps and F their share) and a ring of the merged stages fits
+    (``invariant_merge_stages``); else ``cfg``. (Groups are powers of two, so one of a group and the merged depth
+    divides the other.)"""
+    merge = lookup(p.invariant_merge, cfg.weight.bits, 1)
+    if merge <= 1 or cfg.m_blocks != 1 or cfg.group_mode == GROUP_PER_ROW or cfg.k_base or cfg.e8m0_scales \
+            or cfg.weight is ScalarType.FE2M1F:  # (microscaled weights: not measured merged)
+        return cfg
+    ki = k_steps(size_k, cfg.block_k)
+    if size_k % (cfg.block_k * merge) or ki % split or (ki // split) % merge:
+        return cfg
+    for stages in p.invariant_merge_stages:
+        wide = dataclasses.replace(cfg, k_warp=cfg.k_warp * merge, k_base=cfg.k_warp, stages=stages)
+        if wide.smem_bytes <= smem_limit:
+            return wide
+    return cfg
 
 
 def invariant_split(cfg: KernelConfig, size_n: int, size_k: int, device_sms: int,
@@ -413,19 +449,23 @@ def invariant_split(cfg: KernelConfig, size_n: int, size_k: int, device_sms: int
     over the slices of one 64-row chunk, at most one per ``invariant_min_steps`` k steps, at least 1. A function of
     the layer, the tile and the device only: never of M or of the ``sms`` a launch is given."""
     p = policy or _default()
+    if cfg.k_base:  # (a merged 16-row kernel: the partition is its tile's)
+        cfg = dataclasses.replace(cfg, k_warp=cfg.k_base, k_base=0)
     cols, ki = tiled_n(size_n) // cfg.block_n, k_steps(size_k, cfg.block_k)
     blocks = min(p.invariant_blocks, device_sms)
     return max(1, min(blocks // cols, ki // max(1, p.invariant_min_steps)))
 
 
-def invariant_launches(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, split: int
-                       ) -> tuple[tuple[int, int, int], ...]:
+def invariant_launches(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, split: int,
+                       walk: bool = False) -> tuple[tuple[int, int, int], ...]:
     """The launches of the batch-invariant partition, (first row, rows, grid) each. Every launch gives each of its
     column slices ``split`` blocks of its own (block c split + j sums k steps [floor(j KI / split),
     floor((j + 1) KI / split)) of slice c: the same ranges whatever the number of slices), so a row's partials and
     their fp32 sum in block order are the same for every M. With ``split`` = 1 one launch takes every slice on the
     largest grid <= ``sms`` that divides their count (whole slices per block). Else a launch holds as many 64-row
-    chunks as ``sms`` blocks take at once (every block must be resident); ValueError if one chunk needs more."""
+    chunks as ``sms`` blocks take at once (every block must be resident); ValueError if one chunk needs more. ``walk``
+    (the chunk-walking kernel can run it: see invariant_plan): where a launch holds one chunk only, one launch of that
+    chunk's blocks walks all of them instead of one launch per chunk."""
     chunk = cfg.block_m
     chunks = math.ceil(size_m / chunk)
     cols = tiled_n(size_n) // cfg.block_n
@@ -438,9 +478,37 @@ def invariant_launches(cfg: KernelConfig, size_m: int, size_n: int, size_k: int,
         raise ValueError(f"batch_invariant: this layer's partition gives each of its {cols} column slices {split} "
                          f"blocks ({per_chunk} resident at once); sms = {sms} is fewer (pass sms >= {per_chunk}, or "
                          f"a policy with a smaller invariant_blocks)")
+    if walk and sms // per_chunk == 1:
+        return ((0, size_m, per_chunk),)
     rows = (sms // per_chunk) * chunk
     return tuple((r0, min(rows, size_m - r0), math.ceil(min(rows, size_m - r0) / chunk) * per_chunk)
                  for r0 in range(0, size_m, rows))
+
+
+def invariant_plan(cfg: KernelConfig, size_m: int, size_n: int, size_k: int, sms: int, device_sms: int,
+                   compute_capability: int, fp32_reduce: bool, policy: GemmPolicy | None = None,
+                   smem_limit: int = 0) -> tuple[KernelConfig, tuple[tuple[int, int, int], ...]]:
+    """What a batch-invariant call of ``cfg`` (choose_invariant_config's) launches: the configuration of its (first)
+    launch and the launches (invariant_launches). The configuration gets its cluster size (cluster_blocks with the
+    policy's ``invariant_cluster_sizes``: a slice's blocks summed in a cluster at M <= 16, in the fp32 slots' order),
+    ``walk`` (one launch walking every 64-row chunk: the policy's ``invariant_walk``, four m16 blocks, the fp32
+    reduction, ``split`` > 1, more than one chunk and at most ``invariant_walk_max_steps`` k steps per block and
+    chunk) and, with ``smem_limit`` > 0, the 16-row kernel's merged stages where the policy's ``invariant_merge`` and
+    the partition allow (_merged; a merged ``cfg`` stays so)."""
+    p = policy or _default()
+    cfg = dataclasses.replace(cfg, cluster=1, walk=False)
+    split = invariant_split(cfg, size_n, size_k, device_sms, p)
+    if smem_limit > 0:
+        cfg = _merged(cfg, size_k, split, smem_limit, p)
+    walk = (p.invariant_walk and fp32_reduce and cfg.m_blocks == 4 and 1 < split and size_m > cfg.block_m
+            and -(-k_steps(size_k, cfg.block_k) // split) <= p.invariant_walk_max_steps)
+    launches = invariant_launches(cfg, size_m, size_n, size_k, sms, split, walk=walk)
+    if walk and len(launches) == 1 and launches[0][2] == tiled_n(size_n) // cfg.block_n * split:
+        return dataclasses.replace(cfg, walk=True), launches
+    _, rows, grid = launches[0]
+    cluster = cluster_blocks(cfg, rows, size_n, size_k, grid, compute_capability, fp32_reduce,
+                             sizes=p.invariant_cluster_sizes, policy=p)
+    return dataclasses.replace(cfg, cluster=cluster), launches
 
 
 KERNEL_CLUSTER_SIZES = (2, 4, 8)  # what marlin_gemm_cluster takes: the blocks share a partial's float4s evenly

@@ -17,7 +17,7 @@ from workbench.gemm import checks
 from workbench.gemm import kernels
 from workbench.gemm.geometry import (GROUP_GROUPED, KERNEL_CLUSTER_SIZES, REDUCE_ATOMIC, REDUCE_FP32, REDUCE_IN_C,
                                      THREADS, KernelConfig, choose_config, choose_invariant_config, cluster_blocks,
-                                     default_policy, grid_blocks, invariant_launches, invariant_split, k_steps,
+                                     default_policy, grid_blocks, invariant_plan, k_steps,
                                      pairs_possible, pipeline_steps, THREAD_SHAPES, tiled_n, tile_k, two_block_smem)
 from workbench.gemm_abi import (ABI_VERSION, ACT_TYPES, FLAG_BATCH_INVARIANT, FLAG_DETERMINISTIC, FLAG_HAS_ACT_ORDER,
                                 FLAG_HAS_ZERO_POINTS, FLAG_IS_K_FULL, FLAG_USE_ATOMIC_ADD, FLAG_USE_FP32_REDUCE,
@@ -103,14 +103,14 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     per_row = act_order and not k_full
     group_size = -1 if ng == 1 else gs
     fp32_reduce = bool(flags & FLAG_USE_FP32_REDUCE) and not atomic
-    if invariant:  # (one tile and one K partition for every M and sms: geometry.invariant_launches)
+    if invariant:  # (one tile and one K partition for every M and sms: geometry.invariant_plan)
         cfg = choose_invariant_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
                                       launch.thread_k_init, launch.thread_n_init, policy=policy)
         checks.check_pipeline_steps(pipeline_steps(cfg, max(m, 1), n, k))
-        _, rows, grid = invariant_launches(cfg, max(m, 1), n, k, sms, invariant_split(cfg, n, k, device_sms,
-                                                                                     policy))[0]
-        cluster = cluster_blocks(cfg, rows, n, k, grid, compute_capability, fp32_reduce, policy=policy)
-        return dataclasses.replace(cfg, cluster=cluster), sms, grid
+        cfg = dataclasses.replace(cfg, e8m0_scales=scale is ScalarType.FE8M0FNU)
+        cfg, launches = invariant_plan(cfg, max(m, 1), n, k, sms, device_sms, compute_capability, fp32_reduce,
+                                       policy, smem_limit)
+        return cfg, sms, launches[0][2]
     cfg = choose_config(act, weight, max(m, 1), n, k, group_size, per_row, smem_limit,
                         launch.thread_k_init, launch.thread_n_init, sm_smem=sm_smem, sms=sms,
                         pairs=pairs_possible(compute_capability, fp32_reduce, policy), policy=policy)
@@ -173,8 +173,8 @@ class PreparedLaunch:
         # batch-invariant plans of more rows than one launch takes: (first row, rows, grid) per launch
         self.pieces = ()
         if flags & FLAG_BATCH_INVARIANT and m > 0:
-            device_sms = kernels.device_properties(self.device)[1]
-            self.pieces = invariant_launches(cfg, m, n, k, sms, invariant_split(cfg, n, k, device_sms, policy))
+            cc, device_sms = kernels.device_properties(self.device)[:2]
+            _, self.pieces = invariant_plan(cfg, m, n, k, sms, device_sms, cc, self.uses_c_tmp, policy)
             if len(self.pieces) == 1:
                 self.pieces = ()
         self._lock = threading.Lock()
@@ -240,7 +240,8 @@ class PreparedLaunch:
         head = [m, n, k, kernel_lda, self.group_size, self.mode]
         if m == 0:  # (never launched)
             return head + [0] * 8
-        steps = pipeline_steps(cfg, m, n, k)
+        # (the chunk-walking kernel: one 64-row chunk's plan, which every chunk runs in turn)
+        steps = pipeline_steps(cfg, min(m, cfg.block_m) if cfg.walk else m, n, k)
         return head + [steps // grid, steps % grid, *fast_div_plan(grid),
                        *fast_div_plan(k_steps(k, cfg.block_k)), *fast_div_plan(tiled_n(n) // cfg.block_n)]
 
