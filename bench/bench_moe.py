@@ -42,7 +42,7 @@ FORMATS = {"u4b8": (4, GROUP, 2, "fp16"), "nvfp4": (4, 16, 1, "bf16"), "mxfp4": 
 
 def touched_bytes(experts: int, k: int, n: int, fmt: str = "u4b8") -> int:
     bits, group, scale_bytes, _ = FORMATS[fmt]
-    return experts * (k * n * bits // 8 + (k // group) * n * scale_bytes)
+    return experts * (k * n * bits // 8 + -(-k // group) * n * scale_bytes)  # (a partial last group: K = 2880)
 
 
 def make_stack(fmt: str, e: int, k: int, n: int):
@@ -57,7 +57,8 @@ def make_stack(fmt: str, e: int, k: int, n: int):
     bits, group, _, act = FORMATS[fmt]
     words = cp.random.randint(-2**31, 2**31 - 1, size=(e, k // 16, n * bits // 2), dtype=np.int64).astype(np.int32)
     if fmt == "u4b8":
-        scales = (cp.random.random((e, k // GROUP, n), dtype=np.float32) * 0.01 + 0.001).astype(np.float16)
+        groups = -(-k // GROUP)  # ceil: gpt-oss's K = 2880 ends in a partial group of 64 rows
+        scales = (cp.random.random((e, groups, n), dtype=np.float32) * 0.01 + 0.001).astype(np.float16)
         return moe.MarlinExpertStack(MarlinWeight(words, scales, None, None, None, k, n, GROUP, ScalarType.U4B8,
                                                   np.dtype(np.float16), num_experts=e)), np.float16
     # NVFP4: S0E5M3 bytes of scales near 1; MX: E8M0 codes near 2^-6

@@ -484,6 +484,10 @@ def _expert_stack(a, b_q_weight, b_scales, b_zeros, global_scale, weight, expert
     stack = _STACKS.get(key)
     if stack is None:
         v = T.cupy_view
+        if b_scales.element_size() == 1 and b_scales.dtype != torch.uint8:
+            # (float8_e4m3fn / float8_e8m0fnu scale bytes: CuPy has no float8 dtype for DLPack; the stack reads
+            # 1-byte scales as bytes and takes their format from the weight type and the global scale, as checked)
+            b_scales = b_scales.view(torch.uint8)
         mw = MarlinWeight(v(b_q_weight), v(b_scales), v(b_zeros), None, None, int(size_k), int(size_n), group_size,
                           weight, T.numpy_dtype(a.dtype, "a"), bool(is_k_full), num_experts=int(experts))
         stack = moe.MarlinExpertStack(mw, global_scale=v(global_scale))
