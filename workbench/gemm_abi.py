@@ -29,7 +29,7 @@ FLAG_USE_FP32_REDUCE = 1 << 5
 # Ours: fixed-order cross-block sums only (atomic add refused), so the output is bitwise identical run to run.
 # (Both non-atomic reductions already sum in block order; the flag makes the guarantee part of the request.)
 FLAG_DETERMINISTIC = 1 << 6
-# Ours: one tile and one K partition for every M and every sms (workbench.gemm.geometry.invariant_launches), so row r
+# Ours: one tile and one K partition for every M and every sms (workbench.gemm.geometry.invariant_plan), so row r
 # of C has the same bits whatever the other rows are; implies the deterministic reduction.
 FLAG_BATCH_INVARIANT = 1 << 7
 KNOWN_FLAGS = (FLAG_HAS_ACT_ORDER | FLAG_IS_K_FULL | FLAG_HAS_ZERO_POINTS | FLAG_USE_ATOMIC_ADD
