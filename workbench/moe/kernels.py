@@ -174,20 +174,7 @@ def silu_and_mul(x, out=None, *, stream=None, pool: str | None = None):
     ``x`` / ``out``: CuPy arrays or torch CUDA tensors; a new ``out`` comes from
     ``pool`` ("torch" / "cupy"; None: x's framework's) and is returned in x's framework. ``stream`` None: the
     current stream of x's framework."""
-    caller, given, pool = x, out, pool or pool_of(x)
-    x, out = as_cupy(x), as_cupy(out)
-    act_scalar_type(x.dtype)
-    if len(x.shape) != 2 or x.shape[1] % 2 or not x.flags["C_CONTIGUOUS"]:
-        raise ValueError(f"silu_and_mul takes a contiguous (R, 2N) array, got shape {tuple(x.shape)}")
-    rows, n = int(x.shape[0]), int(x.shape[1]) // 2
-    x_ptr, device = rt.device_pointer(x, "x")
-    stream_ptr = rt.stream_handle(stream, pool_of(caller), device)
-    out = output_array(out, (rows, n), x.dtype, pool, device, stream_ptr)
-    if rows:
-        blocks = min(65535, -(-(rows * n) // 256))
-        launch_helper(f"mwb::silu_and_mul<{ctype_name(x.dtype)}>", device, blocks, 256,
-                      (x_ptr, rt.device_pointer(out, "out")[0], rows, n), stream_ptr)
-    return given if given is not None else for_caller(out, caller)
+    return activation_and_mul(x, "silu", out, stream=stream, pool=pool)
 
 
 def activation_kernel(activation, dtype) -> tuple[str, tuple[int, ...]]:
@@ -205,8 +192,6 @@ def activation_and_mul(x, activation=None, out=None, *, stream=None, pool: str |
     from workbench.moe.activation import activation_of
 
     act = activation_of(activation)
-    if act.name == "silu":
-        return silu_and_mul(x, out, stream=stream, pool=pool)
     caller, given, pool = x, out, pool or pool_of(x)
     x, out = as_cupy(x), as_cupy(out)
     act_scalar_type(x.dtype)
