@@ -202,8 +202,8 @@ class GemmPolicy(_Hashed):
     # 16-row kernels: (weight bits, F) merge F stages of the tile into one pipeline stage, each warp summing its k16
     # tiles in the tile's order (the same bits), where every block's range is whole merged stages: a stage's fixed
     # cost (barrier, wait, fetch issue) once per F; 4-bit stages of the 64 x 256 tile hold only 8 KB of weights.
-    # Off: ((4, 4),) builds and plans (tests/compile, tests/cpu) but has not run on a GPU yet; it is taken only once
-    # tests/gpu/test_invariance.py (test_dense_merged_stages_keep_the_bits) and the bench have run it.
+    # Off: ((4, 4),) builds and plans (tests/compile, tests/cpu) and its cost is measured (docs/performance.md, Batch
+    # invariance); it is taken once tests/gpu/test_invariance.py (test_dense_merged_stages_keep_the_bits) has passed.
     invariant_merge: tuple = ()
     # ... and the rings of merged stages, deeper first
     invariant_merge_stages: tuple = (4, 3)
