@@ -5,14 +5,19 @@
 
 | op | from | to |
 |---|---|---|
-| ``fp4_marlin_repack`` / ``marlin_to_fp4`` | E2M1 bytes [N, K/2] | Marlin int32 [K/16, 2N] |
-| ``mxfp8_marlin_repack`` / ``marlin_to_mxfp8`` | E4M3 bytes [N, K] | Marlin int32 [K/16, 4N] |
-| ``nvfp4_marlin_process_scales`` | permuted E4M3 scales [ng, N] | S0E5M3 bytes, scale_factor |
-| ``mxfp4_marlin_process_scales``, ``mxfp8_marlin_process_scales`` | permuted E8M0 scales [ng, N] | shuffled codes |
+| ``fp4_marlin_repack`` / ``marlin_to_fp4`` | E2M1 bytes [N, K/2] | Marlin int32 [K/16, 2 N_pad] |
+| ``mxfp8_marlin_repack`` / ``marlin_to_mxfp8`` | E4M3 bytes [N, K] | Marlin int32 [K/16, 4 N_pad] |
+| ``nvfp4_marlin_process_scales`` | permuted E4M3 scales [ng, N_pad] | S0E5M3 bytes, scale_factor |
+| ``mxfp4_marlin_process_scales``, ``mxfp8_marlin_process_scales`` | permuted E8M0 scales [ng, N_pad] | shuffled codes |
 | ``nvfp4_marlin_process_global_scale`` | fp32 global scale | fp32 × 2^7 (fp16) / × 2^119 (bf16) |
-| ``nvfp4_marlin_scales`` / ``marlin_to_nvfp4_scales`` | checkpoint E4M3 [N, K/16] | Marlin S0E5M3 [K/16, N] |
-| ``mx_marlin_scales`` / ``marlin_to_mx_scales`` | checkpoint E8M0 [N, K/32] | Marlin E8M0 [K/32, N] |
+| ``nvfp4_marlin_scales`` / ``marlin_to_nvfp4_scales`` | checkpoint E4M3 [N, K/16] | Marlin S0E5M3 [K/16, N_pad] |
+| ``mx_marlin_scales`` / ``marlin_to_mx_scales`` | checkpoint E8M0 [N, K/32] | Marlin E8M0 [K/32, N_pad] |
 | ``nvfp4_marlin_global_scale`` | fp32 global scale, scale_factor | the one fp32 the kernel reads |
+
+Shapes (docs/formats.md, "Shapes that are not tile multiples"): N is any positive size, the Marlin arrays N_pad =
+ceil(N / 64) * 64 wide with zero codes and zero scale bytes in the padded columns; K is a multiple of the format's
+group (NVFP4 16, MXFP4 / MXFP8 32; ``fp4_marlin.check_microscale_sizes``), so it is always whole 16-row k-tiles.
+The inverses take the true sizes and return the unpadded tensors.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import numpy as np
 from workbench import backends
 from workbench.formats import fp4_marlin as _fm
 from workbench.formats import microscale as _ms
-from workbench.formats._checks import (check_tile_sizes, require, require_contiguous, require_dtype,
+from workbench.formats._checks import (padded_n, require, require_contiguous, require_dtype,
                                        require_native_byte_order, require_ndim, require_shape)
 
 # the Numba kernels of these ops; registered with the dispatcher's table here so that this module stays the one
@@ -69,48 +74,49 @@ def _fmt(fmt) -> _ms.MicroscaleFormat:
 
 
 def _sizes(fmt: _ms.MicroscaleFormat, size_k, size_n) -> tuple[int, int]:
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    require(size_k % fmt.group_size == 0, f"size_k = {size_k} is not a multiple of {fmt.name}'s group size "
-            f"{fmt.group_size}")
-    return size_k, size_n
+    return _fm.check_microscale_sizes(size_k, size_n, fmt)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # weights
 # ---------------------------------------------------------------------------------------------------------------
 def fp4_marlin_repack(weight_packed, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
-    """E2M1 bytes uint8 [N, K/2] (NVFP4 or MXFP4; element 2j in the low nibble) -> Marlin int32 [K/16, 2N].
+    """E2M1 bytes uint8 [N, K/2] (NVFP4 or MXFP4; element 2j in the low nibble) -> Marlin int32 [K/16, 2 N_pad].
 
-    Bit-identical to vLLM's route ``gptq_marlin_repack(weight.view(int32).T, ...)``, with the transpose fused.
+    Bit-identical to vLLM's route ``gptq_marlin_repack(weight.view(int32).T, ...)``, with the transpose fused, where
+    N is a multiple of 64 (vLLM's repack refuses any other N); otherwise the padded columns are zero codes.
     """
     weight_packed = _array(weight_packed, "weight_packed")
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    size_k, size_n = _fm.check_fp4_sizes(size_k, size_n)
     _check_bytes(weight_packed, (size_n, size_k // 2), "weight_packed", f"[N, K/2] for K = {size_k}, N = {size_n}")
     return backends.dispatch("fp4_marlin_repack", backend, stream, _fm.fp4_marlin_repack, weight_packed, size_k,
                              size_n)
 
 
 def marlin_to_fp4(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
-    """Inverse of fp4_marlin_repack: Marlin int32 [K/16, 2N] -> E2M1 bytes uint8 [N, K/2]."""
+    """Inverse of fp4_marlin_repack: Marlin int32 [K/16, 2 N_pad] -> E2M1 bytes uint8 [N, K/2]."""
     marlin_q = _array(marlin_q, "marlin_q")
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    _check_bytes(marlin_q, (size_k // 16, 2 * size_n), "marlin_q", "[K/16, 2N], 4-bit", (np.int32, np.uint32))
+    size_k, size_n = _fm.check_fp4_sizes(size_k, size_n)
+    _check_bytes(marlin_q, (size_k // 16, 2 * padded_n(size_n)), "marlin_q", "[K/16, 2 N_pad], 4-bit",
+                 (np.int32, np.uint32))
     return backends.dispatch("marlin_to_fp4", backend, stream, _fm.marlin_to_fp4, marlin_q, size_k, size_n)
 
 
 def mxfp8_marlin_repack(weight, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
-    """MXFP8 E4M3 bytes [N, K] (uint8 or float8_e4m3fn) -> Marlin int32 [K/16, 4N] (the 8-bit transposed route)."""
+    """MXFP8 E4M3 bytes [N, K] (uint8 or float8_e4m3fn) -> Marlin int32 [K/16, 4 N_pad] (the 8-bit transposed
+    route)."""
     weight = _array(weight, "weight")
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    size_k, size_n = _sizes(_ms.MXFP8, size_k, size_n)
     _check_bytes(weight, (size_n, size_k), "weight", "[N, K]", (np.uint8, _ms.E4M3))
     return backends.dispatch("mxfp8_marlin_repack", backend, stream, _fm.mxfp8_marlin_repack, weight, size_k, size_n)
 
 
 def marlin_to_mxfp8(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
-    """Inverse of mxfp8_marlin_repack: Marlin int32 [K/16, 4N] -> E4M3 bytes uint8 [N, K]."""
+    """Inverse of mxfp8_marlin_repack: Marlin int32 [K/16, 4 N_pad] -> E4M3 bytes uint8 [N, K]."""
     marlin_q = _array(marlin_q, "marlin_q")
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    _check_bytes(marlin_q, (size_k // 16, 4 * size_n), "marlin_q", "[K/16, 4N], 8-bit", (np.int32, np.uint32))
+    size_k, size_n = _sizes(_ms.MXFP8, size_k, size_n)
+    _check_bytes(marlin_q, (size_k // 16, 4 * padded_n(size_n)), "marlin_q", "[K/16, 4 N_pad], 8-bit",
+                 (np.int32, np.uint32))
     return backends.dispatch("marlin_to_mxfp8", backend, stream, _fm.marlin_to_mxfp8, marlin_q, size_k, size_n)
 
 
@@ -121,7 +127,8 @@ def _check_marlin_scale_tensor(s, name: str, dtypes) -> None:
     require_dtype(s, dtypes, name)
     require_ndim(s, 2, name)
     require(s.shape[0] > 0 and s.shape[1] > 0 and s.shape[1] % 64 == 0,
-            f"{name} has shape {tuple(s.shape)}; expected [num_groups > 0, N] with N a multiple of 64")
+            f"{name} has shape {tuple(s.shape)}; expected [num_groups > 0, N_pad] with N_pad a multiple of 64 (the "
+            "Marlin scale tensor of any N is ceil(N / 64) * 64 wide)")
     require_contiguous(s, name)
 
 
@@ -187,8 +194,8 @@ def nvfp4_scale_factor(scales, a_dtype) -> float:
 # ---------------------------------------------------------------------------------------------------------------
 def nvfp4_marlin_scales(weight_scale, size_k: int, size_n: int, a_dtype=np.float16, scale_factor=None, *,
                         group_size: int = 16, backend: str = "auto", stream=None):
-    """Checkpoint NVFP4 scales E4M3 [N, K/16] -> (Marlin S0E5M3 bytes uint8 [K/16, N], scale_factor): the Marlin
-    permutation, the shuffle and the S0E5M3 byte in one pass."""
+    """Checkpoint NVFP4 scales E4M3 [N, K/16] -> (Marlin S0E5M3 bytes uint8 [K/16, N_pad], scale_factor): the Marlin
+    permutation, the shuffle and the S0E5M3 byte in one pass (padded columns: byte 0, scale 0)."""
     weight_scale = _array(weight_scale, "weight_scale")
     _ms.check_group_size(_ms.NVFP4, group_size)
     size_k, size_n = _sizes(_ms.NVFP4, size_k, size_n)
@@ -203,10 +210,10 @@ def nvfp4_marlin_scales(weight_scale, size_k: int, size_n: int, a_dtype=np.float
 
 def marlin_to_nvfp4_scales(marlin_scales, size_k: int, size_n: int, scale_factor: float = 1.0, *,
                            backend: str = "auto", stream=None):
-    """Inverse of nvfp4_marlin_scales: Marlin S0E5M3 bytes [K/16, N] -> E4M3 bytes uint8 [N, K/16]."""
+    """Inverse of nvfp4_marlin_scales: Marlin S0E5M3 bytes [K/16, N_pad] -> E4M3 bytes uint8 [N, K/16]."""
     marlin_scales = _array(marlin_scales, "marlin_scales")
     size_k, size_n = _sizes(_ms.NVFP4, size_k, size_n)
-    _check_bytes(marlin_scales, (size_k // 16, size_n), "marlin_scales", "[K/16, N]")
+    _check_bytes(marlin_scales, (size_k // 16, padded_n(size_n)), "marlin_scales", "[K/16, N_pad]")
     scale_factor = _fm._check_scale_factor(scale_factor)
     return backends.dispatch("marlin_to_nvfp4_scales", backend, stream, _fm.marlin_to_nvfp4_scales, marlin_scales,
                              size_k, size_n, scale_factor)
@@ -214,7 +221,8 @@ def marlin_to_nvfp4_scales(marlin_scales, size_k: int, size_n: int, scale_factor
 
 def mx_marlin_scales(weight_scale, size_k: int, size_n: int, fmt: str = "mxfp4", *, group_size: int = 32,
                      backend: str = "auto", stream=None):
-    """Checkpoint E8M0 codes [N, K/32] (uint8 or float8_e8m0fnu) -> Marlin E8M0 codes uint8 [K/32, N]."""
+    """Checkpoint E8M0 codes [N, K/32] (uint8 or float8_e8m0fnu) -> Marlin E8M0 codes uint8 [K/32, N_pad] (padded
+    columns: code 0 = 2^-127, finite, times zero codes)."""
     f = _fmt(fmt)
     require(f.scale == "e8m0", f"fmt = {fmt!r} has no E8M0 scales (mxfp4 or mxfp8)")
     _ms.check_group_size(f, group_size)
@@ -228,12 +236,13 @@ def mx_marlin_scales(weight_scale, size_k: int, size_n: int, fmt: str = "mxfp4",
 
 def marlin_to_mx_scales(marlin_scales, size_k: int, size_n: int, fmt: str = "mxfp4", *, backend: str = "auto",
                         stream=None):
-    """Inverse of mx_marlin_scales: Marlin E8M0 codes [K/32, N] -> checkpoint codes uint8 [N, K/32]."""
+    """Inverse of mx_marlin_scales: Marlin E8M0 codes [K/32, N_pad] -> checkpoint codes uint8 [N, K/32]."""
     f = _fmt(fmt)
     require(f.scale == "e8m0", f"fmt = {fmt!r} has no E8M0 scales (mxfp4 or mxfp8)")
     marlin_scales = _array(marlin_scales, "marlin_scales")
     size_k, size_n = _sizes(f, size_k, size_n)
-    _check_bytes(marlin_scales, (size_k // 32, size_n), "marlin_scales", "[K/32, N]", (np.uint8, _ms.E8M0))
+    _check_bytes(marlin_scales, (size_k // 32, padded_n(size_n)), "marlin_scales", "[K/32, N_pad]",
+                 (np.uint8, _ms.E8M0))
     return backends.dispatch("marlin_to_mx_scales", backend, stream, _fm.marlin_to_mx_scales, marlin_scales, size_k,
                              size_n, f.name)
 

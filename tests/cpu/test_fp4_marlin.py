@@ -136,7 +136,7 @@ def test_scale_processing_refusals():
         ops.nvfp4_marlin_process_scales(big, scale_factor=4, a_dtype=BF16)
     with pytest.raises(TypeError, match="nvfp4 runs with float16 or bfloat16 activations in Marlin, not float32"):
         ops.nvfp4_marlin_process_scales(ok, a_dtype=np.float32)
-    with pytest.raises(ValueError, match=r"expected \[num_groups > 0, N\] with N a multiple of 64"):
+    with pytest.raises(ValueError, match=r"expected \[num_groups > 0, N_pad\] with N_pad a multiple of 64"):
         ops.nvfp4_marlin_process_scales(np.ones((1, 32), np.float16))
 
 
@@ -236,8 +236,12 @@ def test_mx_scale_refusals():
         ops.nvfp4_marlin_scales(np.ones((64, 8), np.uint8), 128, 64, group_size=32)
     with pytest.raises(ValueError, match=r"weight_scale has shape \(64, 3\), expected \(64, 4\)"):
         ops.mx_marlin_scales(np.ones((64, 3), np.uint8), 128, 64)
-    with pytest.raises(ValueError, match="size_k = 80 is not a multiple of mxfp8's group size 32"):
+    with pytest.raises(ValueError, match="size_k = 80 is not a multiple of 32 \\(mxfp8 has one scale per 32 elements"):
         ops.mx_marlin_scales(np.ones((64, 2), np.uint8), 80, 64, "mxfp8")
+    with pytest.raises(ValueError, match="size_k = 48 is not a multiple of 32 \\(mxfp4 has one scale per 32 elements"):
+        ops.mx_marlin_scales(np.ones((96, 1), np.uint8), 48, 96)
+    with pytest.raises(ValueError, match="size_k = 40 is not a multiple of 16 \\(nvfp4 has one scale per 16 elements"):
+        ops.nvfp4_marlin_scales(np.ones((96, 2), np.uint8), 40, 96)
     with pytest.raises(TypeError, match="only 16-bit activations"):
         ops.mxfp4_marlin_process_scales(np.ones((1, 64), np.uint8), input_dtype=ml_dtypes.float8_e4m3fn)
 
@@ -247,8 +251,14 @@ def test_weight_op_refusals(rng):
         ops.fp4_marlin_repack(np.zeros((64, 64), np.uint8), 64, 64)
     with pytest.raises(TypeError, match="weight_packed must have dtype uint8, got int32"):
         ops.fp4_marlin_repack(np.zeros((64, 32), np.int32), 64, 64)
-    with pytest.raises(ValueError, match="size_n = 96 is not divisible by tile_n_size = 64"):
-        ops.fp4_marlin_repack(np.zeros((96, 32), np.uint8), 64, 96)
+    with pytest.raises(ValueError, match="size_k = 40 is not a multiple of 16 \\(E2M1 weights: NVFP4 has one scale"):
+        ops.fp4_marlin_repack(np.zeros((96, 20), np.uint8), 40, 96)
+    with pytest.raises(ValueError, match="size_k = 48 is not a multiple of 32 \\(mxfp8 has one scale per 32"):
+        ops.mxfp8_marlin_repack(np.zeros((96, 48), np.uint8), 48, 96)
+    with pytest.raises(ValueError, match=r"marlin_q has shape \(3, 192\), expected \(3, 256\) \(\[K/16, 2 N_pad\]"):
+        ops.marlin_to_fp4(np.zeros((3, 192), np.int32), 48, 96)  # N = 96 is N_pad = 128 wide
+    with pytest.raises(ValueError, match="size_n = 0 must be positive"):
+        ops.fp4_marlin_repack(np.zeros((0, 32), np.uint8), 64, 0)
     with pytest.raises(TypeError, match="must be an int"):
         ops.fp4_marlin_repack(np.zeros((64, 32), np.uint8), 64.0, 64)
     with pytest.raises(TypeError, match="convert it with np.asarray"):

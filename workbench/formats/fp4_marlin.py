@@ -28,8 +28,8 @@ import warnings
 
 import numpy as np
 
-from workbench.formats._checks import (TILE_N, check_tile_sizes, require, require_dtype, require_ndim,
-                                       require_shape)
+from workbench.formats._checks import (TILE_N, check_weight_sizes, require, require_dtype,
+                                       require_ndim, require_shape)
 from workbench.formats.fp8 import BF16, E4M3, F16, block_fp8_group128_repack, float_to_e4m3, marlin_to_row_major_fp8
 from workbench.formats.marlin_tile import marlin_repack_codes, marlin_unpack_codes, marlin_word_field_to_kn
 from workbench.formats.microscale import (E8M0, E8M0_BIAS, NVFP4, MicroscaleFormat, _where,
@@ -44,6 +44,30 @@ FP16_MAX = 65504.0
 # step 4: log2 of the global scale's factor per activation dtype: 2^(e_act - 1) - 2^(e_e2m1 - 1) - 7
 GLOBAL_SCALE_EXPONENT = {F16: (2 ** 4 - 2 ** 1) - S0E5M3_SHIFT, BF16: (2 ** 7 - 2 ** 1) - S0E5M3_SHIFT}
 FP4_PACK = 8  # E2M1 codes per int32 word
+# K of every microscaled weight: a whole number of its format's groups. NVFP4's group is 16 (two codes a byte, one
+# E4M3 scale per 16), MX's 32, so K is always whole 16-row k-tiles: only N can end in a padded tile.
+SIZE_K_MULTIPLE = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}
+
+
+def _check_k_multiple(size_k, size_n, multiple: int, why: str) -> tuple[int, int]:
+    size_k, size_n = check_weight_sizes(size_k, size_n)
+    require(size_k % multiple == 0, f"size_k = {size_k} is not a multiple of {multiple} ({why})")
+    return size_k, size_n
+
+
+def check_microscale_sizes(size_k, size_n, fmt) -> tuple[int, int]:
+    """(K, N) of a microscaled weight: N any positive size (the Marlin arrays are N_pad = ceil(N / 64) * 64 wide,
+    the padded columns zero codes and zero scale bytes; docs/formats.md, "Shapes that are not tile multiples"), K a
+    positive multiple of the format's group (NVFP4 16, MXFP4 / MXFP8 32), which the format itself requires."""
+    f = microscale_format(fmt)
+    return _check_k_multiple(size_k, size_n, SIZE_K_MULTIPLE[f.name],
+                             f"{f.name} has one scale per {f.group_size} elements along K")
+
+
+def check_fp4_sizes(size_k, size_n) -> tuple[int, int]:
+    """(K, N) of an E2M1 weight of either format: K a multiple of 16, NVFP4's group (MXFP4's scales need 32)."""
+    return _check_k_multiple(size_k, size_n, 16, "E2M1 weights: NVFP4 has one scale per 16 elements along K, MXFP4"
+                             " one per 32")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -66,15 +90,15 @@ def gptq_view_of_fp4(packed) -> np.ndarray:
 
 
 def fp4_marlin_repack(packed, size_k: int, size_n: int) -> np.ndarray:
-    """E2M1 bytes [N, K/2] (row-major, low nibble first) -> Marlin tiles int32 [K/16, 2N]."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    """E2M1 bytes [N, K/2] (row-major, low nibble first) -> Marlin tiles int32 [K/16, 2 N_pad] (padded codes 0)."""
+    size_k, size_n = check_fp4_sizes(size_k, size_n)
     packed = _check_fp4_shape(packed, size_k, size_n)
     return marlin_repack_codes(np.ascontiguousarray(unpack_fp4(packed).T), 4)
 
 
 def marlin_to_fp4(qweight, size_k: int, size_n: int) -> np.ndarray:
-    """Inverse of fp4_marlin_repack: Marlin tiles -> E2M1 bytes [N, K/2]."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    """Inverse of fp4_marlin_repack: Marlin tiles [K/16, 2 N_pad] -> E2M1 bytes [N, K/2] (the padding dropped)."""
+    size_k, size_n = check_fp4_sizes(size_k, size_n)
     return pack_fp4(np.ascontiguousarray(marlin_unpack_codes(qweight, size_k, size_n, 4).T))
 
 
@@ -92,13 +116,14 @@ def fp4_word_sources(word, size_k: int, size_n: int) -> np.ndarray:
 
 
 def mxfp8_marlin_repack(weight, size_k: int, size_n: int) -> np.ndarray:
-    """MXFP8 E4M3 bytes [N, K] -> Marlin tiles int32 [K/16, 4N]: the block-FP8 8-bit route (transpose fused)."""
-    check_tile_sizes(size_k, size_n)
+    """MXFP8 E4M3 bytes [N, K] -> Marlin tiles int32 [K/16, 4 N_pad]: the block-FP8 8-bit route (transpose fused)."""
+    check_microscale_sizes(size_k, size_n, "mxfp8")
     return block_fp8_group128_repack(weight, size_k, size_n)
 
 
 def marlin_to_mxfp8(qweight, size_k: int, size_n: int) -> np.ndarray:
-    check_tile_sizes(size_k, size_n)
+    """Inverse of mxfp8_marlin_repack: Marlin tiles [K/16, 4 N_pad] -> E4M3 bytes [N, K] (the padding dropped)."""
+    check_microscale_sizes(size_k, size_n, "mxfp8")
     return marlin_to_row_major_fp8(qweight, size_k, size_n)
 
 
@@ -115,7 +140,8 @@ def shuffle_scales(s) -> np.ndarray:
 def _check_marlin_scales(s, name: str) -> np.ndarray:
     s = np.asarray(s)
     require_ndim(s, 2, name)
-    require(s.shape[1] % TILE_N == 0, f"{name} has shape {s.shape}: N = {s.shape[1]} is not a multiple of {TILE_N}")
+    require(s.shape[1] % TILE_N == 0, f"{name} has shape {s.shape}: {s.shape[1]} columns is not a multiple of "
+            f"{TILE_N} (Marlin scales are N_pad = ceil(N / {TILE_N}) * {TILE_N} wide)")
     return s
 
 
@@ -267,9 +293,7 @@ def mx_marlin_process_scales(marlin_scales, input_dtype=None) -> np.ndarray:
 # whole routes, checkpoint scales [N, K/G] <-> Marlin, and their inverses
 # ---------------------------------------------------------------------------------------------------------------
 def _check_checkpoint_scales(scales, fmt: MicroscaleFormat, size_k: int, size_n: int) -> np.ndarray:
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    require(size_k % fmt.group_size == 0, f"size_k = {size_k} is not a multiple of {fmt.name}'s group size "
-            f"{fmt.group_size}")
+    size_k, size_n = check_microscale_sizes(size_k, size_n, fmt.name)
     scales = np.asarray(scales)
     require_shape(scales, (size_n, size_k // fmt.group_size), "weight_scale",
                   f"[N, K/{fmt.group_size}] for K = {size_k}, N = {size_n}")
@@ -277,7 +301,8 @@ def _check_checkpoint_scales(scales, fmt: MicroscaleFormat, size_k: int, size_n:
 
 
 def nvfp4_marlin_scales(weight_scale, size_k: int, size_n: int, a_dtype, scale_factor=None):
-    """Checkpoint E4M3 scales [N, K/16] -> (S0E5M3 bytes [K/16, N] in Marlin order, scale_factor): steps 1-3."""
+    """Checkpoint E4M3 scales [N, K/16] -> (S0E5M3 bytes [K/16, N_pad] in Marlin order, scale_factor): steps 1-3.
+    The padded columns are zero bytes (scale 0; their codes are 0 too, so they dequantize to 0)."""
     scales = _check_checkpoint_scales(weight_scale, NVFP4, size_k, size_n)
     v = e4m3_exact_values(scales, "weight_scale")
     permuted = permute_scales(np.ascontiguousarray(v.T), size_k, size_n, NVFP4.group_size)
@@ -292,14 +317,17 @@ def nvfp4_marlin_global_scale(global_scale, a_dtype, scale_factor: float = 1.0) 
 
 
 def marlin_to_nvfp4_scales(raw, size_k: int, size_n: int, scale_factor: float = 1.0) -> np.ndarray:
-    """Inverse of nvfp4_marlin_scales: Marlin S0E5M3 bytes [K/16, N] -> E4M3 scale bytes [N, K/16]."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    """Inverse of nvfp4_marlin_scales: Marlin S0E5M3 bytes [K/16, N_pad] -> E4M3 scale bytes [N, K/16]."""
+    size_k, size_n = check_microscale_sizes(size_k, size_n, NVFP4)
     permuted = nvfp4_marlin_unprocess_scales(raw, scale_factor)
     return np.ascontiguousarray(unpermute_scales(permuted, size_k, size_n, NVFP4.group_size).T)
 
 
 def mx_marlin_scales(weight_scale, size_k: int, size_n: int, fmt="mxfp4") -> np.ndarray:
-    """Checkpoint E8M0 codes [N, K/32] -> shuffled E8M0 codes [K/32, N] in Marlin order: steps 1-2.
+    """Checkpoint E8M0 codes [N, K/32] -> shuffled E8M0 codes [K/32, N_pad] in Marlin order: steps 1-2.
+
+    The padded columns are code 0, which is not zero but 2^-127: finite, so a padded column is 0 x 2^-127 = 0 (its
+    E2M1 / E4M3 codes are 0); the GEMM never writes those columns of C anyway.
 
     vLLM goes through bf16 values (``.to(bf16)``, permute, ``.to(e8m0)``): bf16 holds every E8M0 value exactly, so
     permuting the codes themselves gives the same bytes.
@@ -312,9 +340,9 @@ def mx_marlin_scales(weight_scale, size_k: int, size_n: int, fmt="mxfp4") -> np.
 
 
 def marlin_to_mx_scales(codes, size_k: int, size_n: int, fmt="mxfp4") -> np.ndarray:
-    """Inverse of mx_marlin_scales: Marlin E8M0 codes [K/32, N] -> checkpoint codes [N, K/32]."""
+    """Inverse of mx_marlin_scales: Marlin E8M0 codes [K/32, N_pad] -> checkpoint codes [N, K/32]."""
     fmt = microscale_format(fmt)
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    size_k, size_n = check_microscale_sizes(size_k, size_n, fmt.name)
     codes = np.asarray(codes).view(np.uint8)
     return np.ascontiguousarray(unpermute_scales(shuffle_scales(codes), size_k, size_n, fmt.group_size).T)
 
