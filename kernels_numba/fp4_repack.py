@@ -54,7 +54,8 @@ from kernels_numba._launch import SIMULATOR, Arrays, copy_to_host_checked, is_de
 from kernels_numba.marlin_repack import gptq_byte_from_marlin_4bit, marlin_words_4bit, marlin_words_8bit
 from workbench.formats import fp4_marlin as fm
 from workbench.formats import microscale as ms
-from workbench.formats._checks import check_tile_sizes, require
+from workbench.formats._checks import TILE_K, TILE_N, padded_n, require
+from workbench.formats.marlin_tile import tile_permutation
 from workbench.formats.scales import SCALE_PERM_32, SCALE_PERM_64
 
 THREADS = 256  # element-wise kernels (the scale process steps, the smallest-scale reduction)
@@ -380,6 +381,77 @@ def _sector_launch(name: str, launch, size_k: int, size_n: int, experts: int, st
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# weights: the last, partial n-tile column of an N that is not a multiple of 64 (docs/formats.md, "Shapes that are
+# not tile multiples"). K is always whole k-tiles here (a multiple of the format's group), so the sector kernels
+# above run unchanged on the floor(N / 64) whole n-tiles and these kernels do the one column of tiles left, one
+# Marlin (or checkpoint) word per thread through the tile map, every load predicated on N.
+# ---------------------------------------------------------------------------------------------------------------
+EDGE_THREADS = 256
+
+
+def edge_repack_source(bits: int):
+    """Row-major codes as words, src uint32 [E, N, K * bits / 32] (FP4: 8 codes a word, MXFP8: 4 bytes; code k of
+    row n in field k % pf of word k // pf) -> the words of n-tile ``nt`` of Marlin out uint32 [E, K/16, N_pad*16/pf],
+    codes of rows n >= size_n written as 0."""
+    pf = 32 // bits
+    log_pf = 3 if bits == 4 else 2
+    mask = (1 << bits) - 1
+    wpt = TILE_K * TILE_N // pf
+
+    def edge_repack(src, tile_perm, out, size_n, nt):
+        """Grid-stride over E * K/16 * wpt words; tile_perm int32 [1024]: packed position w*pf + f of a tile -> its
+        element dk*64 + dn (marlin_tile.tile_permutation)."""
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        per_expert = out.shape[1] * wpt
+        for t in range(start, out.shape[0] * per_expert, stride):
+            e = t // per_expert
+            r = t - e * per_expert
+            kt = r // wpt
+            w = r - kt * wpt
+            word = uint32(0)
+            for f in range(pf):
+                el = tile_perm[w * pf + f]
+                k = kt * TILE_K + (el >> 6)
+                n = nt * TILE_N + (el & 63)
+                if n < size_n:  # the padding is zero codes, read from nowhere
+                    code = uint32(src[e, n, k >> log_pf] >> uint32((k & (pf - 1)) * bits)) & uint32(mask)
+                    word = word | uint32(code << uint32(f * bits))
+            out[e, kt, nt * wpt + w] = word
+
+    return edge_repack
+
+
+def fp4_edge_unpack_source():
+    """Marlin uint32 [E, K/16, 2 N_pad] -> rows n0 .. N-1 of the E2M1 words out uint32 [E, N, K/8] (the rows the
+    sector kernel, run on the whole n-tiles, leaves)."""
+    wpt = TILE_K * TILE_N // 8
+
+    def fp4_edge_unpack(marlin, tile_inverse, out, n0):
+        """Grid-stride over E * (N - n0) * K/8 words; tile_inverse int32 [1024]: element dk*64 + dn -> packed
+        position of a tile."""
+        start = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        cols = out.shape[2]
+        per_expert = (out.shape[1] - n0) * cols
+        for t in range(start, out.shape[0] * per_expert, stride):
+            e = t // per_expert
+            i = t - e * per_expert
+            r = i // cols
+            c = i - r * cols
+            n = n0 + r
+            word = uint32(0)
+            for f in range(8):
+                k = 8 * c + f
+                p = tile_inverse[((k & 15) << 6) + (n & 63)]
+                mw = marlin[e, k >> 4, (n >> 6) * wpt + (p >> 3)]
+                word = word | uint32(((mw >> uint32((p & 7) * 4)) & uint32(0xF)) << uint32(4 * f))
+            out[e, n, c] = word
+
+    return fp4_edge_unpack
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # scales: the tile kernels (checkpoint [E, N, ng] <-> Marlin [E, ng, N]) and the process steps ([ng, N] in place)
 # ---------------------------------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
@@ -403,23 +475,27 @@ def scale_tile_source(kind: str):
     nvfp4 = kind == "nvfp4"
 
     def marlin_scales_tile(src, out, ng, size_n, s, error):
-        """src uint8 [E, N, ng]; out uint8 [E, ng, N]; error uint64[6] (zeroed): (NaN, count, overflow, count,
+        """src uint8 [E, N, ng]; out uint8 [E, ng, N_pad]; error uint64[6] (zeroed): (NaN, count, overflow, count,
         negative, count), NaN by its index in the source, the others by their pre-shuffle Marlin position, as the
-        reference names them. Grid (ceil(ng / 32), N / 64, E), SCALE_THREADS threads."""
+        reference names them. Grid (ceil(ng / 32), N_pad / 64, E), SCALE_THREADS threads. Rows n >= size_n of the
+        last tile are read from nowhere: staged as byte 0, which every format stores as 0 (E4M3 +0 -> S0E5M3 0;
+        E8M0 code 0)."""
         stage = cuda.shared.array(SCALE_STAGE_BYTES, dtype=uint8)
         g0 = cuda.blockIdx.x * SCALE_TILE_G
         n0 = cuda.blockIdx.y * SCALE_TILE_N
         e = cuda.blockIdx.z
         tid = cuda.threadIdx.x
         gl = tid & 31
+        width = out.shape[2]
         if g0 + gl < ng:  # a warp reads 32 consecutive groups of one row
             for i in range(8):
                 nl = (tid >> 5) + 8 * i
-                stage[gl * SCALE_STAGE_STRIDE + nl] = src[uint64(e), uint64(n0 + nl), uint64(g0 + gl)]
+                stage[gl * SCALE_STAGE_STRIDE + nl] = src[uint64(e), uint64(n0 + nl), uint64(g0 + gl)] if (
+                    n0 + nl < size_n) else uint8(0)
         cuda.syncthreads()
         c = tid & 63
         nl = marlin_scale_column(c, ng > 1)
-        per_expert = ng * size_n
+        per_expert = ng * width
         for i in range(8):  # a warp writes 32 consecutive bytes of one Marlin group row
             gr = (tid >> 6) + 4 * i
             g = g0 + gr
@@ -427,7 +503,7 @@ def scale_tile_source(kind: str):
                 raw = stage[gr * SCALE_STAGE_STRIDE + nl]
                 if nvfp4:
                     value = nvfp4_byte(int64(raw), s, error, (e * size_n + n0 + nl) * ng + g,
-                                       e * per_expert + g * size_n + n0 + shuffled(c))
+                                       e * per_expert + g * width + n0 + shuffled(c))
                 else:
                     value = raw
                     if raw == 0xFF:
@@ -441,8 +517,9 @@ def scale_untile_source(kind: str):
     nvfp4 = kind == "nvfp4"
 
     def marlin_scales_untile(raw, out, ng, size_n, s):
-        """raw uint8 [E, ng, N] Marlin bytes; out uint8 [E, N, ng] checkpoint bytes (E4M3 of S0E5M3 / 2^s, or the
-        E8M0 code). Grid (ceil(ng / 32), N / 64, E), SCALE_THREADS threads."""
+        """raw uint8 [E, ng, N_pad] Marlin bytes; out uint8 [E, N, ng] checkpoint bytes (E4M3 of S0E5M3 / 2^s, or the
+        E8M0 code); the padded columns n >= size_n are not written. Grid (ceil(ng / 32), N_pad / 64, E),
+        SCALE_THREADS threads."""
         stage = cuda.shared.array(SCALE_STAGE_BYTES, dtype=uint8)
         g0 = cuda.blockIdx.x * SCALE_TILE_G
         n0 = cuda.blockIdx.y * SCALE_TILE_N
@@ -460,7 +537,8 @@ def scale_untile_source(kind: str):
         if g0 + gl < ng:
             for i in range(8):
                 row = (tid >> 5) + 8 * i
-                out[uint64(e), uint64(n0 + row), uint64(g0 + gl)] = stage[gl * SCALE_STAGE_STRIDE + row]
+                if n0 + row < size_n:
+                    out[uint64(e), uint64(n0 + row), uint64(g0 + gl)] = stage[gl * SCALE_STAGE_STRIDE + row]
 
     return marlin_scales_untile
 
@@ -510,7 +588,8 @@ def smallest_scale_source():
 def _kernel(name: str, *flags):
     sources = {"scale_tile": scale_tile_source, "scale_untile": scale_untile_source,
                "nvfp4_process": nvfp4_process_source, "mx_process": mx_process_source,
-               "smallest_scale": smallest_scale_source}
+               "smallest_scale": smallest_scale_source, "edge_repack": edge_repack_source,
+               "fp4_edge_unpack": fp4_edge_unpack_source}
     return jit(sources[name](*flags))
 
 
@@ -557,43 +636,67 @@ def _aligned(arrays: Arrays, d, alignment: int = 8):
     return arrays.copy(d)
 
 
+def _tile_map(arrays: Arrays, bits: int, inverse: bool):
+    perm = tile_permutation(bits)
+    return arrays.take(np.ascontiguousarray(np.argsort(perm) if inverse else perm, dtype=np.int32), "tile_map")
+
+
+def _weight_launches(name: str, launch, src, out, bits: int, size_k: int, size_n: int, stream, arrays: Arrays):
+    """The sector kernel on the floor(N / 64) whole n-tiles (exactly the aligned launch when N is a multiple of 64),
+    then the edge kernel on the last, partial one."""
+    nt_full = size_n // TILE_N
+    if nt_full:
+        _sector_launch(name, launch, size_k, nt_full * TILE_N, src.shape[0], stream)(src, out, size_n)
+    if size_n % TILE_N:
+        words = src.view(np.uint32)  # [E, N, K * bits / 32]
+        _kernel("edge_repack", bits)[_blocks(out.shape[0] * out.shape[1] * TILE_K * TILE_N * bits // 32), THREADS,
+                                     stream](words, _tile_map(arrays, bits, False), out, size_n, nt_full)
+
+
 def fp4_marlin_repack(weight_packed, size_k: int, size_n: int, *, stream=None, launch=None):
-    """E2M1 bytes uint8 [N, K/2] (or [E, N, K/2]) -> Marlin int32 [K/16, 2N]. ``launch``: (k-tile groups per
+    """E2M1 bytes uint8 [N, K/2] (or [E, N, K/2]) -> Marlin int32 [K/16, 2 N_pad]. ``launch``: (k-tile groups per
     warp, n-tiles fastest[, warps per block[, warp_sync]]) instead of WEIGHT_LAUNCH (for timing other shapes)."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    size_k, size_n = fm.check_weight_k_tiles(size_k, size_n)
     arrays = Arrays(stream)
     src, stacked = _bytes(arrays, weight_packed, "weight_packed", (size_n, size_k // 2))
     src = _aligned(arrays, src).view(np.uint64)  # [E, N, K/16]: one word a k-tile
-    out = arrays.empty((src.shape[0], size_k // 16, 2 * size_n), np.uint32)
-    _sector_launch("fp4_repack", launch, size_k, size_n, src.shape[0], arrays.stream)(src, out, size_n)
-    return _give(arrays, out, (size_k // 16, 2 * size_n), stacked, np.int32)
+    out = arrays.empty((src.shape[0], size_k // 16, 2 * padded_n(size_n)), np.uint32)
+    _weight_launches("fp4_repack", launch, src, out, 4, size_k, size_n, arrays.stream, arrays)
+    return _give(arrays, out, (size_k // 16, 2 * padded_n(size_n)), stacked, np.int32)
 
 
 def marlin_to_fp4(marlin_q, size_k: int, size_n: int, *, stream=None, launch=None):
-    """Inverse of fp4_marlin_repack: Marlin int32 [K/16, 2N] (or [E, ...]) -> E2M1 bytes uint8 [N, K/2]."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    """Inverse of fp4_marlin_repack: Marlin int32 [K/16, 2 N_pad] (or [E, ...]) -> E2M1 bytes uint8 [N, K/2]."""
+    size_k, size_n = fm.check_weight_k_tiles(size_k, size_n)
     arrays = Arrays(stream)
-    q, stacked = _words(arrays, marlin_q, "marlin_q", size_k // 16, 2 * size_n)
+    q, stacked = _words(arrays, marlin_q, "marlin_q", size_k // 16, 2 * padded_n(size_n))
+    q = _aligned(arrays, q, 4)
     out = arrays.empty((q.shape[0], size_n, size_k // 16), np.uint64)
-    _sector_launch("fp4_unpack", launch, size_k, size_n, q.shape[0], arrays.stream)(_aligned(arrays, q, 4), out,
-                                                                                       size_n)
+    nt_full = size_n // TILE_N
+    if nt_full:
+        _sector_launch("fp4_unpack", launch, size_k, nt_full * TILE_N, q.shape[0], arrays.stream)(q, out, size_n)
+    if size_n % TILE_N:
+        words = out.view(np.uint32)  # [E, N, K/8]
+        rows = size_n - nt_full * TILE_N
+        _kernel("fp4_edge_unpack")[_blocks(q.shape[0] * rows * (size_k // 8)), THREADS, arrays.stream](
+            q, _tile_map(arrays, 4, True), words, nt_full * TILE_N)
     return _give(arrays, out.view(np.uint8), (size_n, size_k // 2), stacked)
 
 
 def mxfp8_marlin_repack(weight, size_k: int, size_n: int, *, stream=None, launch=None):
-    """MXFP8 E4M3 bytes uint8 [N, K] (or [E, N, K]) -> Marlin W8 int32 [K/16, 4N], transpose fused (the bytes of
-    ``marlin_repack.block_fp8_group128_repack``, through the sector kernel)."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    """MXFP8 E4M3 bytes uint8 [N, K] (or [E, N, K]) -> Marlin W8 int32 [K/16, 4 N_pad], transpose fused (the bytes
+    of ``marlin_repack.block_fp8_group128_repack``, through the sector kernel)."""
+    size_k, size_n = fm.check_weight_k_tiles(size_k, size_n)
     arrays = Arrays(stream)
     src, stacked = _bytes(arrays, weight, "weight", (size_n, size_k))
     src = _aligned(arrays, src).view(np.uint64)  # [E, N, K/8]: two words a k-tile
-    out = arrays.empty((src.shape[0], size_k // 16, 4 * size_n), np.uint32)
-    _sector_launch("fp8_repack", launch, size_k, size_n, src.shape[0], arrays.stream)(src, out, size_n)
-    return _give(arrays, out, (size_k // 16, 4 * size_n), stacked, np.int32)
+    out = arrays.empty((src.shape[0], size_k // 16, 4 * padded_n(size_n)), np.uint32)
+    _weight_launches("fp8_repack", launch, src, out, 8, size_k, size_n, arrays.stream, arrays)
+    return _give(arrays, out, (size_k // 16, 4 * padded_n(size_n)), stacked, np.int32)
 
 
 def _scale_grid(ng: int, size_n: int, experts: int) -> tuple[int, int, int]:
-    return (-(-ng // SCALE_TILE_G), size_n // SCALE_TILE_N, experts)
+    return (-(-ng // SCALE_TILE_G), padded_n(size_n) // SCALE_TILE_N, experts)
 
 
 def _marks(host) -> list:
@@ -622,12 +725,12 @@ def _report_nvfp4(arrays: Arrays, error, src, sf: float, stacked: bool, shape: t
 
     def value(p_flat: int) -> float:  # the scale behind pre-shuffle Marlin position p (of all experts)
         e, p = divmod(p_flat, marlin_shape[0] * marlin_shape[1])
-        if gather:
-            ng, size_n = marlin_shape
+        if gather:  # Marlin rows are N_pad wide, the source's [N, ng] (a padded position is never marked)
+            ng, width = marlin_shape
             perm = SCALE_PERM_64 if ng > 1 else SCALE_PERM_32
             lane = p % perm.size
-            g, n = divmod(p - lane + int(perm[lane]), size_n)
-            p_flat = (e * size_n + n) * ng + g
+            g, n = divmod(p - lane + int(perm[lane]), width)
+            p_flat = (e * shape[0] + n) * ng + g
         return float(np.array([_value_at(src, p_flat)], np.uint8).view(ms.E4M3).astype(np.float32)[0])
 
     if nan is not None:
@@ -657,20 +760,20 @@ def _scale_factor_on_device(arrays: Arrays, src, a_dtype) -> float:
 
 def nvfp4_marlin_scales(weight_scale, size_k: int, size_n: int, a_dtype=np.float16, scale_factor=None, *,
                         stream=None):
-    """Checkpoint E4M3 scales [N, K/16] (or [E, N, K/16]) -> (S0E5M3 bytes uint8 [K/16, N], scale_factor): one
+    """Checkpoint E4M3 scales [N, K/16] (or [E, N, K/16]) -> (S0E5M3 bytes uint8 [K/16, N_pad], scale_factor): one
     launch (plus the smallest-scale reduction when bf16 needs a computed scale factor), one read-back."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    ng = size_k // 16
+    size_k, size_n = fm.check_microscale_sizes(size_k, size_n, "nvfp4")
+    ng, width = size_k // 16, padded_n(size_n)
     arrays = Arrays(stream)
     src, stacked = _bytes(arrays, weight_scale, "weight_scale", (size_n, ng))
     sf = _scale_factor_on_device(arrays, src, a_dtype) if scale_factor is None else fm._check_scale_factor(
         scale_factor)
-    out = arrays.empty((src.shape[0], ng, size_n), np.uint8)
+    out = arrays.empty((src.shape[0], ng, width), np.uint8)
     error = arrays.zeros((6,), np.uint64)
     _kernel("scale_tile", "nvfp4")[_scale_grid(ng, size_n, src.shape[0]), SCALE_THREADS, arrays.stream](
         src, out, ng, size_n, _log2(sf), error)
-    _report_nvfp4(arrays, error, src, sf, stacked, (size_n, ng), "weight_scale", (ng, size_n), True)
-    return _give(arrays, out, (ng, size_n), stacked), sf
+    _report_nvfp4(arrays, error, src, sf, stacked, (size_n, ng), "weight_scale", (ng, width), True)
+    return _give(arrays, out, (ng, width), stacked), sf
 
 
 def nvfp4_marlin_process_scales(marlin_scales, scale_factor=None, a_dtype=None, *, stream=None):
@@ -697,11 +800,11 @@ def nvfp4_marlin_process_scales(marlin_scales, scale_factor=None, a_dtype=None, 
 
 
 def marlin_to_nvfp4_scales(marlin_scales, size_k: int, size_n: int, scale_factor: float = 1.0, *, stream=None):
-    """Inverse of nvfp4_marlin_scales: S0E5M3 bytes [K/16, N] (or [E, ...]) -> E4M3 bytes uint8 [N, K/16]."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    """Inverse of nvfp4_marlin_scales: S0E5M3 bytes [K/16, N_pad] (or [E, ...]) -> E4M3 bytes uint8 [N, K/16]."""
+    size_k, size_n = fm.check_microscale_sizes(size_k, size_n, "nvfp4")
     ng = size_k // 16
     arrays = Arrays(stream)
-    raw, stacked = _bytes(arrays, marlin_scales, "marlin_scales", (ng, size_n))
+    raw, stacked = _bytes(arrays, marlin_scales, "marlin_scales", (ng, padded_n(size_n)))
     out = arrays.empty((raw.shape[0], size_n, ng), np.uint8)
     _kernel("scale_untile", "nvfp4")[_scale_grid(ng, size_n, raw.shape[0]), SCALE_THREADS, arrays.stream](
         raw, out, ng, size_n, _log2(scale_factor))
@@ -717,18 +820,18 @@ def _report_nan_code(arrays: Arrays, error, stacked: bool, experts: int, shape, 
 
 
 def mx_marlin_scales(weight_scale, size_k: int, size_n: int, fmt: str = "mxfp4", *, stream=None):
-    """Checkpoint E8M0 codes [N, K/32] (or [E, ...]) -> Marlin E8M0 codes uint8 [K/32, N]: one launch, one
+    """Checkpoint E8M0 codes [N, K/32] (or [E, ...]) -> Marlin E8M0 codes uint8 [K/32, N_pad]: one launch, one
     read-back."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
-    ng = size_k // ms.microscale_format(fmt).group_size
+    size_k, size_n = fm.check_microscale_sizes(size_k, size_n, fmt)
+    ng, width = size_k // ms.microscale_format(fmt).group_size, padded_n(size_n)
     arrays = Arrays(stream)
     src, stacked = _bytes(arrays, weight_scale, "weight_scale", (size_n, ng))
-    out = arrays.empty((src.shape[0], ng, size_n), np.uint8)
+    out = arrays.empty((src.shape[0], ng, width), np.uint8)
     error = arrays.zeros((2,), np.uint64)
     _kernel("scale_tile", "mx")[_scale_grid(ng, size_n, src.shape[0]), SCALE_THREADS, arrays.stream](
         src, out, ng, size_n, 0, error)
     _report_nan_code(arrays, error, stacked, src.shape[0], (size_n, ng), "weight_scale")
-    return _give(arrays, out, (ng, size_n), stacked)
+    return _give(arrays, out, (ng, width), stacked)
 
 
 def mx_marlin_process_scales(marlin_scales, *, stream=None):
@@ -750,11 +853,11 @@ def mx_marlin_process_scales(marlin_scales, *, stream=None):
 
 
 def marlin_to_mx_scales(marlin_scales, size_k: int, size_n: int, fmt: str = "mxfp4", *, stream=None):
-    """Inverse of mx_marlin_scales: Marlin codes [K/32, N] (or [E, ...]) -> checkpoint codes uint8 [N, K/32]."""
-    size_k, size_n = check_tile_sizes(size_k, size_n)
+    """Inverse of mx_marlin_scales: Marlin codes [K/32, N_pad] (or [E, ...]) -> checkpoint codes uint8 [N, K/32]."""
+    size_k, size_n = fm.check_microscale_sizes(size_k, size_n, fmt)
     ng = size_k // ms.microscale_format(fmt).group_size
     arrays = Arrays(stream)
-    raw, stacked = _bytes(arrays, marlin_scales, "marlin_scales", (ng, size_n))
+    raw, stacked = _bytes(arrays, marlin_scales, "marlin_scales", (ng, padded_n(size_n)))
     out = arrays.empty((raw.shape[0], size_n, ng), np.uint8)
     _kernel("scale_untile", "mx")[_scale_grid(ng, size_n, raw.shape[0]), SCALE_THREADS, arrays.stream](
         raw, out, ng, size_n, 0)
@@ -785,3 +888,7 @@ def compile_targets():
     yield "nvfp4_process", nvfp4_process_source(), (arr(u8, 2), arr(u8, 2), i64, arr(u64, 1))
     yield "mx_process", mx_process_source(), (arr(u8, 2), arr(u8, 2), arr(u64, 1))
     yield "smallest_scale", smallest_scale_source(), (arr(u8, 1), arr(i64, 1))
+    for bits in (4, 8):
+        yield (f"edge_repack[{bits}-bit]", edge_repack_source(bits),
+               (arr(u32, 3), arr(types.int32, 1), arr(u32, 3), i64, i64))
+    yield "fp4_edge_unpack", fp4_edge_unpack_source(), (arr(u32, 3), arr(types.int32, 1), arr(u32, 3), i64)

@@ -16,8 +16,9 @@
 
 Shapes (docs/formats.md, "Shapes that are not tile multiples"): N is any positive size, the Marlin arrays N_pad =
 ceil(N / 64) * 64 wide with zero codes and zero scale bytes in the padded columns; K is a multiple of the format's
-group (NVFP4 16, MXFP4 / MXFP8 32; ``fp4_marlin.check_microscale_sizes``), so it is always whole 16-row k-tiles.
-The inverses take the true sizes and return the unpadded tensors.
+group (NVFP4 16, MXFP4 / MXFP8 32), checked by the scale ops (``fp4_marlin.check_microscale_sizes``), so it is always
+whole 16-row k-tiles, which is what the weight ops check (``check_weight_k_tiles``). The inverses take the true sizes
+and return the unpadded tensors.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def fp4_marlin_repack(weight_packed, size_k: int, size_n: int, *, backend: str =
     N is a multiple of 64 (vLLM's repack refuses any other N); otherwise the padded columns are zero codes.
     """
     weight_packed = _array(weight_packed, "weight_packed")
-    size_k, size_n = _fm.check_fp4_sizes(size_k, size_n)
+    size_k, size_n = _fm.check_weight_k_tiles(size_k, size_n)
     _check_bytes(weight_packed, (size_n, size_k // 2), "weight_packed", f"[N, K/2] for K = {size_k}, N = {size_n}")
     return backends.dispatch("fp4_marlin_repack", backend, stream, _fm.fp4_marlin_repack, weight_packed, size_k,
                              size_n)
@@ -96,7 +97,7 @@ def fp4_marlin_repack(weight_packed, size_k: int, size_n: int, *, backend: str =
 def marlin_to_fp4(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Inverse of fp4_marlin_repack: Marlin int32 [K/16, 2 N_pad] -> E2M1 bytes uint8 [N, K/2]."""
     marlin_q = _array(marlin_q, "marlin_q")
-    size_k, size_n = _fm.check_fp4_sizes(size_k, size_n)
+    size_k, size_n = _fm.check_weight_k_tiles(size_k, size_n)
     _check_bytes(marlin_q, (size_k // 16, 2 * padded_n(size_n)), "marlin_q", "[K/16, 2 N_pad], 4-bit",
                  (np.int32, np.uint32))
     return backends.dispatch("marlin_to_fp4", backend, stream, _fm.marlin_to_fp4, marlin_q, size_k, size_n)
@@ -106,7 +107,7 @@ def mxfp8_marlin_repack(weight, size_k: int, size_n: int, *, backend: str = "aut
     """MXFP8 E4M3 bytes [N, K] (uint8 or float8_e4m3fn) -> Marlin int32 [K/16, 4 N_pad] (the 8-bit transposed
     route)."""
     weight = _array(weight, "weight")
-    size_k, size_n = _sizes(_ms.MXFP8, size_k, size_n)
+    size_k, size_n = _fm.check_weight_k_tiles(size_k, size_n)
     _check_bytes(weight, (size_n, size_k), "weight", "[N, K]", (np.uint8, _ms.E4M3))
     return backends.dispatch("mxfp8_marlin_repack", backend, stream, _fm.mxfp8_marlin_repack, weight, size_k, size_n)
 
@@ -114,7 +115,7 @@ def mxfp8_marlin_repack(weight, size_k: int, size_n: int, *, backend: str = "aut
 def marlin_to_mxfp8(marlin_q, size_k: int, size_n: int, *, backend: str = "auto", stream=None):
     """Inverse of mxfp8_marlin_repack: Marlin int32 [K/16, 4 N_pad] -> E4M3 bytes uint8 [N, K]."""
     marlin_q = _array(marlin_q, "marlin_q")
-    size_k, size_n = _sizes(_ms.MXFP8, size_k, size_n)
+    size_k, size_n = _fm.check_weight_k_tiles(size_k, size_n)
     _check_bytes(marlin_q, (size_k // 16, 4 * padded_n(size_n)), "marlin_q", "[K/16, 4 N_pad], 8-bit",
                  (np.int32, np.uint32))
     return backends.dispatch("marlin_to_mxfp8", backend, stream, _fm.marlin_to_mxfp8, marlin_q, size_k, size_n)

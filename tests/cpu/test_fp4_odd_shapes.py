@@ -3,7 +3,8 @@
 
 The rule is the other formats': the Marlin arrays of an (N, K) checkpoint weight are exactly those of the weight
 zero-padded to N_pad = ceil(N / 64) * 64 rows of the checkpoint (columns of the Marlin arrays), zero codes and zero
-scale bytes in the padding; K is a whole number of the format's groups (NVFP4 16, MX 32), so there is no K padding.
+scale bytes in the padding; K is a whole number of the format's groups (NVFP4 16, MX 32: the scale ops' rule; the
+weight ops need whole 16-row k-tiles), so there is no K padding.
 Each test builds the padded checkpoint tensors explicitly and runs the op at the aligned N (the path every other test
 pins down), so "exactly that rule" is what is compared, bit for bit; the inverses take the true sizes and return the
 source exactly.
@@ -111,7 +112,9 @@ def test_padding_dequantizes_to_zero_and_the_true_columns_to_the_source(rng):
     (lambda: ops.fp4_marlin_repack(np.zeros((7, 4), np.uint8), 8, 7, **NP), r"size_k = 8 is not a multiple of 16"),
     (lambda: ops.nvfp4_marlin_scales(np.zeros((7, 1), np.uint8), 24, 7, **NP), r"size_k = 24 is not a multiple of 16"),
     (lambda: ops.mx_marlin_scales(np.zeros((7, 1), np.uint8), 48, 7, **NP), r"size_k = 48 is not a multiple of 32"),
-    (lambda: ops.mxfp8_marlin_repack(np.zeros((7, 16), np.uint8), 16, 7, **NP), r"size_k = 16 is not a multiple of 32"),
+    (lambda: ops.mxfp8_marlin_repack(np.zeros((7, 8), np.uint8), 8, 7, **NP), r"size_k = 8 is not a multiple of 16"),
+    (lambda: ops.marlin_to_mx_scales(np.zeros((1, 64), np.uint8), 16, 7, "mxfp8", **NP),
+     r"size_k = 16 is not a multiple of 32 \(mxfp8 has one scale per 32"),
     (lambda: ops.marlin_to_mx_scales(np.zeros((1, 7), np.uint8), 32, 7, **NP), r"expected \(1, 64\)"),
     (lambda: ops.marlin_to_nvfp4_scales(np.zeros((1, 7), np.uint8), 16, 7, **NP), r"expected \(1, 64\)"),
 ])

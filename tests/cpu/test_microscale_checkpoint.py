@@ -11,13 +11,19 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-import workbench
-from workbench import ops
-from workbench.checkpoint import CheckpointError, inspect, repack, verify
-from workbench.checkpoint.microscale import layer_scale_factor
-from workbench.checkpoint.safetensors_io import SafetensorsFile
-from workbench.checkpoint.source import open_source
-from workbench.formats import gpt_oss, microscale as ms
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import workbench  # noqa: E402
+from workbench import cli, ops  # noqa: E402
+from workbench.checkpoint import CheckpointError, inspect, repack, verify  # noqa: E402
+from workbench.checkpoint.microscale import layer_scale_factor  # noqa: E402
+from workbench.checkpoint.repack import padding_overhead  # noqa: E402
+from workbench.checkpoint.safetensors_io import SafetensorsFile  # noqa: E402
+from workbench.checkpoint.source import open_source  # noqa: E402
+from workbench.formats import gpt_oss, microscale as ms  # noqa: E402
+from workbench.formats._checks import padded_n  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -367,3 +373,134 @@ def test_bf16_rescale_overflow_is_refused_and_negative_scales_fail_verify(tmp_pa
         report = verify(out, neg, progress=False)
     assert not report.ok
     assert any("weight_scale[5, 3]" in p and "negative in the source" in p for p in report.problems), report.problems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# N not a multiple of the 64-column Marlin tile (docs/formats.md, "Shapes that are not tile multiples"): inspect
+# accepts the layers and reports the padding, repack writes the padded Marlin tensors with the true sizes in the
+# manifest and the file metadata, verify takes them back bit for bit and refuses nonzero padding, load gives layers
+# with the true sizes. K is a whole number of the format's groups (the format's rule), so it is never padded.
+# ---------------------------------------------------------------------------------------------------------------
+ODD_PREFIX = "model.layers.0.mlp.down_proj"
+
+
+def write_ct_mxfp8(path, rng, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A compressed-tensors mxfp8-quantized checkpoint of one layer, as its fixture's settings say."""
+    elements, codes = ms.quantize_mx(rng.standard_normal((n, k)).astype(np.float32), "mxfp8")
+    os.makedirs(path, exist_ok=True)
+    save_file({f"{ODD_PREFIX}.weight": elements.view(ml_dtypes.float8_e4m3fn), f"{ODD_PREFIX}.weight_scale": codes},
+              os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    weights = {"dynamic": False, "group_size": 32, "num_bits": 8, "scale_dtype": "torch.uint8", "strategy": "group",
+               "symmetric": True, "type": "float"}
+    config = {"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "quantization_config": {
+        "config_groups": {"group_0": {"format": "mxfp8-quantized", "input_activations": None,
+                                      "output_activations": None, "targets": ["Linear"], "weights": weights}},
+        "format": "mxfp8-quantized", "ignore": [], "quant_method": "compressed-tensors",
+        "quantization_status": "compressed", "version": "0.20.1"}}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return elements, codes
+
+
+def _layer_record(out, name):
+    return json.loads(SafetensorsFile(os.path.join(out, "model.safetensors")).metadata["marlin_layers"])[name]
+
+
+def _check_padding_report(plan, name, n, k, bits, capsys, src):
+    spec = next(s for s in plan.layers if s.name == name)
+    assert spec.compatible, spec.problems
+    assert cli.main(["inspect", src, "--json"]) == 0
+    layers = {layer["name"]: layer for layer in json.loads(capsys.readouterr().out)["layers"]}
+    padding = layers[name]["padding"]
+    assert padding == padding_overhead(spec)
+    experts = spec.num_experts or 1
+    extra = {row["tensor"].rpartition(".")[2]: row["rule_extra_bytes"] for row in padding}
+    assert extra == {"qweight": experts * (padded_n(n) - n) * k * bits // 8,
+                     "scales": experts * (padded_n(n) - n) * (k // spec.group_size)}
+
+
+@settings(max_examples=5, suppress_health_check=[HealthCheck.function_scoped_fixture])  # capsys: read per example
+@given(n=st.integers(1, 200).filter(lambda n: n % 64), groups=st.integers(1, 4),
+       torch_dtype=st.sampled_from(("float16", "bfloat16")), seed=st.integers(0, 2**31 - 1))
+def test_modelopt_nvfp4_odd_n_round_trip(n, groups, torch_dtype, seed, tmp_path_factory, capsys):
+    rng = np.random.default_rng(seed)
+    k = 16 * groups
+    src = str(tmp_path_factory.mktemp("src"))
+    (packed, scales, g), = write_modelopt(src, rng, torch_dtype, shapes={ODD_PREFIX: (n, k)}).values()
+    _check_padding_report(inspect(src), ODD_PREFIX, n, k, 4, capsys, src)
+    out = str(tmp_path_factory.mktemp("out") / "marlin")
+    repack(src, out, **QUIET)
+    report = verify(out, src, progress=False)
+    assert report.ok, report.problems
+    w = workbench.load(out)[ODD_PREFIX]
+    assert (w.size_k, w.size_n) == (k, n) and (_layer_record(out, ODD_PREFIX)["size_k"], _layer_record(out, ODD_PREFIX)[
+        "size_n"]) == (k, n)
+    assert w.qweight.shape == (k // 16, 2 * padded_n(n)) and w.scales.shape == (k // 16, padded_n(n))
+    sf = ops.nvfp4_scale_factor(scales, w.act_dtype)
+    assert np.array_equal(ops.marlin_to_fp4(w.qweight, k, n), packed)
+    assert np.array_equal(ops.marlin_to_nvfp4_scales(w.scales, k, n, sf), scales)
+    assert w.global_scale.tolist() == [ops.nvfp4_marlin_global_scale(g, w.act_dtype, sf)]
+
+
+@settings(max_examples=5, suppress_health_check=[HealthCheck.function_scoped_fixture])  # capsys: read per example
+@given(n=st.integers(1, 200).filter(lambda n: n % 64), groups=st.integers(1, 3), seed=st.integers(0, 2**31 - 1))
+def test_compressed_tensors_mxfp8_odd_n_round_trip(n, groups, seed, tmp_path_factory, capsys):
+    rng = np.random.default_rng(seed)
+    k = 32 * groups
+    src = str(tmp_path_factory.mktemp("src"))
+    elements, codes = write_ct_mxfp8(src, rng, n, k)
+    _check_padding_report(inspect(src), ODD_PREFIX, n, k, 8, capsys, src)
+    out = str(tmp_path_factory.mktemp("out") / "marlin")
+    repack(src, out, **QUIET)
+    report = verify(out, src, progress=False)
+    assert report.ok, report.problems
+    w = workbench.load(out)[ODD_PREFIX]
+    assert (w.size_k, w.size_n, w.qweight.shape) == (k, n, (k // 16, 4 * padded_n(n)))
+    assert np.array_equal(ops.marlin_to_mxfp8(w.qweight, k, n), elements)
+    assert np.array_equal(ops.marlin_to_mx_scales(w.scales, k, n, "mxfp8"), codes)
+
+
+def test_gpt_oss_stack_with_odd_n_round_trips(tmp_path, rng, capsys):
+    """hidden = 96: down_proj's N = 96 is 1.5 tiles for each of the 3 experts; gate_up (N = 2 * 64) is whole."""
+    src = str(tmp_path / "src")
+    ref = write_gpt_oss(src, rng, hidden=96, inter=64)
+    name = "model.layers.0.mlp.experts.down_proj"
+    _check_padding_report(inspect(src), name, 96, 64, 4, capsys, src)
+    out = str(tmp_path / "out")
+    repack(src, out, **QUIET)
+    report = verify(out, src, progress=False)
+    assert report.ok, report.problems
+    w = workbench.load(out)[name]
+    assert (w.size_k, w.size_n, w.qweight.shape) == (64, 96, (3, 4, 256))
+    for e in range(3):
+        packed = ops.marlin_to_fp4(w.qweight[e], 64, 96)
+        assert np.array_equal(ms.dequantize_mx(packed, ops.marlin_to_mx_scales(w.scales[e], 64, 96), "mxfp4"),
+                              ref["down_proj"][0][e])
+
+
+@pytest.mark.parametrize("tensor", ["qweight", "scales"])
+def test_verify_refuses_nonzero_padding(tensor, tmp_path, rng):
+    """A byte set in the padded columns (a qweight code, or a scale byte: E8M0 code 1 is a scale like any other) is
+    named; the true columns still compare equal, so only the padding is reported."""
+    src = str(tmp_path / "src")
+    write_ct_mxfp8(src, rng, 100, 64)
+    out = tmp_path / "out"
+    repack(src, out, **QUIET)
+    path = os.path.join(out, "model.safetensors")
+    st_file = SafetensorsFile(path)
+    name = f"{ODD_PREFIX}.{tensor}"
+    values = st_file.read(name).reshape(-1).view(np.uint8)
+    data = bytearray(open(path, "rb").read())
+    start = st_file.tensors[name].begin
+    if tensor == "qweight":  # the last byte of the row's last tile: a code of column N_pad - 1 (padding)
+        at = values.size - 1
+    else:  # a padded scale column: the only zero bytes of random E8M0 codes (P64 places them inside the last chunk)
+        at = int(np.flatnonzero(values == 0)[0])
+        assert np.count_nonzero(values == 0) == 2 * (padded_n(100) - 100)
+    data[start + at] = 1
+    with open(path, "wb") as f:
+        f.write(data)
+    report = verify(out, src, progress=False)
+    assert not report.ok
+    assert any("padding past N = 100 must be zero bytes" in p and (
+        "qweight code" if tensor == "qweight" else "scale byte 0x01") in p for p in report.problems), report.problems

@@ -218,3 +218,81 @@ def test_device_arrays_stay_on_the_device(rng):
             sf == fm.nvfp4_marlin_scales(scales, 16, 64, BF16)[1])
     with pytest.raises(TypeError, match="nvfp4_marlin_process_scales on the device needs a_dtype"):
         ops.nvfp4_marlin_process_scales(cuda.to_device(scales.T.copy()))
+
+
+# Shapes that are not tile multiples: N ends in a partial 64-column tile (K is always whole k-tiles here: a multiple
+# of the format's group). The sector kernels run on the whole n-tiles, the edge kernels on the last column; small
+# shapes for the simulator: N below one tile, one tile and a remainder, and a stack of experts.
+ODD = [(16, 1), (32, 100), (64, 130)]
+
+
+@pytest.mark.parametrize("size_k,size_n", ODD)
+def test_fp4_and_mxfp8_weights_on_odd_n(size_k, size_n, rng):
+    packed = rng.integers(0, 256, size=(size_n, size_k // 2), dtype=np.uint8)
+    fp8 = rng.integers(0, 256, size=(size_n, size_k), dtype=np.uint8)
+    with poison_outputs():
+        got = kf.fp4_marlin_repack(packed, size_k, size_n)
+        back = kf.marlin_to_fp4(got, size_k, size_n)
+        got8 = kf.mxfp8_marlin_repack(fp8, size_k, size_n)
+        back8 = ops.marlin_to_mxfp8(got8, size_k, size_n, backend="numba")
+    assert got.dtype == np.int32 and np.array_equal(got, fm.fp4_marlin_repack(packed, size_k, size_n))
+    assert back.dtype == np.uint8 and np.array_equal(back, packed)
+    assert got8.dtype == np.int32 and np.array_equal(got8, fm.mxfp8_marlin_repack(fp8, size_k, size_n))
+    assert np.array_equal(back8, fp8)
+
+
+def test_odd_n_stacked_experts_and_other_launch_shapes(rng):
+    packed = rng.integers(0, 256, size=(2, 70, 16), dtype=np.uint8)
+    fp8 = rng.integers(0, 256, size=(2, 70, 32), dtype=np.uint8)
+    with poison_outputs():
+        got = kf.fp4_marlin_repack(packed, 32, 70, launch=(2, True, 4))
+        back = kf.marlin_to_fp4(got, 32, 70, launch=(1, False, 4, True))
+        got8 = kf.mxfp8_marlin_repack(fp8, 32, 70, launch=(1, False, 8))
+    for e in range(2):
+        assert np.array_equal(got[e], fm.fp4_marlin_repack(packed[e], 32, 70))
+        assert np.array_equal(got8[e], fm.mxfp8_marlin_repack(fp8[e], 32, 70))
+    assert np.array_equal(back, packed)
+
+
+@pytest.mark.parametrize("size_k,size_n", ODD + [(32 * 33, 70)])
+def test_scales_on_odd_n(size_k, size_n, rng):
+    """Padded columns are byte 0 both ways; 33 groups put a partial 32-group tile beside the partial n-tile."""
+    nv = rng.integers(0, 0x7F, size=(2, size_n, size_k // 16), dtype=np.uint8)
+    with poison_outputs():
+        got, sf = kf.nvfp4_marlin_scales(nv, size_k, size_n, np.float16)
+        back = kf.marlin_to_nvfp4_scales(got, size_k, size_n, sf)
+    for e in range(2):
+        assert np.array_equal(got[e], fm.nvfp4_marlin_scales(nv[e], size_k, size_n, np.float16)[0])
+    assert np.array_equal(back, nv)
+    if size_k % 32 == 0:
+        codes = rng.integers(0, 255, size=(size_n, size_k // 32), dtype=np.uint8)
+        with poison_outputs():
+            got = kf.mx_marlin_scales(codes, size_k, size_n, "mxfp8")
+            back = kf.marlin_to_mx_scales(got, size_k, size_n, "mxfp8")
+        assert np.array_equal(got, fm.mx_marlin_scales(codes, size_k, size_n, "mxfp8"))
+        assert np.array_equal(back, codes)
+
+
+def test_odd_n_errors_name_the_source_position(rng):
+    """The NaN code and the negative-scale warning name the same positions as the reference on a padded layout."""
+    size_k, size_n = 32, 100
+    nv = rng.integers(0x20, 0x40, size=(size_n, 2), dtype=np.uint8)
+    nv[99, 1] = 0xB8  # negative, in the last (partial) tile
+    with pytest.warns(RuntimeWarning) as ref:
+        fm.nvfp4_marlin_scales(nv, size_k, size_n, np.float16)
+    with pytest.warns(RuntimeWarning) as kern:
+        kf.nvfp4_marlin_scales(nv, size_k, size_n, np.float16)
+    assert str(kern[0].message) == str(ref[0].message)
+    nv[98, 0] = 0x7F
+    with pytest.raises(ValueError) as ref_err:
+        fm.nvfp4_marlin_scales(nv, size_k, size_n, np.float16)
+    with pytest.raises(ValueError) as kern_err:
+        kf.nvfp4_marlin_scales(nv, size_k, size_n, np.float16)
+    assert str(kern_err.value) == str(ref_err.value)
+    codes = rng.integers(0, 255, size=(size_n, 1), dtype=np.uint8)
+    codes[97, 0] = 0xFF
+    with pytest.raises(ValueError) as ref_err:
+        fm.mx_marlin_scales(codes, size_k, size_n, "mxfp4")
+    with pytest.raises(ValueError) as kern_err:
+        kf.mx_marlin_scales(codes, size_k, size_n, "mxfp4")
+    assert str(kern_err.value) == str(ref_err.value) and "[97, 0]" in str(ref_err.value)

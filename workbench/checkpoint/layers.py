@@ -65,7 +65,6 @@ EXPERT_ROLE = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "
 
 MAX_EXPERT_DIGITS = 9  # expert indices are small; a longer number in a name is refused before int() or range() see it
 MARLIN_TILE_N = 64  # Marlin tile width
-MARLIN_MIN_THREAD_K = 128  # every Marlin thread config needs K % 64 and some need 128; vLLM requires 128
 SCALE_DTYPES = ("F16", "BF16")
 ACT_DTYPES = {"F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16)}
 
@@ -335,13 +334,8 @@ def _problems(spec: LayerSpec, args: WeightArgs) -> list[str]:
     out = []
     k, n, g = spec.size_k, spec.size_n, spec.group_size
     # Any K and N the source format holds: the Marlin tensors are those of the weight zero-padded to whole 16 x 64
-    # tiles (docs/formats.md, "Shapes that are not tile multiples"). The microscaled formats keep whole tiles.
-    if spec.microscale and n % MARLIN_TILE_N:
-        out.append(f"N = {n} is not divisible by {MARLIN_TILE_N} (Marlin tile width; microscaled layers are not"
-                   " padded)")
-    if spec.microscale and k % MARLIN_MIN_THREAD_K:
-        out.append(f"K = {k} is not divisible by {MARLIN_MIN_THREAD_K} (smallest Marlin thread_k; microscaled layers"
-                   " are not padded)")
+    # tiles (docs/formats.md, "Shapes that are not tile multiples"). The microscaled formats' K is a whole number of
+    # their groups (checked with the shapes, microscale.shape_part), so only their N is ever padded.
     if k == 0 or n == 0:
         out.append(f"K x N = {k} x {n} is empty (a Marlin layer holds at least one 16 x 64 tile)")
     segments = [p.size_n for p in spec.parts[0]] if spec.parts else []

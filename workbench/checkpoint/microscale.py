@@ -15,10 +15,15 @@ FP4 bytes hold element 2j in the low nibble. compressed-tensors' global scale is
 interleaves its rows (gate of column i at row 2i, up at 2i + 1); the Marlin layer keeps that order and the
 manifest says so, with the clamped SwiGLU its experts use (``workbench.formats.gpt_oss``).
 
-The Marlin layer: ``qweight`` (the 4- or 8-bit tiles), ``scales`` U8 ``[K/G, N]`` (NVFP4: S0E5M3 bytes, MX: E8M0
+The Marlin layer: ``qweight`` (the 4- or 8-bit tiles), ``scales`` U8 ``[K/G, N_pad]`` (NVFP4: S0E5M3 bytes, MX: E8M0
 codes, both permuted and shuffled; docs/formats.md, "Microscaling in Marlin"), and for NVFP4 ``global_scale`` F32
 ``[1]`` = ``global · 2^7`` (fp16) or ``· 2^119 / scale_factor`` (bf16). Gate and up fused along N (or an expert
 stack) share one scale factor, and fused projections must share one global scale: differing ones are refused.
+
+Shapes (docs/formats.md, "Shapes that are not tile multiples"): N is any size, the Marlin tensors N_pad =
+ceil(N / 64) * 64 wide with zero codes and zero scale bytes in the padded columns (verify checks they are); K is a
+whole number of the format's groups (the format's own rule), so it is never padded. The manifest keeps the true
+sizes.
 """
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ from workbench import ops
 from workbench.checkpoint.files import CheckpointError
 from workbench.checkpoint.settings import CT_FP4, CT_MXFP8, GPT_OSS_MXFP4, MODELOPT_NVFP4, Settings, WeightArgs
 from workbench.formats import fp4_marlin, microscale as ms
-from workbench.formats.marlin_tile import describe_position
+from workbench.formats._checks import padded_n
+from workbench.formats.marlin_tile import describe_position, marlin_unpack_padded_codes, nonzero_padding
+from workbench.formats.scales import unpermute_scales
 from workbench.weight import MarlinWeight
 
 WEIGHT_ROLE = {CT_FP4: "weight_packed", CT_MXFP8: "weight", MODELOPT_NVFP4: "weight", GPT_OSS_MXFP4: "blocks"}
@@ -220,8 +227,8 @@ def layer_scale_factor(src, spec) -> float:
 class MicroscaleTensors:
     """One microscaled part in Marlin layout."""
 
-    qweight: np.ndarray  # (K/16, N*16/pf) int32
-    scales: np.ndarray  # (K/G, N) uint8: S0E5M3 bytes (NVFP4) or E8M0 codes (MX), permuted and shuffled
+    qweight: np.ndarray  # (K/16, N_pad*16/pf) int32
+    scales: np.ndarray  # (K/G, N_pad) uint8: S0E5M3 bytes (NVFP4) or E8M0 codes (MX), permuted and shuffled
 
 
 def part_to_marlin(src, spec, part, backend: str, column_block: int | None = None) -> MicroscaleTensors:
@@ -232,18 +239,19 @@ def part_to_marlin(src, spec, part, backend: str, column_block: int | None = Non
         raise ValueError(f"column_block = {block} is not a multiple of 64 (Marlin tile width)")
     weight, codes = _weight_bytes(src, spec, part), _scale_codes(src, spec, part)
     sf = layer_scale_factor(src, spec)
-    qweight = np.empty((k // 16, n * 16 // pf), np.int32)
-    scales = np.empty((part.num_groups, n), np.uint8)
+    # a block of w source rows fills padded_n(w) Marlin columns (only the last block can be short)
+    qweight = np.empty((k // 16, padded_n(n) * 16 // pf), np.int32)
+    scales = np.empty((part.num_groups, padded_n(n)), np.uint8)
     repack = ops.fp4_marlin_repack if f.element_bits == 4 else ops.mxfp8_marlin_repack
     for n0 in range(0, n, block):
         n1 = min(n, n0 + block)
-        w = n1 - n0
-        qweight[:, n0 * 16 // pf: n1 * 16 // pf] = repack(np.ascontiguousarray(weight[n0:n1]), k, w, backend=backend)
+        w, e1 = n1 - n0, n0 + padded_n(n1 - n0)
+        qweight[:, n0 * 16 // pf: e1 * 16 // pf] = repack(np.ascontiguousarray(weight[n0:n1]), k, w, backend=backend)
         rows = np.ascontiguousarray(codes[n0:n1])
         if f.name == "nvfp4":
-            scales[:, n0:n1] = ops.nvfp4_marlin_scales(rows, k, w, spec.act_dtype, sf, backend=backend)[0]
+            scales[:, n0:e1] = ops.nvfp4_marlin_scales(rows, k, w, spec.act_dtype, sf, backend=backend)[0]
         else:
-            scales[:, n0:n1] = ops.mx_marlin_scales(rows, k, w, f.name, backend=backend)
+            scales[:, n0:e1] = ops.mx_marlin_scales(rows, k, w, f.name, backend=backend)
     return MicroscaleTensors(qweight, scales)
 
 
@@ -290,8 +298,14 @@ def compare_with_source(src, spec, expert: int, m, column_block: int | None = No
         w_first = s_first = ""
         for b0 in range(0, part.size_n, block):
             b1 = min(part.size_n, b0 + block)
-            w, c0, c1 = b1 - b0, n0 + b0, n0 + b1
-            rebuilt = inverse(np.ascontiguousarray(m.qweight[:, c0 * 16 // pf: c1 * 16 // pf]), k, w)
+            w, c0 = b1 - b0, n0 + b0
+            c1 = c0 + padded_n(w)  # the Marlin columns of the block, a last partial tile's padding included
+            q_block = np.ascontiguousarray(m.qweight[:, c0 * 16 // pf: c1 * 16 // pf])
+            pad = _padding_problem(spec, part, where, q_block, np.ascontiguousarray(m.scales[:, c0:c1]), k, w, c0)
+            if pad:
+                problems.append(pad[1])
+                differing += pad[0]
+            rebuilt = inverse(q_block, k, w)
             bad = rebuilt != weight[b0:b1]
             if bad.any():
                 w_bad += int(np.count_nonzero(bad))
@@ -326,6 +340,29 @@ def compare_with_source(src, spec, expert: int, m, column_block: int | None = No
                             f" [{float(want)!r}] (the source's global scale · 2^bias / scale_factor {sf:g})")
             differing += 1
     return problems, differing
+
+
+def _padding_problem(spec, part, where: str, q_block, s_block, k: int, w: int, c0: int) -> tuple[int, str] | None:
+    """(count, message) of nonzero padding in a column block's Marlin tensors (None when there is none or the block is
+    whole tiles): every padded column must be zero codes and zero scale bytes, so a kernel reading the padded tile
+    adds nothing. The scale bytes are checked as stored (before any decoding, which could map a stray byte to 0)."""
+    if padded_n(w) == w:
+        return None
+    f = ms.FORMATS[spec.microscale]
+    count, first = 0, ""
+    n_bad, at = nonzero_padding(marlin_unpack_padded_codes(q_block, k, w, spec.bits), k, w)
+    if n_bad:
+        count, first = n_bad, f"qweight code (k={at[0]}, n={c0 + at[1]} of the Marlin columns)"
+    logical = unpermute_scales(fp4_marlin.shuffle_scales(s_block), k, padded_n(w), f.group_size)  # [ng, N_pad] bytes
+    bad = logical[:, w:] != 0
+    if bad.any():
+        count += int(bad.sum())
+        g, n = (int(v) for v in np.argwhere(bad)[0])
+        first = first or f"scale byte {int(logical[g, w + n]):#04x} (group {g}, n={c0 + w + n} of the Marlin columns)"
+    if not count:
+        return None
+    return count, (f"{where}: {part.prefix}: the padding past N = {spec.size_n} must be zero bytes; the first nonzero"
+                   f" element is the {first} ({count} nonzero padded elements)")
 
 
 def _weight_mismatch(spec, part, where: str, rebuilt, source, bad, column0: int, b0: int) -> str:

@@ -122,7 +122,7 @@ def padding_overhead(spec: LayerSpec) -> list[dict]:
     out = []
     for suffix, size in sizes.items():
         true = size(k, n)
-        rule = size(k, n) if spec.microscale else size(padded_k(k), padded_n(n))
+        rule = size(padded_k(k), padded_n(n))
         out.append({"tensor": f"{spec.name}.{suffix}", "bytes": experts * rule,
                     "rule_extra_bytes": experts * (rule - true),
                     "pad128_extra_bytes": experts * (size(ceil_to(k, 128), ceil_to(n, 128)) - true)})

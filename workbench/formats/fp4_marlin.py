@@ -64,10 +64,11 @@ def check_microscale_sizes(size_k, size_n, fmt) -> tuple[int, int]:
                              f"{f.name} has one scale per {f.group_size} elements along K")
 
 
-def check_fp4_sizes(size_k, size_n) -> tuple[int, int]:
-    """(K, N) of an E2M1 weight of either format: K a multiple of 16, NVFP4's group (MXFP4's scales need 32)."""
-    return _check_k_multiple(size_k, size_n, 16, "E2M1 weights: NVFP4 has one scale per 16 elements along K, MXFP4"
-                             " one per 32")
+def check_weight_k_tiles(size_k, size_n) -> tuple[int, int]:
+    """(K, N) of a microscaled weight alone (FP4 codes of either format, MXFP8 bytes): K a multiple of 16, whole
+    k-tiles, which every microscaled K is (NVFP4's group); the scale ops check the format's own group (MX: 32)."""
+    return _check_k_multiple(size_k, size_n, 16, "microscaled weights: NVFP4 has one scale per 16 elements along K,"
+                             " MXFP4 and MXFP8 one per 32")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -91,14 +92,14 @@ def gptq_view_of_fp4(packed) -> np.ndarray:
 
 def fp4_marlin_repack(packed, size_k: int, size_n: int) -> np.ndarray:
     """E2M1 bytes [N, K/2] (row-major, low nibble first) -> Marlin tiles int32 [K/16, 2 N_pad] (padded codes 0)."""
-    size_k, size_n = check_fp4_sizes(size_k, size_n)
+    size_k, size_n = check_weight_k_tiles(size_k, size_n)
     packed = _check_fp4_shape(packed, size_k, size_n)
     return marlin_repack_codes(np.ascontiguousarray(unpack_fp4(packed).T), 4)
 
 
 def marlin_to_fp4(qweight, size_k: int, size_n: int) -> np.ndarray:
     """Inverse of fp4_marlin_repack: Marlin tiles [K/16, 2 N_pad] -> E2M1 bytes [N, K/2] (the padding dropped)."""
-    size_k, size_n = check_fp4_sizes(size_k, size_n)
+    size_k, size_n = check_weight_k_tiles(size_k, size_n)
     return pack_fp4(np.ascontiguousarray(marlin_unpack_codes(qweight, size_k, size_n, 4).T))
 
 
@@ -117,13 +118,13 @@ def fp4_word_sources(word, size_k: int, size_n: int) -> np.ndarray:
 
 def mxfp8_marlin_repack(weight, size_k: int, size_n: int) -> np.ndarray:
     """MXFP8 E4M3 bytes [N, K] -> Marlin tiles int32 [K/16, 4 N_pad]: the block-FP8 8-bit route (transpose fused)."""
-    check_microscale_sizes(size_k, size_n, "mxfp8")
+    check_weight_k_tiles(size_k, size_n)
     return block_fp8_group128_repack(weight, size_k, size_n)
 
 
 def marlin_to_mxfp8(qweight, size_k: int, size_n: int) -> np.ndarray:
     """Inverse of mxfp8_marlin_repack: Marlin tiles [K/16, 4 N_pad] -> E4M3 bytes [N, K] (the padding dropped)."""
-    check_microscale_sizes(size_k, size_n, "mxfp8")
+    check_weight_k_tiles(size_k, size_n)
     return marlin_to_row_major_fp8(qweight, size_k, size_n)
 
 
