@@ -77,6 +77,25 @@ def test_bad_combinations_are_refused_before_launch(fake, change, message):
     assert len(driver.launches) == before
 
 
+@pytest.mark.parametrize("fmt,act", [("nvfp4", F16), ("mxfp4", BF16), ("mxfp8", BF16)])
+def test_odd_n_is_refused_by_name_before_launch(fake, fmt, act):
+    """N = 7392 (115.5 tiles): the ops and checkpoint tools take it for these formats (padded arrays), but the GEMM
+    refuses it by name until tests/gpu/test_fp4_gemm.py's odd-N test has run on a GPU; K = 2880 with whole-tile N
+    (not a multiple of 128) is accepted, as before."""
+    _, driver = fake
+    before = len(driver.launches)
+    args = layer(fmt, act, k=512, n=7392, global_scale=fmt == "nvfp4")
+    bits = 8 if fmt == "mxfp8" else 4
+    args["b_q_weight"] = FakeArray((512 // 16, 7424 * bits // 2), np.int32)  # N_pad = 7424
+    args["b_scales"] = FakeArray((512 // (16 if fmt == "nvfp4" else 32), 7424), np.uint8)
+    with pytest.raises(ValueError, match=f"{fmt.upper()} with size_n = 7392: the GEMM runs microscaled weights only "
+                       "with N a multiple of 64"):
+        gemm.gptq_marlin_gemm(**args)
+    assert len(driver.launches) == before
+    gemm.gptq_marlin_gemm(**layer(fmt, act, k=2880, n=256, global_scale=fmt == "nvfp4"))
+    assert len(driver.launches) == before + 1
+
+
 def test_global_scale_must_be_one_float32(fake):
     args = layer()
     with pytest.raises(ValueError, match="global_scale must be one float32"):

@@ -82,7 +82,7 @@ def check_launch(launch: MarlinLaunch, compute_capability: int, device_sms: int,
     ng, gs = launch.num_groups, launch.group_size
     checks.check_act_order(weight, act_order, k_full, ng)
     expected_gs = checks.check_groups(weight, k, ng, act_order, k_full, microscaled=microscaled)
-    checks.check_microscale(weight, scale, act, -1 if ng == 1 else gs, bool(global_scale), act_order)
+    checks.check_microscale(weight, scale, act, -1 if ng == 1 else gs, bool(global_scale), act_order, n)
     if ng == 1:  # (the record carries the group size beside the count: they must agree)
         if gs not in (-1, k):
             raise ValueError(f"group_size = {gs} with num_groups = 1 must be -1 (channelwise) or size_k = {k}")

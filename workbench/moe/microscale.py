@@ -51,7 +51,7 @@ def stack_format(weight, has_global_scale: bool) -> tuple[MicroscaleRule | None,
                          f"{_shape(weight.scales)}")
     group = check_groups(wt, k, ng, False, True, "scales.size(1)", microscaled=True)
     try:
-        check_microscale(wt, scale, act, group, has_global_scale, weight.has_act_order)
+        check_microscale(wt, scale, act, group, has_global_scale, weight.has_act_order, int(weight.size_n))
     except ValueError as err:
         if rule.global_scale and not has_global_scale:
             raise ValueError(f"{rule.name} expert stack needs global_scale: float32 [E = {weight.num_experts}], one "
