@@ -141,3 +141,77 @@ def test_bad_combinations_refused_before_launch():
     assert "bf16" in call(mx_scales, None)  # MXFP4 with fp16 activations
     assert "one float32" in call(layer.scales, cp.ones(2, np.float32))
     assert "scale bytes" in call(cp.ones((16, 128), np.float16), None)
+
+
+# Shapes that are not tile multiples (docs/formats.md, "Shapes that are not tile multiples"): N = 7392 is 115.5
+# 64-column tiles (a Qwen-like MLP at TP4), N = 100 less than two; K = 2880 (gpt-oss's hidden size) is 22.5 tiles of
+# 128, K = 272 (NVFP4 only) 17 k-tiles. K is always whole k-tiles for these formats (a multiple of the group).
+ODD_N_SKIP = pytest.mark.skip(reason="the GEMM refuses microscaled weights with N % 64 != 0 (gemm.checks."
+                              "check_microscale): lift that refusal and run these cells on a GPU; they are the check "
+                              "that the kernels' padded last n-tile with 1-byte scales is right")
+ODD_CELLS = [pytest.param(fmt, act, k, n, marks=[ODD_N_SKIP] if n % 64 else [],
+                          id=f"{fmt}-{np.dtype(act).name}-k{k}-n{n}")
+             for fmt, act in CASES for k, n in ((2880, 7392), (256, 100), (2880, 256)) + (
+                 ((272, 100), (272, 128)) if fmt == "nvfp4" else ())]
+
+
+def run_into_poisoned_buffer(layer, a_host, **kw):
+    """C as the first M x N elements of a NaN-poisoned buffer one tile row longer: the kernel must write every
+    element of C and nothing after it (C is (M, N) contiguous; the padded columns are never written)."""
+    a = cp.asarray(a_host)
+    m = a.shape[0]
+    buf = cp.full((m * layer.n + 64 * 16,), np.nan, dtype=a.dtype)
+    c = buf[:m * layer.n].reshape(m, layer.n)
+    sms = gemm.device_properties(a.device.id)[1]
+    ws, c_tmp = gemm.scratch_buffers(a.device.id, cp.cuda.get_current_stream().ptr, sms)
+    gemm.gptq_marlin_gemm(a, layer.qweight, layer.scales, None, None, None, ws, layer.b_q_type, m, layer.n, layer.k,
+                          c=c, c_tmp=c_tmp, global_scale=layer.global_scale, **kw)
+    cp.cuda.get_current_stream().synchronize()
+    assert int(cp.count_nonzero(ws)) == 0, "locks must be left zero"
+    assert bool(cp.isnan(buf[m * layer.n:]).all()), "the kernel wrote past C"
+    return cp.asnumpy(c).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt,act,k,n", ODD_CELLS)
+def test_odd_shapes_against_the_reference(fmt, act, k, n):
+    """The Marlin arrays of an odd shape (N_pad wide, padded columns zero codes and zero scale bytes) through the
+    GEMM: identity rows read out the exact dequantized weight (exact for the reason test_identity_rows_give_the_exact_
+    weight gives), random activations stay within that test's bound (the output's rounding, the weight's rounding to
+    the activation type, fp32 accumulation over K, and 2^-22 for the fp32 global-scale multiply of each partial),
+    and every element of C is written (no NaN left) and nothing past it."""
+    layer = Fp4Layer(fmt, k, n, act, seed=3 * k + n)
+    assert layer.qweight.shape[1] == (2 if fmt != "mxfp8" else 4) * (-(-n // 64) * 64)
+    rng = np.random.default_rng(k * n)
+    for m in (1, 16, 33):
+        rows = rng.choice(k, size=m, replace=m > k)
+        a = np.zeros((m, k), act)
+        a[np.arange(m), rows] = 1
+        got = run_into_poisoned_buffer(layer, a)
+        want = layer.w_ref[:, rows].T.astype(np.float32).astype(act).astype(np.float32)
+        bad = got != want
+        assert not bad.any(), (f"{fmt} {act} k={k} n={n} m={m}: {int(bad.sum())} of {bad.size} differ, first at "
+                               f"{np.argwhere(bad)[0]}: got {got[bad][0]}, want {want[bad][0]}")
+    for m, mode in ((1, "fp32"), (8, "in_c"), (64, "fp32")):
+        a = rng.standard_normal((m, k)).astype(np.float32).astype(act)
+        got = run_into_poisoned_buffer(layer, a, use_fp32_reduce=mode == "fp32")
+        af = a.astype(np.float64)
+        ref = af @ layer.w_ref.T
+        mag = np.abs(af) @ np.abs(layer.w_ref).T
+        c = gemm.error_bound_factor(act, k, 1 if mode == "fp32" else 8) + 2.0 ** -22
+        assert np.isfinite(got).all(), f"{fmt} k={k} n={n} m={m}: unwritten (NaN) outputs"
+        err = np.abs(got - ref)
+        assert (err <= c * mag + 1e-30).all(), (f"{fmt} {act} k={k} n={n} m={m} {mode}: max err / bound "
+                                                f"{float((err / (c * mag + 1e-30)).max()):.3g}")
+
+
+def test_odd_n_is_refused_by_name_before_launch():
+    """Until the cells above have run: a microscaled odd N is a ValueError naming the format and N, C untouched."""
+    layer = Fp4Layer("mxfp4", 256, 100, BF16, seed=2)
+    a = cp.asarray(np.ones((4, 256), BF16))
+    c = cp.full((4, 100), np.nan, dtype=BF16)
+    sms = gemm.device_properties(0)[1]
+    ws, c_tmp = gemm.scratch_buffers(0, cp.cuda.get_current_stream().ptr, sms)
+    with pytest.raises(ValueError, match="MXFP4 with size_n = 100"):
+        gemm.gptq_marlin_gemm(a, layer.qweight, layer.scales, None, None, None, ws, "fe2m1f", 4, 100, 256, c=c,
+                              c_tmp=c_tmp)
+    assert bool(cp.isnan(c).all())
