@@ -23,6 +23,12 @@ access is a whole sector or line; no word is read or written twice. The inverse 
 backwards. Inputs whose address is not 8-byte aligned (a view into another buffer) are first copied to an aligned
 buffer (the kernels read 8-byte words).
 
+**Shapes that are not tile multiples** (docs/formats.md, "Microscaling in Marlin"): K is a whole number of the
+format's groups, so always whole k-tiles; N may end in a partial tile. The sector kernels then run unchanged on the
+floor(N / 64) whole n-tiles (the same launch as for an aligned N of that size), and an edge kernel does the last
+n-tile column: one Marlin word (forwards) or checkpoint word (backwards) per thread through the tile map, every load
+predicated on N, the padding written as zero codes. No copy of the weight is made.
+
 **Scales.** A scale tile kernel moves a 64-column x 32-group tile of the checkpoint scales [N, ng] through shared
 memory: a warp reads 32 consecutive groups of one row, and writes 32 consecutive Marlin bytes of one group row::
 
@@ -30,8 +36,8 @@ memory: a warp reads 32 consecutive groups of one row, and writes 32 consecutive
     then logical = p - p % W + P[p % W] (P64, or P32 for one group), (g, n) = divmod(logical, N),
     source = weight_scale[n, g]
 
-(W divides N, so the permutation stays inside the tile's 64 columns.) The byte conversion and every check are fused
-into the same pass. The NVFP4 scale byte is computed with integer moves, not through fp16: an E4M3 magnitude
+(W divides N_pad, so the permutation stays inside the tile's 64 columns; rows n >= N of the last tile are staged as
+byte 0, the padding, and not read.) The byte conversion and every check are fused into the same pass. The NVFP4 scale byte is computed with integer moves, not through fp16: an E4M3 magnitude
 ``(e, m)`` with scale factor ``2^s`` becomes S0E5M3 ``(e + 15 + s, m)`` for a normal code and, for a subnormal
 ``m / 8 · 2^-6``, the normalised ``(p + 13 + s, (m << (3 - p)) & 7)`` with ``p = floor(log2 m)`` — the bits
 ``fp16(value · 2^7 · 2^s)`` has in positions 14..7. Bad values (NaN codes, an fp16 overflow) are marked in a zeroed
@@ -386,9 +392,6 @@ def _sector_launch(name: str, launch, size_k: int, size_n: int, experts: int, st
 # above run unchanged on the floor(N / 64) whole n-tiles and these kernels do the one column of tiles left, one
 # Marlin (or checkpoint) word per thread through the tile map, every load predicated on N.
 # ---------------------------------------------------------------------------------------------------------------
-EDGE_THREADS = 256
-
-
 def edge_repack_source(bits: int):
     """Row-major codes as words, src uint32 [E, N, K * bits / 32] (FP4: 8 codes a word, MXFP8: 4 bytes; code k of
     row n in field k % pf of word k // pf) -> the words of n-tile ``nt`` of Marlin out uint32 [E, K/16, N_pad*16/pf],

@@ -102,7 +102,8 @@ def test_padding_dequantizes_to_zero_and_the_true_columns_to_the_source(rng):
     full_codes = ops.marlin_to_fp4(q, k, padded_n(n), **NP)  # every column, the padding included
     full_scales = ops.marlin_to_nvfp4_scales(s, k, padded_n(n), sf, **NP)
     assert not full_codes[n:].any() and not full_scales[n:].any()
-    assert np.array_equal(ms.dequantize_nvfp4(full_codes[:n], full_scales[:n], g), ms.dequantize_nvfp4(packed, scales, g))
+    assert np.array_equal(ms.dequantize_nvfp4(full_codes[:n], full_scales[:n], g),
+                          ms.dequantize_nvfp4(packed, scales, g))
     elements, codes = ms.quantize_mx(w[:, :64], "mxfp4")
     mx = ops.mx_marlin_scales(codes, 64, n, **NP)
     assert not ops.marlin_to_mx_scales(mx, 64, padded_n(n), **NP)[n:].any()

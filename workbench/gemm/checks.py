@@ -85,8 +85,8 @@ def check_microscale(weight: ScalarType, scale: ScalarType, act: ScalarType, gro
     if act_order:
         raise ValueError(f"act-order (g_idx, perm) is not defined for {rule.name}")
     if size_n is not None and size_n % TILE_N:
-        raise ValueError(f"{rule.name} with size_n = {size_n}: the GEMM runs microscaled weights only with N a multiple "
-                         f"of {TILE_N} (its padded last tile with 1-byte scales has not been checked on a GPU; the "
+        raise ValueError(f"{rule.name} with size_n = {size_n}: the GEMM runs microscaled weights only with N a "
+                         f"multiple of {TILE_N} (its padded last tile with 1-byte scales has not been checked on a GPU; the "
                          "repacked arrays themselves are valid)")
 
 # The pointers of a launch that must be 16-byte aligned (null counts as aligned), in the record's order.
