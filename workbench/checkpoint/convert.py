@@ -265,8 +265,10 @@ def _part_to_marlin_host(src: SourceCheckpoint, spec: LayerSpec, part: Part, per
     else:
         host_repack.gptq_marlin_repack(src.read(t["qweight"]), perm, k, n, bits, out=q_out)  # (K/pf, N)
         scales_src = src.read(t["scales"])  # (ng, N)
-    if fmt != AWQ and z_out is not None:
-        host_repack.marlin_zero_points(_zero_codes(src, spec, part), k, n, bits, out=z_out)
+    if fmt != AWQ:
+        zero_codes = _zero_codes(src, spec, part)  # (ng, N) or None; checks the stored zeros either way
+        if zero_codes is not None:
+            host_repack.marlin_zero_points(zero_codes, k, n, bits, out=z_out)
     require_dtype(scales_src, ops.SCALE_DTYPES, t[SCALE_ROLE[fmt]])
     # the reference permutes the stored dtype and rounds into act_dtype on assignment: rounding first is the same
     host_repack.marlin_permute_scales(scales_src.astype(spec.act_dtype, copy=False), k, n, g, out=s_out)
