@@ -54,6 +54,7 @@ from workbench.formats.scales import SCALE_PERM_64, num_groups, scale_permutatio
 # Columns staged at a time: the staged words (16/pf x 256 x 4 bytes, 2-4 KB) and the source lines a transposed
 # source touches (256 rows x 64 bytes) stay in the core's first-level cache
 COLUMN_BLOCK = 256
+TILES_PER_LINE = 4  # k-tiles in a 64-byte cache line of a row along K (16 bytes of 8-bit codes, 8 of 4-bit, each)
 GPTQ_ROWS, AWQ_COLUMNS = 0, 1  # how a weight source packs its codes (the table in the module docstring)
 _NO_PERM = np.empty(0, np.int32)
 _FIELDS = {bits: np.ascontiguousarray(order, dtype=np.int64) for bits, order in FIELD_INTERLEAVE.items()}
@@ -142,19 +143,15 @@ def _tile_row_8bit(staged, width, out_row):
 # staging: the k-tile's rows as GPTQ words, from each source layout
 # ---------------------------------------------------------------------------------------------------------------
 @njit(cache=True, nogil=True)
-def _stage_words(q, kt, n0, width, buf):
-    """GPTQ words as they are: rows kt * 16/pf ... (zero past the last row: a K that is not a multiple of 16)."""
-    rows = buf.shape[0]
-    first = rows * kt
-    if first + rows <= q.shape[0]:
-        for n in range(width):  # a column's words together: one cache line of a transposed source
-            for i in range(rows):
-                buf[i, n] = q[first + i, n0 + n]
-    else:
+def _stage_words(q, first, n0, width, buf):
+    """GPTQ words as they are: ``buf.shape[0]`` rows from row ``first`` (zero past the last row: a K that is not a
+    multiple of 16)."""
+    rows = min(buf.shape[0], q.shape[0] - first)
+    if rows < buf.shape[0]:
         buf[:, :width] = 0
-        for i in range(q.shape[0] - first):
-            for n in range(width):
-                buf[i, n] = q[first + i, n0 + n]
+    for n in range(width):  # a column's words together: one cache line of a transposed source
+        for i in range(rows):
+            buf[i, n] = q[first + i, n0 + n]
 
 
 @njit(cache=True, nogil=True)
@@ -202,22 +199,26 @@ def _tile_row(staged, width, bits, out_row):
 def _repack_tiles(q, layout, perm, undo, bits, size_k, size_n, out):
     """Any weight source (``layout``, ``perm``: the module docstring's table) -> Marlin words ``out``."""
     rows = bits // 2  # staged words per column of a k-tile: 16 rows / pf
-    buf = np.empty((rows, COLUMN_BLOCK), np.uint32)
     in_place = layout == GPTQ_ROWS and perm.shape[0] == 0 and q.strides[1] == q.itemsize  # rows along N
+    # a source with K along its rows (compressed-tensors, block-FP8) is staged TILES_PER_LINE k-tiles at a time: the
+    # 64 bytes of a cache line of each row, read once
+    group = 1 if layout == AWQ_COLUMNS or perm.shape[0] or in_place else TILES_PER_LINE
+    buf = np.empty((group * rows, COLUMN_BLOCK), np.uint32)
     for n0 in range(0, size_n, COLUMN_BLOCK):
         width = min(COLUMN_BLOCK, size_n - n0)
         cols = out[:, n0 * rows: (n0 + 64 * ((width + 63) // 64)) * rows]  # Marlin columns n * 16 / pf
-        for kt in range(out.shape[0]):
-            if in_place and (kt + 1) * rows <= q.shape[0]:
-                _tile_row(q[kt * rows: (kt + 1) * rows, n0: n0 + width], width, bits, cols[kt])
+        for kt0 in range(0, out.shape[0], group):
+            if in_place and (kt0 + 1) * rows <= q.shape[0]:
+                _tile_row(q[kt0 * rows: (kt0 + 1) * rows, n0: n0 + width], width, bits, cols[kt0])
                 continue
             if layout == AWQ_COLUMNS:
-                _stage_awq(q, undo, bits, size_k, kt, n0, width, buf)
+                _stage_awq(q, undo, bits, size_k, kt0, n0, width, buf)
             elif perm.shape[0]:
-                _stage_permuted(q, perm, bits, kt, n0, width, buf)
+                _stage_permuted(q, perm, bits, kt0, n0, width, buf)
             else:
-                _stage_words(q, kt, n0, width, buf)
-            _tile_row(buf, width, bits, cols[kt])
+                _stage_words(q, kt0 * rows, n0, width, buf)
+            for kt in range(kt0, min(kt0 + group, out.shape[0])):
+                _tile_row(buf[(kt - kt0) * rows: (kt - kt0 + 1) * rows], width, bits, cols[kt])
 
 
 # ---------------------------------------------------------------------------------------------------------------
