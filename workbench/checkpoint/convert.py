@@ -2,7 +2,9 @@
 
 ``to_marlin`` reads a layer's source tensors (one expert at a time for stacks) and returns the Marlin tensors;
 ``compare_with_source`` goes the other way for ``verify``: it takes Marlin tensors back to the source layout with the
-inverse ops and compares them bit for bit with what the checkpoint holds, naming the first differing element.
+inverse ops and compares them bit for bit with what the checkpoint holds, naming the first differing element. On the
+host, ``to_marlin`` runs the forward ops' compiled loops (``workbench.host_repack``, the ops' ``"cpu"`` backend);
+``compare_with_source`` always runs the NumPy reference inverses, so ``verify`` checks those loops independently.
 
 Per source format (codes are the unsigned stored values; b = bits, pf = 32 / b):
 
