@@ -4,6 +4,8 @@
 * ``"numba"`` — the Numba-CUDA kernel in ``kernels_numba``: on a real GPU when there is one, else in the CUDA
   simulator. NumPy in -> NumPy out; device arrays in -> device arrays out (CuPy where CuPy can talk to the GPU,
   otherwise Numba device arrays).
+* ``"cpu"``   — the host loops of ``workbench.host_repack`` (Numba-compiled for the CPU, bit for bit the reference)
+  for the ops the checkpoint pipeline converts with; every other op runs its reference. Refuses device arrays.
 * ``"auto"``  — the kernel when any argument is a CUDA device array (anything with ``__cuda_array_interface__``:
   CuPy, PyTorch, Numba; or a simulator device array), NumPy otherwise.
 
@@ -30,7 +32,7 @@ import numpy as np
 from workbench.cuda import arrays as _rta
 from workbench.formats._checks import require_array
 
-BACKENDS = ("auto", "numpy", "numba")
+BACKENDS = ("auto", "numpy", "numba", "cpu")
 
 # op name -> (module in kernels_numba, function name); each kernel wrapper takes the op's positional args + stream=
 KERNELS = {
@@ -137,6 +139,14 @@ def kernel_for(op_name: str) -> Callable[..., Any]:
     return kernel
 
 
+def host_op(op_name: str, reference: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``"cpu"`` backend's implementation of ``op_name``: its host loop, or the reference where there is none.
+    (``workbench.host_repack`` is imported on first use: it loads Numba and its compiled loops.)"""
+    from workbench import host_repack
+
+    return host_repack.OPS.get(op_name, reference)
+
+
 def normalize(x: Any, name: str | None = None) -> Any:
     """An op's array argument, converted once on entry (the one place that does it, for both backends):
 
@@ -183,9 +193,11 @@ def dispatch(op_name: str, backend: str, stream: Any, reference: Callable[..., A
         if is_device_array(a) or isinstance(a, (list, tuple)) and any(is_device_array(b) for b in a):
             on_device = True
             break
-    if backend == "numpy" or (backend == "auto" and not on_device):
+    if backend in ("numpy", "cpu") or (backend == "auto" and not on_device):
         if on_device:
-            raise TypeError(f"{op_name}: backend='numpy' was given a CUDA device array; pass NumPy arrays")
+            raise TypeError(f"{op_name}: backend={backend!r} was given a CUDA device array; pass NumPy arrays")
+        if backend == "cpu":
+            return host_op(op_name, reference)(*args)
         return reference(*args)
     return kernel_for(op_name)(*args, stream=stream)
 

@@ -1,8 +1,9 @@
 """Public ops: vLLM's names and argument order where vLLM has the op, ferrum-kernels' names for its operations
 (docs/formats.md, Sources).
 
-Every op takes ``backend=`` (``"auto"``, ``"numpy"``, ``"numba"``) and ``stream=`` keywords; ``workbench.backends``
-picks the implementation. Before any work, on either backend, each op applies the same rules, written once in
+Every op takes ``backend=`` (``"auto"``, ``"numpy"``, ``"numba"``, ``"cpu"``: the compiled host loops of
+``workbench.host_repack``) and ``stream=`` keywords; ``workbench.backends`` picks the implementation. Before any
+work, on every backend, each op applies the same rules, written once in
 ``workbench.formats._checks`` (ValueError/TypeError naming the offending values); it never mutates its inputs:
 
 * **scalars** (sizes, ``num_bits``, ``group_size``) are Python or NumPy integers, handed on as Python ints;
@@ -122,7 +123,7 @@ def _planned(op):
     argument metadata, the checks' verdict and the launches are reused, so a call costs the launches alone."""
     @functools.wraps(op)
     def call(*args, backend: str = "auto", stream=None, **kwargs):
-        if backend == "numpy":
+        if backend in ("numpy", "cpu"):  # host arrays: nothing to plan
             return op(*args, backend=backend, stream=stream, **kwargs)
         return backends.run_planned(op, args, kwargs, backend, stream)
 

@@ -2,7 +2,9 @@
 
 ``to_marlin`` reads a layer's source tensors (one expert at a time for stacks) and returns the Marlin tensors;
 ``compare_with_source`` goes the other way for ``verify``: it takes Marlin tensors back to the source layout with the
-inverse ops and compares them bit for bit with what the checkpoint holds, naming the first differing element.
+inverse ops and compares them bit for bit with what the checkpoint holds, naming the first differing element. On the
+host, ``to_marlin`` runs the forward ops' compiled loops (``workbench.host_repack``, the ops' ``"cpu"`` backend);
+``compare_with_source`` always runs the NumPy reference inverses, so ``verify`` checks those loops independently.
 
 Per source format (codes are the unsigned stored values; b = bits, pf = 32 / b):
 
@@ -20,14 +22,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workbench import ops
+from workbench import host_repack, ops
 from workbench.checkpoint import microscale
 from workbench.checkpoint.layers import LayerSpec, Part
 from workbench.checkpoint.safetensors_io import CheckpointError
 from workbench.checkpoint.settings import AWQ, CT, FP8, GPTQ, GPTQ_V2
 from workbench.checkpoint.source import SourceCheckpoint
 from workbench.formats import packing
-from workbench.formats._checks import padded_k, padded_n
+from workbench.formats._checks import padded_k, padded_n, require_dtype
 from workbench.formats.gptq import sort_g_idx
 from workbench.formats.marlin_tile import describe_position, marlin_unpack_padded_codes, nonzero_padding
 from workbench.formats.scales import marlin_zero_points_to_padded_codes
@@ -227,6 +229,53 @@ def _part_to_marlin(src: SourceCheckpoint, spec: LayerSpec, part: Part, perm, ba
     return qweight, scales, zeros
 
 
+# The host conversion (backend "numpy", the CPU path, or "cpu") runs the ops' "cpu" loops (workbench.host_repack):
+# bit for bit the NumPy reference (tests/cpu/test_host_repack.py), one pass over each source tensor, written
+# straight into the layer's Marlin tensors (each segment into its columns: no per-block results, no concatenation),
+# reading transposed sources (compressed-tensors, block-FP8) through views. ``verify`` still takes the result back
+# with the reference inverses.
+HOST_BACKENDS = ("numpy", "cpu")
+
+
+def _marlin_tensors_host(src: SourceCheckpoint, spec: LayerSpec, segments: list[Part], perm):
+    """(qweight, scales, zeros) of a layer's segments fused along N, each converted into its column range."""
+    bits, pf = spec.bits, 32 // spec.bits
+    k, ng = segments[0].size_k, segments[0].num_groups
+    ends = np.cumsum([0] + [padded_n(part.size_n) for part in segments])  # Marlin columns of each segment
+    qweight = np.empty((padded_k(k) // 16, int(ends[-1]) * 16 // pf), np.int32)  # (K_pad/16, N_pad*16/pf)
+    scales = np.empty((ng, int(ends[-1])), spec.act_dtype)  # (ng, N_pad)
+    zeros = np.empty((ng, int(ends[-1]) // pf), np.int32) if spec.weight_type.has_zero_points else None
+    for part, c0, c1 in zip(segments, ends[:-1], ends[1:]):
+        z = None if zeros is None else zeros[:, c0 // pf: c1 // pf]
+        _part_to_marlin_host(src, spec, part, perm, qweight[:, c0 * 16 // pf: c1 * 16 // pf], scales[:, c0:c1], z)
+    return qweight, scales, zeros
+
+
+def _part_to_marlin_host(src: SourceCheckpoint, spec: LayerSpec, part: Part, perm, q_out, s_out, z_out) -> None:
+    k, n, g, bits, fmt, t = part.size_k, part.size_n, spec.group_size, spec.bits, spec.source_format, part.tensors
+    if fmt == FP8:
+        host_repack.block_fp8_group128_repack(src.read(t["weight"]), k, n, out=q_out)  # (N, K) E4M3 bytes
+        host_repack.block_fp8_group128_scales(src.read(t["weight_scale_inv"]), k, n, spec.act_dtype, out=s_out)
+        return
+    if fmt == AWQ:
+        host_repack.awq_marlin_repack(src.read(t["qweight"]), k, n, bits, out=q_out)  # (K, N/pf)
+        host_repack.awq_to_marlin_zero_points(src.read(t["qzeros"]), k, n, bits, out=z_out)  # (ng, N/pf)
+        scales_src = src.read(t["scales"])  # (ng, N)
+    elif fmt == CT:
+        host_repack.gptq_marlin_repack(src.read(t["weight_packed"]).T, perm, k, n, bits, out=q_out)  # (N, K/pf).T
+        scales_src = src.read(t["weight_scale"]).T  # (N, ng).T
+    else:
+        host_repack.gptq_marlin_repack(src.read(t["qweight"]), perm, k, n, bits, out=q_out)  # (K/pf, N)
+        scales_src = src.read(t["scales"])  # (ng, N)
+    if fmt != AWQ:
+        zero_codes = _zero_codes(src, spec, part)  # (ng, N) or None; checks the stored zeros either way
+        if zero_codes is not None:
+            host_repack.marlin_zero_points(zero_codes, k, n, bits, out=z_out)
+    require_dtype(scales_src, ops.SCALE_DTYPES, t[SCALE_ROLE[fmt]])
+    # the reference permutes the stored dtype and rounds into act_dtype on assignment: rounding first is the same
+    host_repack.marlin_permute_scales(scales_src.astype(spec.act_dtype, copy=False), k, n, g, out=s_out)
+
+
 def _layer_g_idx(src: SourceCheckpoint, spec: LayerSpec, segments: list[Part]) -> np.ndarray | None:
     """The act-order g_idx shared by all N segments (gate and up must agree to share one perm)."""
     role = "weight_g_idx" if spec.source_format == CT else "g_idx"
@@ -247,8 +296,10 @@ def _layer_g_idx(src: SourceCheckpoint, spec: LayerSpec, segments: list[Part]) -
 def to_marlin(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str,
               column_block: int | None = None, stream=None) -> MarlinTensors:
     """Marlin tensors of dense layer ``spec`` (expert = 0) or of one expert of a stack; segments fused along N.
-    ``stream``: where the ops' copies and kernels go (backend numba; None = the current stream), so that two
-    converter threads with a stream each overlap. (The microscaled formats take the current stream.)"""
+    On the host (``HOST_BACKENDS``) through the ops' compiled "cpu" loops, whole tensors at a time (``column_block``
+    is for the other backends). ``stream``: where the ops' copies and kernels go (backend numba; None = the current
+    stream), so that two converter threads with a stream each overlap. (The microscaled formats take the current
+    stream.)"""
     if spec.microscale:
         return microscale.to_marlin(src, spec, expert, backend, column_block)
     segments = spec.parts[expert]
@@ -256,6 +307,8 @@ def to_marlin(src: SourceCheckpoint, spec: LayerSpec, expert: int, backend: str,
     g_idx = perm = None
     if spec.act_order:
         g_idx, perm = sort_g_idx(g_idx_ckpt)
+    if backend in HOST_BACKENDS:
+        return MarlinTensors(*_marlin_tensors_host(src, spec, segments, perm), g_idx, perm)
     pieces = [_part_to_marlin(src, spec, part, perm, backend, column_block, stream) for part in segments]
     if len(pieces) == 1:
         qweight, scales, zeros = pieces[0]
