@@ -259,8 +259,10 @@ def test_a_worker_process_killed_mid_tensor_is_a_message_and_resume_finishes(tmp
 
     src = _big_source(tmp_path)
     out = tmp_path / "out"
+    # (backend numpy, the reference ops: slow enough that a worker is caught converting; the compiled cpu loops
+    # finish this checkpoint too quickly for the window below)
     argv = [sys.executable, "-m", "workbench", "repack", src, "--out", str(out), "--workers", "2",
-            "--max-shard-size", "2MB", "--no-progress"]
+            "--max-shard-size", "2MB", "--no-progress", "--backend", "numpy"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": ROOT, "PYTHONFAULTHANDLER": "1"})
     partial, victim = tmp_path / "out.partial", None

@@ -38,8 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--force", action="store_true",
                    help="replace OUT (or a leftover OUT.partial) when this tool wrote it; never anything else")
-    p.add_argument("--backend", choices=("auto", "numpy", "numba"), default="auto",
-                   help="auto: Numba CUDA kernels when a GPU is present, NumPy otherwise (default)")
+    p.add_argument("--backend", choices=("auto", "cpu", "numpy", "numba"), default="auto",
+                   help="auto: Numba CUDA kernels when a GPU is present, else cpu (default); cpu: compiled host"
+                        " loops; numpy: the NumPy reference ops (slow, for checking); numba: the CUDA kernels")
     p.add_argument("--max-shard-size", type=_size, default="5GB", help="largest output file, e.g. 5GB, 500MB")
     p.add_argument("--resume", action="store_true",
                    help="continue a leftover OUT.partial: keep the files its journal lists and whose checksums still"

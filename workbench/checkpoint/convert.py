@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workbench import host_repack, ops
+from workbench import ops
 from workbench.checkpoint import microscale
 from workbench.checkpoint.layers import LayerSpec, Part
 from workbench.checkpoint.safetensors_io import CheckpointError
@@ -229,12 +229,14 @@ def _part_to_marlin(src: SourceCheckpoint, spec: LayerSpec, part: Part, perm, ba
     return qweight, scales, zeros
 
 
-# The host conversion (backend "numpy", the CPU path, or "cpu") runs the ops' "cpu" loops (workbench.host_repack):
+# The host conversion (backend "cpu", the CPU path's default) runs the ops' "cpu" loops (workbench.host_repack):
 # bit for bit the NumPy reference (tests/cpu/test_host_repack.py), one pass over each source tensor, written
 # straight into the layer's Marlin tensors (each segment into its columns: no per-block results, no concatenation),
 # reading transposed sources (compressed-tensors, block-FP8) through views. ``verify`` still takes the result back
-# with the reference inverses.
-HOST_BACKENDS = ("numpy", "cpu")
+# with the reference inverses. Backend "numpy" runs the reference ops themselves, column block by column block.
+# (host_repack is imported on first use: it loads Numba and its compiled loops, which a command that converts
+# nothing should not pay for; the pipeline's forkserver preloads it for its workers.)
+HOST_BACKENDS = ("cpu",)
 
 
 def _marlin_tensors_host(src: SourceCheckpoint, spec: LayerSpec, segments: list[Part], perm):
@@ -252,6 +254,8 @@ def _marlin_tensors_host(src: SourceCheckpoint, spec: LayerSpec, segments: list[
 
 
 def _part_to_marlin_host(src: SourceCheckpoint, spec: LayerSpec, part: Part, perm, q_out, s_out, z_out) -> None:
+    from workbench import host_repack
+
     k, n, g, bits, fmt, t = part.size_k, part.size_n, spec.group_size, spec.bits, spec.source_format, part.tensors
     if fmt == FP8:
         host_repack.block_fp8_group128_repack(src.read(t["weight"]), k, n, out=q_out)  # (N, K) E4M3 bytes

@@ -8,7 +8,8 @@ Stages (docs/scale-out.md draws them)::
   offsets) before any tensor is read; a task's output goes to its planned offsets, so the order in which tasks
   finish cannot change the file: the output is the serial path's, byte for byte, for any number of workers.
 * **Local, CPU**: a pool of processes (forkserver, the conversion preloaded) for ``workers`` > 1, else one thread,
-  each reading its task's source tensors itself, converting them with the NumPy reference ops and writing them into
+  each reading its task's source tensors itself, converting them with the run's host backend (``cpu``: workbench.host_repack's compiled loops; ``numpy``: the
+  reference ops) and writing them into
   the shard file at their planned offsets (``write_results``: through a mapping of the range, pages populated first,
   or pwrite); the coordinator streams pass-through tensors and finishes the files.
 * **Local, GPU** (backend numba): two converter threads, each with its own non-blocking CUDA stream (handed to
@@ -55,7 +56,7 @@ from workbench.checkpoint.source import SourceCheckpoint, open_source
 WRITING_PREFIX = ".writing-"  # a shard under this name is not finished; no run leaves one behind
 GPU_STREAMS = 2
 OWN_STREAMS = True  # each converter thread on a stream of its own (False: all on the current stream, for comparison)
-# Columns per NumPy op call on the CPU path. The output does not depend on it (column blocks convert independently,
+# Columns per reference-op call on the CPU path with backend numpy (backend cpu converts whole tensors). The output does not depend on it (column blocks convert independently,
 # convert.COLUMN_BLOCK says why); 256 keeps each block's temporaries in the core's cache, which converts a
 # DeepSeek-V3 expert (K 7168) up to 1.8x faster than 1024 columns and never slower (measured per format)
 CPU_COLUMN_BLOCK = 256
@@ -406,8 +407,9 @@ def write_results(path: str, places: dict[str, int], result: TaskResult, mode: s
 _WORKER: dict = {}
 
 
-def _worker_init(path: str, write_mode: str = "mmap") -> None:
+def _worker_init(path: str, write_mode: str = "mmap", backend: str = "cpu") -> None:
     _WORKER["cpu0"] = cpu_time()
+    _WORKER["backend"] = backend
     _WORKER["src"] = open_source(path)
     _WORKER["maps"] = _Maps()
     _WORKER["write"] = write_mode
@@ -418,7 +420,7 @@ def _worker_task(shard: str, unit_index: int, unit: Unit, expert: int | None, pa
     """Convert one task and write its tensors into the shard file at their planned places (``path`` is the file
     being written). What goes back is a few hundred bytes: a worker killed while sending it cannot leave half a
     message in the result pipe (which would stall the pool), as a worker sending megabytes of arrays could."""
-    result = run_task(_WORKER["src"], _WORKER["maps"], shard, unit_index, unit, expert, "numpy")
+    result = run_task(_WORKER["src"], _WORKER["maps"], shard, unit_index, unit, expert, _WORKER["backend"])
     write_results(path, places, result, _WORKER.get("write"))
     result.worker_rss = peak_rss()
     result.worker = (os.getpid(), cpu_time() - _WORKER["cpu0"])
@@ -784,15 +786,15 @@ def run_local(src: SourceCheckpoint, source_path: str, folder: str, jobs: list[S
         from concurrent.futures import ProcessPoolExecutor
 
         # forkserver: workers forked from a clean server that has imported the conversion (repack, convert, the
-        # ops and NumPy) once, so a worker starts converting at once (a fork of this process would copy its
+        # ops, NumPy and host_repack's compiled loops) once, so a worker starts converting at once (a fork of this process would copy its
         # threads' locks; spawn would import NumPy and the ops in every worker)
         method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
         context = multiprocessing.get_context(method)
         if method == "forkserver":
-            context.set_forkserver_preload([__name__, "workbench.checkpoint.repack"])
+            context.set_forkserver_preload([__name__, "workbench.checkpoint.repack", "workbench.host_repack"])
         began = time.perf_counter()
         executor = ProcessPoolExecutor(workers, mp_context=context,
-                                       initializer=_worker_init, initargs=(source_path, WORKER_WRITE))
+                                       initializer=_worker_init, initargs=(source_path, WORKER_WRITE, backend))
         wait([executor.submit(_worker_ready) for _ in range(workers)])
         stats.startup_seconds = time.perf_counter() - began
 

@@ -58,16 +58,18 @@ def choose_backend(backend: str) -> tuple[str, str]:
     """(ops backend, sentence saying which path runs)."""
     from workbench import hardware
 
-    if backend not in ("auto", "numpy", "numba"):
-        raise ValueError(f"backend = {backend!r} is not auto, numpy or numba")
+    if backend not in ("auto", "cpu", "numpy", "numba"):
+        raise ValueError(f"backend = {backend!r} is not auto, cpu, numpy or numba")
     gpu = None  # (an explicit numpy never looks for a GPU: that would load numba.cuda in the coordinator)
     if backend == "auto":
         gpu = hardware.gpu_available()
-        backend = "numba" if gpu and _numba_backend_built() else "numpy"
+        backend = "numba" if gpu and _numba_backend_built() else "cpu"
     if backend == "numba":
         return "numba", f"Numba CUDA kernels on {hardware.describe()}"
     why = "" if gpu is None else " (no CUDA GPU found)" if not gpu else " (the Numba kernels are not available)"
-    return "numpy", "NumPy reference path on the CPU" + why
+    if backend == "cpu":
+        return "cpu", "compiled host loops on the CPU (workbench.host_repack, bit for bit the reference)" + why
+    return "numpy", "NumPy reference path on the CPU"
 
 
 def _numba_backend_built() -> bool:
